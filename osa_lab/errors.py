@@ -1,0 +1,40 @@
+"""Typed exceptions raised by osa_lab.
+
+Every error names the argument, what it got and what it needs, following geotorch's
+practice of typed, explanatory exceptions (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+
+class OSAInputError(ValueError):
+    """An argument has the wrong shape, value or contents (NaN/Inf, mismatched sizes)."""
+
+
+class OSADtypeError(TypeError):
+    """An argument has a dtype or device combination that osa_lab cannot use."""
+
+
+class CausalMaskError(ValueError):
+    """A mask or causal flag was given to orthogonal self-attention.
+
+    OSA is non-causal: exp(S) of a skew-symmetric S is dense and a causal mask destroys
+    skew-symmetry, so the matrix would no longer be orthogonal (Zhang & Martens 2026).
+    """
+
+
+class UnknownNameError(ValueError):
+    """A method, preset or data-set name is not one osa_lab knows; the message lists the valid ones."""
+
+
+class ConfigurationError(ValueError):
+    """A model or analysis configuration is impossible (e.g. dim not divisible by heads)."""
+
+
+class MethodUnavailableError(RuntimeError):
+    """The requested computation method cannot run here (e.g. Triton on a CPU tensor)."""
+
+
+def unknown_name(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> UnknownNameError:
+    """Build an :class:`UnknownNameError` that lists the valid names."""
+    return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {', '.join(sorted(valid))}")

@@ -1,0 +1,231 @@
+"""Matrix exponentials of skew-symmetric matrices: dense references and low-rank actions.
+
+Implements DESIGN.md §1–§2 (Zhang & Martens, "Orthogonal Self-Attention", arXiv 2602.05996):
+
+* ``S = (α/√r)(Q Kᵀ − K Qᵀ) = U J Uᵀ`` with ``U = [Q K]`` and ``J = (α/√r)[[0, I], [−I, 0]]``;
+* the OSA matrix ``A = exp(S)`` is orthogonal with determinant +1;
+* its action on ``V`` is computed in time and memory linear in N from a ``2r × 2r`` problem.
+
+Two low-rank engines live here, both exact in exact arithmetic:
+
+``"gram"``  (Cholesky form, the fast path). With ``G = UᵀU = L Lᵀ`` (Cholesky) the matrix
+    ``B = U L⁻ᵀ`` has orthonormal columns and ``S = B M Bᵀ`` with ``M = Lᵀ J L`` (2r×2r,
+    skew), so ``exp(S) V = V + U F (Uᵀ V)`` with ``F = L⁻ᵀ (exp(M) − I) L⁻¹``. Only two
+    passes over the tokens (``Uᵀ[U V]`` and ``V + U C``); the small problem runs in float64.
+    Its rounding error grows like ``eps · ‖U‖ ‖C‖ / ‖V‖`` (≈ eps · cond(U)), so it needs a
+    well-conditioned ``U``; an a-posteriori estimate of that bound is returned per matrix.
+``"qr"``  (QR form, DESIGN.md §2). ``U = B R`` (Householder), ``M = R J Rᵀ``,
+    ``exp(S) V = V + B (exp(M) − I)(Bᵀ V)``: backward stable for any ``U``, including rank
+    deficient ones (``Q = K``, ``N < 2r``), at the price of a slower QR.
+
+``"lowrank"`` runs ``"gram"`` and recomputes with ``"qr"`` exactly those matrices whose
+Cholesky factorisation failed or whose error estimate is above the dtype's tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from osa_lab.errors import OSAInputError
+
+#: Estimated relative error above which the Gram engine hands a matrix to the QR engine.
+GRAM_TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-7}
+
+
+def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """Return ``S = α/√r · (q kᵀ − k qᵀ)`` (DESIGN.md §1), shape ``(..., N, N)``.
+
+    ``alpha`` is a float or a tensor broadcasting over the leading dims of ``q``.
+    """
+    r = q.shape[-1]
+    scale = _as_scale(alpha, q) / math.sqrt(r)
+    qk = q @ k.mT
+    return scale[..., None, None] * (qk - qk.mT)
+
+
+def _as_scale(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(alpha, torch.Tensor):
+        return alpha.to(like.dtype)
+    return torch.tensor(float(alpha), dtype=like.dtype, device=like.device)
+
+
+def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+    """Dense ``exp(S)`` of a skew-symmetric ``S`` (..., n, n) via ``torch.linalg.matrix_exp``.
+
+    This is the O(n³) reference. ``check=True`` refuses an ``S`` that is not skew-symmetric
+    (the result would not be orthogonal).
+    """
+    if s.dim() < 2 or s.shape[-1] != s.shape[-2]:
+        raise OSAInputError(f"`s` must be square (..., n, n); got shape {tuple(s.shape)}")
+    if check:
+        asym = (s + s.mT).abs().amax() if s.numel() else torch.tensor(0.0)
+        scale = s.abs().amax() if s.numel() else torch.tensor(0.0)
+        if asym > 1e3 * torch.finfo(s.dtype).eps * max(float(scale), 1.0):
+            raise OSAInputError(
+                f"`s` is not skew-symmetric: max |S + Sᵀ| = {float(asym):.3g}; "
+                "build it as X − Xᵀ or pass check=False"
+            )
+    return torch.linalg.matrix_exp(s)
+
+
+def osa_matrix(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """The explicit N×N OSA matrix ``A = exp(α/√r (q kᵀ − k qᵀ))`` for analysis of small inputs.
+
+    Orthogonal with det +1 (DESIGN.md §1). Costs O(N³): use :func:`osa_lab.osa` to apply it.
+    """
+    return torch.linalg.matrix_exp(skew_symmetric_from_qk(q, k, alpha))
+
+
+def orthogonality_error(a: torch.Tensor) -> torch.Tensor:
+    """Return ``max |AᵀA − I|`` over the last two dims (a tensor over the leading dims)."""
+    if a.dim() < 2 or a.shape[-1] != a.shape[-2]:
+        raise OSAInputError(f"`a` must be square (..., n, n); got shape {tuple(a.shape)}")
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return (a.mT @ a - eye).abs().amax(dim=(-2, -1))
+
+
+def is_orthogonal(a: torch.Tensor, atol: float = 1e-5) -> bool:
+    """True when every matrix in ``a`` satisfies ``max |AᵀA − I| ≤ atol`` (geotorch-style checker)."""
+    return bool((orthogonality_error(a) <= atol).all())
+
+
+def osa_skew_core(q_width: int, scale: torch.Tensor) -> torch.Tensor:
+    """Return ``J = scale · [[0, I], [−I, 0]]`` of shape ``scale.shape + (2r, 2r)`` (float64)."""
+    r = q_width
+    j0 = torch.zeros(2 * r, 2 * r, dtype=torch.float64, device=scale.device)
+    eye = torch.eye(r, dtype=torch.float64, device=scale.device)
+    j0[:r, r:] = eye
+    j0[r:, :r] = -eye
+    return scale.to(torch.float64)[..., None, None] * j0
+
+
+# --------------------------------------------------------------------------------------
+# The Gram (Cholesky) engine
+# --------------------------------------------------------------------------------------
+
+
+def gram_core(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From ``G = UᵀU`` and skew ``J`` return ``(F, ok)`` with ``exp(U J Uᵀ) = I + U F Uᵀ``.
+
+    ``F = L⁻ᵀ (exp(Lᵀ J L) − I) L⁻¹`` with ``G = L Lᵀ``; ``ok`` is False where the Cholesky
+    factorisation failed (rank-deficient ``U``). Runs in the dtype of ``g`` (float64 in use).
+    """
+    chol, info = torch.linalg.cholesky_ex(g)
+    ok = info == 0
+    # Failed factorisations contain garbage; replace by I so the batch stays finite.
+    eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+    chol = torch.where(ok[..., None, None], chol, eye)
+    m = chol.mT @ j @ chol
+    e_minus_i = torch.linalg.matrix_exp(m) - eye
+    chol_inv = torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False)
+    return chol_inv.mT @ e_minus_i @ chol_inv, ok
+
+
+class _GramAction(torch.autograd.Function):
+    """``exp(U J Uᵀ) V`` by the Gram engine, with a backward that is linear in N.
+
+    Forward: ``G = UᵀU``, ``P = UᵀV``, ``C = F(G, J) P``, ``Y = V + U C``.
+    Backward (``gY`` given): ``gC = Uᵀ gY``; ``gF = gC Pᵀ``; ``gP = Fᵀ gC``;
+    ``gV = gY + U gP``; ``gU = gY Cᵀ + V gPᵀ + U (gG + gGᵀ)``, with ``(gG, gJ)`` the
+    vector-Jacobian product of the small float64 core, taken by autograd.
+    """
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, j: torch.Tensor, v: torch.Tensor):  # noqa: D102
+        g = (u.mT @ u).double()
+        p = u.mT @ v
+        f, ok = gram_core(g, j)
+        c = (f @ p.double()).to(u.dtype)
+        y = torch.baddbmm(v, u, c)
+        # A-posteriori rounding-error estimate eps·‖U‖_F‖C‖_F/‖V‖_F (see module docstring).
+        u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
+        v_norm = torch.linalg.vector_norm(v, dim=(-2, -1)).double().clamp_min(torch.finfo(torch.float64).tiny)
+        est = torch.finfo(u.dtype).eps * u_norm * torch.linalg.vector_norm(c.double(), dim=(-2, -1)) / v_norm
+        est = torch.where(ok, est, torch.full_like(est, math.inf))
+        ctx.save_for_backward(u, j, v, g, p, c)
+        ctx.mark_non_differentiable(est)
+        return y, est
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor):  # noqa: D102
+        u, j, v, g, p, c = ctx.saved_tensors
+        need_u, need_j, need_v = ctx.needs_input_grad
+        with torch.enable_grad():
+            g_leaf = g.detach().requires_grad_(True)
+            j_leaf = j.detach().requires_grad_(need_j)
+            f, _ = gram_core(g_leaf, j_leaf)
+        gc = u.mT @ gy
+        gf = gc.double() @ p.double().mT
+        gp = (f.detach().mT @ gc.double()).to(u.dtype)
+        inputs = (g_leaf, j_leaf) if need_j else (g_leaf,)
+        grads = torch.autograd.grad(f, inputs, gf)
+        gg = grads[0]
+        gj = grads[1] if need_j else None
+        gu = gv = None
+        if need_u:
+            gu = u @ (gg + gg.mT).to(u.dtype)
+            gu.baddbmm_(gy, c.mT)
+            gu.baddbmm_(v, gp.mT)
+        if need_v:
+            gv = torch.baddbmm(gy, u, gp)
+        return gu, gj, gv
+
+
+def gram_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``exp(U J Uᵀ) V`` by the Gram engine; returns ``(Y, estimated relative error)``.
+
+    Shapes ``u (b, N, m)``, ``j (b, m, m)`` skew, ``v (b, N, d)``. Matrices whose Cholesky
+    factorisation failed get an estimate of ``inf`` and an unreliable ``Y``.
+    """
+    return _GramAction.apply(u, j.to(torch.float64), v)
+
+
+def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``exp(U J Uᵀ) V`` by the QR form ``V + B (exp(R J Rᵀ) − I)(Bᵀ V)`` (DESIGN.md §2).
+
+    Householder QR keeps ``B`` orthonormal to working precision for any ``U``, including
+    rank-deficient ones; the small exponential runs in float64. Differentiable by autograd.
+    """
+    b, r = torch.linalg.qr(u)
+    r64 = r.double()
+    m = r64 @ j.to(torch.float64) @ r64.mT
+    eye = torch.eye(m.shape[-1], dtype=torch.float64, device=m.device)
+    e_minus_i = torch.linalg.matrix_exp(m) - eye
+    return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
+
+
+def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine: str = "lowrank") -> torch.Tensor:
+    """``exp(U J Uᵀ) V`` for skew ``J`` without forming an N×N matrix.
+
+    ``u (..., N, m)``, ``j (..., m, m)`` skew-symmetric, ``v (..., N, d)``; leading dims
+    broadcast. ``engine`` is ``"gram"``, ``"qr"`` or ``"lowrank"`` (Gram with a QR fallback
+    for the matrices the Gram engine cannot compute accurately; see module docstring).
+    """
+    if j.shape[-1] != u.shape[-1] or j.shape[-2] != u.shape[-1]:
+        raise OSAInputError(f"`j` must be ({u.shape[-1]}, {u.shape[-1]}) to match `u`; got {tuple(j.shape)}")
+    if u.shape[-2] != v.shape[-2]:
+        raise OSAInputError(f"`u` has N={u.shape[-2]} tokens but `v` has N={v.shape[-2]}")
+    batch = torch.broadcast_shapes(u.shape[:-2], j.shape[:-2], v.shape[:-2])
+    n, m, d = u.shape[-2], u.shape[-1], v.shape[-1]
+    u3 = u.expand(*batch, n, m).reshape(-1, n, m)
+    j3 = j.expand(*batch, m, m).reshape(-1, m, m)
+    v3 = v.expand(*batch, n, d).reshape(-1, n, d)
+    y3 = _lowrank_action_3d(u3, j3, v3, engine)
+    return y3.reshape(*batch, n, d)
+
+
+def _lowrank_action_3d(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, engine: str) -> torch.Tensor:
+    if engine == "qr":
+        return qr_action(u, j, v)
+    if u.shape[0] == 0 or u.shape[-2] == 0:
+        return v.clone()
+    y, est = gram_action(u, j, v)
+    if engine == "gram":
+        return y
+    bad = est > GRAM_TOLERANCE.get(u.dtype, 5e-7)
+    if bool(bad.any()):
+        idx = bad.nonzero().squeeze(-1)
+        y = y.index_copy(0, idx, qr_action(u[idx], j[idx], v[idx]))
+    return y

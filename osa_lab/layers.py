@@ -1,0 +1,198 @@
+"""Multi-head attention layers with one interface: ``(batch, tokens, dim)`` in and out.
+
+``OrthogonalSelfAttention`` implements OSA (Zhang & Martens, arXiv 2602.05996; DESIGN.md §1)
+with the initialisation derived in ``docs/initialisation.md`` (summary below);
+``SoftmaxSelfAttention`` is the SSA baseline on ``F.scaled_dot_product_attention``.
+
+Initialisation of OSA (derivation: ``docs/initialisation.md``). For one layer
+``Y = Σ_h exp(S_h(X)) X W_V^h W_O^h``, the Jacobian splits as ``J = J_fixed + J_S``:
+
+* ``J_fixed``: ``dX ↦ Σ_h A_h dX W_V^h W_O^h`` with every ``A_h`` orthogonal. At α = 0 it is
+  ``dX ↦ dX W_V W_O``, whose singular values are those of ``W_V W_O``: orthogonal ``W_V`` and
+  ``W_O`` give κ = 1 exactly.
+* ``J_S``: the dependence of ``A_h`` on X, ``dA_h X W``, with
+  ``‖dA_h‖ ≤ ‖dS_h‖ ≤ 2 α/√r ‖W_Q W_Kᵀ‖ ‖X‖₂ ‖dX‖``, so
+  ``‖J_S‖ ≤ δ := 2 α/√r ‖W_Q^h W_K^hᵀ‖₂ ‖X‖₂²`` (summed over heads through ``W_O``).
+
+Then κ(J) ≤ (1 + δ)/(1 − δ) as long as ``J_fixed`` stays close to orthogonal. With
+``W_Q, W_K ~ N(0, 1/d)``, ``‖W_Q W_Kᵀ‖₂ ≈ (1 + √(r/d))² r/d·…`` is O(1) and ``‖X‖₂² ≈ (√N + √d)²``
+for unit-variance tokens, so ``α₀ = c · √r / (√N + √d)²`` keeps δ ≈ c fixed across N and d.
+We take c = 0.05 (κ ≤ 1.5 asserted on N, d ∈ {8, 16, 32}; see tests/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from osa_lab.errors import ConfigurationError
+from osa_lab.functional import osa
+from osa_lab.validation import check_float_tensor, refuse_masks
+
+#: δ target in the derived initialisation α₀ = c √r / (√N + √d)².
+ALPHA_INIT_C = 0.05
+
+
+def derived_alpha_init(tokens: int, dim: int, head_dim: int, c: float = ALPHA_INIT_C) -> float:
+    """α₀ = c √r / (√N + √d)²: keeps the α-dependent Jacobian term near c (see module docstring)."""
+    return c * math.sqrt(head_dim) / (math.sqrt(tokens) + math.sqrt(dim)) ** 2
+
+
+def _check_dims(dim: int, heads: int, head_dim: int | None) -> int:
+    for name, val in (("dim", dim), ("heads", heads)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ConfigurationError(f"`{name}` must be a positive int, got {val!r}")
+    if dim % heads != 0:
+        divisors = [h for h in range(1, dim + 1) if dim % h == 0]
+        raise ConfigurationError(
+            f"`dim`={dim} is not divisible by `heads`={heads}: each head's value width is dim/heads. "
+            f"Choose heads from {divisors} or change dim."
+        )
+    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+        raise ConfigurationError(f"`head_dim` must be a positive int or None, got {head_dim!r}")
+    return head_dim if head_dim is not None else dim // heads
+
+
+def _check_tokens(x: torch.Tensor, dim: int) -> None:
+    check_float_tensor("x", x)
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ConfigurationError(
+            f"input `x` has shape {tuple(x.shape)}; the layer needs (batch, tokens, dim={dim})"
+        )
+
+
+class _MultiHead(nn.Module):
+    """Shared projections: q, k of width ``head_dim`` per head, v of width ``dim // heads``."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int | None, bias: bool) -> None:
+        super().__init__()
+        self.dim, self.heads = dim, heads
+        self.head_dim = _check_dims(dim, heads, head_dim)
+        self.value_dim = dim // heads
+        self.to_q = nn.Linear(dim, heads * self.head_dim, bias=bias)
+        self.to_k = nn.Linear(dim, heads * self.head_dim, bias=bias)
+        self.to_v = nn.Linear(dim, dim, bias=bias)
+        self.to_out = nn.Linear(dim, dim, bias=bias)
+
+    def _split(self, x: torch.Tensor):
+        b, n, _ = x.shape
+        q = self.to_q(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.to_k(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        v = self.to_v(x).view(b, n, self.heads, self.value_dim).transpose(1, 2)
+        return q, k, v
+
+    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+        b, _, n, _ = y.shape
+        return self.to_out(y.transpose(1, 2).reshape(b, n, self.dim))
+
+    def init_gaussian_qk(self) -> None:
+        """W_Q, W_K ~ N(0, 1/dim) (DESIGN.md §3)."""
+        for lin in (self.to_q, self.to_k):
+            nn.init.normal_(lin.weight, std=1.0 / math.sqrt(self.dim))
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def init_orthogonal_vo(self, gain: float = 1.0) -> None:
+        """Orthogonal W_V and W_O: the fixed-A Jacobian then has κ = 1 (DESIGN.md §3)."""
+        for lin in (self.to_v, self.to_out):
+            nn.init.orthogonal_(lin.weight, gain=gain)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+
+class OrthogonalSelfAttention(_MultiHead):
+    """Multi-head orthogonal self-attention: ``concat_h(exp(S_h) X W_V^h) W_O`` (DESIGN.md §1).
+
+    Args:
+        dim: model width d.
+        heads: number of heads; ``dim`` must be divisible by ``heads``.
+        head_dim: query/key width r per head (default ``dim // heads``).
+        alpha_init: initial α per head; ``None`` uses :func:`derived_alpha_init` for ``tokens``.
+        learn_alpha: make α (one per head) a parameter.
+        method: computation method of :func:`osa_lab.osa`.
+        tokens: sequence length the derived α₀ is tuned for (κ grows slowly beyond it).
+        bias: biases in the projections (off by default: the derivation assumes none).
+
+    OSA is non-causal; a mask passed to ``forward`` raises :class:`~osa_lab.CausalMaskError`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int = 1,
+        head_dim: int | None = None,
+        alpha_init: float | None = None,
+        learn_alpha: bool = True,
+        method: str = "auto",
+        tokens: int = 64,
+        bias: bool = False,
+    ) -> None:
+        super().__init__(dim, heads, head_dim, bias)
+        if alpha_init is None:
+            alpha_init = derived_alpha_init(tokens, dim, self.head_dim)
+        alpha = torch.full((heads, 1), float(alpha_init))
+        if learn_alpha:
+            self.alpha = nn.Parameter(alpha)
+        else:
+            self.register_buffer("alpha", alpha)
+        self.method = method
+        self.init_gaussian_qk()
+        self.init_orthogonal_vo()
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-head outputs ``exp(S_h) V_h`` of shape (batch, heads, tokens, dim // heads)."""
+        q, k, v = self._split(x)
+        return osa(q, k, v, self.alpha, method=self.method)
+
+    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``(batch, tokens, dim)`` → ``(batch, tokens, dim)``."""
+        refuse_masks(kwargs)
+        _check_tokens(x, self.dim)
+        return self._merge(self.attend(x))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, method={self.method!r}"
+
+
+class SoftmaxSelfAttention(_MultiHead):
+    """Multi-head softmax self-attention on ``F.scaled_dot_product_attention`` (the SSA baseline).
+
+    Same interface as :class:`OrthogonalSelfAttention`; accepts ``attn_mask`` / ``is_causal``.
+    Default init is PyTorch's ``nn.Linear`` init; ``init="orthogonal"`` uses Gaussian W_Q, W_K
+    (variance 1/d) and orthogonal W_V, W_O, matching OSA's value path.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int = 1,
+        head_dim: int | None = None,
+        init: str = "default",
+        bias: bool = False,
+    ) -> None:
+        super().__init__(dim, heads, head_dim, bias)
+        if init == "orthogonal":
+            self.init_gaussian_qk()
+            self.init_orthogonal_vo()
+        elif init != "default":
+            raise ConfigurationError(f"unknown init {init!r}; valid: 'default', 'orthogonal'")
+
+    def attention_matrix(self, x: torch.Tensor) -> torch.Tensor:
+        """The row-stochastic attention matrices (batch, heads, N, N), for analysis."""
+        q, k, _ = self._split(x)
+        return torch.softmax(q @ k.mT / math.sqrt(self.head_dim), dim=-1)
+
+    def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        """Per-head outputs (batch, heads, tokens, dim // heads)."""
+        q, k, v = self._split(x)
+        if q.shape[-1] != v.shape[-1] and q.device.type == "cpu":
+            pass  # SDPA supports differing q/k and v widths on every backend we use.
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    def forward(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        """``(batch, tokens, dim)`` → ``(batch, tokens, dim)``."""
+        _check_tokens(x, self.dim)
+        return self._merge(self.attend(x, attn_mask=attn_mask, is_causal=is_causal))

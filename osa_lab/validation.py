@@ -1,0 +1,79 @@
+"""Input checks shared by the functional API and the layers."""
+
+from __future__ import annotations
+
+import torch
+
+from osa_lab.errors import CausalMaskError, OSADtypeError, OSAInputError
+
+_MASK_KEYS = ("mask", "attn_mask", "causal", "is_causal", "key_padding_mask")
+
+
+def refuse_masks(kwargs: dict) -> None:
+    """Raise :class:`CausalMaskError` if any mask-like keyword was passed, else TypeError for unknown ones."""
+    for key in _MASK_KEYS:
+        if key in kwargs:
+            raise CausalMaskError(
+                f"OSA got `{key}`={kwargs[key]!r}, but orthogonal self-attention is non-causal: "
+                "exp(S) of a skew-symmetric S mixes every token with every other, and masking S "
+                "breaks skew-symmetry and with it orthogonality. Remove the mask, or use "
+                "SoftmaxSelfAttention / F.scaled_dot_product_attention for causal attention."
+            )
+    if kwargs:
+        raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+
+
+def check_float_tensor(name: str, x: object, *, allow_half_on_cpu: bool = False) -> torch.Tensor:
+    """Check that ``x`` is a floating-point tensor with finite entries."""
+    if not isinstance(x, torch.Tensor):
+        raise OSADtypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise OSADtypeError(
+            f"`{name}` has dtype {x.dtype}; OSA needs a floating dtype "
+            "(float32 or float64; bfloat16/float16 on CUDA). Convert with `.float()`."
+        )
+    if x.dtype == torch.float16 and x.device.type == "cpu" and not allow_half_on_cpu:
+        raise OSADtypeError(
+            f"`{name}` is float16 on the CPU, which PyTorch's CPU linear algebra does not support "
+            "accurately; use float32 (`.float()`) on the CPU or move the tensor to a CUDA device."
+        )
+    if not torch.isfinite(x).all():
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(torch.isinf(x).sum())
+        raise OSAInputError(
+            f"`{name}` contains {n_nan} NaN and {n_inf} Inf entries (shape {tuple(x.shape)}); "
+            "OSA needs finite inputs. Check the layer that produced them."
+        )
+    return x
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Check shapes, dtypes and devices of q (..., N, r), k (..., N, r), v (..., N, d_v)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x)
+        if x.dim() < 2:
+            raise OSAInputError(
+                f"`{name}` has shape {tuple(x.shape)}; it needs at least 2 dims (..., tokens, features)"
+            )
+    if q.shape != k.shape:
+        raise OSAInputError(
+            f"`q` has shape {tuple(q.shape)} but `k` has shape {tuple(k.shape)}; "
+            "they must match, (..., N, r)"
+        )
+    if v.shape[-2] != q.shape[-2]:
+        raise OSAInputError(
+            f"token counts differ: `q`/`k` have N={q.shape[-2]} (shape {tuple(q.shape)}) but `v` has "
+            f"N={v.shape[-2]} (shape {tuple(v.shape)}); OSA needs the same N for q, k and v"
+        )
+    try:
+        torch.broadcast_shapes(q.shape[:-2], v.shape[:-2])
+    except RuntimeError as exc:
+        raise OSAInputError(
+            f"leading dims of `q` {tuple(q.shape[:-2])} and `v` {tuple(v.shape[:-2])} do not broadcast"
+        ) from exc
+    if not (q.dtype == k.dtype == v.dtype):
+        raise OSADtypeError(f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}; cast them to one dtype")
+    if not (q.device == k.device == v.device):
+        raise OSAInputError(f"devices differ: q {q.device}, k {k.device}, v {v.device}")
+    if q.shape[-1] == 0:
+        raise OSAInputError(f"`q` has head width r=0 (shape {tuple(q.shape)}); r must be at least 1")
