@@ -1,0 +1,93 @@
+"""Small utilities shared by the benchmarks: timing, peak memory, machine facts, table + CSV output.
+
+Benchmarks report medians of repeated runs measured side by side in one process; they never
+assert on time (the machines are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+
+def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min_time: float = 0.0) -> float:
+    """Median wall time in seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs.
+
+    CUDA work is synchronised around each call. ``min_time`` keeps repeating until the
+    total measured time reaches it (for very short calls).
+    """
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times: list[float] = []
+    total = 0.0
+    while len(times) < repeat or total < min_time:
+        start = time.perf_counter()
+        fn()
+        sync()
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        total += elapsed
+        if len(times) >= 1000:
+            break
+    return statistics.median(times)
+
+
+def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
+    """Measured dense matmul rate (GFLOP/s) of an n×n by n×n product on this machine."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    seconds = time_call(lambda: a @ b, repeat=5, warmup=2)
+    return 2 * n**3 / seconds / 1e9
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (bytes; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def fresh_memory() -> None:
+    """Collect garbage (and empty the CUDA cache) before a memory measurement."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def machine_info() -> dict[str, object]:
+    """Machine facts recorded beside every benchmark."""
+    info: dict[str, object] = {
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def emit_table(rows: list[dict] | pd.DataFrame, csv_path: str | Path | None, title: str = "") -> pd.DataFrame:
+    """Print ``rows`` as an aligned table and write them to ``csv_path`` (directories created)."""
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if title:
+        print(f"\n== {title} ==")
+    with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200):
+        print(df.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if csv_path is not None:
+        path = Path(csv_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(path, index=False)
+        print(f"wrote {path}")
+    return df
