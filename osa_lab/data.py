@@ -1,0 +1,340 @@
+"""Image-classification data for the skipless-training experiment (DESIGN.md §5).
+
+Zhang & Martens (arXiv 2602.05996) train a ViT on MNIST with softmax attention replaced by
+OSA and skips/LayerNorm removed. We offer three data sets, selected by name:
+
+* ``"digits"`` (default, offline): scikit-learn's bundled 8×8 handwritten digits
+  (1,797 images, 10 classes; Alpaydin & Kaynak 1998, UCI "Optical Recognition of
+  Handwritten Digits"), with a fixed stratified train/test split that does not depend on
+  the training seed.
+* ``"mnist"``: LeCun et al. 1998, read from local files only — the four IDX files
+  (``train-images-idx3-ubyte[.gz]`` …) or a Keras-style ``mnist.npz``. Nothing is
+  downloaded; a missing file raises :class:`MissingDataError` saying where to get the files
+  and where to put them.
+* ``"synthetic"``: class prototypes plus Gaussian noise, tiny and fast, for tests.
+
+Every loader returns an :class:`ImageDataset`: float32 images ``(n, C, H, W)`` standardised
+with the *training* mean and standard deviation, int64 labels, and a description.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from osa_lab.errors import OSAInputError, unknown_name
+
+#: data-set names accepted by :func:`load_data`
+DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic")
+
+#: environment variable that names the directory holding the MNIST files
+DATA_DIR_ENV = "OSA_LAB_DATA_DIR"
+
+#: the fixed seed of the digits train/test split (independent of the training seed)
+SPLIT_SEED = 0
+
+#: (images, labels) file stems of the MNIST IDX files
+MNIST_FILES: dict[str, tuple[str, str]] = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+MNIST_SOURCES = (
+    "https://storage.googleapis.com/cvdf-datasets/mnist/ (the four *-ubyte.gz IDX files), "
+    "https://ossci-datasets.s3.amazonaws.com/mnist/ (same files), or "
+    "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz (one .npz file)"
+)
+
+# IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT"); multi-byte
+# values are big-endian.
+_IDX_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+class MissingDataError(FileNotFoundError):
+    """A data file osa_lab needs is not on disk; the message says where to get it and put it."""
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """Train and test tensors of an image-classification task.
+
+    Attributes:
+        name: data-set name (one of :data:`DATASETS`).
+        x_train, x_test: float32 images ``(n, channels, size, size)``, standardised with the
+            training mean and standard deviation.
+        y_train, y_test: int64 labels in ``[0, num_classes)``.
+        num_classes: number of classes.
+        info: where the data came from and how it was split (recorded in run configs).
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def channels(self) -> int:
+        return int(self.x_train.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.x_train.shape[-1])
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageDataset({self.name!r}, train={tuple(self.x_train.shape)}, "
+            f"test={tuple(self.x_test.shape)}, classes={self.num_classes})"
+        )
+
+
+def _standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale by the training set's global mean and std (one scalar each), as float32 tensors."""
+    x_train = x_train.astype(np.float64)
+    x_test = x_test.astype(np.float64)
+    mean, std = float(x_train.mean()), float(x_train.std())
+    std = std if std > 0 else 1.0
+    to = lambda a: torch.from_numpy(((a - mean) / std).astype(np.float32))  # noqa: E731
+    return to(x_train), to(x_test)
+
+
+def _limit(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed, stratified subset of ``limit`` samples (all of them when ``limit`` is None)."""
+    if limit is None or limit >= len(y):
+        return x, y
+    if limit < 1:
+        raise OSAInputError(f"sample limit must be a positive int or None, got {limit!r}")
+    from sklearn.model_selection import train_test_split
+
+    n_classes = len(np.unique(y))
+    stratify = y if limit >= n_classes else None
+    idx, _ = train_test_split(np.arange(len(y)), train_size=limit, random_state=seed, stratify=stratify)
+    idx = np.sort(idx)
+    return x[idx], y[idx]
+
+
+def load_digits(test_fraction: float = 0.2, split_seed: int = SPLIT_SEED) -> ImageDataset:
+    """scikit-learn's bundled 8×8 digits with a fixed stratified train/test split.
+
+    With the defaults: 1,437 training and 360 test images, every class in the same
+    proportion in both. Pixel values 0–16 are standardised with the training mean/std.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise OSAInputError(f"`test_fraction` must lie in (0, 1), got {test_fraction!r}")
+    from sklearn.datasets import load_digits as _sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = _sk_load_digits()
+    images = bunch.images.astype(np.float32)[:, None]  # (1797, 1, 8, 8)
+    labels = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        images, labels, test_size=test_fraction, random_state=split_seed, stratify=labels
+    )
+    x_tr_t, x_te_t = _standardise(x_tr, x_te)
+    return ImageDataset(
+        "digits",
+        x_tr_t,
+        torch.from_numpy(y_tr),
+        x_te_t,
+        torch.from_numpy(y_te),
+        10,
+        {"source": "sklearn.datasets.load_digits", "test_fraction": test_fraction, "split_seed": split_seed},
+    )
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (raw or gzip-compressed) into a NumPy array.
+
+    Format (LeCun et al., the MNIST page): two zero bytes, a type code (0x08 ubyte, 0x09
+    byte, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64), the number of dimensions,
+    then each dimension as a big-endian uint32, then the data in C order, big-endian.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise OSAInputError(
+            f"{path} is not an IDX file: it must start with two zero bytes, a type code and a "
+            f"dimension count (got {raw[:4]!r}). Is it an HTML error page from a failed download?"
+        )
+    code, ndim = raw[2], raw[3]
+    if code not in _IDX_DTYPES:
+        raise OSAInputError(f"{path}: unknown IDX type code 0x{code:02X}; valid: {sorted(_IDX_DTYPES)}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise OSAInputError(f"{path}: truncated IDX header ({len(raw)} bytes for {ndim} dimensions)")
+    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = _IDX_DTYPES[code]
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise OSAInputError(
+            f"{path}: IDX header says shape {shape} of {dtype} ({expected} bytes) but the file holds "
+            f"{len(raw) - header} data bytes; the file is truncated or corrupt — download it again."
+        )
+    data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    return data.astype(dtype.newbyteorder("="), copy=True)
+
+
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
+    """Write ``array`` as an IDX file (gzip-compressed when ``path`` ends in ``.gz``); the inverse of :func:`read_idx`."""
+    path = Path(path)
+    array = np.asarray(array)
+    codes = {np.dtype(v).newbyteorder("="): k for k, v in _IDX_DTYPES.items()}
+    native = array.dtype.newbyteorder("=")
+    if native not in codes:
+        raise OSAInputError(f"IDX cannot store dtype {array.dtype}; use one of {sorted(map(str, codes))}")
+    code = codes[native]
+    header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    body = array.astype(_IDX_DTYPES[code], copy=False).tobytes(order="C")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as fh:
+        fh.write(header + body)
+    return path
+
+
+def default_data_dir() -> Path:
+    """``$OSA_LAB_DATA_DIR`` if set, else ``./data/mnist``."""
+    return Path(os.environ.get(DATA_DIR_ENV, "data/mnist"))
+
+
+def _find(root: Path, stem: str) -> Path | None:
+    for name in (stem + ".gz", stem, stem.replace("-idx", ".idx") + ".gz", stem.replace("-idx", ".idx")):
+        if (root / name).is_file():
+            return root / name
+    return None
+
+
+def _missing_mnist(root: Path, missing: list[str]) -> MissingDataError:
+    return MissingDataError(
+        f"MNIST files not found in {root.resolve()}: missing {', '.join(missing)}. osa_lab never "
+        f"downloads data. Get the four IDX files or one mnist.npz from {MNIST_SOURCES}, put them "
+        f"(gzipped or not) in {root.resolve()} — or in a directory you pass as `--data-dir DIR` / "
+        f"`root=` or set ${DATA_DIR_ENV} to — and run again. Or use `--data digits`, which is bundled."
+    )
+
+
+def load_mnist(
+    root: str | os.PathLike | None = None,
+    *,
+    train_limit: int | None = None,
+    test_limit: int | None = None,
+    limit_seed: int = SPLIT_SEED,
+) -> ImageDataset:
+    """MNIST (28×28, 60,000 train / 10,000 test) from local IDX files or a Keras ``mnist.npz``.
+
+    ``root`` is a directory holding ``train-images-idx3-ubyte[.gz]``,
+    ``train-labels-idx1-ubyte[.gz]``, ``t10k-images-idx3-ubyte[.gz]`` and
+    ``t10k-labels-idx1-ubyte[.gz]``, or ``mnist.npz`` (keys ``x_train, y_train, x_test,
+    y_test``), or the path of an ``.npz`` file itself. Default: :func:`default_data_dir`.
+    ``train_limit`` / ``test_limit`` take a fixed stratified subset (for quick runs).
+    """
+    root = Path(root) if root is not None else default_data_dir()
+    if root.is_file() and root.suffix == ".npz":
+        npz_path: Path | None = root
+        root = root.parent
+    else:
+        npz_path = root / "mnist.npz" if (root / "mnist.npz").is_file() else None
+    if npz_path is not None:
+        with np.load(npz_path) as z:
+            keys = ("x_train", "y_train", "x_test", "y_test")
+            absent = [k for k in keys if k not in z.files]
+            if absent:
+                raise OSAInputError(f"{npz_path} lacks arrays {absent}; it needs {list(keys)} (Keras layout)")
+            x_tr, y_tr, x_te, y_te = (np.asarray(z[k]) for k in keys)
+        source = str(npz_path)
+    else:
+        if not root.is_dir():
+            raise _missing_mnist(root, ["the directory itself"])
+        found = {stem: _find(root, stem) for pair in MNIST_FILES.values() for stem in pair}
+        missing = [stem + "[.gz]" for stem, p in found.items() if p is None]
+        if missing:
+            raise _missing_mnist(root, missing)
+        x_tr, y_tr = (read_idx(found[s]) for s in MNIST_FILES["train"])  # type: ignore[arg-type]
+        x_te, y_te = (read_idx(found[s]) for s in MNIST_FILES["test"])  # type: ignore[arg-type]
+        source = str(root)
+    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if x.ndim != 3 or x.shape[1] != x.shape[2] or len(x) != len(y):
+            raise OSAInputError(
+                f"MNIST {split} images have shape {x.shape} and labels {y.shape}; expected "
+                "(n, size, size) images and n labels"
+            )
+    x_tr, y_tr = _limit(x_tr, y_tr.astype(np.int64), train_limit, limit_seed)
+    x_te, y_te = _limit(x_te, y_te.astype(np.int64), test_limit, limit_seed)
+    x_tr_t, x_te_t = _standardise(x_tr[:, None], x_te[:, None])
+    num_classes = int(max(y_tr.max(), y_te.max())) + 1
+    return ImageDataset(
+        "mnist",
+        x_tr_t,
+        torch.from_numpy(y_tr),
+        x_te_t,
+        torch.from_numpy(y_te),
+        max(num_classes, 10),
+        {"source": source, "train_limit": train_limit, "test_limit": test_limit},
+    )
+
+
+def load_synthetic(
+    n_train: int = 256,
+    n_test: int = 128,
+    num_classes: int = 4,
+    image_size: int = 8,
+    channels: int = 1,
+    noise: float = 1.0,
+    seed: int = SPLIT_SEED,
+) -> ImageDataset:
+    """Prototype task for fast tests: image = class prototype + ``noise`` · N(0, 1).
+
+    Prototypes are fixed N(0, 1) images drawn from ``seed``; with ``noise = 1`` the task is
+    learnable in a few epochs but not trivially at initialisation.
+    """
+    rng = np.random.default_rng(seed)
+    protos = rng.standard_normal((num_classes, channels, image_size, image_size))
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.arange(n) % num_classes
+        rng.shuffle(y)
+        x = protos[y] + noise * rng.standard_normal((n, channels, image_size, image_size))
+        return x, y.astype(np.int64)
+
+    x_tr, y_tr = draw(n_train)
+    x_te, y_te = draw(n_test)
+    x_tr_t, x_te_t = _standardise(x_tr, x_te)
+    return ImageDataset(
+        "synthetic",
+        x_tr_t,
+        torch.from_numpy(y_tr),
+        x_te_t,
+        torch.from_numpy(y_te),
+        num_classes,
+        {"source": "synthetic prototypes", "noise": noise, "seed": seed},
+    )
+
+
+def load_data(name: str = "digits", *, data_dir: str | os.PathLike | None = None, **kwargs) -> ImageDataset:
+    """Load a data set by name (one of :data:`DATASETS`); ``kwargs`` go to its loader.
+
+    ``data_dir`` is used by ``"mnist"`` only. An unknown name raises
+    :class:`~osa_lab.errors.UnknownNameError` listing the valid names.
+    """
+    if name == "digits":
+        return load_digits(**kwargs)
+    if name == "mnist":
+        return load_mnist(data_dir, **kwargs)
+    if name == "synthetic":
+        return load_synthetic(**kwargs)
+    raise unknown_name("data set", name, DATASETS)
