@@ -1,0 +1,568 @@
+"""Plot builders for rank collapse, singular-value spectra and Jacobian conditioning across depth.
+
+Shared by the Panel dashboard (``dashboards/osa_dashboard.py``, bokeh backend, hover tools) and
+the report notebooks (matplotlib backend, static PNG), following DESIGN.md §6 ("tidy tables
+first, plots second"). Every builder takes one of the long-format tables of
+:mod:`osa_lab.analysis` / :mod:`osa_lab.jacobian` and returns a HoloViews object with options
+set for **both** backends, so the same object renders with::
+
+    hv.render(obj, backend="bokeh")        # interactive (dashboard)
+    hv.render(obj, backend="matplotlib")   # a matplotlib Figure (notebooks)
+    png_bytes(obj)                         # PNG through matplotlib (downloads, reports)
+
+Tables (column names as produced by the analysis issue):
+
+* metrics: ``preset, depth, tokens, dim, heads, alpha, seed, layer, site, metric, value``
+* spectra: ``preset, depth, tokens, dim, heads, alpha, seed, layer, site, index, sigma,
+  sigma_normalized``
+* Jacobian profile: ``preset, depth, ..., seed, layer, scope, method, sigma_max, sigma_min,
+  kappa``
+* Jacobian singular values: ``preset, ..., sigma`` (one row per singular value)
+
+Builders reduce over seeds themselves (mean and a min–max band); the ``*_data`` helpers return
+the reduced tables that a plot draws, so tests and notebooks can assert on exactly what is shown.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Sequence
+
+import holoviews as hv
+import numpy as np
+import pandas as pd
+
+from osa_lab.errors import OSAInputError
+
+__all__ = [
+    "PALETTE",
+    "band_over_seeds",
+    "jacobian_histogram",
+    "jacobian_histogram_data",
+    "kappa_vs_depth",
+    "kappa_vs_depth_data",
+    "kappa_vs_parameter",
+    "metric_vs_depth",
+    "metric_vs_depth_data",
+    "png_bytes",
+    "select_site",
+    "spectra_grid",
+    "spectra_heatmaps",
+    "spectra_lines",
+    "spans_decades",
+]
+
+#: Colour per preset, stable across figures (Okabe–Ito, colour-blind safe).
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+
+#: Smallest positive value shown on log axes / log colour scales (values below are clipped).
+LOG_FLOOR = 1e-16
+
+#: Keys that identify one configuration of a sweep row (besides preset, seed and layer).
+CONFIG_KEYS = ("depth", "tokens", "dim", "heads", "alpha")
+
+_backend_lock = threading.Lock()
+_mpl_lock = threading.Lock()
+
+
+def ensure_backends() -> None:
+    """Register the bokeh and matplotlib plotting backends of HoloViews (idempotent, no output).
+
+    Options for a backend can only be set once its plotting module is imported; this imports
+    both without calling ``hv.extension`` (which would print notebook output) and without
+    changing ``hv.Store.current_backend``.
+    """
+    with _backend_lock:
+        current = hv.Store.current_backend
+        if "bokeh" not in hv.Store.renderers:
+            import holoviews.plotting.bokeh  # noqa: F401
+        if "matplotlib" not in hv.Store.renderers:
+            import matplotlib
+
+            if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+                try:
+                    matplotlib.use("Agg")
+                except Exception:  # pragma: no cover - an interactive backend already in use
+                    pass
+            import holoviews.plotting.mpl  # noqa: F401
+        hv.Store.current_backend = current
+
+
+ensure_backends()
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise OSAInputError(f"{what} must be a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise OSAInputError(
+            f"{what} lacks column(s) {missing}; it has {list(df.columns)} (see osa_lab.plots.depth docs)"
+        )
+    if df.empty:
+        raise OSAInputError(f"{what} is empty: nothing to plot")
+
+
+def _dual(obj, bokeh: dict, mpl: dict):
+    """Set options for the bokeh and the matplotlib backend on ``obj`` (returns the object)."""
+    return obj.opts(backend="bokeh", **bokeh).opts(backend="matplotlib", **mpl)
+
+
+def _colour_map(presets: Sequence[str]) -> dict[str, str]:
+    return {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(presets)}
+
+
+def _presets_in_order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["preset"].tolist()))
+
+
+def spans_decades(values: np.ndarray | pd.Series, decades: float = 2.0) -> bool:
+    """True when all finite values are positive and max/min exceeds ``10**decades``.
+
+    The builders use log axes exactly when this holds (``logy=None``).
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0 or (v <= 0).any():
+        return False
+    return bool(np.log10(v.max() / v.min()) > decades)
+
+
+def select_site(df: pd.DataFrame, site: str | None = None) -> pd.DataFrame:
+    """Rows of one hidden-state site (e.g. after attention vs after the block).
+
+    ``site=None`` keeps a table with a single site as it is, and otherwise picks the site of
+    the last row of layer 0… in practice the site recorded for whole blocks: ``"block"`` when
+    present, else the last site name in order of appearance.
+    """
+    if "site" not in df.columns:
+        return df
+    sites = list(dict.fromkeys(df["site"].tolist()))
+    if site is None:
+        if len(sites) <= 1:
+            return df
+        site = "block" if "block" in sites else sites[-1]
+    if site not in sites:
+        raise OSAInputError(f"site {site!r} is not in the table; it has {sites}")
+    return df[df["site"] == site]
+
+
+def _single_depth(df: pd.DataFrame, depth: int | None) -> pd.DataFrame:
+    """Keep one network depth (the largest by default) when a sweep holds several."""
+    if "depth" not in df.columns:
+        return df
+    depths = sorted(df["depth"].unique())
+    if depth is None:
+        depth = depths[-1]
+    if depth not in depths:
+        raise OSAInputError(f"depth {depth} is not in the table; it has {depths}")
+    return df[df["depth"] == depth]
+
+
+def band_over_seeds(df: pd.DataFrame, x: str, y: str, by: Sequence[str] = ("preset",)) -> pd.DataFrame:
+    """Mean, min, max, std and count of ``y`` over seeds (and any other rows) per ``by`` × ``x``.
+
+    Returns columns ``*by, x, mean, lo, hi, std, n`` sorted by ``by`` then ``x``; ``lo``/``hi``
+    are the min/max over seeds (the band drawn around the mean).
+    """
+    _require(df, [*by, x, y], "table")
+    g = df.groupby([*by, x], sort=False)[y]
+    out = g.agg(mean="mean", lo="min", hi="max", std="std", n="count").reset_index()
+    out["std"] = out["std"].fillna(0.0)
+    order = {p: i for i, p in enumerate(dict.fromkeys(df[by[0]].tolist()))}
+    out["_o"] = out[by[0]].map(order)
+    return out.sort_values(["_o", *by[1:], x]).drop(columns="_o").reset_index(drop=True)
+
+
+def _curves_with_bands(
+    data: pd.DataFrame,
+    x: str,
+    ylabel: str,
+    title: str,
+    logy: bool,
+    logx: bool = False,
+    group: str = "preset",
+    width: int = 520,
+    height: int = 340,
+) -> hv.Overlay:
+    """One curve (mean) and one shaded band (min–max) per ``group`` value."""
+    groups = list(dict.fromkeys(data[group].tolist()))
+    colours = _colour_map(groups)
+    elements = []
+    ydim = hv.Dimension("mean", label=ylabel)
+    for g in groups:
+        d = data[data[group] == g].copy()
+        if logy:
+            for c in ("mean", "lo", "hi"):
+                d[c] = d[c].clip(lower=LOG_FLOOR)
+        label = str(g)
+        vdims = [ydim, "lo", "hi", "n", group]
+        area = _dual(
+            hv.Area((d[x], d["lo"], d["hi"]), x, [ydim, "hi"], label=label),
+            dict(color=colours[g], alpha=0.2, line_width=0),
+            dict(color=colours[g], alpha=0.2, linewidth=0),
+        )
+        curve = _dual(
+            hv.Curve(d, x, vdims, label=label),
+            dict(color=colours[g], line_width=2, tools=["hover"]),
+            dict(color=colours[g], linewidth=2),
+        )
+        scatter = _dual(
+            hv.Scatter(d, x, vdims, label=label),
+            dict(color=colours[g], size=4, tools=["hover"]),
+            dict(color=colours[g], s=8),
+        )
+        elements += [area, curve, scatter]
+    overlay = _dual(
+        hv.Overlay(elements),
+        dict(
+            title=title,
+            logy=logy,
+            logx=logx,
+            legend_position="right",
+            width=width,
+            height=height,
+            show_grid=True,
+        ),
+        dict(title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6), show_grid=True),
+    )
+    return overlay
+
+
+# --------------------------------------------------------------------------------------------
+# rank collapse across depth
+# --------------------------------------------------------------------------------------------
+
+
+def metric_vs_depth_data(
+    metrics: pd.DataFrame, metric: str, *, site: str | None = None, depth: int | None = None
+) -> pd.DataFrame:
+    """The reduced table :func:`metric_vs_depth` draws: ``preset, layer, mean, lo, hi, std, n``."""
+    _require(metrics, ["preset", "layer", "metric", "value"], "metrics table")
+    known = list(dict.fromkeys(metrics["metric"].tolist()))
+    if metric not in known:
+        raise OSAInputError(f"metric {metric!r} is not in the table; it has {known}")
+    df = metrics[metrics["metric"] == metric]
+    df = _single_depth(select_site(df, site), depth)
+    return band_over_seeds(df, "layer", "value")
+
+
+def metric_vs_depth(
+    metrics: pd.DataFrame,
+    metric: str,
+    *,
+    site: str | None = None,
+    depth: int | None = None,
+    logy: bool | None = None,
+    title: str | None = None,
+) -> hv.Overlay:
+    """A depth-wise metric (DESIGN.md §4) against layer: one curve per preset, min–max band over seeds.
+
+    Args:
+        metrics: tidy metrics table of :func:`osa_lab.analysis.sweep`.
+        metric: a name in its ``metric`` column (e.g. ``"relative_residual"``).
+        site: which hidden state per layer (see :func:`select_site`).
+        depth: network depth to show when the table holds several (default: the largest).
+        logy: log y axis; ``None`` chooses log when the values span more than two decades.
+    """
+    data = metric_vs_depth_data(metrics, metric, site=site, depth=depth)
+    if logy is None:
+        logy = spans_decades(data[["mean", "lo", "hi"]].to_numpy().ravel())
+    label = metric.replace("_", " ")
+    return _curves_with_bands(data, "layer", label, title or f"{label} across depth", logy)
+
+
+# --------------------------------------------------------------------------------------------
+# singular-value spectra across depth
+# --------------------------------------------------------------------------------------------
+
+
+def spectra_grid(
+    spectra: pd.DataFrame, *, site: str | None = None, depth: int | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Mean normalised spectra per preset as ``{preset: (layers, rank_fraction, Z)}``.
+
+    ``Z[i, j]`` is the mean over seeds of ``σ_i / σ_1`` at layer ``layers[j]``, with
+    ``rank_fraction = (index + 0.5) / k`` (k singular values per layer), so spectra of
+    different sizes share one axis from 0 to 1. Missing cells are NaN.
+    """
+    _require(spectra, ["preset", "layer", "index", "sigma_normalized"], "spectra table")
+    df = _single_depth(select_site(spectra, site), depth)
+    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for preset in _presets_in_order(df):
+        d = df[df["preset"] == preset]
+        table = d.pivot_table(index="index", columns="layer", values="sigma_normalized", aggfunc="mean")
+        table = table.sort_index().sort_index(axis=1)
+        layers = table.columns.to_numpy()
+        full_layers = np.arange(layers.min(), layers.max() + 1)
+        table = table.reindex(columns=full_layers)
+        k = len(table.index)
+        frac = (table.index.to_numpy(dtype=float) + 0.5) / k
+        out[preset] = (full_layers, frac, table.to_numpy(dtype=float))
+    return out
+
+
+def spectra_heatmaps(
+    spectra: pd.DataFrame,
+    *,
+    site: str | None = None,
+    depth: int | None = None,
+    cmap: str = "viridis",
+    clim: tuple[float, float] | None = None,
+) -> hv.Layout:
+    """One heatmap per preset (layer × normalised index, log colour of ``σ_i/σ_1``), shared colour scale.
+
+    The colour range is the same for every preset (``clim``, by default the positive range of
+    all values, floored at :data:`LOG_FLOOR`), so the panels compare directly; hovering shows
+    layer, normalised index and ``σ_i/σ_1``.
+    """
+    grids = spectra_grid(spectra, site=site, depth=depth)
+    if clim is None:
+        vals = np.concatenate([z[np.isfinite(z)].ravel() for _, _, z in grids.values()])
+        vals = vals[vals > 0]
+        lo = max(float(vals.min()), LOG_FLOOR) if vals.size else LOG_FLOOR
+        clim = (lo, 1.0)
+    panels = []
+    for preset, (layers, frac, z) in grids.items():
+        zc = np.clip(z, clim[0], None)
+        img = hv.Image(
+            (layers, frac, zc),
+            kdims=[hv.Dimension("layer"), hv.Dimension("rank_fraction", label="normalised index i/k")],
+            vdims=[hv.Dimension("sigma_normalized", label="σᵢ/σ₁")],
+            label=str(preset),
+        )
+        img = _dual(
+            img,
+            dict(
+                cmap=cmap,
+                logz=True,
+                clim=clim,
+                colorbar=True,
+                tools=["hover"],
+                title=str(preset),
+                width=380,
+                height=300,
+                invert_yaxis=True,
+            ),
+            dict(
+                cmap=cmap,
+                logz=True,
+                clim=clim,
+                colorbar=True,
+                title=str(preset),
+                fig_inches=(4, 3.2),
+                aspect=1.25,
+                invert_yaxis=True,
+            ),
+        )
+        panels.append(img)
+    layout = _dual(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
+    return layout.cols(max(len(panels), 1))
+
+
+def spectra_lines(
+    spectra: pd.DataFrame,
+    layers: Sequence[int] | None = None,
+    *,
+    site: str | None = None,
+    depth: int | None = None,
+) -> hv.Layout:
+    """Normalised spectra ``σ_i/σ_1`` against index for selected layers, one panel per preset (log y).
+
+    ``layers=None`` picks the input, a quarter, the middle and the last layer. Curves are the
+    mean over seeds; the same layer has the same colour in every panel.
+    """
+    grids = spectra_grid(spectra, site=site, depth=depth)
+    all_layers = sorted({int(x) for g in grids.values() for x in g[0]})
+    if layers is None:
+        last = all_layers[-1]
+        first = all_layers[0]
+        layers = sorted({first, first + (last - first) // 4, first + (last - first) // 2, last})
+    layers = [int(x) for x in layers]
+    unknown = [x for x in layers if x not in all_layers]
+    if unknown:
+        raise OSAInputError(
+            f"layer(s) {unknown} not in the spectra table; layers are {all_layers[0]}…{all_layers[-1]}"
+        )
+    colours = {lay: PALETTE[i % len(PALETTE)] for i, lay in enumerate(layers)}
+    panels = []
+    for preset, (lays, _frac, z) in grids.items():
+        curves = []
+        k = z.shape[0]
+        index = np.arange(1, k + 1)
+        for lay in layers:
+            col = int(np.searchsorted(lays, lay))
+            s = np.clip(z[:, col], LOG_FLOOR, None)
+            df = pd.DataFrame({"index": index, "sigma_normalized": s, "layer": lay})
+            curve = hv.Curve(
+                df, "index", [hv.Dimension("sigma_normalized", label="σᵢ/σ₁"), "layer"], label=f"layer {lay}"
+            )
+            curves.append(
+                _dual(
+                    curve,
+                    dict(color=colours[lay], line_width=2, tools=["hover"]),
+                    dict(color=colours[lay], linewidth=1.5),
+                )
+            )
+        common = dict(title=str(preset), logy=True, legend_position="bottom_left", show_grid=True)
+        panels.append(
+            _dual(hv.Overlay(curves), dict(common, width=380, height=300), dict(common, fig_inches=(4, 3.2)))
+        )
+    return _dual(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format="")).cols(
+        max(len(panels), 1)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Jacobian conditioning
+# --------------------------------------------------------------------------------------------
+
+
+def _method_label(df: pd.DataFrame) -> str:
+    if "method" not in df.columns:
+        return ""
+    methods = sorted({str(m) for m in df["method"].unique()})
+    return ", ".join(methods)
+
+
+def kappa_vs_depth_data(
+    jacobian: pd.DataFrame, *, scope: str | None = None, depth: int | None = None
+) -> pd.DataFrame:
+    """The reduced table :func:`kappa_vs_depth` draws: ``preset, layer, mean, lo, hi, std, n``.
+
+    ``scope`` selects a Jacobian scope when the profile holds several (default: the first, which
+    for :func:`osa_lab.jacobian.jacobian_depth_profile` is the end-to-end Jacobian of the first
+    l layers).
+    """
+    _require(jacobian, ["preset", "layer", "kappa"], "Jacobian profile")
+    df = jacobian
+    if "scope" in df.columns:
+        scopes = list(dict.fromkeys(df["scope"].tolist()))
+        if scope is None:
+            scope = scopes[0]
+        if scope not in scopes:
+            raise OSAInputError(f"scope {scope!r} is not in the Jacobian profile; it has {scopes}")
+        df = df[df["scope"] == scope]
+    df = _single_depth(df, depth)
+    return band_over_seeds(df, "layer", "kappa")
+
+
+def kappa_vs_depth(
+    jacobian: pd.DataFrame, *, scope: str | None = None, depth: int | None = None, logy: bool | None = None
+) -> hv.Overlay:
+    """Condition number κ of the Jacobian against layer, one curve per preset, min–max band over seeds.
+
+    The title names the computation (``exact`` or ``matrix-free``) from the ``method`` column.
+    """
+    data = kappa_vs_depth_data(jacobian, scope=scope, depth=depth)
+    if logy is None:
+        logy = bool((data["lo"] > 0).all() and data["hi"].max() / max(data["lo"].min(), LOG_FLOOR) > 10)
+    method = _method_label(jacobian)
+    scope_txt = ""
+    if "scope" in jacobian.columns:
+        scope_txt = f" ({scope or jacobian['scope'].iloc[0]})"
+    title = f"Jacobian κ across depth{scope_txt}" + (f" [{method}]" if method else "")
+    return _curves_with_bands(data, "layer", "κ(J)", title, logy)
+
+
+def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> pd.DataFrame:
+    """Histogram of ``log10 σ`` per ``group`` on shared bins: ``group, left, right, count``."""
+    _require(svals, [group, "sigma"], "Jacobian singular-value table")
+    sig = svals["sigma"].to_numpy(dtype=float)
+    logs = np.log10(np.clip(sig, LOG_FLOOR, None))
+    lo, hi = float(logs.min()), float(logs.max())
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = np.linspace(lo, hi, bins + 1)
+    rows = []
+    for g in dict.fromkeys(svals[group].tolist()):
+        counts, _ = np.histogram(logs[(svals[group] == g).to_numpy()], bins=edges)
+        rows.append(pd.DataFrame({group: g, "left": edges[:-1], "right": edges[1:], "count": counts}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def jacobian_histogram(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> hv.Overlay:
+    """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset."""
+    data = jacobian_histogram_data(svals, bins=bins, group=group)
+    groups = list(dict.fromkeys(data[group].tolist()))
+    colours = _colour_map(groups)
+    hists = []
+    for g in groups:
+        d = data[data[group] == g]
+        edges = np.append(d["left"].to_numpy(), d["right"].to_numpy()[-1])
+        hists.append(
+            _dual(
+                hv.Histogram(
+                    (edges, d["count"].to_numpy()),
+                    kdims=[hv.Dimension("log10_sigma", label="log₁₀ σ")],
+                    vdims=["count"],
+                    label=str(g),
+                ),
+                dict(color=colours[g], alpha=0.5, line_color=None, tools=["hover"]),
+                dict(facecolor=colours[g], alpha=0.5, edgecolor="none"),
+            )
+        )
+    method = _method_label(svals)
+    title = "Singular values of the end-to-end Jacobian" + (f" [{method}]" if method else "")
+    return _dual(
+        hv.Overlay(hists),
+        dict(title=title, width=520, height=340, legend_position="right"),
+        dict(title=title, fig_inches=(6, 3.6), legend_position="right"),
+    )
+
+
+def kappa_vs_parameter(
+    table: pd.DataFrame,
+    parameter: str,
+    *,
+    y: str = "kappa",
+    group: str = "preset",
+    logx: bool | None = None,
+    logy: bool | None = None,
+    title: str | None = None,
+) -> hv.Overlay:
+    """κ (or another column ``y``) against a parameter such as ``alpha``, ``tokens`` or ``dim``.
+
+    One curve per ``group`` value (a column, e.g. ``preset`` or ``tokens``) with a min–max band
+    over seeds and other repeated rows. ``logx``/``logy`` default to log when the positive
+    values span more than a decade (x) / two decades (y).
+    """
+    _require(table, [group, parameter, y], "table")
+    data = band_over_seeds(table, parameter, y, by=(group,))
+    if logx is None:
+        logx = spans_decades(data[parameter], decades=1.0)
+    if logy is None:
+        logy = spans_decades(data[["lo", "hi"]].to_numpy().ravel())
+    ylabel = "κ(J)" if y == "kappa" else y
+    return _curves_with_bands(
+        data, parameter, ylabel, title or f"{ylabel} against {parameter}", logy, logx, group=group
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# static output
+# --------------------------------------------------------------------------------------------
+
+
+def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110) -> bytes:
+    """Render a HoloViews object with the matplotlib backend and return PNG bytes.
+
+    Thread-safe (a module lock serialises matplotlib, whose HoloViews backend goes through
+    pyplot internally); the figure is closed after saving, so nothing accumulates in a server.
+    """
+    import matplotlib.pyplot as plt
+
+    with _mpl_lock:
+        fig = hv.render(obj, backend="matplotlib")
+        try:
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        finally:
+            plt.close(fig)
+    return buf.getvalue()
