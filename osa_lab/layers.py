@@ -145,7 +145,8 @@ class OrthogonalSelfAttention(_MultiHead):
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         """Per-head outputs ``exp(S_h) V_h`` of shape (batch, heads, tokens, dim // heads)."""
         q, k, v = self._split(x)
-        return osa(q, k, v, self.alpha, method=self.method)
+        # α is stored (heads, 1); q is (batch, heads, N, r), so pass one α per head as (heads,).
+        return osa(q, k, v, self.alpha.reshape(-1), method=self.method)
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         """``(batch, tokens, dim)`` → ``(batch, tokens, dim)``."""
