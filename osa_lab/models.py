@@ -1,0 +1,598 @@
+"""Encoders and ViT classifiers built from OSA or SSA blocks, with or without skips and norms.
+
+One configuration dataclass (:class:`ModelConfig`) and two builders:
+
+* :func:`build_model` → :class:`Encoder`, tokens ``(B, N, dim) → (B, N, dim)``;
+* :func:`build_classifier` → :class:`ViTClassifier`, images ``(B, C, H, W) → (B, classes)``
+  (patch embedding + position embedding, encoder, mean pool, linear head).
+
+A block is ``h = attn(norm₁(x)) [+ x]``, ``y = mlp(norm₂(h)) [+ h]`` (pre-norm, as in ViT;
+the bracketed skips only when ``skip=True``; ``norm="none"`` makes the norms identities;
+``mlp_ratio=0`` removes the MLP, giving an attention-only stack ``y = h``).
+
+Every ``forward`` accepts ``return_hidden=True`` and then also returns :class:`HiddenStates`:
+the input (layer 0), the output of every attention sub-layer and of every block, without hooks.
+A non-finite hidden state raises :class:`NonFiniteHiddenStateError` naming the first layer
+and site where it appears.
+
+Initialisation schemes (``ModelConfig.init``):
+
+``"default"``
+    OSA: the core's derived init (Gaussian W_Q, W_K with variance 1/d, orthogonal W_V, W_O,
+    α₀ from :func:`osa_lab.layers.derived_alpha_init`). SSA and MLP: PyTorch's ``nn.Linear`` init
+    (the "standard init" of a ViT).
+``"orthogonal"``
+    As ``"default"`` for attention except that SSA also gets Gaussian W_Q, W_K and orthogonal
+    W_V, W_O (matching OSA's value path), and MLP weights are orthogonal with zero biases and a
+    variance-preserving gain on the second layer (:meth:`MLP.init_orthogonal`).
+``"cutting-skip"`` (SSA only)
+    Ji et al. 2025, *Cutting the Skip: Training Residual-Free Transformers* (arXiv 2510.00345),
+    DESIGN.md §3: per head ``W_Q^h W_K^hᵀ ≈ a Z + b I`` with ``Z_ij ~ N(0, 1/d)`` (rank-r truncated
+    SVD, the mimetic construction of Trockman & Kolter 2023), ``W_V W_O = c·(orthogonal)`` (κ = 1),
+    a = 2, b = 0.6, c = 3 (their ViT-B values; :data:`CUTTING_SKIP_ABC`). MLP: PyTorch default.
+``"value-skipinit"`` (SSA only)
+    He et al. 2023, *Deep Transformers without Shortcuts* (arXiv 2302.10322): each head's
+    attention matrix becomes ``a I + b softmax(q kᵀ/√r)`` with learnable ``a = 1, b = 0`` at init
+    (:class:`ValueSkipInitAttention`), orthogonal W_V, W_O and the orthogonal MLP init above, so
+    the network starts as a product of orthogonal maps and nonlinearities.
+
+``ModelConfig.seed`` (optional) makes initialisation reproducible *and depth-consistent*: block
+``i`` is initialised from a generator seeded by ``(seed, i)``, so the first ``l`` blocks of a
+depth-L model equal a depth-l model built with the same seed (a sweep over depths needs one
+forward pass of the deepest model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
+from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+
+ATTENTIONS = ("osa", "ssa")
+NORMS = ("none", "layernorm")
+INITS = ("default", "orthogonal", "cutting-skip", "value-skipinit")
+INPUTS = ("tokens", "patches")
+#: (a, b, c) of the Cutting-the-Skip initialisation (Ji et al. 2025, ViT-B values; DESIGN.md §3).
+CUTTING_SKIP_ABC = (2.0, 0.6, 3.0)
+
+
+class NonFiniteHiddenStateError(FloatingPointError):
+    """A hidden state contains NaN or Inf; ``.layer`` (0 = input) and ``.site`` say where it first appears."""
+
+    def __init__(self, message: str, layer: int, site: str) -> None:
+        super().__init__(message)
+        self.layer = layer
+        self.site = site
+
+
+def _check_name(kind: str, value: object, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise unknown_name(kind, value, list(valid))
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigurationError(f"`{name}` must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture and initialisation of an encoder / ViT (see module docstring).
+
+    Validated on construction: impossible combinations raise :class:`ConfigurationError`
+    and unknown names raise :class:`~osa_lab.errors.UnknownNameError` listing the valid ones.
+    With ``input="patches"``, ``tokens`` is set to the number of patches ``(image_size/patch_size)²``.
+    """
+
+    depth: int = 6
+    dim: int = 64
+    heads: int = 4
+    head_dim: int | None = None
+    mlp_ratio: float = 4.0
+    attention: str = "osa"
+    skip: bool = False
+    norm: str = "none"
+    init: str = "default"
+    alpha_init: float | None = None
+    tokens: int = 64
+    input: str = "tokens"
+    image_size: int = 8
+    patch_size: int = 2
+    channels: int = 1
+    num_classes: int = 10
+    learn_alpha: bool = True
+    osa_method: str = "auto"
+    activation: str = "gelu"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "depth",
+            "dim",
+            "heads",
+            "tokens",
+            "image_size",
+            "patch_size",
+            "channels",
+            "num_classes",
+        ):
+            _positive_int(name, getattr(self, name))
+        if self.head_dim is not None:
+            _positive_int("head_dim", self.head_dim)
+        if self.dim % self.heads != 0:
+            divisors = [h for h in range(1, self.dim + 1) if self.dim % h == 0]
+            raise ConfigurationError(
+                f"`dim`={self.dim} is not divisible by `heads`={self.heads}; choose heads from {divisors} "
+                "or change dim"
+            )
+        if (
+            not isinstance(self.mlp_ratio, (int, float))
+            or isinstance(self.mlp_ratio, bool)
+            or self.mlp_ratio < 0
+        ):
+            raise ConfigurationError(f"`mlp_ratio` must be a number ≥ 0 (0 = no MLP), got {self.mlp_ratio!r}")
+        if self.mlp_ratio > 0 and round(self.dim * self.mlp_ratio) < 1:
+            raise ConfigurationError(
+                f"`mlp_ratio`={self.mlp_ratio} gives an MLP of width 0 at dim={self.dim}"
+            )
+        _check_name("attention", self.attention, ATTENTIONS)
+        _check_name("norm", self.norm, NORMS)
+        _check_name("init", self.init, INITS)
+        _check_name("input", self.input, INPUTS)
+        _check_name("activation", self.activation, tuple(_ACTIVATIONS))
+        if not isinstance(self.skip, bool):
+            raise ConfigurationError(f"`skip` must be True or False, got {self.skip!r}")
+        if self.attention == "osa" and self.init in ("cutting-skip", "value-skipinit"):
+            raise ConfigurationError(
+                f"`init`={self.init!r} is an SSA initialisation; with attention='osa' use init='default' "
+                "or 'orthogonal' (or set attention='ssa')"
+            )
+        if self.alpha_init is not None:
+            if self.attention != "osa":
+                raise ConfigurationError(
+                    f"`alpha_init`={self.alpha_init!r} only applies to attention='osa' (got "
+                    f"attention={self.attention!r}); leave it None"
+                )
+            if not math.isfinite(float(self.alpha_init)):
+                raise ConfigurationError(f"`alpha_init` must be finite, got {self.alpha_init!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
+        ):
+            raise ConfigurationError(f"`seed` must be a non-negative int or None, got {self.seed!r}")
+        if self.input == "patches":
+            if self.image_size % self.patch_size != 0:
+                raise ConfigurationError(
+                    f"`patch_size`={self.patch_size} does not divide `image_size`={self.image_size}; choose a "
+                    f"patch size from {[p for p in range(1, self.image_size + 1) if self.image_size % p == 0]}"
+                )
+            object.__setattr__(self, "tokens", self.num_patches)
+
+    @property
+    def num_patches(self) -> int:
+        """Number of patch tokens ``(image_size / patch_size)²``."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def resolved_head_dim(self) -> int:
+        """Query/key width r per head (``head_dim`` or ``dim // heads``)."""
+        return self.head_dim if self.head_dim is not None else self.dim // self.heads
+
+    @property
+    def resolved_alpha(self) -> float:
+        """The OSA α used at initialisation (NaN for SSA)."""
+        if self.attention != "osa":
+            return math.nan
+        if self.alpha_init is not None:
+            return float(self.alpha_init)
+        return derived_alpha_init(self.tokens, self.dim, self.resolved_head_dim)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Names of the configuration fields (valid ``get_preset`` overrides)."""
+        return [f.name for f in fields(cls)]
+
+
+@dataclass
+class HiddenStates:
+    """Every hidden state of one forward pass.
+
+    ``blocks[0]`` is the encoder input (layer 0), ``blocks[l]`` the output of block ``l``
+    (``len(blocks) == depth + 1``); ``attention[l - 1]`` is the output of block ``l``'s
+    attention sub-layer, after its skip if any (``len(attention) == depth``).
+    """
+
+    blocks: list[torch.Tensor] = field(default_factory=list)
+    attention: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        """Number of blocks recorded."""
+        return len(self.attention)
+
+    def site(self, name: str) -> list[torch.Tensor]:
+        """The list for ``"block"`` or ``"attention"``."""
+        if name == "block":
+            return self.blocks
+        if name == "attention":
+            return self.attention
+        raise unknown_name("site", name, ["block", "attention"])
+
+    def stacked(self, name: str = "block") -> torch.Tensor:
+        """``(layers, batch, N, dim)`` tensor of one site (block site includes layer 0)."""
+        return torch.stack(self.site(name))
+
+
+# --------------------------------------------------------------------------------------
+# Attention variants
+# --------------------------------------------------------------------------------------
+
+
+class SoftmaxAttention(SoftmaxSelfAttention):
+    """:class:`~osa_lab.layers.SoftmaxSelfAttention` with an explicit-softmax path.
+
+    ``explicit_softmax=True`` computes ``softmax(q kᵀ/√r) v`` with plain tensor ops instead of
+    ``F.scaled_dot_product_attention``; the Jacobian code switches it on because SDPA on the CPU
+    has no forward-mode AD and no vmap batching rule (same function, same values).
+    """
+
+    explicit_softmax: bool = False
+
+    def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        """Per-head outputs (batch, heads, tokens, dim // heads)."""
+        if not self.explicit_softmax or attn_mask is not None or is_causal:
+            return super().attend(x, attn_mask=attn_mask, is_causal=is_causal)
+        q, k, v = self._split(x)
+        return torch.softmax(q @ k.mT / math.sqrt(self.head_dim), dim=-1) @ v
+
+
+class ValueSkipInitAttention(SoftmaxAttention):
+    """SSA with Value-SkipInit (He et al. 2023, arXiv 2302.10322, §3): ``A ← a I + b softmax(·)``.
+
+    ``a`` and ``b`` are learnable, one per head, ``a = 1`` and ``b = 0`` at init, so each head
+    starts as ``X W_V^h`` (identity attention).
+    """
+
+    def __init__(self, dim: int, heads: int = 1, head_dim: int | None = None, bias: bool = False) -> None:
+        super().__init__(dim, heads, head_dim, init="orthogonal", bias=bias)
+        self.skip_a = nn.Parameter(torch.ones(heads, 1, 1))
+        self.skip_b = nn.Parameter(torch.zeros(heads, 1, 1))
+
+    def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        """``a v + b softmax(q kᵀ/√r) v`` per head."""
+        _, _, v = self._split(x)
+        soft = super().attend(x, attn_mask=attn_mask, is_causal=is_causal)
+        return self.skip_a * v + self.skip_b * soft
+
+
+def _init_cutting_skip(attn: SoftmaxSelfAttention, a: float, b: float, c: float) -> None:
+    """Ji et al. 2025 init: ``W_Q^h W_K^hᵀ ≈ a Z + b I`` (rank-r truncated SVD), ``W_V W_O = c·orthogonal``."""
+    d, r, heads = attn.dim, attn.head_dim, attn.heads
+    wq = torch.empty(heads * r, d, dtype=torch.float64)
+    wk = torch.empty_like(wq)
+    for h in range(heads):
+        z = torch.randn(d, d, dtype=torch.float64) / math.sqrt(d)
+        u, s, vh = torch.linalg.svd(a * z + b * torch.eye(d, dtype=torch.float64))
+        root = s[:r].sqrt()
+        wq[h * r : (h + 1) * r] = root[:, None] * u[:, :r].mT
+        wk[h * r : (h + 1) * r] = root[:, None] * vh[:r]
+    with torch.no_grad():
+        attn.to_q.weight.copy_(wq)
+        attn.to_k.weight.copy_(wk)
+        nn.init.orthogonal_(attn.to_v.weight)
+        nn.init.orthogonal_(attn.to_out.weight, gain=c)
+        for lin in (attn.to_q, attn.to_k, attn.to_v, attn.to_out):
+            if lin.bias is not None:
+                lin.bias.zero_()
+
+
+# --------------------------------------------------------------------------------------
+# Blocks and models
+# --------------------------------------------------------------------------------------
+
+_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+def activation_second_moment(act: nn.Module, points: int = 80) -> float:
+    """``E[φ(z)²]`` for ``z ~ N(0, 1)`` by Gauss–Hermite quadrature (GELU: 0.4252, ReLU: 0.5)."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(points)
+    z = torch.as_tensor(nodes, dtype=torch.float64)
+    with torch.no_grad():
+        values = act(z).double() ** 2
+    return float((torch.as_tensor(weights, dtype=torch.float64) * values).sum() / math.sqrt(2 * math.pi))
+
+
+class MLP(nn.Module):
+    """Two-layer MLP ``fc2(act(fc1(x)))`` of hidden width ``round(dim · mlp_ratio)``."""
+
+    def __init__(self, dim: int, hidden: int, activation: str = "gelu") -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = _ACTIVATIONS[activation]()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def init_orthogonal(self) -> None:
+        """Variance-preserving orthogonal init (zero biases).
+
+        ``fc1`` is (semi-)orthogonal with gain ``√(hidden/dim)``, so the pre-activations of a token
+        with i.i.d. N(0, 1) entries are again ≈ N(0, 1); ``fc2`` is (semi-)orthogonal with gain
+        ``1/√E[φ(z)²]``, so the output has unit mean-square entries again. A skipless stack then
+        neither shrinks nor grows the signal at init.
+        """
+        hidden, dim = self.fc1.weight.shape
+        nn.init.orthogonal_(self.fc1.weight, gain=math.sqrt(hidden / dim))
+        nn.init.orthogonal_(self.fc2.weight, gain=1.0 / math.sqrt(activation_second_moment(self.act)))
+        nn.init.zeros_(self.fc1.bias)
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _make_attention(config: ModelConfig) -> nn.Module:
+    if config.attention == "osa":
+        return OrthogonalSelfAttention(
+            config.dim,
+            config.heads,
+            head_dim=config.head_dim,
+            alpha_init=config.alpha_init,
+            learn_alpha=config.learn_alpha,
+            method=config.osa_method,
+            tokens=config.tokens,
+        )
+    if config.init == "value-skipinit":
+        return ValueSkipInitAttention(config.dim, config.heads, head_dim=config.head_dim)
+    attn = SoftmaxAttention(
+        config.dim,
+        config.heads,
+        head_dim=config.head_dim,
+        init="orthogonal" if config.init == "orthogonal" else "default",
+    )
+    if config.init == "cutting-skip":
+        _init_cutting_skip(attn, *CUTTING_SKIP_ABC)
+    return attn
+
+
+class Block(nn.Module):
+    """One transformer block: ``h = attn(norm₁ x) [+ x]``, ``y = mlp(norm₂ h) [+ h]`` (pre-norm)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.skip = config.skip
+        self.norm1 = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
+        self.attn = _make_attention(config)
+        self.mlp: MLP | None = None
+        self.norm2: nn.Module | None = None
+        if config.mlp_ratio > 0:
+            self.norm2 = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
+            self.mlp = MLP(config.dim, round(config.dim * config.mlp_ratio), config.activation)
+            if config.init in ("orthogonal", "value-skipinit"):
+                self.mlp.init_orthogonal()
+
+    def attention_part(self, x: torch.Tensor) -> torch.Tensor:
+        """Output of the attention sub-layer (with its skip)."""
+        h = self.attn(self.norm1(x))
+        return x + h if self.skip else h
+
+    def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
+        """Output of the MLP sub-layer (with its skip); identity when there is no MLP."""
+        if self.mlp is None:
+            return h
+        y = self.mlp(self.norm2(h))
+        return h + y if self.skip else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.mlp_part(self.attention_part(x))
+
+
+def _block_seed(seed: int, index: int | str) -> int:
+    key = [seed, index] if isinstance(index, int) else [seed, 2**31 - 1, *map(ord, index)]
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, index: int | str) -> Iterator[None]:
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_block_seed(seed, index))
+        yield
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    if dtype is None:
+        yield
+        return
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _check_finite(x: torch.Tensor, layer: int, site: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        where = "the input (layer 0)" if layer == 0 else f"layer {layer} ({site} output)"
+        raise NonFiniteHiddenStateError(
+            f"hidden state of {where} contains {n_nan} NaN and {n_inf} Inf entries (shape {tuple(x.shape)}); "
+            f"this is the first layer where they appear. Lower the depth or the init scale (alpha), or use "
+            "float64.",
+            layer,
+            site,
+        )
+
+
+class Encoder(nn.Module):
+    """A stack of :class:`Block` s: ``(B, N, dim) → (B, N, dim)``.
+
+    ``forward(x, return_hidden=True)`` also returns :class:`HiddenStates`. With
+    ``check_finite=True`` (default) a NaN/Inf hidden state raises
+    :class:`NonFiniteHiddenStateError` naming the layer where it first appears.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.check_finite = True
+        blocks = []
+        for i in range(config.depth):
+            with _seeded(config.seed, i):
+                blocks.append(Block(config))
+        self.blocks = nn.ModuleList(blocks)
+
+    @property
+    def depth(self) -> int:
+        """Number of blocks."""
+        return len(self.blocks)
+
+    def forward(
+        self, x: torch.Tensor, return_hidden: bool = False, *, layers: int | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, HiddenStates]:
+        """Run the first ``layers`` blocks (all by default) on tokens ``x`` of shape (B, N, dim)."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.config.dim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise OSAInputError(
+                f"`x` has shape {shape}; the encoder needs (batch, tokens, dim={self.config.dim})"
+            )
+        n_layers = self.depth if layers is None else layers
+        if not 0 <= n_layers <= self.depth:
+            raise ConfigurationError(f"`layers`={layers} must lie in [0, depth={self.depth}]")
+        hidden = HiddenStates() if return_hidden else None
+        if self.check_finite:
+            _check_finite(x, 0, "block")
+        if hidden is not None:
+            hidden.blocks.append(x)
+        for i, block in enumerate(self.blocks[:n_layers], start=1):
+            h = block.attention_part(x)
+            if self.check_finite:
+                _check_finite(h, i, "attention")
+            x = block.mlp_part(h)
+            if self.check_finite and block.mlp is not None:
+                _check_finite(x, i, "block")
+            if hidden is not None:
+                hidden.attention.append(h)
+                hidden.blocks.append(x)
+        return (x, hidden) if hidden is not None else x
+
+
+class ViTClassifier(nn.Module):
+    """Patch embedding + position embedding → :class:`Encoder` → mean pool → [LayerNorm] → linear head.
+
+    Images ``(B, channels, image_size, image_size)`` → logits ``(B, num_classes)``; the final
+    LayerNorm is present only with ``norm="layernorm"``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        with _seeded(config.seed, "embed"):
+            self.patch_embed = nn.Conv2d(
+                config.channels, config.dim, config.patch_size, stride=config.patch_size
+            )
+            self.pos_embed = nn.Parameter(torch.randn(1, config.num_patches, config.dim) * 0.02)
+        self.encoder = Encoder(config)
+        with _seeded(config.seed, "head"):
+            self.norm = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
+            self.head = nn.Linear(config.dim, config.num_classes)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Patch tokens (B, num_patches, dim) with position embedding added."""
+        c = self.config
+        if (
+            not isinstance(images, torch.Tensor)
+            or images.dim() != 4
+            or tuple(images.shape[1:])
+            != (
+                c.channels,
+                c.image_size,
+                c.image_size,
+            )
+        ):
+            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            raise OSAInputError(
+                f"images have shape {shape}; the classifier needs (batch, {c.channels}, {c.image_size}, "
+                f"{c.image_size}) (set channels/image_size in ModelConfig)"
+            )
+        return self.patch_embed(images).flatten(2).mT + self.pos_embed
+
+    def forward(
+        self, images: torch.Tensor, return_hidden: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, HiddenStates]:
+        """Logits (B, num_classes), and the encoder's :class:`HiddenStates` if ``return_hidden``."""
+        out = self.encoder(self.embed(images), return_hidden=return_hidden)
+        tokens, hidden = out if return_hidden else (out, None)
+        logits = self.head(self.norm(tokens.mean(dim=1)))
+        return (logits, hidden) if return_hidden else logits
+
+
+def build_model(
+    config: ModelConfig, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> Encoder:
+    """Token encoder ``(B, N, dim) → (B, N, dim)`` for ``config``.
+
+    ``dtype`` builds (and initialises) the parameters directly in that dtype, so e.g. orthogonal
+    weights are orthogonal to float64 precision (a float32 init cast to float64 is not).
+    """
+    if not isinstance(config, ModelConfig):
+        raise ConfigurationError(f"`config` must be a ModelConfig, got {type(config).__name__}")
+    with _default_dtype(dtype):
+        model = Encoder(config)
+    return model.to(device) if device is not None else model
+
+
+def build_classifier(
+    config: ModelConfig, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> ViTClassifier:
+    """ViT classifier ``(B, C, H, W) → (B, num_classes)``; a ``input="tokens"`` config is switched to patches."""
+    if not isinstance(config, ModelConfig):
+        raise ConfigurationError(f"`config` must be a ModelConfig, got {type(config).__name__}")
+    if config.input != "patches":
+        config = replace(config, input="patches")
+    with _default_dtype(dtype):
+        model = ViTClassifier(config)
+    return model.to(device) if device is not None else model
+
+
+def osa_layers(model: nn.Module) -> list[OrthogonalSelfAttention]:
+    """Every OSA layer in ``model``."""
+    return [m for m in model.modules() if isinstance(m, OrthogonalSelfAttention)]
+
+
+@contextlib.contextmanager
+def functional_mode(model: nn.Module, osa_method: str = "qr") -> Iterator[nn.Module]:
+    """Make ``model`` usable under ``torch.func`` transforms (jacrev, jvp, vmap) inside the block.
+
+    OSA layers switch to ``osa_method`` (``"qr"`` or ``"dense"``: pure autograd, no custom
+    ``autograd.Function``, no data-dependent branches; same function as ``"lowrank"`` to rounding),
+    SSA layers to the explicit softmax, and the finiteness checks are turned off. Restored on exit.
+    """
+    saved_methods = [(m, m.method) for m in osa_layers(model)]
+    softmax = [m for m in model.modules() if isinstance(m, SoftmaxAttention)]
+    encoders = [m for m in model.modules() if isinstance(m, Encoder)]
+    saved_checks = [(e, e.check_finite) for e in encoders]
+    try:
+        for m, _ in saved_methods:
+            m.method = osa_method
+        for m in softmax:
+            m.explicit_softmax = True
+        for e in encoders:
+            e.check_finite = False
+        yield model
+    finally:
+        for m, method in saved_methods:
+            m.method = method
+        for m in softmax:
+            m.explicit_softmax = False
+        for e, check in saved_checks:
+            e.check_finite = check
