@@ -1,0 +1,230 @@
+"""Shared plot builders (osa_lab.plots.depth) and the OSA check (osa_lab.checks).
+
+The builders are tested on small synthetic tables with the analysis schema: the reduced data
+each figure draws, the axis choices, and that every figure renders under both the bokeh and
+the matplotlib backend (PNG bytes).
+"""
+
+from __future__ import annotations
+
+import holoviews as hv
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from osa_lab.errors import ConfigurationError, OSAInputError
+from osa_lab.plots import depth as D
+
+PRESETS = ("pure-ssa", "pure-osa")
+CONFIG = dict(depth=5, tokens=16, dim=8, heads=2, alpha=0.1)
+
+
+def _metrics(presets=PRESETS, depth=5, seeds=3) -> pd.DataFrame:
+    rows = []
+    for p in presets:
+        for seed in range(seeds):
+            for layer in range(depth + 1):
+                for site in ("attention", "block"):
+                    if site == "attention" and layer == 0:
+                        continue
+                    collapse = 10.0 ** (-2 * layer) if p == "pure-ssa" else 1.0
+                    value = collapse * (1 + 0.1 * seed) * (2.0 if site == "attention" else 1.0)
+                    for metric, v in (("relative_residual", value), ("token_cosine", 0.5 + 0.01 * seed)):
+                        rows.append(
+                            dict(preset=p, **dict(CONFIG, depth=depth), seed=seed, layer=layer, site=site,
+                                 metric=metric, value=v)
+                        )
+    return pd.DataFrame(rows)
+
+
+def _spectra(presets=PRESETS, depth=5, seeds=2, k=6) -> pd.DataFrame:
+    rows = []
+    for p in presets:
+        for seed in range(seeds):
+            for layer in range(depth + 1):
+                decay = 0.1**layer if p == "pure-ssa" else 0.9
+                sigma = 3.0 * decay ** np.arange(k) * (1 + 0.01 * seed)
+                for i, s in enumerate(sigma):
+                    rows.append(
+                        dict(preset=p, **dict(CONFIG, depth=depth), seed=seed, layer=layer, site="block", index=i,
+                             sigma=s, sigma_normalized=s / sigma[0])
+                    )
+    return pd.DataFrame(rows)
+
+
+def _jacobian(presets=PRESETS, depth=4, seeds=2) -> pd.DataFrame:
+    rows = []
+    for p in presets:
+        for seed in range(seeds):
+            for layer in range(1, depth + 1):
+                kappa = (1.2 if p == "pure-osa" else 10.0**layer) * (1 + 0.1 * seed)
+                rows.append(
+                    dict(preset=p, **dict(CONFIG, depth=depth), seed=seed, layer=layer, scope="prefix",
+                         method="exact", sigma_max=kappa, sigma_min=1.0, kappa=kappa)
+                )
+    return pd.DataFrame(rows)
+
+
+def _svals(presets=PRESETS) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.concat(
+        [pd.DataFrame({"preset": p, "method": "exact", "sigma": rng.lognormal(0, 1 + i, 200)}) for i, p in
+         enumerate(presets)],
+        ignore_index=True,
+    )
+
+
+def _renders_both(obj) -> None:
+    bk = hv.render(obj, backend="bokeh")
+    assert bk is not None
+    png = D.png_bytes(obj)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_band_over_seeds_mean_and_extremes():
+    df = pd.DataFrame({"preset": ["a"] * 4, "layer": [0, 0, 1, 1], "value": [1.0, 3.0, 2.0, 2.0]})
+    out = D.band_over_seeds(df, "layer", "value")
+    assert out["mean"].tolist() == [2.0, 2.0]
+    assert out["lo"].tolist() == [1.0, 2.0] and out["hi"].tolist() == [3.0, 2.0]
+    assert out["n"].tolist() == [2, 2]
+
+
+def test_metric_vs_depth_data_reduces_over_seeds_for_block_site():
+    m = _metrics()
+    data = D.metric_vs_depth_data(m, "relative_residual")
+    assert list(data["preset"].unique()) == list(PRESETS)
+    ssa = data[data["preset"] == "pure-ssa"].set_index("layer")
+    # block site chosen by default (attention values are doubled in the fixture)
+    assert ssa.loc[2, "lo"] == pytest.approx(1e-4)
+    assert ssa.loc[2, "hi"] == pytest.approx(1.2e-4)
+    assert ssa.loc[2, "mean"] == pytest.approx(1.1e-4)
+    assert (data["n"] == 3).all()
+    attn = D.metric_vs_depth_data(m, "relative_residual", site="attention")
+    assert attn[attn["preset"] == "pure-ssa"].set_index("layer").loc[2, "lo"] == pytest.approx(2e-4)
+
+
+def test_metric_vs_depth_log_axis_only_when_spanning_decades():
+    m = _metrics()
+    collapse = D.metric_vs_depth(m, "relative_residual")
+    flat = D.metric_vs_depth(m, "token_cosine")
+    assert hv.Store.lookup_options("bokeh", collapse, "plot").kwargs["logy"] is True
+    assert hv.Store.lookup_options("bokeh", flat, "plot").kwargs["logy"] is False
+    # one area + curve + scatter per preset, labelled by preset
+    assert {el.label for el in collapse} == set(PRESETS)
+    assert len(collapse) == 3 * len(PRESETS)
+
+
+def test_metric_vs_depth_renders_in_both_backends():
+    _renders_both(D.metric_vs_depth(_metrics(), "relative_residual"))
+
+
+def test_metric_vs_depth_bad_input_names_the_problem():
+    with pytest.raises(OSAInputError, match="not in the table"):
+        D.metric_vs_depth(_metrics(), "no_such_metric")
+    with pytest.raises(OSAInputError, match="lacks column"):
+        D.metric_vs_depth(pd.DataFrame({"preset": ["a"]}), "relative_residual")
+    with pytest.raises(OSAInputError, match="empty"):
+        D.metric_vs_depth(_metrics().iloc[:0], "relative_residual")
+
+
+def test_spectra_grid_and_shared_colour_scale():
+    s = _spectra()
+    grids = D.spectra_grid(s)
+    layers, frac, z = grids["pure-ssa"]
+    assert layers.tolist() == list(range(6))
+    np.testing.assert_allclose(frac, (np.arange(6) + 0.5) / 6)
+    np.testing.assert_allclose(z[:, 0], np.ones(6))  # layer 0 of pure-ssa: decay 1
+    np.testing.assert_allclose(z[1, 2], 0.01, rtol=1e-12)
+    layout = D.spectra_heatmaps(s)
+    clims = {hv.Store.lookup_options("bokeh", img, "style").kwargs.get("clim")
+             or hv.Store.lookup_options("bokeh", img, "plot").kwargs.get("clim") for img in layout}
+    assert len(clims) == 1  # same colour range for every preset
+    (lo, hi), = clims
+    assert hi == 1.0 and lo == pytest.approx(z[z > 0].min())
+    for img in layout:
+        assert hv.Store.lookup_options("bokeh", img, "plot").kwargs["logz"] is True
+        assert "hover" in hv.Store.lookup_options("bokeh", img, "plot").kwargs["tools"]
+    _renders_both(layout)
+
+
+def test_spectra_lines_selected_layers():
+    s = _spectra()
+    layout = D.spectra_lines(s, layers=[0, 5])
+    assert len(layout) == 2
+    first = layout[0]
+    assert [c.label for c in first] == ["layer 0", "layer 5"]
+    np.testing.assert_allclose(first.values()[1].dimension_values("sigma_normalized")[1], 1e-5, rtol=1e-9)
+    default = D.spectra_lines(s)
+    assert [c.label for c in default[0]] == ["layer 0", "layer 1", "layer 2", "layer 5"]
+    with pytest.raises(OSAInputError, match="not in the spectra table"):
+        D.spectra_lines(s, layers=[9])
+    _renders_both(layout)
+
+
+def test_kappa_vs_depth_names_method_and_uses_log_axis():
+    j = _jacobian()
+    data = D.kappa_vs_depth_data(j)
+    assert data[data["preset"] == "pure-osa"]["mean"].tolist() == pytest.approx([1.26] * 4)
+    obj = D.kappa_vs_depth(j)
+    opts = hv.Store.lookup_options("bokeh", obj, "plot").kwargs
+    assert "exact" in opts["title"] and opts["logy"] is True
+    _renders_both(obj)
+
+
+def test_jacobian_histogram_counts_every_singular_value():
+    sv = _svals()
+    data = D.jacobian_histogram_data(sv, bins=20)
+    assert data.groupby("preset")["count"].sum().tolist() == [200, 200]
+    assert data.groupby("preset").size().tolist() == [20, 20]
+    _renders_both(D.jacobian_histogram(sv))
+
+
+def test_kappa_vs_parameter_groups_and_log_x():
+    df = pd.DataFrame(
+        [dict(preset=f"N={n}", alpha=a, seed=s, kappa=1 + 100 * a * n / 8 + 0.01 * s)
+         for n in (8, 16) for a in (0.001, 0.01, 0.1, 1.0) for s in range(2)]
+    )
+    obj = D.kappa_vs_parameter(df, "alpha")
+    opts = hv.Store.lookup_options("bokeh", obj, "plot").kwargs
+    assert opts["logx"] is True
+    assert {el.label for el in obj} == {"N=8", "N=16"}
+    _renders_both(obj)
+
+
+# ---------------------------------------------------------------------------------------------
+# OSA check
+
+
+def test_osa_check_passes_at_init_and_reports_method():
+    from osa_lab.checks import osa_check, osa_check_table
+
+    res = osa_check(16, 8, heads=2, alpha=None, seed=0)
+    assert res["method"] == "lowrank" and res["head_dim"] == 4
+    assert all(res["passed"].values())
+    assert res["orthogonality_error"] < 1e-5
+    table = osa_check_table(res)
+    assert table["check"].tolist() == ["orthogonality_error", "dense_vs_lowrank", "lowrank_vs_float64",
+                                       "norm_preservation"]
+    assert table["passed"].all()
+
+
+def test_osa_check_float64_is_tight_and_rank_deficient_uses_qr():
+    from osa_lab.checks import osa_check
+
+    res = osa_check(6, 8, heads=1, alpha=0.5, dtype=torch.float64)  # N < 2r → QR path
+    assert res["method"] == "qr"
+    assert res["orthogonality_error"] < 1e-12
+    assert res["dense_vs_lowrank"] < 1e-12
+
+
+def test_osa_check_refuses_impossible_configurations():
+    from osa_lab.checks import osa_check
+
+    with pytest.raises(ConfigurationError, match="not divisible"):
+        osa_check(16, 10, heads=3)
+    with pytest.raises(ConfigurationError, match="O\\(N³\\)"):
+        osa_check(5000, 8)
