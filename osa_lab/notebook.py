@@ -1,0 +1,99 @@
+"""Helpers for the report notebooks: static figures that render offline, and the opening cell.
+
+The exported HTML reports must open without network access, so the notebooks do not call
+``hv.extension`` (its loader pulls bokeh and panel JavaScript from a CDN). Instead
+:func:`show` renders a HoloViews object with the matplotlib backend and displays the figure
+as an embedded PNG. In JupyterLab the same call works; for interactive plots use the Panel
+dashboard, which draws with the same builders.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+#: Resolution of the PNGs embedded in the reports.
+DPI = 90
+
+
+def setup() -> None:
+    """Configure a report kernel: inline matplotlib, both HoloViews backends, pandas display."""
+    import matplotlib
+    import pandas as pd
+
+    from osa_lab.plots.depth import ensure_backends
+
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is not None and hasattr(ip, "kernel"):
+            ip.run_line_magic("matplotlib", "inline")
+    except ImportError:  # pragma: no cover - IPython ships with the reports extra
+        pass
+    matplotlib.rcParams["figure.dpi"] = DPI
+    ensure_backends()
+    pd.set_option("display.precision", 4)
+    pd.set_option("display.max_rows", 60)
+    pd.set_option("display.width", 160)
+
+
+def show(obj: Any, *, dpi: int = DPI) -> bytes:
+    """Render a HoloViews object with matplotlib and display it as an embedded PNG.
+
+    Uses :func:`osa_lab.plots.depth.png_bytes` (the figure is closed after saving, so it is
+    not displayed twice). Returns the PNG bytes.
+    """
+    from osa_lab.plots.depth import png_bytes
+
+    png = png_bytes(obj, dpi=dpi)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            label = getattr(obj, "label", "") or type(obj).__name__
+            bundle = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"<figure: {label}>"}
+            display(bundle, raw=True)
+    except ImportError:  # pragma: no cover - IPython ships with the reports extra
+        pass
+    return png
+
+
+_IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython", "open"})
+
+
+def parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The notebook's parameters: the public, plain-data globals of ``namespace``.
+
+    Call it right after the ``parameters`` cell (and the cell papermill injects), before any
+    other assignment, so that only parameters are defined: modules, callables, IPython's own
+    names and names starting with ``_`` are skipped.
+    """
+    import types
+
+    plain = (bool, int, float, str, list, tuple, dict, type(None))
+    return {
+        k: v
+        for k, v in namespace.items()
+        if not k.startswith("_")
+        and k not in _IPYTHON_NAMES
+        and not isinstance(v, types.ModuleType)
+        and isinstance(v, plain)
+    }
+
+
+def opening(title: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The first output of every report: set up the kernel and show the run's provenance.
+
+    ``namespace`` is the notebook's ``globals()`` right after its parameters cell; the
+    parameters found there (see :func:`parameters`) are shown with git revision, versions
+    and device, and returned as a dict.
+    """
+    from osa_lab import provenance
+
+    setup()
+    params = parameters(namespace)
+    provenance.show({"notebook": title, **params})
+    return params

@@ -1,0 +1,550 @@
+"""``osa-lab report``: execute the report notebooks with papermill and export them to HTML.
+
+The notebook sources in ``notebooks/`` are jupytext ``py:percent`` scripts with one cell
+tagged ``parameters`` (DESIGN.md §6). For each selected notebook this module
+
+1. converts the source to ``.ipynb`` (jupytext) and checks every parameter it is given against
+   the ones the notebook declares (``papermill.inspect_notebook``; papermill itself only warns);
+2. executes it with papermill, always with an explicit kernel name and a per-cell timeout,
+   on a kernel spec that runs *this* interpreter (see :func:`ensure_kernel`);
+3. writes the executed ``NAME.ipynb`` and a self-contained ``NAME.html`` (images embedded,
+   no CDN scripts, so it renders offline) into the output folder (``reports/``, ignored by git);
+
+and finally writes ``index.html`` (links, status, parameters, run time and provenance of each
+notebook) and ``summary.json``. A failing notebook does not stop the others; the command
+then exits with status 1 and names the notebook and the cell that failed.
+
+Parameter files are YAML mappings ``notebook stem → {parameter: value}``; lists and nested
+values go through YAML, never through ``-p`` strings. ``--quick`` uses
+``notebooks/ci_params.yaml`` (tiny sizes for CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import html
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Folder of the notebook sources (the repository's ``notebooks/``).
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+#: Tiny parameters used by ``--quick``.
+QUICK_PARAMS = "ci_params.yaml"
+#: Kernel name the notebooks run on; :func:`ensure_kernel` points it at ``sys.executable``.
+KERNEL_NAME = "python3"
+#: Default per-cell execution timeout (seconds) for default and quick parameters.
+CELL_TIMEOUT = 1200
+QUICK_CELL_TIMEOUT = 300
+
+# An nbconvert template that drops every script loaded from the network (require.js,
+# MathJax, mermaid, widget manager): the reports hold only static HTML and embedded PNGs.
+_OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+"""
+
+
+class ReportError(RuntimeError):
+    """A problem with the request itself (unknown notebook, bad parameter file, no kernel)."""
+
+
+@dataclass
+class NotebookResult:
+    """Outcome of one notebook: where its outputs are, how long it ran, where it failed."""
+
+    name: str
+    source: str
+    params: dict[str, Any]
+    ok: bool = False
+    seconds: float = 0.0
+    ipynb: str | None = None
+    html: str | None = None
+    failed_cell: int | None = None
+    failed_exec_count: int | None = None
+    failed_source: str | None = None
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def failure_line(self) -> str:
+        """One line naming the notebook, the cell and the error (for the terminal)."""
+        where = "before any cell ran"
+        if self.failed_exec_count is not None or self.failed_cell is not None:
+            count = f"In [{self.failed_exec_count}]" if self.failed_exec_count is not None else "a cell"
+            where = f"cell {count} (cell #{self.failed_cell} of the executed notebook)"
+            if self.failed_source:
+                where += f": `{self.failed_source}`"
+        return f"FAILED {self.name}: {where}\n    {self.error}"
+
+
+# --------------------------------------------------------------------------------------------
+# notebooks and parameters
+# --------------------------------------------------------------------------------------------
+
+
+def discover(notebook_dir: str | Path = NOTEBOOK_DIR) -> dict[str, Path]:
+    """The report notebooks in ``notebook_dir``: ``{stem: path}`` of ``NN_*.py`` sources, sorted."""
+    folder = Path(notebook_dir)
+    if not folder.is_dir():
+        raise ReportError(f"notebook folder {folder} does not exist")
+    found = {p.stem: p for p in sorted(folder.glob("[0-9][0-9]_*.py"))}
+    if not found:
+        raise ReportError(f"no report notebooks (NN_name.py) in {folder}")
+    return found
+
+
+def select(notebooks: Mapping[str, Path], only: Sequence[str] | None) -> dict[str, Path]:
+    """Notebooks named by ``only`` (exact stem, or a unique prefix such as ``"02"``); all if empty."""
+    if not only:
+        return dict(notebooks)
+    chosen: dict[str, Path] = {}
+    for item in (part.strip() for entry in only for part in entry.split(",")):
+        if not item:
+            continue
+        matches = [s for s in notebooks if s == item] or [s for s in notebooks if s.startswith(item)]
+        if len(matches) != 1:
+            what = "matches none" if not matches else f"is ambiguous ({', '.join(matches)})"
+            raise ReportError(f"--only {item!r} {what}; notebooks are: {', '.join(notebooks)}")
+        chosen[matches[0]] = notebooks[matches[0]]
+    return {s: notebooks[s] for s in notebooks if s in chosen}
+
+
+def load_params(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a YAML parameter file: a mapping ``notebook stem → {parameter: value}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"parameter file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ReportError(f"parameter file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict | type(None)) for v in data.values()):
+        raise ReportError(
+            f"parameter file {path} must map notebook names to parameter mappings, e.g.\n"
+            "  01_osa_matrix_exponential:\n    ns_accuracy: [8, 32]"
+        )
+    return {str(k): dict(v or {}) for k, v in data.items()}
+
+
+def merge_params(*layers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Merge parameter mappings notebook by notebook; later layers override earlier ones."""
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for name, params in layer.items():
+            merged.setdefault(name, {}).update(params)
+    return merged
+
+
+def to_ipynb(source: str | Path, dest: str | Path) -> Path:
+    """Convert a jupytext ``py:percent`` source to an ``.ipynb`` file (no outputs)."""
+    import jupytext
+    import nbformat
+
+    nb = jupytext.read(Path(source))
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dest)
+    return dest
+
+
+def declared_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
+    """Parameters declared in the notebook's ``parameters`` cell (``papermill.inspect_notebook``).
+
+    Accepts a jupytext ``.py`` source or an ``.ipynb``. Raises :class:`ReportError` when the
+    notebook has no cell tagged ``parameters``.
+    """
+    import papermill
+
+    notebook = Path(notebook)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = to_ipynb(notebook, Path(tmp) / f"{notebook.stem}.ipynb") if notebook.suffix == ".py" else notebook
+        declared = papermill.inspect_notebook(str(path))
+    if not declared:
+        raise ReportError(f"{notebook.name} has no cell tagged 'parameters' (or it declares nothing)")
+    return declared
+
+
+def check_params(name: str, params: Mapping[str, Any], declared: Mapping[str, Any], origin: str = "") -> None:
+    """Refuse parameters the notebook does not declare (papermill would only warn)."""
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        where = f" (from {origin})" if origin else ""
+        raise ReportError(
+            f"notebook {name} does not declare parameter(s) {', '.join(unknown)}{where}; "
+            f"it declares: {', '.join(declared)}"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# kernel
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def ensure_kernel(name: str = KERNEL_NAME) -> Iterator[str]:
+    """Make kernel ``name`` run this interpreter (``sys.executable``) while the context is open.
+
+    A kernel spec ``{sys.executable} -m ipykernel_launcher`` is written into a temporary
+    folder that is put first on ``JUPYTER_PATH``, so it shadows any other spec of that name
+    (a user-wide ``python3`` pointing at another Python, say). The resolution is checked
+    before use. Yields the kernel name.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        import ipykernel  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - part of the reports extra
+        raise ReportError(
+            f"ipykernel is not installed in {sys.executable}; install osa_lab[reports]"
+        ) from exc
+    old = os.environ.get("JUPYTER_PATH")
+    with tempfile.TemporaryDirectory(prefix="osa-lab-kernel-") as tmp:
+        spec_dir = Path(tmp) / "kernels" / name
+        spec_dir.mkdir(parents=True)
+        spec = {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python 3 (osa_lab, {sys.executable})",
+            "language": "python",
+            "metadata": {"debugger": True},
+        }
+        (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+        os.environ["JUPYTER_PATH"] = os.pathsep.join([tmp, *([old] if old else [])])
+        try:
+            try:
+                found = KernelSpecManager().get_kernel_spec(name)
+            except NoSuchKernel as exc:  # pragma: no cover - we just wrote it
+                raise ReportError(f"kernel spec {name!r} could not be registered in {tmp}") from exc
+            if Path(found.argv[0]) != Path(sys.executable):
+                raise ReportError(
+                    f"kernel {name!r} resolves to {found.argv[0]}, not this interpreter {sys.executable}"
+                )
+            yield name
+        finally:
+            if old is None:
+                os.environ.pop("JUPYTER_PATH", None)
+            else:
+                os.environ["JUPYTER_PATH"] = old
+
+
+# --------------------------------------------------------------------------------------------
+# execution and export
+# --------------------------------------------------------------------------------------------
+
+
+def export_html(ipynb: str | Path, dest: str | Path) -> Path:
+    """Export an executed notebook to self-contained HTML: embedded images, no network scripts."""
+    import jinja2
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(
+        extra_loaders=[jinja2.DictLoader({"osa_lab_offline.html.j2": _OFFLINE_TEMPLATE})],
+        template_file="osa_lab_offline.html.j2",
+        embed_images=True,
+    )
+    body, _ = exporter.from_notebook_node(nbformat.read(str(ipynb), as_version=4))
+    dest = Path(dest)
+    dest.write_text(body, encoding="utf-8")
+    return dest
+
+
+def _first_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.strip()[:100]
+    return source.strip().splitlines()[0][:100] if source.strip() else ""
+
+
+def _locate_running_cell(ipynb: Path) -> tuple[int | None, int | None, str | None]:
+    """The last cell papermill started in an executed notebook (for timeouts, dead kernels)."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(ipynb), as_version=4)
+    except Exception:  # noqa: BLE001 - nothing written; no cell to name
+        return None, None, None
+    last = None
+    for index, cell in enumerate(nb.cells):
+        if cell.get("metadata", {}).get("papermill", {}).get("start_time"):
+            last = (index, cell.get("execution_count"), _first_line(cell.get("source", "")))
+    return last or (None, None, None)
+
+
+def execute_one(
+    name: str,
+    source: Path,
+    params: Mapping[str, Any],
+    output: Path,
+    staging: Path,
+    *,
+    kernel_name: str,
+    cell_timeout: int,
+    cwd: Path,
+) -> NotebookResult:
+    """Execute one notebook and export it; never raises for a failing cell (see the result)."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    result = NotebookResult(name=name, source=str(source), params=dict(params))
+    staged = to_ipynb(source, staging / f"{name}.ipynb")
+    out_ipynb = output / f"{name}.ipynb"
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(staged),
+            str(out_ipynb),
+            parameters=dict(params),
+            kernel_name=kernel_name,
+            execution_timeout=cell_timeout,
+            progress_bar=False,
+            cwd=str(cwd),
+        )
+        result.ok = True
+    except PapermillExecutionError as exc:
+        result.failed_cell = exc.cell_index
+        result.failed_exec_count = exc.exec_count
+        result.failed_source = _first_line(exc.source or "")
+        result.error = f"{exc.ename}: {exc.evalue}"
+    except Exception as exc:  # noqa: BLE001 - timeouts, dead kernels: report and go on
+        result.failed_cell, result.failed_exec_count, result.failed_source = _locate_running_cell(out_ipynb)
+        kind = "timed out" if "Timeout" in type(exc).__name__ else "stopped"
+        result.error = f"{kind}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        if kind == "timed out":
+            result.error += f" (per-cell timeout {cell_timeout} s; raise it with --cell-timeout)"
+    result.seconds = time.perf_counter() - start
+    if out_ipynb.exists():
+        result.ipynb = out_ipynb.name
+        try:
+            result.html = export_html(out_ipynb, output / f"{name}.html").name
+        except Exception as exc:  # noqa: BLE001 - keep the executed notebook even if export fails
+            result.warnings.append(f"HTML export failed: {type(exc).__name__}: {exc}")
+            if result.ok:
+                result.ok = False
+                result.error = f"HTML export failed: {type(exc).__name__}: {exc}"
+    return result
+
+
+def run_reports(
+    names: Mapping[str, Path],
+    params: Mapping[str, Mapping[str, Any]],
+    output: str | Path,
+    *,
+    cell_timeout: int = CELL_TIMEOUT,
+    kernel_name: str = KERNEL_NAME,
+    register_kernel: bool = True,
+    cwd: str | Path | None = None,
+    progress: bool = True,
+    label: str = "",
+) -> list[NotebookResult]:
+    """Execute ``names`` (stem → source) with their ``params`` into ``output``; write the index.
+
+    All parameters are validated against the notebooks' declarations before anything runs.
+    Returns one :class:`NotebookResult` per notebook, in order.
+    """
+    from tqdm.auto import tqdm
+
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    cwd = Path(cwd) if cwd is not None else Path.cwd()
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        raise ReportError(f"parameters given for unknown notebook(s) {', '.join(unknown)}; notebooks: {', '.join(names)}")
+    for name, source in names.items():
+        check_params(name, params.get(name, {}), declared_parameters(source))
+    started = _dt.datetime.now(_dt.UTC)
+    results: list[NotebookResult] = []
+    kernel_ctx = ensure_kernel(kernel_name) if register_kernel else contextlib.nullcontext(kernel_name)
+    with kernel_ctx as kernel, tempfile.TemporaryDirectory(prefix="osa-lab-report-") as staging:
+        bar = tqdm(list(names.items()), desc="reports", unit="notebook", disable=not progress, file=sys.stderr)
+        for name, source in bar:
+            bar.set_postfix_str(name)
+            result = execute_one(
+                name,
+                source,
+                params.get(name, {}),
+                output,
+                Path(staging),
+                kernel_name=kernel,
+                cell_timeout=cell_timeout,
+                cwd=cwd,
+            )
+            results.append(result)
+            status = "ok" if result.ok else "FAILED"
+            bar.write(f"{name}: {status} in {result.seconds:.1f} s", file=sys.stderr)
+        bar.close()
+    write_index(results, output, started=started, label=label)
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# index.html
+# --------------------------------------------------------------------------------------------
+
+_INDEX_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; width: 100%; }
+th, td { border-bottom: 1px solid #ddd; padding: 6px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+.ok { color: #11722b; font-weight: 600; } .failed { color: #b00020; font-weight: 600; }
+code, pre { font-size: 0.85em; } pre { margin: 0; white-space: pre-wrap; }
+.prov { color: #555; font-size: 0.9em; }
+"""
+
+
+def write_index(
+    results: Sequence[NotebookResult], output: str | Path, *, started: _dt.datetime | None = None, label: str = ""
+) -> Path:
+    """Write ``index.html`` (and ``summary.json``) linking every notebook's HTML and ``.ipynb``."""
+    from osa_lab import provenance
+
+    output = Path(output)
+    info = provenance.collect({"mode": label} if label else None)
+    started = started or _dt.datetime.now(_dt.UTC)
+    rows = []
+    for r in results:
+        links = []
+        if r.html:
+            links.append(f'<a href="{html.escape(r.html)}">{html.escape(r.name)}</a>')
+        else:
+            links.append(html.escape(r.name))
+        if r.ipynb:
+            links.append(f'<a href="{html.escape(r.ipynb)}">.ipynb</a>')
+        if r.ok:
+            status = '<span class="ok">ok</span>'
+        else:
+            status = f'<span class="failed">failed</span><pre>{html.escape(r.failure_line())}</pre>'
+        params = yaml.safe_dump(r.params, sort_keys=False, default_flow_style=None).strip() if r.params else "(defaults)"
+        rows.append(
+            f"<tr><td>{' · '.join(links)}</td><td>{status}</td><td>{r.seconds:.1f} s</td>"
+            f"<td><pre>{html.escape(params)}</pre></td></tr>"
+        )
+    total = sum(r.seconds for r in results)
+    git = info["git"]
+    device = info["device"].get("gpu") or info["device"]["processor"]
+    title = "osa_lab reports" + (f" ({label})" if label else "")
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{_INDEX_CSS}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p class="prov">Run started {started.isoformat(timespec="seconds")} · total {total:.1f} s ·
+git <code>{html.escape(str(git["commit"]))}</code>{" (uncommitted changes)" if git.get("dirty") else ""} ·
+torch {html.escape(info["packages"].get("torch", "?"))} · {html.escape(str(device))},
+{info["device"]["cpu_count"]} CPUs · Python {html.escape(info["python"]["version"])}</p>
+<table><thead><tr><th>notebook</th><th>status</th><th>run time</th><th>parameters (overrides of the defaults)</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody></table>
+</body></html>
+"""
+    index = output / "index.html"
+    index.write_text(page, encoding="utf-8")
+    summary = {
+        "started_utc": started.isoformat(timespec="seconds"),
+        "label": label,
+        "provenance": info,
+        "notebooks": [asdict(r) for r in results],
+    }
+    (output / "summary.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+    return index
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``osa-lab report``."""
+    parser.add_argument("--quick", action="store_true", help=f"tiny parameters from notebooks/{QUICK_PARAMS} (CI)")
+    parser.add_argument(
+        "--params",
+        metavar="FILE",
+        help="YAML file: notebook stem → {parameter: value}; applied on top of --quick",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        help="run only this notebook (stem or unique prefix such as 02; repeat or comma-separate)",
+    )
+    parser.add_argument("--output", metavar="DIR", default="reports", help="output folder (default: reports)")
+    parser.add_argument(
+        "--notebooks", metavar="DIR", default=str(NOTEBOOK_DIR), help="folder of the notebook sources"
+    )
+    parser.add_argument(
+        "--cell-timeout",
+        metavar="SECONDS",
+        type=int,
+        default=None,
+        help=f"per-cell execution timeout (default {CELL_TIMEOUT}, {QUICK_CELL_TIMEOUT} with --quick)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the notebooks and their parameters, run nothing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``osa-lab report``; 0 when every notebook ran, 1 when one failed, 2 on a bad request."""
+    try:
+        notebooks = discover(args.notebooks)
+        chosen = select(notebooks, args.only)
+        if args.list:
+            for name, path in chosen.items():
+                declared = declared_parameters(path)
+                print(f"{name}  ({path})")
+                for p in declared.values():
+                    print(f"    {p['name']}: {p['inferred_type_name']} = {p['default']}")
+            return 0
+        layers = []
+        if args.quick:
+            layers.append(load_params(Path(args.notebooks) / QUICK_PARAMS))
+        if args.params:
+            layers.append(load_params(args.params))
+        params = merge_params(*layers)
+        # Parameters for notebooks not selected with --only are ignored, but must still exist.
+        unknown = sorted(set(params) - set(notebooks))
+        if unknown:
+            raise ReportError(
+                f"parameters given for unknown notebook(s) {', '.join(unknown)}; notebooks: {', '.join(notebooks)}"
+            )
+        params = {k: v for k, v in params.items() if k in chosen}
+        timeout = args.cell_timeout or (QUICK_CELL_TIMEOUT if args.quick else CELL_TIMEOUT)
+        label = "quick" if args.quick else "default parameters"
+        if args.params:
+            label += f" + {args.params}"
+        results = run_reports(
+            chosen,
+            params,
+            args.output,
+            cell_timeout=timeout,
+            cwd=Path(args.notebooks).resolve().parent,
+            progress=not args.no_progress,
+            label=label,
+        )
+    except ReportError as exc:
+        print(f"osa-lab report: error: {exc}", file=sys.stderr)
+        return 2
+    index = Path(args.output).resolve() / "index.html"
+    failed = [r for r in results if not r.ok]
+    total = sum(r.seconds for r in results)
+    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {total:.1f} s; index: {index}")
+    for r in failed:
+        print(r.failure_line(), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":  # python -m osa_lab.report
+    _parser = argparse.ArgumentParser(prog="osa-lab report", description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))
