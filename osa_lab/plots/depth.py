@@ -123,14 +123,16 @@ def _presets_in_order(df: pd.DataFrame) -> list[str]:
 
 
 def spans_decades(values: np.ndarray | pd.Series, decades: float = 2.0) -> bool:
-    """True when all finite values are positive and max/min exceeds ``10**decades``.
+    """True when no finite value is negative and the positive ones span more than ``decades``.
 
-    The builders use log axes exactly when this holds (``logy=None``).
+    Exact zeros (complete collapse, e.g. identical tokens) count as :data:`LOG_FLOOR`, where log
+    axes clip them. The builders use log axes exactly when this holds (``logy=None``).
     """
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
-    if v.size == 0 or (v <= 0).any():
+    if v.size == 0 or (v < 0).any() or not (v > 0).any():
         return False
+    v = np.where(v > 0, v, LOG_FLOOR)
     return bool(np.log10(v.max() / v.min()) > decades)
 
 
@@ -168,10 +170,16 @@ def _single_depth(df: pd.DataFrame, depth: int | None) -> pd.DataFrame:
 def band_over_seeds(df: pd.DataFrame, x: str, y: str, by: Sequence[str] = ("preset",)) -> pd.DataFrame:
     """Mean, min, max, std and count of ``y`` over seeds (and any other rows) per ``by`` × ``x``.
 
+    Non-finite values (inf condition numbers) are left out of the statistics; ``n`` counts the
+    finite ones.
+
     Returns columns ``*by, x, mean, lo, hi, std, n`` sorted by ``by`` then ``x``; ``lo``/``hi``
     are the min/max over seeds (the band drawn around the mean).
     """
     _require(df, [*by, x, y], "table")
+    finite = np.isfinite(df[y].to_numpy(dtype=float))
+    if not finite.all():  # e.g. the condition number of a rank-deficient matrix is inf
+        df = df.assign(**{y: df[y].where(finite)})
     g = df.groupby([*by, x], sort=False)[y]
     out = g.agg(mean="mean", lo="min", hi="max", std="std", n="count").reset_index()
     out["std"] = out["std"].fillna(0.0)
