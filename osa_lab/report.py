@@ -27,6 +27,7 @@ import datetime as _dt
 import html
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -153,6 +154,9 @@ def to_ipynb(source: str | Path, dest: str | Path) -> Path:
     import nbformat
 
     nb = jupytext.read(Path(source))
+    # papermill needs a kernel name in the metadata even to inspect the parameters.
+    nb.metadata.setdefault("kernelspec", {"name": KERNEL_NAME, "display_name": "Python 3", "language": "python"})
+    nb.metadata.setdefault("language_info", {"name": "python"})
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, dest)
@@ -260,6 +264,28 @@ def export_html(ipynb: str | Path, dest: str | Path) -> Path:
     return dest
 
 
+_EXTERNAL = re.compile(
+    r"""(?:<script[^>]*\ssrc\s*=\s*["']?\s*(?:https?:)?//[^"'\s>]+)"""
+    r"""|(?:<link[^>]*\shref\s*=\s*["']?\s*(?:https?:)?//[^"'\s>]+)"""
+    r"""|(?:<(?:img|iframe|embed|source|video|audio)[^>]*\ssrc\s*=\s*["']?\s*(?:https?:)?//[^"'\s>]+)"""
+    r"""|(?:url\(\s*["']?\s*(?:https?:)?//[^)"']+)"""
+    r"""|(?:@import\s+["'](?:https?:)?//[^"']+)"""
+    r"""|(?:\bimport\b[^;\n]*\bfrom\s*["'](?:https?:)?//[^"']+)"""
+    # script or style URLs held in strings, as JavaScript loaders (bokeh, panel) build them
+    r"""|(?:["'](?:https?:)?//[^"'\s]+\.(?:m?js|css)(?:\?[^"'\s]*)?["'])""",
+    re.IGNORECASE,
+)
+
+
+def external_references(page: str) -> list[str]:
+    """Resources an HTML page would fetch from the network (scripts, styles, images, imports).
+
+    Plain hyperlinks (``<a href=…>``) are not resources and are not reported. An empty list
+    means the page renders offline.
+    """
+    return [m.group(0)[:200] for m in _EXTERNAL.finditer(page)]
+
+
 def _first_line(source: str) -> str:
     for line in source.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
@@ -327,7 +353,11 @@ def execute_one(
     if out_ipynb.exists():
         result.ipynb = out_ipynb.name
         try:
-            result.html = export_html(out_ipynb, output / f"{name}.html").name
+            html_path = export_html(out_ipynb, output / f"{name}.html")
+            result.html = html_path.name
+            remote = external_references(html_path.read_text(encoding="utf-8"))
+            if remote:
+                result.warnings.append(f"{html_path.name} loads {len(remote)} network resource(s), e.g. {remote[0]}")
         except Exception as exc:  # noqa: BLE001 - keep the executed notebook even if export fails
             result.warnings.append(f"HTML export failed: {type(exc).__name__}: {exc}")
             if result.ok:
@@ -383,6 +413,8 @@ def run_reports(
             results.append(result)
             status = "ok" if result.ok else "FAILED"
             bar.write(f"{name}: {status} in {result.seconds:.1f} s", file=sys.stderr)
+            for warning in result.warnings:
+                bar.write(f"{name}: warning: {warning}", file=sys.stderr)
         bar.close()
     write_index(results, output, started=started, label=label)
     return results

@@ -1,0 +1,102 @@
+"""Static checks of the report notebook sources and their parameter files (no kernel started).
+
+DESIGN.md §6: py:percent sources with one cell tagged ``parameters``; every key of every
+parameter file must be declared by its notebook (papermill only warns about unknown keys).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import jupytext
+import pytest
+import yaml
+
+from osa_lab import report
+
+NOTEBOOKS = report.discover(report.NOTEBOOK_DIR)
+PARAM_FILES = sorted(report.NOTEBOOK_DIR.glob("*.yaml"))
+EXPECTED = ["01_osa_matrix_exponential", "02_rank_collapse", "03_jacobian_conditioning"]
+
+
+def test_expected_notebooks_exist():
+    missing = [name for name in EXPECTED if name not in NOTEBOOKS]
+    assert not missing, f"missing report notebooks {missing}; found {list(NOTEBOOKS)}"
+
+
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_one_parameters_cell_with_typed_defaults(name):
+    nb = jupytext.read(NOTEBOOKS[name])
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{name}: {len(tagged)} cells tagged 'parameters', need exactly one"
+    declared = report.declared_parameters(NOTEBOOKS[name])
+    untyped = [p["name"] for p in declared.values() if p["inferred_type_name"] in ("None", "")]
+    assert not untyped, f"{name}: parameters without a type annotation: {untyped}"
+
+
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_opens_with_statement_and_provenance(name):
+    nb = jupytext.read(NOTEBOOKS[name])
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.lstrip().startswith("#"), (
+        f"{name}: the first cell must be a markdown title and statement of what the report shows"
+    )
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", []), f"{name}: first code cell must be the parameters"
+    assert "opening(" in code[1].source, f"{name}: the cell after the parameters must show provenance"
+    assert "hv.extension" not in "".join(c.source for c in code), (
+        f"{name}: hv.extension loads JavaScript from a CDN; draw with osa_lab.notebook.show"
+    )
+
+
+def test_quick_params_cover_every_notebook():
+    quick = report.load_params(report.NOTEBOOK_DIR / report.QUICK_PARAMS)
+    missing = sorted(set(NOTEBOOKS) - set(quick))
+    assert not missing, f"{report.QUICK_PARAMS} has no tiny parameters for {missing}"
+
+
+@pytest.mark.parametrize("path", PARAM_FILES, ids=lambda p: p.name)
+def test_parameter_files_declare_only_known_keys(path):
+    params = report.load_params(path)
+    unknown_notebooks = sorted(set(params) - set(NOTEBOOKS))
+    assert not unknown_notebooks, f"{path.name}: no notebook named {unknown_notebooks}"
+    for name, values in params.items():
+        declared = report.declared_parameters(NOTEBOOKS[name])
+        report.check_params(name, values, declared, origin=path.name)
+        for key, value in values.items():
+            declared_type = declared[key]["inferred_type_name"]
+            if declared_type in ("list", "int", "float", "str", "bool"):
+                ok = {"list": list, "int": int, "float": (int, float), "str": str, "bool": bool}[declared_type]
+                assert isinstance(value, ok), f"{path.name}: {name}.{key}={value!r} is not a {declared_type}"
+
+
+def test_check_params_rejects_undeclared_key(tmp_path):
+    name = EXPECTED[0]
+    declared = report.declared_parameters(NOTEBOOKS[name])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({name: {"ns_accuracy": [8], "no_such_param": 3}}))
+    with pytest.raises(report.ReportError, match="no_such_param") as info:
+        report.check_params(name, report.load_params(bad)[name], declared, origin=bad.name)
+    assert "ns_accuracy" in str(info.value)  # the message lists what is declared
+
+
+def test_no_notebook_outputs_or_reports_tracked():
+    root = report.NOTEBOOK_DIR.parent
+    try:
+        tracked = subprocess.run(
+            ["git", "ls-files", "--", "notebooks", "reports"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    bad = [p for p in tracked if p.endswith(".ipynb") or p.startswith("reports/")]
+    assert not bad, f"executed notebooks or reports are tracked by git: {bad}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "reports/index.html"], cwd=root).returncode
+    assert ignored == 0, "reports/ must be ignored by git"
+
+
+def test_jupytext_config_keeps_sources_as_percent_scripts():
+    root = report.NOTEBOOK_DIR.parent
+    config = (root / "jupytext.toml").read_text()
+    assert 'formats = "py:percent"' in config
+    for path in NOTEBOOKS.values():
+        assert "# %%" in Path(path).read_text(), f"{path.name} is not in py:percent format"

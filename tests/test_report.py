@@ -1,0 +1,237 @@
+"""The ``osa-lab report`` runner on tiny throw-away notebooks (a few kernel starts, ~30 s).
+
+Checks: the kernel runs this interpreter; YAML list parameters reach the notebook; a failing
+notebook does not stop the others and the exit status and message name the notebook and the
+cell; a cell timeout is reported as such; index.html links every notebook with parameters
+and run time; the HTML exports render offline (no network resources, images embedded).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from osa_lab import cli, report
+
+OK_NOTEBOOK = '''
+# %% [markdown]
+# # tiny report
+
+# %% tags=["parameters"]
+sizes: list = [1, 2]
+label: str = "default"
+
+# %%
+from osa_lab import notebook as nb
+
+params = nb.opening("01_ok", globals())
+
+# %%
+import sys
+
+print("EXECUTABLE", sys.executable)
+print("PARAMS", sizes, label, type(sizes).__name__)
+
+# %%
+import holoviews as hv
+
+nb.show(hv.Curve([(1, 1.0), (2, 4.0), (3, 9.0)]).opts(backend="matplotlib", logy=True))
+'''
+
+FAILING_NOTEBOOK = '''
+# %% [markdown]
+# # fails on purpose
+
+# %% tags=["parameters"]
+n: int = 3
+
+# %%
+x = n + 1
+
+# %%
+raise ValueError("deliberate failure " + str(x))
+
+# %%
+print("never reached")
+'''
+
+LAST_NOTEBOOK = '''
+# %% [markdown]
+# # runs after the failure
+
+# %% tags=["parameters"]
+n: int = 1
+
+# %%
+print("LAST RAN", n)
+'''
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def _outputs(ipynb: Path) -> str:
+    nb = nbformat.read(str(ipynb), as_version=4)
+    chunks = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            chunks.append(out.get("text", "") or json.dumps(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(chunks)
+
+
+@pytest.fixture(scope="module")
+def run_three(tmp_path_factory):
+    """Run ok / failing / ok notebooks once through the CLI; share the outputs across tests."""
+    src = tmp_path_factory.mktemp("notebooks")
+    out = tmp_path_factory.mktemp("reports")
+    _write(src, "01_ok", OK_NOTEBOOK)
+    _write(src, "02_fails", FAILING_NOTEBOOK)
+    _write(src, "03_last", LAST_NOTEBOOK)
+    params = src / "params.yaml"
+    params.write_text(yaml.safe_dump({"01_ok": {"sizes": [4, 5, 6], "label": "from-yaml"}}))
+    argv = ["report", "--notebooks", str(src), "--output", str(out), "--params", str(params), "--no-progress"]
+    return out, argv
+
+
+@pytest.fixture(scope="module")
+def three_result(run_three, capsys_module=None):
+    out, argv = run_three
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    std = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        rc = cli.main(argv)
+    return out, rc, std.getvalue(), err.getvalue()
+
+
+def test_failure_is_named_and_others_still_run(three_result):
+    out, rc, stdout, stderr = three_result
+    assert rc == 1
+    assert "FAILED 02_fails" in stderr
+    assert "deliberate failure 4" in stderr
+    assert re.search(r"In \[\d+\]", stderr), stderr  # the failing cell is named
+    assert "raise ValueError" in stderr  # ... with its first line of code
+    assert "03_last" not in stderr.split("FAILED", 1)[1].split("\n")[0]
+    assert "LAST RAN 1" in _outputs(out / "03_last.ipynb")
+    assert "2/3 notebooks ran" in stdout and str(out / "index.html") in stdout
+
+
+def test_kernel_is_this_interpreter_and_yaml_lists_arrive(three_result):
+    out = three_result[0]
+    text = _outputs(out / "01_ok.ipynb")
+    assert f"EXECUTABLE {sys.executable}" in text
+    assert "PARAMS [4, 5, 6] from-yaml list" in text
+
+
+def test_outputs_and_index(three_result):
+    out = three_result[0]
+    for name in ("01_ok", "02_fails", "03_last"):
+        assert (out / f"{name}.ipynb").is_file()
+        assert (out / f"{name}.html").is_file()  # the failing notebook is exported too
+    index = (out / "index.html").read_text()
+    for name in ("01_ok", "02_fails", "03_last"):
+        assert f'href="{name}.html"' in index and f'href="{name}.ipynb"' in index
+    assert "from-yaml" in index and "4, 5, 6" in index  # parameters shown
+    assert re.search(r"\d+\.\d s", index)  # run time shown
+    assert "deliberate failure" in index
+    summary = json.loads((out / "summary.json").read_text())
+    assert [n["ok"] for n in summary["notebooks"]] == [True, False, True]
+    assert summary["provenance"]["git"]["commit"]
+
+
+def test_html_renders_offline(three_result):
+    out = three_result[0]
+    page = (out / "01_ok.html").read_text()
+    assert report.external_references(page) == []
+    assert "data:image/png;base64," in page  # the figure is embedded, not linked
+    assert "Provenance" in page and "git.commit" in page  # provenance is the first output
+
+
+def test_external_references_detects_cdn_scripts():
+    page = (
+        '<script src="https://cdn.example.org/require.min.js"></script>'
+        '<a href="https://example.org/paper">a link is fine</a>'
+        '<script>var js_urls = ["https://cdn.bokeh.org/bokeh/release/bokeh-3.9.2.min.js"];</script>'
+        '<style>@import "https://fonts.example/x.css"; .a{background:url(//img.example/p.png)}</style>'
+    )
+    found = report.external_references(page)
+    assert len(found) == 4, found
+    assert report.external_references('<img src="data:image/png;base64,AAAA">') == []
+
+
+def test_cell_timeout_names_cell(tmp_path, capsys):
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _write(src, "01_slow", '# %% tags=["parameters"]\nseconds: float = 30.0\n\n# %%\nimport time\ntime.sleep(seconds)\n')
+    rc = cli.main(["report", "--notebooks", str(src), "--output", str(tmp_path / "out"), "--cell-timeout", "2", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "FAILED 01_slow" in err and "timed out" in err and "`import time`" in err and "--cell-timeout" in err
+
+
+def test_bad_requests_exit_2_before_running(tmp_path, capsys):
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _write(src, "01_only", '# %% tags=["parameters"]\nn: int = 1\n\n# %%\nprint(n)\n')
+    out = tmp_path / "out"
+    bad_key = tmp_path / "bad.yaml"
+    bad_key.write_text("01_only:\n  n: 2\n  typo_param: 3\n")
+    assert cli.main(["report", "--notebooks", str(src), "--output", str(out), "--params", str(bad_key)]) == 2
+    assert "typo_param" in capsys.readouterr().err
+    bad_nb = tmp_path / "bad_nb.yaml"
+    bad_nb.write_text("99_missing:\n  n: 2\n")
+    assert cli.main(["report", "--notebooks", str(src), "--output", str(out), "--params", str(bad_nb)]) == 2
+    assert "99_missing" in capsys.readouterr().err
+    assert cli.main(["report", "--notebooks", str(src), "--output", str(out), "--only", "07"]) == 2
+    assert "01_only" in capsys.readouterr().err  # lists the valid names
+    assert not (out / "index.html").exists()  # nothing ran
+
+
+def test_select_by_prefix_and_comma():
+    nbs = {"01_a": Path("a"), "02_b": Path("b"), "03_c": Path("c")}
+    assert list(report.select(nbs, ["03", "01_a"])) == ["01_a", "03_c"]
+    assert list(report.select(nbs, ["02,03"])) == ["02_b", "03_c"]
+    assert report.select(nbs, None) == nbs
+
+
+def test_kernel_spec_shadows_foreign_python3(tmp_path, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    foreign = tmp_path / "kernels" / "python3"
+    foreign.mkdir(parents=True)
+    (foreign / "kernel.json").write_text(
+        json.dumps({"argv": ["/nonexistent/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "other", "language": "python"})
+    )
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    assert KernelSpecManager().get_kernel_spec("python3").argv[0] == "/nonexistent/python"
+    with report.ensure_kernel("python3") as name:
+        assert KernelSpecManager().get_kernel_spec(name).argv[0] == sys.executable
+    import os
+
+    assert os.environ["JUPYTER_PATH"] == str(tmp_path)  # restored
+
+
+def test_provenance_fields():
+    from osa_lab import provenance
+
+    info = provenance.collect({"ns": [1, 2], "obj": object()})
+    assert len(info["git"]["commit"]) in (40, 7) or info["git"]["commit"] == "unknown"
+    assert info["packages"]["torch"] != "not installed"
+    assert info["params"]["ns"] == [1, 2] and info["params"]["obj"].startswith("<object")
+    row = provenance.csv_columns({"n": 3})
+    assert row["param.n"] == 3 and "git_commit" in row and "device" in row
+    frame = provenance.as_frame(info)
+    assert {"git.commit", "device.cpu_count", "params.ns"} <= set(frame["key"])
