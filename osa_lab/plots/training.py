@@ -1,0 +1,235 @@
+"""Plot builders for training runs: learning curves, α over training, hidden-state diagnostics, summary.
+
+They draw from the tidy metrics table of :func:`osa_lab.train.train` / :func:`osa_lab.train.compare`
+(columns ``preset, data, seed, epoch, step, kind, metric, layer, head, value``) and the summary
+table of :func:`osa_lab.train.summarise` (DESIGN.md §6, "tidy tables first, plots second").
+Every builder returns a HoloViews object with options for both backends (bokeh for the
+dashboard, matplotlib for the report notebooks) and reduces over seeds itself (mean line,
+min–max band); the ``*_data`` helpers return exactly the reduced table a plot draws.
+
+The question these figures answer (Zhang & Martens 2026, DESIGN.md §5): does a skipless,
+normless transformer with OSA train like a skip-connected ViT, and does the rank of its hidden
+states stay put during training while skipless softmax attention's collapses (Dong et al. 2021)?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import holoviews as hv
+import pandas as pd
+
+from osa_lab.errors import OSAInputError
+from osa_lab.plots.depth import (
+    _colour_map,
+    _curves_with_bands,
+    _dual,
+    _require,
+    band_over_seeds,
+    png_bytes,
+    spans_decades,
+)
+
+__all__ = [
+    "alpha_curves",
+    "alpha_data",
+    "depth_profiles",
+    "depth_profiles_data",
+    "diagnostics_over_training",
+    "diagnostics_over_training_data",
+    "learning_curve_data",
+    "learning_curves",
+    "learning_panel",
+    "png_bytes",
+    "summary_bars",
+]
+
+_METRICS_COLUMNS = ("preset", "seed", "epoch", "step", "kind", "metric", "layer", "head", "value")
+
+_LABELS = {
+    "train_loss": "train loss",
+    "test_loss": "test loss",
+    "train_accuracy": "train accuracy",
+    "test_accuracy": "test accuracy",
+    "lr": "learning rate",
+    "epoch_time_s": "seconds per epoch",
+}
+
+
+def _label(metric: str) -> str:
+    return _LABELS.get(metric, metric.replace("_", " "))
+
+
+def _select(metrics: pd.DataFrame, metric: str, kind: str | None = None) -> pd.DataFrame:
+    _require(metrics, list(_METRICS_COLUMNS), "training metrics table")
+    df = metrics if kind is None else metrics[metrics["kind"] == kind]
+    known = list(dict.fromkeys(df["metric"].tolist()))
+    if metric not in known:
+        raise OSAInputError(f"metric {metric!r} is not in the training metrics table; it has {known}")
+    return df[df["metric"] == metric]
+
+
+def _logy(data: pd.DataFrame, logy: bool | None) -> bool:
+    return spans_decades(data[["mean", "lo", "hi"]].to_numpy().ravel()) if logy is None else logy
+
+
+# ----------------------------------------------------------------------------- learning curves
+
+
+def learning_curve_data(metrics: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame:
+    """``preset, epoch, mean, lo, hi, std, n`` of a per-epoch metric (mean and min–max over seeds)."""
+    df = _select(metrics, metric)
+    df = df[df["kind"].isin(["train", "eval", "time"])]
+    return band_over_seeds(df, "epoch", "value")
+
+
+def learning_curves(
+    metrics: pd.DataFrame,
+    metric: str = "test_accuracy",
+    *,
+    logy: bool | None = None,
+    title: str | None = None,
+) -> hv.Overlay:
+    """A per-epoch metric (``train_loss``, ``test_accuracy`` …) against epoch, one curve per preset.
+
+    ``logy=None`` uses a log axis when the values span more than two decades (losses often do).
+    """
+    data = learning_curve_data(metrics, metric)
+    label = _label(metric)
+    return _curves_with_bands(data, "epoch", label, title or f"{label} during training", _logy(data, logy))
+
+
+def learning_panel(
+    metrics: pd.DataFrame, metric_names: Sequence[str] = ("train_loss", "test_accuracy")
+) -> hv.Layout:
+    """Side-by-side learning curves of several metrics (default: train loss and test accuracy)."""
+    return hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(2)
+
+
+# ----------------------------------------------------------------------------- alpha
+
+
+def alpha_data(metrics: pd.DataFrame, preset: str | None = None) -> pd.DataFrame:
+    """``layer, epoch, mean, lo, hi, std, n`` of OSA's α (averaged over heads, band over seeds).
+
+    ``preset`` picks one preset (default: the first with α rows).
+    """
+    df = _select(metrics, "alpha", kind="alpha")
+    presets = list(dict.fromkeys(df["preset"].tolist()))
+    preset = preset if preset is not None else presets[0]
+    if preset not in presets:
+        raise OSAInputError(f"preset {preset!r} has no α rows; presets with OSA layers: {presets}")
+    df = df[df["preset"] == preset]
+    per_seed = df.groupby(["layer", "seed", "epoch"], as_index=False)["value"].mean()
+    per_seed["layer"] = "layer " + (per_seed["layer"].astype(int) + 1).astype(str)
+    return band_over_seeds(per_seed, "epoch", "value", by=("layer",))
+
+
+def alpha_curves(metrics: pd.DataFrame, preset: str | None = None, *, title: str | None = None) -> hv.Overlay:
+    """OSA's α per layer (mean over heads) against epoch: does training move it from α₀?"""
+    data = alpha_data(metrics, preset)
+    name = preset or list(dict.fromkeys(metrics.loc[metrics["kind"] == "alpha", "preset"]))[0]
+    return _curves_with_bands(data, "epoch", "α (mean over heads)", title or f"α during training ({name})",
+                              False, group="layer")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- hidden-state diagnostics
+
+
+def _hidden(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
+    return _select(metrics, metric, kind="hidden")
+
+
+def diagnostics_over_training_data(
+    metrics: pd.DataFrame, metric: str = "stable_rank", layer: int | None = None
+) -> pd.DataFrame:
+    """``preset, step, mean, lo, hi, std, n`` of a hidden-state metric at one layer (default: the last)."""
+    df = _hidden(metrics, metric)
+    if layer is None:
+        df = df[df["layer"] == df.groupby("preset")["layer"].transform("max")]
+    else:
+        if layer not in set(df["layer"]):
+            raise OSAInputError(f"layer {layer} is not in the table; it has {sorted(set(df['layer']))}")
+        df = df[df["layer"] == layer]
+    return band_over_seeds(df, "step", "value")
+
+
+def diagnostics_over_training(
+    metrics: pd.DataFrame,
+    metric: str = "stable_rank",
+    layer: int | None = None,
+    *,
+    logy: bool | None = None,
+    title: str | None = None,
+) -> hv.Overlay:
+    """A rank-collapse/conditioning metric (DESIGN.md §4) of the last (or ``layer``-th) hidden state vs step."""
+    data = diagnostics_over_training_data(metrics, metric, layer)
+    where = "last layer" if layer is None else f"layer {layer}"
+    label = _label(metric)
+    return _curves_with_bands(data, "step", label, title or f"{label} at the {where} during training",
+                              _logy(data, logy))  # fmt: skip
+
+
+def depth_profiles_data(metrics: pd.DataFrame, metric: str = "stable_rank") -> pd.DataFrame:
+    """``profile, layer, mean, lo, hi, std, n``: the metric across depth at init and after training.
+
+    ``profile`` is ``"<preset> · init"`` (step 0) or ``"<preset> · trained"`` (last step).
+    """
+    df = _hidden(metrics, metric)
+    last = df.groupby(["preset", "seed"])["step"].transform("max")
+    first = df.groupby(["preset", "seed"])["step"].transform("min")
+    init = df[df["step"] == first].assign(profile=lambda d: d["preset"] + " · init")
+    trained = df[(df["step"] == last) & (last > first)].assign(profile=lambda d: d["preset"] + " · trained")
+    both = pd.concat([init, trained], ignore_index=True)
+    order = [f"{p} · {s}" for p in dict.fromkeys(df["preset"]) for s in ("init", "trained")]
+    both["profile"] = pd.Categorical(both["profile"], [o for o in order if o in set(both["profile"])])
+    both = both.sort_values("profile")
+    both["profile"] = both["profile"].astype(str)
+    return band_over_seeds(both, "layer", "value", by=("profile",))
+
+
+def depth_profiles(
+    metrics: pd.DataFrame, metric: str = "stable_rank", *, logy: bool | None = None, title: str | None = None
+) -> hv.Overlay:
+    """The metric against layer at initialisation (dashed) and after training (solid), per preset."""
+    data = depth_profiles_data(metrics, metric)
+    label = _label(metric)
+    overlay = _curves_with_bands(data, "layer", label, title or f"{label} across depth: init vs trained",
+                                 _logy(data, logy), group="profile")  # fmt: skip
+    presets = list(dict.fromkeys(p.split(" · ")[0] for p in data["profile"]))
+    colours = _colour_map(presets)
+    for el in overlay:
+        preset, _, stage = str(el.label).partition(" · ")
+        dash = "dashed" if stage == "init" else "solid"
+        if isinstance(el, hv.Curve):
+            _dual(
+                el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash)
+            )
+        elif isinstance(el, hv.Scatter | hv.Area):
+            _dual(el, dict(color=colours[preset]), dict(color=colours[preset]))
+    return overlay
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def summary_bars(
+    summary: pd.DataFrame, *, title: str = "final test accuracy (mean ± std over seeds)"
+) -> hv.Overlay:
+    """Bars of mean final test accuracy per preset with ± std error bars (from :func:`osa_lab.train.summarise`)."""
+    _require(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
+    d = summary.assign(
+        accuracy=100 * summary["test_accuracy_mean"], err=100 * summary["test_accuracy_std"].fillna(0.0)
+    )
+    lo = max(0.0, float(d["accuracy"].min() - d["err"].max()) - 5.0) if d["accuracy"].notna().any() else 0.0
+    bars = _dual(
+        hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %"),
+        dict(color="preset", cmap=_colour_map(list(d["preset"])), tools=["hover"], ylim=(lo, 100)),
+        dict(color="preset", cmap=_colour_map(list(d["preset"])), ylim=(lo, 100)),
+    )
+    errors = hv.ErrorBars(d, "preset", ["accuracy", "err"])
+    return _dual(
+        bars * errors,
+        dict(title=title, width=520, height=340, show_grid=True),
+        dict(title=title, fig_inches=(6, 3.6), show_grid=True),
+    )

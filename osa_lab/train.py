@@ -1,0 +1,757 @@
+"""Training of (skipless) ViT presets: the experiment of Zhang & Martens (arXiv 2602.05996, DESIGN.md §5).
+
+The paper trains a ViT on MNIST with softmax attention replaced by OSA and the skip
+connections and LayerNorm removed, and reports (third-party summaries) 97.2 % test accuracy
+for the skip-connected ViT, 94.6 % for skipless softmax attention, and skipless OSA
+comparable to the former. This module reruns that comparison on our presets:
+
+* :func:`train` — one run: AdamW (Loshchilov & Hutter 2019) with linear warm-up and a cosine
+  schedule (Loshchilov & Hutter 2017), a fixed seed and deterministic batch order, a tqdm
+  progress bar, checkpoints at every epoch end (an interrupted run loses at most one epoch
+  and resumes to exactly the uninterrupted result), and a tidy metrics table.
+* :func:`compare` — several presets × seeds with the same budget, summarised by
+  :func:`summarise` (mean ± std of final test accuracy, time per epoch).
+* ``osa-lab train`` — the command line (:func:`add_arguments`, :func:`run`).
+
+The metrics table is long-format (DESIGN.md §6): one row per observation with columns
+``preset, data, seed, epoch, step, kind, metric, layer, head, value``. ``kind`` is
+
+* ``"train"``: ``train_loss`` and ``train_accuracy`` (running means over the epoch's
+  batches, with the weights as they were at each step) and ``lr`` (at the epoch end);
+* ``"eval"``: ``test_loss`` and ``test_accuracy`` after the epoch;
+* ``"alpha"``: every OSA layer's α per head (``layer`` = index of the OSA layer in block
+  order, ``head``);
+* ``"hidden"``: the rank-collapse and conditioning metrics of ``osa_lab.metrics.METRICS``
+  (DESIGN.md §4: relative residual of Dong et al. 2021, token cosine of Noci et al. 2022,
+  stable rank, effective rank of Roy & Vetterli 2007, condition number of Ji et al. 2025) of
+  each layer's hidden states (``layer`` 0 = the embedded input) on a fixed batch of test
+  images, every ``diag_every`` steps (and at step 0 and the last step);
+* ``"time"``: ``epoch_time_s`` — the only kind that differs between identical runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from osa_lab.data import DATASETS, ImageDataset, MissingDataError, load_data
+from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError, unknown_name
+
+#: the presets of the paper's comparison (DESIGN.md §5; issue 7)
+DEFAULT_COMPARISON: tuple[str, ...] = ("vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip")
+
+#: columns of the tidy metrics table, in order
+COLUMNS: tuple[str, ...] = (
+    "preset",
+    "data",
+    "seed",
+    "epoch",
+    "step",
+    "kind",
+    "metric",
+    "layer",
+    "head",
+    "value",
+)
+
+#: patch size per image size when none is given: 8×8 digits → 2 (16 tokens), 28×28 MNIST → 4 (49 tokens)
+DEFAULT_PATCH = {8: 2, 28: 4}
+
+CHECKPOINT_NAME = "checkpoint.pt"
+_CHECKPOINT_FORMAT = 1
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss (or the weights, or hidden states) became NaN/Inf during training.
+
+    Attributes ``step``, ``epoch``, ``preset`` and ``checkpoint`` (the last good checkpoint,
+    or None) are set so callers such as :func:`compare` can record the failure.
+    """
+
+    def __init__(self, message: str, *, step: int, epoch: int, preset: str, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.step, self.epoch, self.preset, self.checkpoint = step, epoch, preset, checkpoint
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run (and nothing that does not, such as the device).
+
+    Attributes:
+        preset: model preset name (``osa_lab.presets.preset_names()``).
+        data: data-set name (:data:`osa_lab.data.DATASETS`).
+        epochs: number of passes over the training set.
+        batch_size: images per step.
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW's decoupled weight decay (not applied to α, biases and norms).
+        warmup_fraction: fraction of all steps with a linear warm-up before the cosine decay.
+        grad_clip: global gradient-norm clip (``None``: off).
+        seed: seeds the model initialisation and the batch order.
+        diag_every: hidden-state diagnostics every this many steps (0: only at start and end).
+        diag_samples: number of test images in the fixed diagnostic batch.
+        patch_size: ViT patch size (``None``: :data:`DEFAULT_PATCH` for the image size).
+        model: overrides of the preset's ``ModelConfig`` fields (depth, dim, heads …).
+        data_options: keyword arguments of the data loader (e.g. ``train_limit`` for MNIST).
+    """
+
+    preset: str = "skipless-osa"
+    data: str = "digits"
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_fraction: float = 0.05
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    diag_every: int = 100
+    diag_samples: int = 64
+    patch_size: int | None = None
+    model: dict[str, Any] = field(default_factory=dict)
+    data_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "diag_samples"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ConfigurationError(f"`{name}` must be a positive int, got {val!r}")
+        if not isinstance(self.diag_every, int) or self.diag_every < 0:
+            raise ConfigurationError(f"`diag_every` must be an int ≥ 0, got {self.diag_every!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigurationError(f"`lr` must be a positive finite number, got {self.lr!r}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ConfigurationError(f"`warmup_fraction` must lie in [0, 1), got {self.warmup_fraction!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the tidy metrics, the trained model and where things were written."""
+
+    config: TrainConfig
+    model_config: Any
+    model: nn.Module
+    metrics: pd.DataFrame
+    run_dir: Path | None
+    checkpoint: Path | None
+    resumed_from_epoch: int = 0
+
+    def final(self, metric: str = "test_accuracy") -> float:
+        """Value of ``metric`` at the last epoch."""
+        return final_value(self.metrics, metric)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def final_value(metrics: pd.DataFrame, metric: str = "test_accuracy") -> float:
+    """Value of ``metric`` at the last recorded epoch of one run's metrics."""
+    sel = metrics[metrics["metric"] == metric]
+    if sel.empty:
+        raise KeyError(f"metric {metric!r} not in the table; it has {sorted(metrics['metric'].unique())}")
+    return float(sel.sort_values(["epoch", "step"])["value"].iloc[-1])
+
+
+def _presets():
+    from osa_lab import presets
+
+    return presets
+
+
+def check_names(presets: Sequence[str], data: str) -> None:
+    """Raise :class:`UnknownNameError` (listing the valid names) before any work starts."""
+    valid = list(_presets().preset_names())
+    for name in presets:
+        if name not in valid:
+            raise unknown_name("preset", name, valid)
+    if data not in DATASETS:
+        raise unknown_name("data set", data, DATASETS)
+
+
+def model_config_for(config: TrainConfig, data: ImageDataset):
+    """The preset's ``ModelConfig`` adapted to the data: patch input, image size, channels, classes."""
+    size = data.image_size
+    patch = config.patch_size or DEFAULT_PATCH.get(size) or next(p for p in (4, 2, 1) if size % p == 0)
+    if size % patch:
+        raise ConfigurationError(f"patch_size={patch} does not divide the image size {size}")
+    overrides = {
+        "input": "patches",
+        "image_size": size,
+        "patch_size": patch,
+        "channels": data.channels,
+        "num_classes": data.num_classes,
+        "tokens": (size // patch) ** 2,
+        "seed": config.seed,
+    }
+    overrides.update(config.model)
+    return _presets().get_preset(config.preset, **overrides)
+
+
+def build_model(model_config) -> nn.Module:
+    """``osa_lab.models.build_classifier`` (indirected so tests can substitute a model)."""
+    from osa_lab.models import build_classifier
+
+    return build_classifier(model_config)
+
+
+def lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total`` (Loshchilov & Hutter 2017)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on matrices, none on α, biases, norm gains and other vectors."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name.endswith("alpha") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def alpha_values(model: nn.Module) -> list[tuple[int, int, float]]:
+    """``(osa_layer_index, head, α)`` for every OSA layer of ``model``, in module order."""
+    from osa_lab.layers import OrthogonalSelfAttention
+
+    out = []
+    layers = [m for m in model.modules() if isinstance(m, OrthogonalSelfAttention)]
+    for i, m in enumerate(layers):
+        for h, a in enumerate(m.alpha.detach().flatten().tolist()):
+            out.append((i, h, float(a)))
+    return out
+
+
+def hidden_diagnostics(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str, float]]:
+    """``(layer, metric, value)`` for each hidden state of ``model`` on ``x`` and each metric of ``METRICS``.
+
+    The metrics (DESIGN.md §4, :mod:`osa_lab.metrics`) are computed per image in float64 and
+    summarised by the **median** over the batch (a single rank-deficient image would make the
+    mean condition number infinite). Non-finite hidden states raise an error naming the first
+    bad layer (the encoder's ``NonFiniteHiddenStateError``, or :class:`OSAInputError`).
+    """
+    from osa_lab.metrics import all_metrics
+
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        _, hidden = model(x, return_hidden=True)
+    model.train(was_training)
+    rows = []
+    for layer, h in enumerate(hidden.blocks):
+        if not torch.isfinite(h).all():
+            raise OSAInputError(f"hidden state of layer {layer} contains NaN/Inf")
+        for name, val in all_metrics(h.detach().cpu()).items():
+            rows.append((layer, name, float(val.median())))
+    return rows
+
+
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    loss_sum, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(y), batch_size):
+            xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
+            logits = model(xb)
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+            correct += int((logits.argmax(-1) == yb).sum())
+    model.train(was_training)
+    return loss_sum / len(y), correct / len(y)
+
+
+def _batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of epoch ``epoch``: a function of (seed, epoch) only, so resuming replays it."""
+    g = torch.Generator().manual_seed(1_000_003 * int(seed) + int(epoch))
+    return torch.randperm(n, generator=g)
+
+
+def _is_non_finite(err: Exception) -> bool:
+    """True for the typed errors osa_lab raises on NaN/Inf activations (not for other bad input).
+
+    The encoder raises ``NonFiniteHiddenStateError`` (a ``FloatingPointError``); the layers
+    raise :class:`OSAInputError` whose message counts the NaN and Inf entries.
+    """
+    return isinstance(err, FloatingPointError) or "NaN" in str(err) or "Inf" in str(err)
+
+
+def _atomic_save(obj: dict, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _comparable(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def train(
+    config: TrainConfig,
+    run_dir: str | os.PathLike | None = None,
+    *,
+    data: ImageDataset | None = None,
+    resume: bool = True,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    data_dir: str | os.PathLike | None = None,
+    on_epoch_end: Callable[[int, pd.DataFrame], None] | None = None,
+) -> TrainResult:
+    """Train one preset on one data set with one seed.
+
+    Args:
+        config: the run (:class:`TrainConfig`).
+        run_dir: where ``metrics.csv``, ``config.json`` and ``checkpoint.pt`` go; ``None``
+            keeps everything in memory (no checkpoints).
+        data: a loaded data set (default: ``load_data(config.data, **config.data_options)``).
+        resume: continue from ``run_dir/checkpoint.pt`` when it exists (a finished run is
+            returned without training). The checkpoint must come from the same config.
+        device: torch device for the model and batches.
+        progress: show a tqdm bar over steps.
+        data_dir: directory of the MNIST files (see :func:`osa_lab.data.load_mnist`).
+        on_epoch_end: called as ``on_epoch_end(epoch, metrics_so_far)`` after the epoch's
+            checkpoint is written (tests use it to simulate an interruption).
+
+    Determinism: the model is initialised under ``torch.manual_seed(seed)`` and the batch
+    order of epoch ``e`` depends on ``(seed, e)`` only, so two runs of the same config on the
+    same machine and thread count give identical metrics, and a resumed run gives the same
+    result as an uninterrupted one.
+
+    Raises:
+        TrainingDivergedError: the loss, the weights or a hidden state became NaN/Inf; the
+            message names the step, the preset and the last good checkpoint.
+    """
+    from tqdm.auto import tqdm
+
+    check_names([config.preset], config.data)
+    device = torch.device(device)
+    if data is None:
+        data = load_data(config.data, data_dir=data_dir, **config.data_options)
+    model_config = model_config_for(config, data)
+
+    torch.manual_seed(config.seed)
+    np.random.seed(config.seed % 2**32)
+    model = build_model(model_config).to(device)
+    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr)
+    n_train = len(data.y_train)
+    steps_per_epoch = math.ceil(n_train / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    warmup = int(round(config.warmup_fraction * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup))
+    diag_x = data.x_test[: config.diag_samples].to(device)
+
+    keys = {"preset": config.preset, "data": config.data, "seed": config.seed}
+    rows: list[dict] = []
+    start_epoch, step = 0, 0
+    ckpt_path: Path | None = None
+    last_good: Path | None = None
+    good_epoch = 0
+    run_path = Path(run_dir) if run_dir is not None else None
+    if run_path is not None:
+        run_path.mkdir(parents=True, exist_ok=True)
+        ckpt_path = run_path / CHECKPOINT_NAME
+        if resume and ckpt_path.exists():
+            state = torch.load(ckpt_path, map_location=device, weights_only=False)
+            if state.get("format") != _CHECKPOINT_FORMAT or _comparable(state["train_config"]) != _comparable(
+                config.to_dict()
+            ):
+                raise ConfigurationError(
+                    f"checkpoint {ckpt_path} was written by a different run configuration "
+                    f"({state.get('train_config')}); resuming it with {config.to_dict()} would not "
+                    "reproduce either run. Use another output directory, or pass resume=False "
+                    "(`--no-resume`) to start over and overwrite it."
+                )
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"])
+            rows = list(state["rows"])
+            start_epoch, step = int(state["epoch"]), int(state["step"])
+            last_good = ckpt_path
+        good_epoch = start_epoch
+        (run_path / "config.json").write_text(
+            json.dumps(
+                {"train": config.to_dict(), "model": dataclasses.asdict(model_config), "data": data.info},
+                indent=2,
+                default=str,
+            )
+        )
+
+    def add(epoch: int, kind: str, metric: str, value: float, layer=None, head=None) -> None:
+        rows.append({**keys, "epoch": epoch, "step": step, "kind": kind, "metric": metric,
+                     "layer": layer, "head": head, "value": float(value)})  # fmt: skip
+
+    def diverged(what: str, epoch: int) -> TrainingDivergedError:
+        where = (
+            f"the last good checkpoint is {last_good} (epoch {good_epoch}); resume from it "
+            "with a lower --lr or a --grad-clip"
+            if last_good is not None
+            else "there is no good checkpoint (none was written yet"
+            + (")" if run_path else "; no run_dir given)")
+        )
+        return TrainingDivergedError(
+            f"training of preset {config.preset!r} (seed {config.seed}, data {config.data!r}) diverged "
+            f"at step {step} (epoch {epoch + 1} of {config.epochs}): {what}. {where}. "
+            f"Peak lr was {config.lr:g}; a lower learning rate usually avoids this.",
+            step=step,
+            epoch=epoch,
+            preset=config.preset,
+            checkpoint=last_good,
+        )
+
+    def diagnostics(epoch: int) -> None:
+        try:
+            for layer, metric, value in hidden_diagnostics(model, diag_x):
+                add(epoch, "hidden", metric, value, layer=layer)
+        except (OSAInputError, FloatingPointError) as err:
+            if not _is_non_finite(err):
+                raise
+            raise diverged(f"non-finite hidden states ({err})", epoch) from err
+
+    if start_epoch == 0 and step == 0:
+        diagnostics(0)
+        for layer, head, a in alpha_values(model):
+            add(0, "alpha", "alpha", a, layer=layer, head=head)
+
+    bar = tqdm(
+        total=total_steps,
+        initial=step,
+        desc=f"{config.preset} s{config.seed}",
+        disable=not progress,
+        leave=False,
+        dynamic_ncols=True,
+    )
+    model.train()
+    try:
+        for epoch in range(start_epoch, config.epochs):
+            t0 = time.perf_counter()
+            order = _batch_order(n_train, config.seed, epoch)
+            loss_sum, correct = 0.0, 0
+            for i in range(steps_per_epoch):
+                idx = order[i * config.batch_size : (i + 1) * config.batch_size]
+                xb, yb = data.x_train[idx].to(device), data.y_train[idx].to(device)
+                try:
+                    logits = model(xb)
+                    loss = F.cross_entropy(logits, yb)
+                except (OSAInputError, FloatingPointError) as err:
+                    if not _is_non_finite(err):
+                        raise
+                    raise diverged(f"non-finite activations ({err})", epoch) from err
+                if not torch.isfinite(loss):
+                    raise diverged(f"the loss is {float(loss.detach())}", epoch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if config.grad_clip is not None:
+                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                loss_sum += float(loss.detach()) * len(idx)
+                correct += int((logits.detach().argmax(-1) == yb).sum())
+                bar.update(1)
+                if config.diag_every and step % config.diag_every == 0 and step != total_steps:
+                    diagnostics(epoch)
+            epoch_time = time.perf_counter() - t0
+            if not all(torch.isfinite(p).all() for p in model.parameters()):
+                raise diverged("the weights contain NaN/Inf after the epoch's last update", epoch)
+            test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
+            e = epoch + 1
+            add(e, "train", "train_loss", loss_sum / n_train)
+            add(e, "train", "train_accuracy", correct / n_train)
+            add(e, "train", "lr", scheduler.get_last_lr()[0])
+            add(e, "eval", "test_loss", test_loss)
+            add(e, "eval", "test_accuracy", test_acc)
+            for layer, head, a in alpha_values(model):
+                add(e, "alpha", "alpha", a, layer=layer, head=head)
+            if step == total_steps:
+                diagnostics(e)
+            add(e, "time", "epoch_time_s", epoch_time)
+            bar.set_postfix(loss=f"{loss_sum / n_train:.3f}", test_acc=f"{test_acc:.3f}")
+            if ckpt_path is not None:
+                _atomic_save(
+                    {
+                        "format": _CHECKPOINT_FORMAT,
+                        "train_config": config.to_dict(),
+                        "model_config": dataclasses.asdict(model_config),
+                        "epoch": e,
+                        "step": step,
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": torch.get_rng_state(),
+                        "rows": rows,
+                    },
+                    ckpt_path,
+                )
+                last_good, good_epoch = ckpt_path, e
+                metrics_frame(rows).to_csv(run_path / "metrics.csv", index=False)  # type: ignore[operator]
+            if on_epoch_end is not None:
+                on_epoch_end(e, metrics_frame(rows))
+    finally:
+        bar.close()
+    return TrainResult(config, model_config, model, metrics_frame(rows), run_path, ckpt_path, start_epoch)
+
+
+def metrics_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows → the tidy table with :data:`COLUMNS` (``layer``/``head`` nullable integers)."""
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for col in ("layer", "head"):
+        df[col] = df[col].astype("Int64")
+    for col in ("seed", "epoch", "step"):
+        df[col] = df[col].astype("int64")
+    df["value"] = df["value"].astype("float64")
+    return df
+
+
+def load_metrics(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a ``metrics.csv`` written by :func:`train` or :func:`compare` back with its dtypes."""
+    df = pd.read_csv(path)
+    for col in ("layer", "head"):
+        df[col] = df[col].astype("Int64")
+    return df
+
+
+# --------------------------------------------------------------------------- several runs
+
+
+def compare(
+    presets: Sequence[str] = DEFAULT_COMPARISON,
+    seeds: Sequence[int] = (0, 1, 2),
+    base: TrainConfig | None = None,
+    output_dir: str | os.PathLike | None = None,
+    *,
+    resume: bool = True,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    data_dir: str | os.PathLike | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train every preset × seed with the same budget (``base`` with ``preset``/``seed`` replaced).
+
+    Runs go to ``output_dir/<preset>/seed<k>/``; the combined ``metrics.csv`` and
+    ``summary.csv`` to ``output_dir``. A run that diverges is recorded (``diverged`` column
+    of the summary, the error in ``runs.csv``) and the others continue: a diverging skipless
+    network is a result, not a crash. Returns ``(metrics, summary)``.
+    """
+    from tqdm.auto import tqdm
+
+    base = base or TrainConfig()
+    check_names(presets, base.data)
+    data = load_data(base.data, data_dir=data_dir, **base.data_options)
+    out = Path(output_dir) if output_dir is not None else None
+    frames, runs = [], []
+    jobs = [(p, s) for p in presets for s in seeds]
+    for preset, seed in tqdm(jobs, desc="runs", disable=not progress or len(jobs) < 2, dynamic_ncols=True):
+        cfg = dataclasses.replace(base, preset=preset, seed=int(seed))
+        run_dir = out / preset / f"seed{seed}" if out is not None else None
+        status, message = "ok", ""
+        try:
+            result = train(cfg, run_dir, data=data, resume=resume, device=device, progress=progress)
+            frame = result.metrics
+            n_params = sum(p.numel() for p in result.model.parameters())
+        except TrainingDivergedError as err:
+            status, message, n_params = "diverged", str(err), None
+            frame = (
+                load_metrics(run_dir / "metrics.csv")
+                if run_dir and (run_dir / "metrics.csv").exists()
+                else None
+            )
+        if frame is not None:
+            frames.append(frame)
+        runs.append(
+            {"preset": preset, "seed": int(seed), "status": status, "params": n_params, "error": message}
+        )
+    metrics = pd.concat(frames, ignore_index=True) if frames else metrics_frame([])
+    summary = summarise(metrics, pd.DataFrame(runs), order=list(presets))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics.to_csv(out / "metrics.csv", index=False)
+        summary.to_csv(out / "summary.csv", index=False)
+        pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
+    return metrics, summary
+
+
+def summarise(
+    metrics: pd.DataFrame, runs: pd.DataFrame | None = None, order: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """One row per preset: final test accuracy mean ± std over seeds, train loss, time per epoch.
+
+    ``std`` is the sample standard deviation (ddof = 1; NaN for a single seed). Diverged runs
+    (from ``runs``, as returned by :func:`compare`) are counted and left out of the means.
+    """
+    rows = []
+    presets = list(order) if order is not None else list(dict.fromkeys(metrics["preset"]))
+    for preset in presets:
+        m = metrics[metrics["preset"] == preset]
+        bad = set()
+        if runs is not None and len(runs):
+            r = runs[runs["preset"] == preset]
+            bad = set(r.loc[r["status"] != "ok", "seed"])
+        finals = []
+        for seed, g in m.groupby("seed"):
+            if seed in bad or g[g["metric"] == "test_accuracy"].empty:
+                continue
+            finals.append(
+                {
+                    "test_accuracy": final_value(g, "test_accuracy"),
+                    "train_accuracy": final_value(g, "train_accuracy"),
+                    "train_loss": final_value(g, "train_loss"),
+                    "epoch_time_s": float(g.loc[g["metric"] == "epoch_time_s", "value"].mean()),
+                    "epochs": int(g["epoch"].max()),
+                }
+            )
+        f = pd.DataFrame(finals)
+        params = None
+        if runs is not None and len(runs):
+            p = runs.loc[(runs["preset"] == preset) & runs["params"].notna(), "params"]
+            params = int(p.iloc[0]) if len(p) else None
+        row = {"preset": preset, "seeds": len(f), "diverged": len(bad), "params": params}
+        for col in ("test_accuracy", "train_accuracy", "train_loss", "epoch_time_s"):
+            row[f"{col}_mean"] = float(f[col].mean()) if len(f) else float("nan")
+            row[f"{col}_std"] = float(f[col].std(ddof=1)) if len(f) > 1 else float("nan")
+        row["epochs"] = int(f["epochs"].max()) if len(f) else 0
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary as strings for printing: ``97.2 ± 0.3`` % accuracy, seconds per epoch."""
+
+    def pm(mean: float, std: float, scale: float = 1.0, digits: int = 1) -> str:
+        if math.isnan(mean):
+            return "—"
+        s = f"{mean * scale:.{digits}f}"
+        return s + (f" ± {std * scale:.{digits}f}" if not math.isnan(std) else "")
+
+    return pd.DataFrame(
+        {
+            "preset": summary["preset"],
+            "seeds": summary["seeds"],
+            "diverged": summary["diverged"],
+            "params": summary["params"],
+            "test acc %": [pm(m, s, 100) for m, s in zip(summary.test_accuracy_mean, summary.test_accuracy_std, strict=True)],
+            "train acc %": [pm(m, s, 100) for m, s in zip(summary.train_accuracy_mean, summary.train_accuracy_std, strict=True)],
+            "train loss": [pm(m, s, 1, 3) for m, s in zip(summary.train_loss_mean, summary.train_loss_std, strict=True)],
+            "s / epoch": [pm(m, s, 1, 2) for m, s in zip(summary.epoch_time_s_mean, summary.epoch_time_s_std, strict=True)],
+        }
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``osa-lab train``."""
+    d = TrainConfig()
+    parser.add_argument(
+        "--preset",
+        nargs="+",
+        default=[d.preset],
+        metavar="NAME",
+        help=f"model preset(s) (default {d.preset}); several presets are compared",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help=f"compare the presets {', '.join(DEFAULT_COMPARISON)} (overrides --preset)",
+    )
+    parser.add_argument("--data", default=d.data, help=f"data set: {', '.join(DATASETS)} (default {d.data})")
+    parser.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files or mnist.npz")
+    parser.add_argument("--train-limit", type=int, default=None, help="MNIST: use a fixed stratified subset")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    parser.add_argument("--warmup-fraction", type=float, default=d.warmup_fraction)
+    parser.add_argument("--grad-clip", type=float, default=d.grad_clip, help="global norm clip (0: off)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
+    parser.add_argument(
+        "--diag-every", type=int, default=d.diag_every, help="hidden-state diagnostics every K steps"
+    )
+    parser.add_argument("--diag-samples", type=int, default=d.diag_samples)
+    parser.add_argument("--patch-size", type=int, default=None, help="default: 2 for 8×8, 4 for 28×28")
+    for name in ("depth", "dim", "heads"):
+        parser.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
+    parser.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
+    parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` (preset and seed filled in later) that the CLI arguments describe."""
+    model = {k: getattr(args, k) for k in ("depth", "dim", "heads") if getattr(args, k) is not None}
+    data_options = {}
+    if args.train_limit:
+        if args.data != "mnist":
+            raise ConfigurationError(f"--train-limit applies to --data mnist only, not {args.data!r}")
+        data_options["train_limit"] = args.train_limit
+    return TrainConfig(
+        data=args.data,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_fraction=args.warmup_fraction,
+        grad_clip=args.grad_clip or None,
+        diag_every=args.diag_every,
+        diag_samples=args.diag_samples,
+        patch_size=args.patch_size,
+        model=model,
+        data_options=data_options,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``osa-lab train``: train presets × seeds, write CSVs to ``--output``, print the summary."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    presets = list(DEFAULT_COMPARISON) if args.compare else list(args.preset)
+    try:
+        base = config_from_args(args)
+        metrics, summary = compare(
+            presets,
+            args.seeds,
+            base,
+            args.output,
+            resume=not args.no_resume,
+            device=args.device,
+            progress=not args.quiet,
+            data_dir=args.data_dir,
+        )
+    except (UnknownNameError, MissingDataError, ConfigurationError) as err:
+        print(f"osa-lab train: error: {err}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(format_summary(summary).to_string(index=False))
+    out = Path(args.output)
+    print(f"wrote {out / 'metrics.csv'}, {out / 'summary.csv'} and per-run checkpoints under {out}/")
+    runs = pd.read_csv(out / "runs.csv")
+    failed = runs[runs["status"] != "ok"]
+    for _, r in failed.iterrows():
+        print(f"osa-lab train: {r['preset']} seed {r['seed']} diverged: {r['error']}", file=sys.stderr)
+    return 1 if len(failed) else 0
