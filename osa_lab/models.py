@@ -45,6 +45,7 @@ forward pass of the deepest model).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -302,6 +303,12 @@ _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 def activation_second_moment(act: nn.Module, points: int = 80) -> float:
     """``E[φ(z)²]`` for ``z ~ N(0, 1)`` by Gauss–Hermite quadrature (GELU: 0.4252, ReLU: 0.5)."""
+    return _second_moment(type(act), points)
+
+
+@functools.cache
+def _second_moment(act_type: type, points: int) -> float:
+    act = act_type()
     nodes, weights = np.polynomial.hermite_e.hermegauss(points)
     z = torch.as_tensor(nodes, dtype=torch.float64)
     with torch.no_grad():

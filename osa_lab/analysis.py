@@ -1,0 +1,709 @@
+"""Rank collapse and singular-value spectra across depth: depth profiles, sweeps, the ``sweep`` CLI.
+
+Implements the measurements of DESIGN.md §4 on the models of :mod:`osa_lab.models`: the tokens
+after every block (and every attention sub-layer) are scored by the metrics of
+:mod:`osa_lab.metrics` and their full singular-value spectra are recorded.
+
+Tidy schema
+-----------
+Every table is long format, one row per observation, keyed by all its parameters.
+
+**metrics** (:data:`METRIC_COLUMNS`)::
+
+    preset, depth, tokens, dim, heads, alpha, seed, layer, site, metric, value
+
+**spectra** (:data:`SPECTRA_COLUMNS`)::
+
+    preset, depth, tokens, dim, heads, alpha, seed, layer, site, index, sigma, sigma_normalized
+
+* ``preset``: preset name (or the ``label`` given for a custom model); ``depth``: number of
+  blocks of the model the row belongs to; ``tokens`` N, ``dim`` d, ``heads``: as built.
+* ``alpha``: the OSA α used at initialisation (the derived α₀ when none is given); NaN for SSA.
+* ``seed``: seeds both the weights (:attr:`ModelConfig.seed`) and the Gaussian input tokens.
+* ``layer``: 0 = the input, l = after block l (``site="block"``) or after block l's attention
+  sub-layer (``site="attention"``, layers 1..depth only).
+* ``metric``: a key of :data:`osa_lab.metrics.METRICS`; ``value``: float64, averaged over the
+  input batch when ``batch > 1``.
+* ``index``: 0 = largest singular value; ``sigma_normalized = σ_i / σ_1``.
+
+Depth sweeps are cheap: block ``i`` of a seeded model is initialised from ``(seed, i)``, so the
+first l blocks of a depth-L model *are* the depth-l model; :func:`sweep` runs the deepest model
+once per configuration and slices it for every requested depth.
+
+CLI::
+
+    osa-lab sweep --presets pure-osa pure-ssa --depth 24 --tokens 64 --dim 64 --seeds 3 \\
+        --output results.csv          # also writes results_spectra.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import itertools
+import json
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
+from osa_lab.metrics import METRICS, all_metrics, singular_values
+from osa_lab.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
+from osa_lab.presets import PRESETS, get_preset, preset_names
+
+KEY_COLUMNS = ["preset", "depth", "tokens", "dim", "heads", "alpha", "seed"]
+METRIC_COLUMNS = [*KEY_COLUMNS, "layer", "site", "metric", "value"]
+SPECTRA_COLUMNS = [*KEY_COLUMNS, "layer", "site", "index", "sigma", "sigma_normalized"]
+SITES = ("block", "attention")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass
+class DepthProfile:
+    """Metrics and spectra of one model across depth (tidy tables, see module docstring)."""
+
+    metrics: pd.DataFrame
+    spectra: pd.DataFrame
+    config: ModelConfig | None = None
+
+    def pivot(self, site: str = "block") -> pd.DataFrame:
+        """Wide view: one row per layer, one column per metric (for a quick look)."""
+        df = self.metrics[self.metrics["site"] == site]
+        return df.pivot_table(index="layer", columns="metric", values="value")
+
+
+@dataclass
+class SweepResult:
+    """Tidy tables of a :func:`sweep`; ``.metrics`` and ``.spectra`` follow the module schema."""
+
+    metrics: pd.DataFrame
+    spectra: pd.DataFrame
+    parameters: dict = field(default_factory=dict)
+
+    def summary(self) -> pd.DataFrame:
+        """Mean, std, min and max over seeds of every metric (one row per preset/config/layer/site/metric)."""
+        return summarize(self.metrics)
+
+    def to_csv(self, path: str | Path, spectra_path: str | Path | None = None) -> tuple[Path, Path | None]:
+        """Write the metrics CSV to ``path`` and the spectra CSV beside it (``<stem>_spectra.csv``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.metrics.to_csv(path, index=False)
+        if spectra_path is None:
+            spectra_path = path.with_name(f"{path.stem}_spectra{path.suffix or '.csv'}")
+        spectra_path = Path(spectra_path)
+        self.spectra.to_csv(spectra_path, index=False)
+        return path, spectra_path
+
+
+def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Aggregate a tidy metrics table over seeds: columns ``mean, std, min, max, n`` per key."""
+    keys = [c for c in METRIC_COLUMNS if c not in ("seed", "value")]
+    grouped = metrics.groupby(keys, dropna=False, sort=True)["value"]
+    return grouped.agg(["mean", "std", "min", "max", "count"]).rename(columns={"count": "n"}).reset_index()
+
+
+# --------------------------------------------------------------------------------------
+# Depth profile
+# --------------------------------------------------------------------------------------
+
+
+def _resolve_sites(site: str | Sequence[str]) -> list[str]:
+    if isinstance(site, str):
+        sites = list(SITES) if site in ("both", "all") else [site]
+    else:
+        sites = list(site)
+    for s in sites:
+        if s not in SITES:
+            raise unknown_name("site", s, [*SITES, "both"])
+    return sites
+
+
+def config_for(
+    preset: str,
+    *,
+    depth: int,
+    tokens: int,
+    dim: int,
+    heads: int | None = None,
+    alpha: float | None = None,
+    seed: int = 0,
+    **overrides: object,
+) -> ModelConfig:
+    """The :class:`ModelConfig` of ``preset`` at these sizes; ``alpha`` applies to OSA presets only.
+
+    ``heads=None`` keeps the preset's head count (4; 1 for the pure stacks); ``alpha=None`` uses
+    the derived OSA init. For SSA presets ``alpha`` is ignored (the tables show NaN).
+    """
+    if preset not in PRESETS:
+        raise unknown_name("preset", preset, preset_names())
+    base = PRESETS[preset].config
+    kw: dict[str, object] = {"depth": depth, "tokens": tokens, "dim": dim, "seed": seed, **overrides}
+    if heads is not None:
+        kw["heads"] = heads
+    if base.attention == "osa" and alpha is not None and not (isinstance(alpha, float) and math.isnan(alpha)):
+        kw["alpha_init"] = float(alpha)
+    return get_preset(preset, **kw)
+
+
+def _gaussian_tokens(batch: int, tokens: int, dim: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 7919]).generate_state(1)[0]))
+    return torch.randn(batch, tokens, dim, generator=gen, dtype=torch.float64).to(dtype)
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        return p.dtype
+    return torch.get_default_dtype()
+
+
+def hidden_states(model: nn.Module, inputs: torch.Tensor):
+    """Run ``model`` (an :class:`Encoder` or :class:`ViTClassifier`) under ``no_grad``; return its HiddenStates."""
+    with torch.no_grad():
+        if isinstance(model, ViTClassifier):
+            _, hidden = model(inputs, return_hidden=True)
+        elif isinstance(model, Encoder):
+            _, hidden = model(inputs, return_hidden=True)
+        else:
+            raise ConfigurationError(
+                f"`model_or_preset` must be a preset name, a ModelConfig, an Encoder or a ViTClassifier; "
+                f"got {type(model).__name__}"
+            )
+    return hidden
+
+
+def _profile_tables(
+    hidden,
+    keys: dict[str, object],
+    sites: list[str],
+    metric_names: list[str],
+    spectra: bool,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    metric_parts, spectra_parts = [], []
+    for site in sites:
+        states = hidden.site(site)
+        if not states:
+            continue
+        first_layer = 0 if site == "block" else 1
+        stack = torch.stack(states)  # (L, B, N, d)
+        layers = np.arange(first_layer, first_layer + stack.shape[0])
+        values = all_metrics(stack, metric_names)  # name → (L, B)
+        for name in metric_names:
+            v = values[name].mean(dim=1).numpy()
+            metric_parts.append(pd.DataFrame({"layer": layers, "site": site, "metric": name, "value": v}))
+        if spectra:
+            sv = singular_values(stack).mean(dim=1)  # (L, k)
+            top = sv[:, :1]
+            norm = torch.where(
+                top > 0, sv / top.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(sv)
+            )
+            n_layers, k = sv.shape
+            spectra_parts.append(
+                pd.DataFrame(
+                    {
+                        "layer": np.repeat(layers, k),
+                        "site": site,
+                        "index": np.tile(np.arange(k), n_layers),
+                        "sigma": sv.reshape(-1).numpy(),
+                        "sigma_normalized": norm.reshape(-1).numpy(),
+                    }
+                )
+            )
+    metrics_df = _with_keys(pd.concat(metric_parts, ignore_index=True), keys, METRIC_COLUMNS)
+    spectra_df = (
+        _with_keys(pd.concat(spectra_parts, ignore_index=True), keys, SPECTRA_COLUMNS)
+        if spectra_parts
+        else pd.DataFrame({c: pd.Series(dtype=_COLUMN_DTYPES.get(c, "float64")) for c in SPECTRA_COLUMNS})
+    )
+    return metrics_df, spectra_df
+
+
+_COLUMN_DTYPES = {
+    "preset": "object",
+    "site": "object",
+    "metric": "object",
+    "depth": "int64",
+    "tokens": "int64",
+    "dim": "int64",
+    "heads": "int64",
+    "seed": "int64",
+    "layer": "int64",
+    "index": "int64",
+}
+
+
+def _with_keys(df: pd.DataFrame, keys: dict[str, object], columns: list[str]) -> pd.DataFrame:
+    for k, v in keys.items():
+        df[k] = v
+    df = df[columns]
+    return df.astype({c: t for c, t in _COLUMN_DTYPES.items() if c in df.columns and t != "object"})
+
+
+def depth_profile(
+    model_or_preset: str | ModelConfig | nn.Module,
+    inputs: torch.Tensor | None = None,
+    *,
+    depth: int = 12,
+    tokens: int = 64,
+    dim: int = 64,
+    heads: int | None = None,
+    alpha: float | None = None,
+    seed: int = 0,
+    batch: int = 1,
+    site: str | Sequence[str] = "both",
+    metrics: Sequence[str] | None = None,
+    spectra: bool = True,
+    dtype: torch.dtype = torch.float64,
+    label: str | None = None,
+    **overrides: object,
+) -> DepthProfile:
+    """Every metric of DESIGN.md §4 and the singular-value spectrum after every layer.
+
+    Args:
+        model_or_preset: a preset name (built at ``depth``, ``tokens``, ``dim``, ``heads``,
+            ``alpha``, ``seed`` with ``overrides``), a :class:`ModelConfig`, or a built
+            :class:`Encoder` / :class:`ViTClassifier` (then the size arguments are ignored).
+        inputs: tokens ``(B, N, dim)`` (images ``(B, C, H, W)`` for a classifier); default
+            ``batch`` samples of i.i.d. N(0, 1) tokens drawn from ``seed``.
+        site: ``"block"``, ``"attention"`` or ``"both"``.
+        metrics: metric names (default: all of :data:`osa_lab.metrics.METRICS`).
+        spectra: also build the spectra table.
+        dtype: dtype the model is built in (float64 by default; ignored for a built model).
+        label: the ``preset`` column for a model or config (default ``"custom"``).
+
+    Returns:
+        :class:`DepthProfile` with ``.metrics`` and ``.spectra`` in the module's tidy schema.
+
+    Raises:
+        NonFiniteHiddenStateError: a hidden state is NaN/Inf; the message names the first layer.
+    """
+    metric_names = list(METRICS) if metrics is None else list(metrics)
+    for name in metric_names:
+        if name not in METRICS:
+            raise unknown_name("metric", name, list(METRICS))
+    sites = _resolve_sites(site)
+    config: ModelConfig | None = None
+    if isinstance(model_or_preset, str):
+        config = config_for(
+            model_or_preset,
+            depth=depth,
+            tokens=tokens,
+            dim=dim,
+            heads=heads,
+            alpha=alpha,
+            seed=seed,
+            **overrides,
+        )
+        model: nn.Module = build_model(config, dtype=dtype)
+        name = model_or_preset
+    elif isinstance(model_or_preset, ModelConfig):
+        config = model_or_preset
+        if config.seed is None:
+            config = replace(config, seed=seed)
+        model = build_model(config, dtype=dtype)
+        name = label or "custom"
+    elif isinstance(model_or_preset, (Encoder, ViTClassifier)):
+        model = model_or_preset
+        config = model.config
+        name = label or "custom"
+    else:
+        raise ConfigurationError(
+            "`model_or_preset` must be a preset name, a ModelConfig, an Encoder or a ViTClassifier; got "
+            f"{type(model_or_preset).__name__}"
+        )
+    model.eval()
+    mdtype = _model_dtype(model)
+    if inputs is None:
+        if isinstance(model, ViTClassifier):
+            c = config
+            gen = torch.Generator().manual_seed(seed)
+            inputs = torch.randn(
+                batch, c.channels, c.image_size, c.image_size, generator=gen, dtype=torch.float64
+            )
+        else:
+            inputs = _gaussian_tokens(batch, config.tokens, config.dim, seed, torch.float64)
+    elif not isinstance(inputs, torch.Tensor):
+        raise OSAInputError(f"`inputs` must be a torch.Tensor, got {type(inputs).__name__}")
+    inputs = inputs.to(mdtype)
+    hidden = hidden_states(model, inputs)
+    n_tokens, width = hidden.blocks[0].shape[-2], hidden.blocks[0].shape[-1]
+    keys = {
+        "preset": name,
+        "depth": hidden.depth,
+        "tokens": int(n_tokens),
+        "dim": int(width),
+        "heads": int(config.heads),
+        "alpha": _alpha_of(model, config),
+        "seed": int(seed),
+    }
+    metrics_df, spectra_df = _profile_tables(hidden, keys, sites, metric_names, spectra)
+    return DepthProfile(metrics_df, spectra_df, config)
+
+
+def _alpha_of(model: nn.Module, config: ModelConfig) -> float:
+    if config.attention != "osa":
+        return math.nan
+    layers = osa_layers(model)
+    if layers:
+        return float(layers[0].alpha.detach().reshape(-1)[0])
+    return config.resolved_alpha
+
+
+# --------------------------------------------------------------------------------------
+# Sweeps with a disk cache
+# --------------------------------------------------------------------------------------
+
+
+def _as_list(name: str, value: object) -> list:
+    if value is None:
+        return [None]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return [value]
+    out = list(value)
+    if not out:
+        raise ConfigurationError(f"`{name}` is empty; give at least one value")
+    return out
+
+
+def _seed_list(seeds: int | Sequence[int]) -> list[int]:
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ConfigurationError(f"`seeds`={seeds}: give a number of seeds ≥ 1 or a list of seeds")
+        return list(range(seeds))
+    out = _as_list("seeds", seeds)
+    for s in out:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            raise ConfigurationError(f"`seeds` must be a count or a list of non-negative ints; got {seeds!r}")
+    return out
+
+
+def _cache_key(params: dict) -> str:
+    from osa_lab import __version__
+
+    blob = json.dumps(
+        {**params, "osa_lab": __version__, "torch": torch.__version__}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _units(presets, depths, tokens, dims, heads, alphas, seeds):
+    """(preset, max_depth, depths, N, d, heads, α, seed) per model to run; SSA presets ignore α."""
+    max_depth = max(depths)
+    seen = set()
+    for preset, n, d, h, a, s in itertools.product(presets, tokens, dims, heads, alphas, seeds):
+        attention = PRESETS[preset].config.attention
+        a_key = a if attention == "osa" else None
+        key = (preset, n, d, h, a_key, s)
+        if key in seen:
+            continue
+        seen.add(key)
+        yield preset, max_depth, n, d, h, a_key, s
+
+
+def sweep(
+    presets: str | Sequence[str],
+    depths: int | Sequence[int],
+    tokens: int | Sequence[int] = 64,
+    dims: int | Sequence[int] = 64,
+    heads: int | Sequence[int] | None = None,
+    alphas: float | Sequence[float | None] | None = None,
+    seeds: int | Sequence[int] = 3,
+    *,
+    site: str | Sequence[str] = "block",
+    metrics: Sequence[str] | None = None,
+    spectra: bool = True,
+    batch: int = 1,
+    dtype: torch.dtype = torch.float64,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    threads: int | None = 1,
+) -> SweepResult:
+    """Depth profiles over presets × depths × tokens × dims × heads × α × seeds, as tidy tables.
+
+    Args:
+        presets: preset names (:func:`osa_lab.presets.preset_names`).
+        depths: model depths; each model is run once at the largest depth and sliced (see module
+            docstring), so ``depth`` in the tables is the depth of the model the row belongs to.
+        tokens, dims: N and d values.
+        heads: head counts (``None``: each preset's default).
+        alphas: OSA α values (``None`` entries: the derived init). SSA presets run once, α = NaN.
+        seeds: a number of seeds (``3`` → 0, 1, 2) or an explicit list.
+        site: ``"block"``, ``"attention"`` or ``"both"``.
+        cache_dir: directory of a pickle cache, one file per model run, keyed by every parameter
+            and the osa_lab and torch versions.
+        progress: show a tqdm progress bar (on stderr).
+        threads: torch intra-op threads while sweeping (default 1: the matrices are small and
+            extra threads only contend, ~8× slower on a loaded 2-core machine); ``None`` keeps
+            the current setting.
+
+    Returns:
+        :class:`SweepResult` with ``.metrics`` and ``.spectra`` (schema in the module docstring).
+
+    Raises:
+        UnknownNameError: unknown preset, metric or site (lists the valid ones).
+        ConfigurationError: an impossible configuration (e.g. dim not divisible by heads), raised
+            before any computation.
+    """
+    from tqdm.auto import tqdm
+
+    presets_l = _as_list("presets", presets)
+    for p in presets_l:
+        if p not in PRESETS:
+            raise unknown_name("preset", p, preset_names())
+    depths_l = [int(x) for x in _as_list("depths", depths)]
+    if any(x < 1 for x in depths_l):
+        raise ConfigurationError(f"`depths` must be positive ints, got {depths_l}")
+    tokens_l = _as_list("tokens", tokens)
+    dims_l = _as_list("dims", dims)
+    heads_l = _as_list("heads", heads)
+    alphas_l = [None if a is None else float(a) for a in _as_list("alphas", alphas)]
+    seeds_l = _seed_list(seeds)
+    sites = _resolve_sites(site)
+    metric_names = list(METRICS) if metrics is None else list(metrics)
+    for name in metric_names:
+        if name not in METRICS:
+            raise unknown_name("metric", name, list(METRICS))
+    dtype_name = str(dtype).removeprefix("torch.")
+    units = list(_units(presets_l, depths_l, tokens_l, dims_l, heads_l, alphas_l, seeds_l))
+    # Validate every configuration before computing anything.
+    for preset, max_depth, n, d, h, a, s in units:
+        config_for(preset, depth=max_depth, tokens=n, dim=d, heads=h, alpha=a, seed=s)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    metric_parts, spectra_parts = [], []
+    bar = tqdm(units, desc="sweep", unit="model", disable=not progress, file=sys.stderr)
+    with torch_threads(threads):
+        _run_units(
+            bar,
+            cache,
+            sites,
+            metric_names,
+            spectra,
+            batch,
+            dtype,
+            dtype_name,
+            depths_l,
+            metric_parts,
+            spectra_parts,
+        )
+    bar.close()
+    return _finish(
+        metric_parts,
+        spectra_parts,
+        spectra,
+        presets_l,
+        depths_l,
+        tokens_l,
+        dims_l,
+        heads_l,
+        alphas_l,
+        seeds_l,
+        sites,
+        batch,
+        dtype_name,
+    )
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Temporarily set ``torch.set_num_threads(n)`` (``None``: leave it)."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _run_units(
+    bar, cache, sites, metric_names, spectra, batch, dtype, dtype_name, depths_l, metric_parts, spectra_parts
+):
+    for preset, max_depth, n, d, h, a, s in bar:
+        bar.set_postfix_str(f"{preset} N={n} d={d} seed={s}", refresh=False)
+        params = {
+            "preset": preset,
+            "depth": max_depth,
+            "tokens": n,
+            "dim": d,
+            "heads": h,
+            "alpha": a,
+            "seed": s,
+            "sites": sites,
+            "metrics": metric_names,
+            "spectra": spectra,
+            "batch": batch,
+            "dtype": dtype_name,
+        }
+        path = cache / f"profile-{_cache_key(params)}.pkl" if cache is not None else None
+        if path is not None and path.exists():
+            prof_m, prof_s = pd.read_pickle(path)
+        else:
+            prof = depth_profile(
+                preset,
+                depth=max_depth,
+                tokens=n,
+                dim=d,
+                heads=h,
+                alpha=a,
+                seed=s,
+                batch=batch,
+                site=sites,
+                metrics=metric_names,
+                spectra=spectra,
+                dtype=dtype,
+            )
+            prof_m, prof_s = prof.metrics, prof.spectra
+            if path is not None:
+                tmp = path.with_suffix(".tmp")
+                pd.to_pickle((prof_m, prof_s), tmp)
+                tmp.replace(path)
+        for depth in sorted(set(depths_l)):
+            m = prof_m[prof_m["layer"] <= depth].copy()
+            m["depth"] = depth
+            metric_parts.append(m)
+            if spectra:
+                sp = prof_s[prof_s["layer"] <= depth].copy()
+                sp["depth"] = depth
+                spectra_parts.append(sp)
+
+
+def _finish(
+    metric_parts,
+    spectra_parts,
+    spectra,
+    presets_l,
+    depths_l,
+    tokens_l,
+    dims_l,
+    heads_l,
+    alphas_l,
+    seeds_l,
+    sites,
+    batch,
+    dtype_name,
+):
+    metrics_df = pd.concat(metric_parts, ignore_index=True)
+    spectra_df = (
+        pd.concat(spectra_parts, ignore_index=True)
+        if spectra_parts
+        else pd.DataFrame({c: pd.Series(dtype=_COLUMN_DTYPES.get(c, "float64")) for c in SPECTRA_COLUMNS})
+    )
+    parameters = {
+        "presets": presets_l,
+        "depths": depths_l,
+        "tokens": tokens_l,
+        "dims": dims_l,
+        "heads": heads_l,
+        "alphas": alphas_l,
+        "seeds": seeds_l,
+        "sites": sites,
+        "batch": batch,
+        "dtype": dtype_name,
+    }
+    return SweepResult(metrics_df, spectra_df, parameters)
+
+
+# --------------------------------------------------------------------------------------
+# CLI: osa-lab sweep
+# --------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``osa-lab sweep``."""
+    parser.add_argument("--presets", nargs="+", default=["pure-osa", "pure-ssa"], metavar="NAME",
+                        help=f"presets to compare (from: {', '.join(preset_names())})")  # fmt: skip
+    parser.add_argument("--depth", nargs="+", type=int, default=[24], help="model depth(s)")
+    parser.add_argument("--tokens", nargs="+", type=int, default=[64], help="sequence length(s) N")
+    parser.add_argument("--dim", nargs="+", type=int, default=[64], help="width(s) d")
+    parser.add_argument(
+        "--heads", nargs="+", type=int, default=None, help="head count(s) (default: each preset's)"
+    )
+    parser.add_argument("--alpha", nargs="+", type=float, default=None,
+                        help="OSA α value(s) (default: the derived init); ignored for SSA presets")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0..n-1)")
+    parser.add_argument("--site", choices=["block", "attention", "both"], default="block")
+    parser.add_argument("--batch", type=int, default=1, help="random inputs per model (metrics averaged)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
+    parser.add_argument(
+        "--output", default="results.csv", help="metrics CSV (spectra go to <stem>_spectra.csv)"
+    )
+    parser.add_argument("--spectra-output", default=None, help="spectra CSV path")
+    parser.add_argument("--no-spectra", action="store_true", help="skip the spectra table")
+    parser.add_argument("--jacobian", choices=["none", "auto", "exact", "matrix-free"], default="none",
+                        help="also write Jacobian κ across depth to <stem>_jacobian.csv")  # fmt: skip
+    parser.add_argument("--cache-dir", default=None, help="reuse per-model results cached here")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``osa-lab sweep``: writes the tidy CSV(s) and prints a short summary."""
+    from osa_lab.errors import UnknownNameError
+
+    try:
+        result = sweep(
+            args.presets,
+            args.depth,
+            args.tokens,
+            args.dim,
+            args.heads,
+            args.alpha,
+            args.seeds,
+            site=args.site,
+            spectra=not args.no_spectra,
+            batch=args.batch,
+            dtype=DTYPES[args.dtype],
+            cache_dir=args.cache_dir,
+            progress=not args.no_progress,
+        )
+    except (UnknownNameError, ConfigurationError) as exc:
+        print(f"osa-lab sweep: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result.metrics.to_csv(out, index=False)
+    print(f"wrote {out} ({len(result.metrics)} rows)")
+    if not args.no_spectra:
+        spath = Path(args.spectra_output) if args.spectra_output else out.with_name(f"{out.stem}_spectra.csv")
+        result.spectra.to_csv(spath, index=False)
+        print(f"wrote {spath} ({len(result.spectra)} rows)")
+    if args.jacobian != "none":
+        from osa_lab.jacobian import JacobianTooLargeError, jacobian_depth_profile
+
+        frames = []
+        try:
+            units = _units(
+                args.presets, args.depth, args.tokens, args.dim, _as_list("heads", args.heads),
+                [None] if args.alpha is None else args.alpha, list(range(args.seeds)),
+            )  # fmt: skip
+            for preset, max_depth, n, d, h, a, s in units:
+                frames.append(
+                    jacobian_depth_profile(
+                        preset, max_depth, n, d, h, a, s, method=args.jacobian, progress=False
+                    )
+                )
+        except JacobianTooLargeError as exc:
+            print(f"osa-lab sweep: error: {exc}", file=sys.stderr)
+            return 2
+        jpath = out.with_name(f"{out.stem}_jacobian.csv")
+        pd.concat(frames, ignore_index=True).to_csv(jpath, index=False)
+        print(f"wrote {jpath}")
+    final = result.metrics[
+        (result.metrics["layer"] == result.metrics["depth"]) & (result.metrics["site"] == "block")
+    ]
+    table = final.groupby(["preset", "depth", "metric"])["value"].mean().unstack("metric")
+    with pd.option_context("display.width", 160, "display.float_format", "{:.4g}".format):
+        print("mean over seeds at the last layer:")
+        print(table.to_string())
+    return 0
