@@ -10,6 +10,7 @@ dashboard, which draws with the same builders.
 from __future__ import annotations
 
 import base64
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,17 +34,23 @@ def setup() -> None:
     except ImportError:  # pragma: no cover - IPython ships with the reports extra
         pass
     matplotlib.rcParams["figure.dpi"] = DPI
+    try:  # tqdm.auto warns in a kernel without ipywidgets; the reports need no widgets
+        from tqdm import TqdmWarning
+
+        warnings.filterwarnings("ignore", category=TqdmWarning)
+    except ImportError:  # pragma: no cover
+        pass
     ensure_backends()
     pd.set_option("display.precision", 4)
     pd.set_option("display.max_rows", 60)
     pd.set_option("display.width", 160)
 
 
-def show(obj: Any, *, dpi: int = DPI) -> bytes:
+def show(obj: Any, *, dpi: int = DPI) -> None:
     """Render a HoloViews object with matplotlib and display it as an embedded PNG.
 
     Uses :func:`osa_lab.plots.depth.png_bytes` (the figure is closed after saving, so it is
-    not displayed twice). Returns the PNG bytes.
+    not displayed twice). Returns nothing, so a trailing call adds no second output.
     """
     from osa_lab.plots.depth import png_bytes
 
@@ -58,7 +65,6 @@ def show(obj: Any, *, dpi: int = DPI) -> bytes:
             display(bundle, raw=True)
     except ImportError:  # pragma: no cover - IPython ships with the reports extra
         pass
-    return png
 
 
 _IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython", "open"})

@@ -82,7 +82,17 @@ def _error_curves(acc: pd.DataFrame, x: str, y: str, builder: str) -> hv.Overlay
     return hv.Overlay(overlays)
 
 
-def _layout_opts(obj: Any, title: str, xlabel: str, ylabel: str, logx: bool = True) -> Any:
+def _no_minor_labels(plot: Any, element: Any) -> None:
+    """matplotlib hook: keep only the explicit major ticks on a log x axis."""
+    from matplotlib.ticker import NullFormatter
+
+    plot.handles["axis"].xaxis.set_minor_formatter(NullFormatter())
+
+
+def _layout_opts(
+    obj: Any, title: str, xlabel: str, ylabel: str, logx: bool = True, xticks: list | None = None
+) -> Any:
+    extra = {"xticks": [(float(x), f"{x:g}") for x in xticks]} if xticks else {}
     return styled(
         obj,
         title=title,
@@ -92,14 +102,20 @@ def _layout_opts(obj: Any, title: str, xlabel: str, ylabel: str, logx: bool = Tr
         logy=True,
         legend_position="right",
         show_grid=True,
+        **extra,
         bokeh={"width": 560, "height": 330},
-        mpl={"fig_inches": (6.5, 3.6), "aspect": 1.6},
+        mpl={"fig_inches": (6.5, 3.6), "aspect": 1.6, "hooks": [_no_minor_labels] if xticks else []},
     )
 
 
 def _panels(acc: pd.DataFrame, panel: str, make, cols: int = 2) -> hv.Layout:
-    plots = [make(acc[acc[panel] == value], value) for value in sorted(acc[panel].unique())]
-    return hv.Layout(plots).cols(cols)
+    """One plot per value of ``panel``; the legend is drawn once, beside the top-right panel."""
+    values = sorted(acc[panel].unique())
+    plots = [make(acc[acc[panel] == value], value) for value in values]
+    legend_at = min(cols, len(plots)) - 1
+    plots = [p if i == legend_at else styled(p, show_legend=False) for i, p in enumerate(plots)]
+    layout = hv.Layout(plots).cols(cols)
+    return layout.opts(backend="matplotlib", sublabel_format="", hspace=0.25, vspace=0.45, fig_inches=4.2)
 
 
 def error_vs_n(acc: pd.DataFrame, *, metric: str = "rel_error", panel: str = "alpha") -> hv.Layout:
@@ -112,7 +128,11 @@ def error_vs_n(acc: pd.DataFrame, *, metric: str = "rel_error", panel: str = "al
         acc,
         panel,
         lambda df, value: _layout_opts(
-            _error_curves(df, "n", metric, "error_vs_n"), f"{panel} = {value:g}", "N (tokens)", _LABELS.get(metric, metric)
+            _error_curves(df, "n", metric, "error_vs_n"),
+            f"{_SYMBOLS.get(panel, panel)} = {value:g}",
+            "N (tokens)",
+            _LABELS.get(metric, metric),
+            xticks=sorted(acc["n"].unique()),
         ),
     )
 
@@ -124,7 +144,13 @@ def error_vs_alpha(acc: pd.DataFrame, *, metric: str = "rel_error", n: int | Non
     df = acc[acc["n"] == n]
     if df.empty:
         raise ValueError(f"error_vs_alpha: no rows with n={n}; the table has n in {sorted(acc['n'].unique())}")
-    return _layout_opts(_error_curves(df, "alpha", metric, "error_vs_alpha"), f"N = {n}", "α", _LABELS.get(metric, metric))
+    return _layout_opts(
+        _error_curves(df, "alpha", metric, "error_vs_alpha"),
+        f"N = {n}",
+        "α",
+        _LABELS.get(metric, metric),
+        xticks=sorted(df["alpha"].unique()),
+    )
 
 
 def error_vs_norm(acc: pd.DataFrame, *, metric: str = "rel_error") -> hv.Overlay:
@@ -162,7 +188,11 @@ def orthogonality_vs_n(acc: pd.DataFrame, *, alpha: float | None = None) -> hv.O
     if df.empty:
         raise ValueError(f"orthogonality_vs_n: no orthogonality errors at alpha={alpha}")
     return _layout_opts(
-        _error_curves(df, "n", "orth_error", "orthogonality_vs_n"), f"orthogonality, α = {alpha:g}", "N (tokens)", "max |AᵀA − I|"
+        _error_curves(df, "n", "orth_error", "orthogonality_vs_n"),
+        f"orthogonality, α = {alpha:g}",
+        "N (tokens)",
+        "max |AᵀA − I|",
+        xticks=sorted(df["n"].unique()),
     )
 
 
@@ -194,9 +224,12 @@ def time_vs_n(timings: pd.DataFrame, slopes: pd.DataFrame | None = None) -> hv.O
                     mpl={"linestyle": "--", "linewidth": 1.2, "alpha": 0.7},
                 )
             )
-    return _layout_opts(hv.Overlay(layers), "forward time against N", "N (tokens)", "seconds")
+    return _layout_opts(
+        hv.Overlay(layers), "forward time against N", "N (tokens)", "seconds", xticks=sorted(timings["n"].unique())
+    )
 
 
+_SYMBOLS = {"alpha": "α", "n": "N"}
 _LABELS = {
     "rel_error": "relative error vs float64",
     "norm_error": "relative norm error",

@@ -1,0 +1,128 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 2 · Rank collapse across depth: OSA against softmax attention
+#
+# Random Gaussian tokens `X₀ ∈ R^{N×d}` go through freshly initialised networks (no training)
+# and every hidden state `X_l` is scored with the metrics of DESIGN.md §4: relative residual
+# (Dong et al. 2021), token cosine (Noci et al. 2022), stable rank, effective rank (Roy &
+# Vetterli 2007) and condition number (Ji et al. 2025), plus the full singular-value spectrum.
+#
+# The presets compare softmax self-attention (SSA) with orthogonal self-attention (OSA),
+# with and without skip connections and LayerNorm: `vit` (skip + LayerNorm + SSA), `skipless-ssa`,
+# `skipless-osa`, the attention-only stacks `pure-ssa` and `pure-osa`, and skipless SSA with the
+# *Cutting the Skip* and *Value-SkipInit* initialisations.
+#
+# What to look for: the pure SSA stack collapses — relative residual and effective rank fall
+# towards their rank-one values within a few layers (doubly exponentially, Dong et al.) —
+# while skips keep `vit` away from collapse, and the pure OSA stack keeps **every** singular
+# value of its input, so all its curves are flat. Curves are the mean over seeds, bands the
+# min–max range.
+
+# %% tags=["parameters"]
+presets: list = [
+    "vit",
+    "skipless-ssa",
+    "skipless-osa",
+    "pure-ssa",
+    "pure-osa",
+    "ssa-cutting-skip",
+    "ssa-value-skipinit",
+]
+depth: int = 24
+tokens: int = 64
+dim: int = 64
+seeds: int = 3
+cache_dir: str = ""
+
+# %%
+from osa_lab import notebook as nb
+
+params = nb.opening("02_rank_collapse", globals())
+
+# %%
+import pandas as pd
+
+from osa_lab import analysis, depth_facts
+from osa_lab.metrics import METRIC_DESCRIPTIONS, METRICS
+from osa_lab.plots import depth as plots
+from osa_lab.presets import describe
+
+# %% [markdown]
+# ## The presets
+
+# %%
+pd.DataFrame({"preset": presets, "description": [describe(p) for p in presets]}).style.hide(axis="index")
+
+# %% [markdown]
+# ## The sweep
+#
+# One model per preset and seed at the given depth (weights and input tokens seeded; the
+# models run in float64). Layer 0 is the input; layer l is the output of block l.
+
+# %%
+result = analysis.sweep(
+    presets,
+    [depth],
+    tokens=tokens,
+    dims=dim,
+    seeds=seeds,
+    site="block",
+    cache_dir=cache_dir or None,
+    progress=False,
+)
+metrics, spectra = result.metrics, result.spectra
+print(f"{len(metrics)} metric rows, {len(spectra)} spectrum rows")
+
+# %% [markdown]
+# ## Headline numbers
+#
+# Relative residual at the last layer against the input (mean over seeds): a ratio far below
+# 1 is rank collapse. The second table gives the largest change of any singular value
+# between input and output, relative to `σ₁(X₀)`: rounding-level for `pure-osa`.
+
+# %%
+depth_facts.collapse_table(metrics)
+
+# %%
+depth_facts.spectrum_drift(spectra)
+
+# %% [markdown]
+# ## Every metric against depth
+
+# %%
+for metric in METRICS:
+    print(f"{metric}: {METRIC_DESCRIPTIONS.get(metric, '')}")
+    nb.show(plots.metric_vs_depth(metrics, metric))
+
+# %% [markdown]
+# ## Singular-value spectra across depth
+#
+# Each panel is one preset: layer on one axis, the normalised index `i/k` of the singular value
+# on the other, colour `σ_i/σ₁` on a log scale shared by all panels. A collapsing network turns
+# dark everywhere but the first index; `pure-osa` keeps the input's spectrum at every layer.
+
+# %%
+nb.show(plots.spectra_heatmaps(spectra))
+
+# %%
+nb.show(plots.spectra_lines(spectra))
+
+# %% [markdown]
+# **Reading the figures.** Softmax attention averages tokens; without skips the averages
+# compound layer after layer and the hidden states approach a rank-one matrix (token cosine
+# → 1, relative residual → 0, effective rank → 1). Skip connections (`vit`) or an
+# initialisation that starts near the identity (Value-SkipInit) hold the collapse off. OSA's
+# attention matrix is orthogonal, so the attention-only OSA stack is an isometry of the tokens:
+# nothing collapses however deep it goes.

@@ -1,0 +1,72 @@
+"""Headline numbers of the depth analyses, as tidy tables for the reports (notebooks 2 and 3).
+
+DESIGN.md §4 lists facts the analysis must reproduce: a pure softmax-attention stack loses rank
+doubly exponentially with depth (Dong et al. 2021) while skip connections prevent it, and a
+pure OSA stack keeps every singular value of its input. These helpers reduce the tidy tables
+of :mod:`osa_lab.analysis` and :mod:`osa_lab.jacobian` to the few numbers a reader checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def _require(df: pd.DataFrame, columns: list[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} lacks columns {missing}; it has {list(df.columns)}")
+
+
+def _block_site(df: pd.DataFrame) -> pd.DataFrame:
+    if "site" in df.columns and (df["site"] == "block").any():
+        return df[df["site"] == "block"]
+    return df
+
+
+def collapse_table(metrics: pd.DataFrame, metric: str = "relative_residual") -> pd.DataFrame:
+    """``metric`` at the input and at the last layer per preset (mean over seeds) and their ratio.
+
+    Columns ``preset, depth, input, last, ratio`` (``ratio = last / input``); a ratio far below 1
+    for ``relative_residual`` means the tokens have collapsed to their mean (rank collapse).
+    """
+    _require(metrics, ["preset", "depth", "seed", "layer", "metric", "value"], "metrics table")
+    df = _block_site(metrics[metrics["metric"] == metric])
+    if df.empty:
+        raise ValueError(f"no rows for metric {metric!r}; metrics present: {sorted(metrics['metric'].unique())}")
+    df = df[df["depth"] == df["depth"].max()]
+    rows = []
+    for preset, g in df.groupby("preset", sort=False):
+        last_layer = g["layer"].max()
+        first = g[g["layer"] == 0]["value"].mean()
+        last = g[g["layer"] == last_layer]["value"].mean()
+        rows.append(
+            {"preset": preset, "depth": int(last_layer), "input": first, "last": last, "ratio": last / first if first else np.nan}
+        )
+    return pd.DataFrame(rows)
+
+
+def spectrum_drift(spectra: pd.DataFrame) -> pd.DataFrame:
+    """Largest relative change of any singular value between the input and each preset's last layer.
+
+    ``max_i |σ_i(X_L) − σ_i(X_0)| / σ_1(X_0)`` per preset and seed, then the maximum over seeds
+    (columns ``preset, depth, max_relative_change``): zero to rounding for a pure OSA stack
+    with orthogonal value and output maps, which applies an orthogonal map on the token side and
+    an orthogonal one on the feature side.
+    """
+    _require(spectra, ["preset", "depth", "seed", "layer", "index", "sigma"], "spectra table")
+    df = _block_site(spectra)
+    df = df[df["depth"] == df["depth"].max()]
+    rows = []
+    for preset, g in df.groupby("preset", sort=False):
+        last_layer = g["layer"].max()
+        worst = 0.0
+        for _, s in g.groupby("seed"):
+            first = s[s["layer"] == 0].sort_values("index")["sigma"].to_numpy()
+            last = s[s["layer"] == last_layer].sort_values("index")["sigma"].to_numpy()
+            k = min(len(first), len(last))
+            if k == 0 or first[0] == 0:
+                continue
+            worst = max(worst, float(np.max(np.abs(last[:k] - first[:k])) / first[0]))
+        rows.append({"preset": preset, "depth": int(last_layer), "max_relative_change": worst})
+    return pd.DataFrame(rows)
