@@ -36,7 +36,7 @@ from osa_lab.errors import OSAInputError
 GRAM_TOLERANCE = {torch.float64: (1e-11, 2e-16), torch.float32: (1e-6, 5e-8)}
 #: Largest condition estimate ``‖L‖_F ‖L⁻¹‖_F / 2r`` of ``U`` the Gram engine accepts. Rounding
 #: ``G = UᵀU`` perturbs ``M`` by about ``eps · cond(U) · ‖S‖``; beyond this the QR engine is used.
-GRAM_MAX_COND = {torch.float64: 1e4, torch.float32: 4.0}
+GRAM_MAX_COND = {torch.float64: 300.0, torch.float32: 4.0}
 
 
 def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
@@ -161,14 +161,18 @@ class _GramAction(torch.autograd.Function):
         est = est / torch.clamp(slope * s_norm, min=base)
         max_cond = GRAM_MAX_COND.get(u.dtype, GRAM_MAX_COND[torch.float32])
         est = torch.where(ok & (cond <= max_cond), est, torch.full_like(est, math.inf))
-        ctx.save_for_backward(u, j, v, g, p, c)
+        ctx.save_for_backward(u, j, v, g, p, c, ok)
         ctx.mark_non_differentiable(est)
         return y, est
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor):  # noqa: D102
-        u, j, v, g, p, c = ctx.saved_tensors
+        u, j, v, g, p, c, ok = ctx.saved_tensors
         need_u, need_j, need_v = ctx.needs_input_grad
+        # Where the Cholesky factorisation failed the caller replaced Y (QR engine), so no
+        # gradient flows back here; run the core on G = I there to keep the batch finite.
+        eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+        g = torch.where(ok[..., None, None], g, eye)
         with torch.enable_grad():
             g_leaf = g.detach().requires_grad_(True)
             j_leaf = j.detach().requires_grad_(need_j)

@@ -82,7 +82,7 @@ def _alpha_tensor(alpha: float | torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         except RuntimeError as exc:
             raise OSAInputError(
                 f"`alpha` has shape {tuple(alpha.shape)}, which does not broadcast over the leading "
-                f"dims {tuple(q.shape[:-2])} of q; use a scalar or one value per head, e.g. shape (heads, 1)"
+                f"dims {tuple(q.shape[:-2])} of q; use a scalar or one value per head: shape (heads,) for q of shape (batch, heads, N, r)"
             ) from exc
         return alpha.to(device=q.device)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
