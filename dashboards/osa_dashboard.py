@@ -95,7 +95,7 @@ def compute_sweep(
 
     result = sweep(
         list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
-        seeds=list(range(seeds)), progress=False,
+        seeds=list(range(seeds)), site="both", progress=False,
     )
     return result.metrics, result.spectra
 
@@ -319,7 +319,7 @@ def _png_download(view: _FigureHolder, key: str, filename: str) -> pn.widgets.Fi
         return io.BytesIO(plots.png_bytes(obj))
 
     return pn.widgets.FileDownload(callback=callback, filename=filename, label=f"PNG: {filename}",
-                                   button_type="light", embed=False, width=260)
+                                   color="light", embed=False, width=260)
 
 
 class _FigureHolder(pn.viewable.Viewer):
@@ -331,6 +331,17 @@ class _FigureHolder(pn.viewable.Viewer):
         super().__init__(**params)
         self.figures: dict[str, hv.core.Dimensioned] = {}
         self.tables: dict[str, pd.DataFrame] = {}
+        self.panes: dict[str, pn.pane.HoloViews] = {}
+        self._layout: pn.viewable.Viewable | None = None
+
+    def _build(self) -> pn.viewable.Viewable:
+        raise NotImplementedError
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        """The view's layout, built once (its panes stay bound to the parameters)."""
+        if self._layout is None:
+            self._layout = self._build()
+        return self._layout
 
     def _draw(self, key: str, build: Callable[[], hv.core.Dimensioned]) -> hv.core.Dimensioned:
         """Build figure ``key``; on failure keep the previous one and set :attr:`message`."""
@@ -377,7 +388,7 @@ class RankCollapseView(_FigureHolder):
             raise ConfigurationError("no sweep yet")
         return io.BytesIO(self.state.spectra.to_csv(index=False).encode())
 
-    def __panel__(self) -> pn.viewable.Viewable:
+    def _build(self) -> pn.viewable.Viewable:
         fig = pn.pane.HoloViews(
             pn.bind(self.figure, self.state.param.metrics, self.controls.param.metric, self.param.site,
                     self.param.scale),
@@ -389,12 +400,13 @@ class RankCollapseView(_FigureHolder):
             pn.pane.Markdown("y scale", margin=(12, 5, 0, 30)),
             pn.widgets.RadioButtonGroup.from_param(self.param.scale, width=220),
         )
+        self.panes["metric"] = fig
         downloads = pn.Row(
             pn.widgets.FileDownload(callback=self._csv, filename="osa_sweep_metrics.csv",
-                                    label="CSV: tidy metrics of this sweep", button_type="primary", embed=False,
+                                    label="CSV: tidy metrics of this sweep", color="primary", embed=False,
                                     width=260),
             pn.widgets.FileDownload(callback=self._spectra_csv, filename="osa_sweep_spectra.csv",
-                                    label="CSV: tidy spectra of this sweep", button_type="light", embed=False,
+                                    label="CSV: tidy spectra of this sweep", color="light", embed=False,
                                     width=260),
             _png_download(self, "metric", "rank_collapse.png"),
         )
@@ -436,11 +448,12 @@ class SpectraView(_FigureHolder):
             return _placeholder("Computing…")
         return self._draw("lines", lambda: plots.spectra_lines(spectra, layers=sorted(layers) or None))
 
-    def __panel__(self) -> pn.viewable.Viewable:
+    def _build(self) -> pn.viewable.Viewable:
         heat = pn.pane.HoloViews(pn.bind(self.heatmaps, self.state.param.spectra), backend="bokeh",
                                  sizing_mode="stretch_width", min_height=330, loading=self.state.param.busy)
         lines = pn.pane.HoloViews(pn.bind(self.lines, self.state.param.spectra, self.param.layers), backend="bokeh",
                                   sizing_mode="stretch_width", min_height=330, loading=self.state.param.busy)
+        self.panes.update(heatmaps=heat, lines=lines)
         chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400)
         downloads = pn.Row(_png_download(self, "heatmaps", "spectra_heatmaps.png"),
                            _png_download(self, "lines", "spectra_lines.png"))
@@ -516,7 +529,7 @@ class JacobianView(_FigureHolder):
             return ""
         return f"**Jacobian computed:** {used}"
 
-    def __panel__(self) -> pn.viewable.Viewable:
+    def _build(self) -> pn.viewable.Viewable:
         kappa = pn.pane.HoloViews(pn.bind(self.kappa, self.param.profile), backend="bokeh",
                                   sizing_mode="stretch_width", min_height=360, loading=self.job.param.busy)
         hist = pn.pane.HoloViews(pn.bind(self.histogram, self.param.svals), backend="bokeh",
@@ -525,6 +538,7 @@ class JacobianView(_FigureHolder):
             pn.pane.Markdown("Jacobian method", margin=(12, 5, 0, 10)),
             pn.widgets.RadioButtonGroup.from_param(self.param.method, width=320),
         )
+        self.panes.update(kappa=kappa, histogram=hist)
         downloads = pn.Row(_png_download(self, "kappa", "jacobian_kappa.png"),
                            _png_download(self, "histogram", "jacobian_histogram.png"))
         return pn.Column(_message_pane(self.job.param.error, self.param.message), options,
@@ -668,7 +682,24 @@ def build_app(**params) -> Dashboard:
     return Dashboard(**params)
 
 
+def limit_torch_threads() -> int:
+    """Use ``OSA_DASHBOARD_TORCH_THREADS`` (default 1) intra-op threads in the server process.
+
+    Sessions compute concurrently in worker threads on small matrices; on a 2-core machine shared
+    with other work, torch's own thread pool spin-waits and made a depth-24 sweep 15× slower
+    (16 s with 2 threads vs 1.1 s with 1, measured under load). Returns the thread count set.
+    """
+    import os
+
+    import torch
+
+    threads = int(os.environ.get("OSA_DASHBOARD_TORCH_THREADS", "1"))
+    torch.set_num_threads(max(threads, 1))
+    return torch.get_num_threads()
+
+
 if pn.state.served:
+    limit_torch_threads()
     pn.extension(sizing_mode="stretch_width")
     dashboard = Dashboard(compute_now=False)
     dashboard.template().servable()
@@ -676,5 +707,5 @@ if pn.state.served:
 
 __all__ = [
     "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast", "RankCollapseView", "SpectraView",
-    "SweepState", "build_app", "compute_jacobian", "compute_osa_check", "compute_sweep",
+    "SweepState", "build_app", "compute_jacobian", "limit_torch_threads", "compute_osa_check", "compute_sweep",
 ]
