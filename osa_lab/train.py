@@ -516,6 +516,20 @@ def train(
     return TrainResult(config, model_config, model, metrics_frame(rows), run_path, ckpt_path, start_epoch)
 
 
+def config_tag(config: TrainConfig) -> str:
+    """A short directory name for a budget: data, epochs, batch, lr and a hash of everything else.
+
+    Preset and seed are left out (:func:`compare` puts them below), so runs of one budget share
+    a folder and a changed budget never meets a checkpoint of another one.
+    """
+    import hashlib
+
+    d = config.to_dict()
+    d.pop("preset"), d.pop("seed")
+    digest = hashlib.sha1(_comparable(d).encode()).hexdigest()[:8]
+    return f"{config.data}-e{config.epochs}-b{config.batch_size}-lr{config.lr:g}-{digest}"
+
+
 def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows → the tidy table with :data:`COLUMNS` (``layer``/``head`` nullable integers)."""
     df = pd.DataFrame(rows, columns=list(COLUMNS))

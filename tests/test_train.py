@@ -283,3 +283,59 @@ def test_cli_bad_names_exit_2_with_valid_list(tmp_path, capsys):
     assert "unknown preset 'nope'" in err and "skipless-osa" in err
     assert cli_main(["train", "--data", "imagenet", "--output", str(tmp_path), "--quiet"]) == 2
     assert "digits" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- plot builders
+
+
+@pytest.fixture(scope="module")
+def compared(data, tmp_path_factory):
+    return compare(["vit", "skipless-osa"], [0, 1], tiny(epochs=2), tmp_path_factory.mktemp("cmp"), progress=False)
+
+
+def test_plot_data_reduce_over_seeds(compared):
+    from osa_lab.plots import training as P
+
+    metrics, summary = compared
+    lc = P.learning_curve_data(metrics, "test_accuracy")
+    assert lc["preset"].tolist() == ["vit", "vit", "skipless-osa", "skipless-osa"]
+    vit2 = metrics.query("preset == 'vit' and metric == 'test_accuracy' and epoch == 2")["value"]
+    row = lc.query("preset == 'vit' and epoch == 2").iloc[0]
+    assert row["mean"] == pytest.approx(vit2.mean()) and row["lo"] == vit2.min() and row["n"] == 2
+    al = P.alpha_data(metrics)
+    assert set(al["layer"]) == {"layer 1", "layer 2"} and sorted(al["epoch"].unique()) == [0, 1, 2]
+    diag = P.diagnostics_over_training_data(metrics, "stable_rank")
+    assert diag["step"].min() == 0 and diag["step"].max() == 8
+    prof = P.depth_profiles_data(metrics, "effective_rank")
+    assert set(prof["profile"]) == {"vit · init", "vit · trained", "skipless-osa · init", "skipless-osa · trained"}
+    assert sorted(prof["layer"].unique()) == [0, 1, 2]
+
+
+def test_plot_builders_render_with_both_backends(compared):
+    import holoviews as hv
+
+    from osa_lab.plots import training as P
+
+    metrics, summary = compared
+    objs = [
+        P.learning_panel(metrics),
+        P.learning_curves(metrics, "train_loss"),
+        P.alpha_curves(metrics),
+        P.diagnostics_over_training(metrics, "condition_number"),
+        P.depth_profiles(metrics, "relative_residual"),
+        P.summary_bars(summary),
+    ]
+    for obj in objs:
+        assert P.png_bytes(obj)[:4] == b"\x89PNG"
+        hv.render(obj, backend="bokeh")
+
+
+def test_plot_builders_name_missing_metrics(compared):
+    from osa_lab.errors import OSAInputError
+    from osa_lab.plots import training as P
+
+    metrics, _ = compared
+    with pytest.raises(OSAInputError, match="stable_rank"):
+        P.learning_curves(metrics, "nope")
+    with pytest.raises(OSAInputError, match="no α rows"):
+        P.alpha_data(metrics, "vit")

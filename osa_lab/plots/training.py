@@ -103,7 +103,8 @@ def learning_panel(
     metrics: pd.DataFrame, metric_names: Sequence[str] = ("train_loss", "test_accuracy")
 ) -> hv.Layout:
     """Side-by-side learning curves of several metrics (default: train loss and test accuracy)."""
-    return hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(2)
+    layout = hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(2)
+    return _dual(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format=""))
 
 
 # ----------------------------------------------------------------------------- alpha
@@ -221,11 +222,12 @@ def summary_bars(
     d = summary.assign(
         accuracy=100 * summary["test_accuracy_mean"], err=100 * summary["test_accuracy_std"].fillna(0.0)
     )
+    colours = hv.dim("preset").categorize(_colour_map(list(d["preset"])))
     lo = max(0.0, float(d["accuracy"].min() - d["err"].max()) - 5.0) if d["accuracy"].notna().any() else 0.0
     bars = _dual(
         hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %"),
-        dict(color="preset", cmap=_colour_map(list(d["preset"])), tools=["hover"], ylim=(lo, 100)),
-        dict(color="preset", cmap=_colour_map(list(d["preset"])), ylim=(lo, 100)),
+        dict(color=colours, tools=["hover"], ylim=(lo, 100)),
+        dict(color=colours, ylim=(lo, 100)),
     )
     errors = hv.ErrorBars(d, "preset", ["accuracy", "err"])
     return _dual(

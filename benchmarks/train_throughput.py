@@ -1,0 +1,112 @@
+"""Training-step throughput: skipless OSA against a skip-connected ViT of the same size (CPU).
+
+Target (issue 7): one skipless-OSA training step costs at most 1.5× a ``vit`` step of the same
+depth, width, heads and MLP. A "step" is what :func:`osa_lab.train.train` does per batch:
+forward, cross-entropy, backward, gradient clip and an AdamW update.
+
+Both models (and ``skipless-ssa`` for reference, and OSA with each ``--osa-methods`` entry of
+:data:`osa_lab.functional.METHODS`) are timed side by side in one process, interleaved
+configuration by configuration, with :func:`osa_lab.benchtools.time_call` (median of
+``--repeat`` runs). Times depend on the machine's load; the ratio column is what to read.
+
+    .venv/bin/python benchmarks/train_throughput.py                       # digits + MNIST sizes
+    .venv/bin/python benchmarks/train_throughput.py --threads 2 --repeat 10
+
+Writes a table to stdout and ``bench_results/train_throughput.csv`` (with provenance columns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from osa_lab.benchtools import emit_table, machine_info, time_call
+from osa_lab.models import build_classifier
+from osa_lab.presets import get_preset
+
+#: (name, image_size, patch_size): the digits setting (16 tokens) and the MNIST setting (49 tokens)
+SIZES = (("digits 8×8 / patch 2", 8, 2), ("mnist 28×28 / patch 4", 28, 4))
+
+
+def step_fn(preset: str, image_size: int, patch: int, batch: int, model_overrides: dict):
+    """A closure that runs one training step of ``preset`` on a fixed random batch."""
+    torch.manual_seed(0)
+    cfg = get_preset(
+        preset, input="patches", image_size=image_size, patch_size=patch, channels=1, **model_overrides
+    )
+    model = build_classifier(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, 1, image_size, image_size)
+    y = torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return step, sum(p.numel() for p in model.parameters()), cfg.tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--osa-methods", nargs="+", default=["auto", "dense", "qr", "lowrank"])
+    parser.add_argument("--sizes", nargs="+", default=[s[0].split()[0] for s in SIZES], help="digits, mnist")
+    parser.add_argument("--out", default="bench_results/train_throughput.csv")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    overrides = {"depth": args.depth, "dim": args.dim, "heads": args.heads}
+    rows = []
+    for name, size, patch in SIZES:
+        if name.split()[0] not in args.sizes:
+            continue
+        runs = [("vit", "—"), ("skipless-ssa", "—")] + [("skipless-osa", m) for m in args.osa_methods]
+        base = None
+        for preset, method in runs:
+            extra = dict(overrides, **({"osa_method": method} if preset == "skipless-osa" else {}))
+            try:
+                step, n_params, tokens = step_fn(preset, size, patch, args.batch, extra)
+                seconds = time_call(step, repeat=args.repeat, warmup=2)
+            except Exception as err:  # noqa: BLE001 - a method that cannot run here is a row, not a crash
+                print(f"{preset} ({method}) at {name}: {type(err).__name__}: {err}", file=sys.stderr)
+                continue
+            base = seconds if preset == "vit" else base
+            rows.append(
+                {
+                    "setting": name,
+                    "tokens": tokens,
+                    "preset": preset,
+                    "osa_method": method,
+                    "params": n_params,
+                    "ms_per_step": 1e3 * seconds,
+                    "ratio_to_vit": seconds / base if base else float("nan"),
+                    "target": "≤ 1.5" if preset == "skipless-osa" else "",
+                }
+            )
+    try:
+        from osa_lab.provenance import csv_columns
+
+        prov = csv_columns(vars(args))
+    except ImportError:  # pragma: no cover
+        prov = {k: str(v) for k, v in machine_info().items()}
+    table = emit_table(rows, None, title=f"training step, batch {args.batch}, {args.threads} thread(s)")
+    out = table.assign(**prov)  # provenance goes to the CSV only; stdout keeps the readable table
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    out.to_csv(args.out, index=False)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
