@@ -30,13 +30,13 @@
 
 # %% tags=["parameters"]
 # Accuracy study: single head, unit-variance q, k (N × rank) and v (N × value_dim).
-ns_accuracy: list = [16, 64, 256, 1024]
+ns_accuracy: list = [16, 64, 256, 512]
 alphas: list = [0.01, 0.1, 1.0, 10.0]
 dtypes: list = ["float64", "float32", "bfloat16"]
 rank: int = 8
 value_dim: int = 8
 seeds: list = [0, 1]
-orthogonality_max_n: int = 512
+orthogonality_max_n: int = 256
 # Timing study: (batch_heads, N, head_dim) float32 inputs, best of `repeat` runs.
 ns_timing: list = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 dense_max_n: int = 1024

@@ -70,3 +70,56 @@ def spectrum_drift(spectra: pd.DataFrame) -> pd.DataFrame:
             worst = max(worst, float(np.max(np.abs(last[:k] - first[:k])) / first[0]))
         rows.append({"preset": preset, "depth": int(last_layer), "max_relative_change": worst})
     return pd.DataFrame(rows)
+
+
+def jacobian_sweep(
+    presets: list[str],
+    depth: int,
+    tokens: int,
+    dim: int,
+    seeds: int | list[int] = 2,
+    *,
+    histogram_seed: int = 0,
+    method: str = "auto",
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """κ across depth for several presets and seeds, and the last layer's Jacobian singular values.
+
+    Thin loop over :func:`osa_lab.jacobian.jacobian_depth_profile` (both scopes: end-to-end
+    ``∂X_l/∂X_0`` and each block alone) and :func:`osa_lab.jacobian.jacobian_singular_values`
+    (end-to-end Jacobian of the whole network, seed ``histogram_seed``). Returns
+    ``(kappa_table, singular_values)`` in that module's schemas.
+    """
+    from osa_lab import jacobian
+
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    kappa = pd.concat(
+        [
+            jacobian.jacobian_depth_profile(p, depth, tokens, dim, seed=s, method=method)
+            for p in presets
+            for s in seed_list
+        ],
+        ignore_index=True,
+    )
+    sigmas = pd.concat(
+        [jacobian.jacobian_singular_values(p, depth, tokens, dim, seed=histogram_seed, method=method) for p in presets],
+        ignore_index=True,
+    )
+    return kappa, sigmas
+
+
+def kappa_table(kappa: pd.DataFrame) -> pd.DataFrame:
+    """κ of the end-to-end Jacobian at the first and the last layer per preset (geometric mean over seeds)."""
+    _require(kappa, ["preset", "layer", "scope", "kappa"], "Jacobian profile")
+    df = kappa[kappa["scope"] == "end_to_end"] if "scope" in kappa.columns else kappa
+    rows = []
+    for preset, g in df.groupby("preset", sort=False):
+        first, last = g["layer"].min(), g["layer"].max()
+        rows.append(
+            {
+                "preset": preset,
+                "kappa_first_layer": float(np.exp(np.log(g[g["layer"] == first]["kappa"]).mean())),
+                "kappa_last_layer": float(np.exp(np.log(g[g["layer"] == last]["kappa"]).mean())),
+                "last_layer": int(last),
+            }
+        )
+    return pd.DataFrame(rows)
