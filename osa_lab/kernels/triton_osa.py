@@ -1,0 +1,665 @@
+"""Low-rank OSA ``exp(S) V`` in Triton, forward and backward (DESIGN.md §2, §7).
+
+Zhang & Martens, "Orthogonal Self-Attention" (arXiv 2602.05996): ``S = U J Uᵀ`` with
+``U = [q k]`` (N × 2r) and ``J = s [[0, I], [−I, 0]]``, ``s = α/√r``. The Gram form of
+:mod:`osa_lab.expm` gives ``exp(S) V = V + U F (Uᵀ V)`` with ``F = F(G, J)``, ``G = UᵀU``
+(2r × 2r). This module computes it in three steps per (batch·head) ``b``:
+
+Forward
+    1. **reduce pass** (Triton, over tokens, split over N): ``[G | P] = Uᵀ [U | V]`` in float32
+       tiles, partial sums per token split, summed afterwards in float64. ``U`` is never
+       materialised: a tile's rows come from ``q`` or ``k``, its columns from ``q``, ``k`` or
+       ``v``; Gram tiles strictly below the diagonal are skipped (``G`` is symmetric).
+    2. **core** (torch, float64, batched): ``F, ok = expm.gram_core(G, J)``; ``C = F P``
+       (2r × d). The error estimate of the torch Gram engine decides, per ``b``, whether the
+       result is trusted; those that are not are recomputed by :func:`expm.qr_action` in
+       float32 (rank-deficient ``U``, ``N < 2r``, ``q = k``, ill-conditioned ``U``).
+    3. **apply pass** (Triton, elementwise over tokens): ``Y = V + q C_q + k C_k``.
+
+Backward (``gY`` given; the formulas of :class:`osa_lab.expm._GramAction`)
+    1. **reduce pass**: ``gC = Uᵀ gY`` (the same kernel with ``gY`` in place of ``V``).
+    2. **core**: ``gF = gC Pᵀ``, ``gP = Fᵀ gC``; ``(gG, gs)`` by autograd through
+       ``gram_core`` in float64; ``H = gG + gGᵀ``.
+    3. **apply pass**: ``gq = gY C_qᵀ + V gP_qᵀ + q H_qq + k H_kq``,
+       ``gk = gY C_kᵀ + V gP_kᵀ + q H_qk + k H_kk``, ``gv = gY + q gP_q + k gP_k``
+       (``gU = gY Cᵀ + V gPᵀ + U H``, ``gV = gY + U gP``), one program per token block.
+
+Precision. Products of two token matrices (``UᵀU``, ``UᵀV``, ``Uᵀ gY``) run on the input
+dtype with float32 accumulation: for bf16/fp16 the products are exact in float32. Products of a
+token matrix with a small float64 matrix (``C``, ``gP``, ``H``) run, for bf16/fp16 inputs, as
+two dots against a hi/lo split of the small matrix in the input dtype (per-matrix power-of-two
+scaling keeps fp16 in range): ≈ 16 (bf16) / 22 (fp16) significant bits instead of 8/11, no TF32.
+For float32 inputs every dot uses ``input_precision`` (default ``"ieee"``, as torch's own
+float32 matmul with TF32 off); ``"tf32x3"`` and ``"tf32"`` are opt-in speed trades.
+
+The naive torch references of each pass (``reference_*``) stand beside the kernels for tests.
+Bytes and flops per pass: ``docs/triton.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from osa_lab import expm
+from osa_lab.errors import MethodUnavailableError, OSADtypeError, OSAInputError
+
+try:  # Triton is optional on the CPU.
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the install
+    HAVE_TRITON = False
+
+#: Whether the kernels were built for Triton's CPU interpreter (decided when this module was
+#: imported: Triton reads ``TRITON_INTERPRET`` when a kernel is decorated).
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
+_PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    """Tuning knobs. ``None`` picks a default from the shapes and the device.
+
+    ``block_n``: tokens per tile (≥ 16). ``tile``: width of a Gram/projection tile in the reduce
+    pass (≥ 16, power of two). ``splits``: token splits of the reduce pass per ``b``.
+    ``input_precision``: dots of float32 inputs (``"ieee"``, ``"tf32x3"``, ``"tf32"``).
+    """
+
+    block_n: int | None = None
+    tile: int | None = None
+    splits: int | None = None
+    input_precision: str = "ieee"
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_CONFIG = TritonConfig()
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, 1 << max(0, (x - 1).bit_length()))
+
+
+# --------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _reduce_kernel(
+        q_ptr, k_ptr, x_ptr, tiles_ptr, out_ptr, ss_ptr,
+        N, R, D,
+        sqb, sqn, sqf, skb, skn, skf, sxb, sxn, sxf,
+        s_ob, s_os, s_or,
+        BLOCK_N: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+        BLOCKS: tl.constexpr, NUM_TILES: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr,
+    ):  # fmt: skip
+        """One (b, split, tile): ``out[b, split, rows, cols] = A_tileᵀ B_tile`` over the split's tokens.
+
+        The tile table row ``(row_src, row_off, col_src, col_off, out_col)`` names the
+        sources (0 = q, 1 = k, 2 = x, where x is v forward and gY backward). Row ``i`` of the
+        output is ``row_src·RP + row_off + i``. ``ss`` gets Σ x² of the tile's columns (for ‖V‖).
+        """
+        pid_b = tl.program_id(0).to(tl.int64)
+        pid_s = tl.program_id(1)
+        pid_t = tl.program_id(2)
+        row_src = tl.load(tiles_ptr + pid_t * 5 + 0)
+        row_off = tl.load(tiles_ptr + pid_t * 5 + 1)
+        col_src = tl.load(tiles_ptr + pid_t * 5 + 2)
+        col_off = tl.load(tiles_ptr + pid_t * 5 + 3)
+        out_col = tl.load(tiles_ptr + pid_t * 5 + 4)
+        # Select the sources arithmetically (no divergent branches: strides equal to 1 are
+        # specialised to constants, which an if/else could not merge).
+        a_q = row_src == 0
+        a_base = tl.where(a_q, q_ptr + pid_b * sqb, k_ptr + pid_b * skb)
+        a_sn = tl.where(a_q, sqn, skn)
+        a_sf = tl.where(a_q, sqf, skf)
+        b_q = col_src == 0
+        b_k = col_src == 1
+        b_base = tl.where(b_q, q_ptr + pid_b * sqb, tl.where(b_k, k_ptr + pid_b * skb, x_ptr + pid_b * sxb))
+        b_sn = tl.where(b_q, sqn, tl.where(b_k, skn, sxn))
+        b_sf = tl.where(b_q, sqf, tl.where(b_k, skf, sxf))
+        c_lim = tl.where(col_src == 2, D, R)
+        offs_r = row_off + tl.arange(0, BR)
+        offs_c = col_off + tl.arange(0, BC)
+        r_mask = offs_r < R
+        c_mask = offs_c < c_lim
+        acc = tl.zeros((BR, BC), dtype=tl.float32)
+        ss = tl.zeros((BC,), dtype=tl.float32)
+        n0 = pid_s * (BLOCKS * BLOCK_N)
+        for i in range(BLOCKS):  # constexpr bound (DESIGN.md §7: interpreter of triton 3.6)
+            offs_n = n0 + i * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < N
+            on = offs_n.to(tl.int64)
+            a_t = tl.load(
+                a_base + offs_r[:, None] * a_sf + on[None, :] * a_sn,
+                mask=r_mask[:, None] & n_mask[None, :],
+                other=0.0,
+            )
+            b_t = tl.load(
+                b_base + on[:, None] * b_sn + offs_c[None, :] * b_sf,
+                mask=n_mask[:, None] & c_mask[None, :],
+                other=0.0,
+            )
+            if CAST_F32:
+                a_t = a_t.to(tl.float32)
+                b_t = b_t.to(tl.float32)
+            acc = tl.dot(a_t, b_t, acc, input_precision=PRECISION)
+            b32 = b_t.to(tl.float32)
+            ss += tl.sum(b32 * b32, axis=0)
+        rows = row_src * RP + row_off + tl.arange(0, BR)
+        cols = out_col + tl.arange(0, BC)
+        o_base = out_ptr + pid_b * s_ob + pid_s * s_os
+        tl.store(o_base + rows[:, None] * s_or + cols[None, :], acc)
+        tl.store(ss_ptr + (pid_b * tl.num_programs(1) + pid_s) * NUM_TILES + pid_t, tl.sum(ss, axis=0))
+
+    @triton.jit
+    def _rtne_bf16(x):
+        """Round float32 ``x`` to the nearest bf16 value (ties to even), still as float32.
+
+        Only for the interpreter: its float32 → bf16 cast truncates, the GPU's rounds to nearest.
+        """
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _wdot(x, w_ptr, s_wh, scale, K: tl.constexpr, NC: tl.constexpr, M: tl.constexpr,
+              SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+        """``scale · x W`` for a token tile ``x`` (BLOCK_N × K) and a packed small matrix ``W`` (K × NC).
+
+        ``W`` is stored zero-padded in an M × M slot; with ``SPLIT`` it is ``W_hi + W_lo``
+        (two slots ``s_wh`` apart) in the input dtype, and the two dots add up.
+        """
+        offs_k = tl.arange(0, K)
+        offs_c = tl.arange(0, NC)
+        wp = w_ptr + offs_k[:, None] * M + offs_c[None, :]
+        w = tl.load(wp)
+        if CAST_F32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        out = tl.dot(x, w, input_precision=PRECISION)
+        if SPLIT:
+            w_lo = tl.load(wp + s_wh)
+            if CAST_F32:
+                w_lo = w_lo.to(tl.float32)
+            out = tl.dot(x, w_lo, out, input_precision=PRECISION)
+        return out * scale
+
+    @triton.jit
+    def _fwd_apply_kernel(
+        q_ptr, k_ptr, v_ptr, w_ptr, ws_ptr, y_ptr,
+        N, R, D,
+        sqb, sqn, sqf, skb, skn, skf, svb, svn, svf, syb, syn,
+        s_wb, s_ww, s_wh,
+        BLOCK_N: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, M: tl.constexpr,
+        SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr, FIX_BF16: tl.constexpr,
+    ):  # fmt: skip
+        """``Y = V + q C_q + k C_k`` for one token block (W slots: 0 = C_q, 1 = C_k)."""
+        pid_b = tl.program_id(0).to(tl.int64)
+        pid_n = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        on = offs_n.to(tl.int64)
+        offs_r = tl.arange(0, RP)
+        offs_d = tl.arange(0, DP)
+        n_mask = offs_n < N
+        rm = n_mask[:, None] & (offs_r[None, :] < R)
+        dm = n_mask[:, None] & (offs_d[None, :] < D)
+        q = tl.load(q_ptr + pid_b * sqb + on[:, None] * sqn + offs_r[None, :] * sqf, mask=rm, other=0.0)
+        k = tl.load(k_ptr + pid_b * skb + on[:, None] * skn + offs_r[None, :] * skf, mask=rm, other=0.0)
+        v = tl.load(v_ptr + pid_b * svb + on[:, None] * svn + offs_d[None, :] * svf, mask=dm, other=0.0)
+        wb = w_ptr + pid_b * s_wb
+        sb = ws_ptr + pid_b * 2
+        acc = v.to(tl.float32)
+        acc += _wdot(q, wb, s_wh, tl.load(sb), RP, DP, M, SPLIT, CAST_F32, PRECISION)
+        acc += _wdot(k, wb + s_ww, s_wh, tl.load(sb + 1), RP, DP, M, SPLIT, CAST_F32, PRECISION)
+        if FIX_BF16:
+            acc = _rtne_bf16(acc)
+        tl.store(
+            y_ptr + pid_b * syb + on[:, None] * syn + offs_d[None, :], acc.to(y_ptr.dtype.element_ty), mask=dm
+        )
+
+    @triton.jit
+    def _bwd_apply_kernel(
+        q_ptr, k_ptr, v_ptr, gy_ptr, w_ptr, ws_ptr, gq_ptr, gk_ptr, gv_ptr,
+        N, R, D,
+        sqb, sqn, sqf, skb, skn, skf, svb, svn, svf, sgb, sgn, sgf, sob_r, son_r, sob_d, son_d,
+        s_wb, s_ww, s_wh,
+        BLOCK_N: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, M: tl.constexpr,
+        SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr, FIX_BF16: tl.constexpr,
+    ):  # fmt: skip
+        """``gq, gk, gv`` for one token block, reading q, k, v, gY once.
+
+        W slots: 0 C_qᵀ, 1 gP_qᵀ, 2 H_qq, 3 H_kq (→ gq); 4 C_kᵀ, 5 gP_kᵀ, 6 H_qk, 7 H_kk (→ gk);
+        8 gP_q, 9 gP_k (→ gv = gY + q gP_q + k gP_k).
+        """
+        pid_b = tl.program_id(0).to(tl.int64)
+        pid_n = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        on = offs_n.to(tl.int64)
+        offs_r = tl.arange(0, RP)
+        offs_d = tl.arange(0, DP)
+        n_mask = offs_n < N
+        rm = n_mask[:, None] & (offs_r[None, :] < R)
+        dm = n_mask[:, None] & (offs_d[None, :] < D)
+        q = tl.load(q_ptr + pid_b * sqb + on[:, None] * sqn + offs_r[None, :] * sqf, mask=rm, other=0.0)
+        k = tl.load(k_ptr + pid_b * skb + on[:, None] * skn + offs_r[None, :] * skf, mask=rm, other=0.0)
+        v = tl.load(v_ptr + pid_b * svb + on[:, None] * svn + offs_d[None, :] * svf, mask=dm, other=0.0)
+        gy = tl.load(gy_ptr + pid_b * sgb + on[:, None] * sgn + offs_d[None, :] * sgf, mask=dm, other=0.0)
+        wb = w_ptr + pid_b * s_wb
+        sb = ws_ptr + pid_b * 10
+        r_off = on[:, None] * son_r + offs_r[None, :]
+        gq = _wdot(gy, wb, s_wh, tl.load(sb), DP, RP, M, SPLIT, CAST_F32, PRECISION)
+        gq += _wdot(v, wb + s_ww, s_wh, tl.load(sb + 1), DP, RP, M, SPLIT, CAST_F32, PRECISION)
+        gq += _wdot(q, wb + 2 * s_ww, s_wh, tl.load(sb + 2), RP, RP, M, SPLIT, CAST_F32, PRECISION)
+        gq += _wdot(k, wb + 3 * s_ww, s_wh, tl.load(sb + 3), RP, RP, M, SPLIT, CAST_F32, PRECISION)
+        if FIX_BF16:
+            gq = _rtne_bf16(gq)
+        tl.store(gq_ptr + pid_b * sob_r + r_off, gq.to(gq_ptr.dtype.element_ty), mask=rm)
+        gk = _wdot(gy, wb + 4 * s_ww, s_wh, tl.load(sb + 4), DP, RP, M, SPLIT, CAST_F32, PRECISION)
+        gk += _wdot(v, wb + 5 * s_ww, s_wh, tl.load(sb + 5), DP, RP, M, SPLIT, CAST_F32, PRECISION)
+        gk += _wdot(q, wb + 6 * s_ww, s_wh, tl.load(sb + 6), RP, RP, M, SPLIT, CAST_F32, PRECISION)
+        gk += _wdot(k, wb + 7 * s_ww, s_wh, tl.load(sb + 7), RP, RP, M, SPLIT, CAST_F32, PRECISION)
+        if FIX_BF16:
+            gk = _rtne_bf16(gk)
+        tl.store(gk_ptr + pid_b * sob_r + r_off, gk.to(gk_ptr.dtype.element_ty), mask=rm)
+        gv = gy.to(tl.float32)
+        gv += _wdot(q, wb + 8 * s_ww, s_wh, tl.load(sb + 8), RP, DP, M, SPLIT, CAST_F32, PRECISION)
+        gv += _wdot(k, wb + 9 * s_ww, s_wh, tl.load(sb + 9), RP, DP, M, SPLIT, CAST_F32, PRECISION)
+        if FIX_BF16:
+            gv = _rtne_bf16(gv)
+        d_off = on[:, None] * son_d + offs_d[None, :]
+        tl.store(gv_ptr + pid_b * sob_d + d_off, gv.to(gv_ptr.dtype.element_ty), mask=dm)
+
+
+# --------------------------------------------------------------------------------------
+# Launch helpers
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    r: int
+    d: int
+    rp: int
+    dp: int
+    block_n: int
+    tile: int
+    splits: int
+    blocks: int
+    precision: str
+    split_w: bool
+    cast_f32: bool
+    num_warps: int
+    num_stages: int
+
+    @property
+    def m(self) -> int:
+        return max(self.rp, self.dp)
+
+
+def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig) -> _Plan:
+    b, n, r = q.shape
+    d = v.shape[-1]
+    rp, dp = _pow2(r), _pow2(d)
+    block_n = cfg.block_n or (32 if max(rp, dp) > 64 else 64)
+    tile = cfg.tile or min(64, rp)
+    tile = min(tile, rp, dp)
+    if cfg.input_precision not in _PRECISIONS:
+        raise OSAInputError(f"input_precision must be one of {_PRECISIONS}; got {cfg.input_precision!r}")
+    n_blocks = max(1, math.ceil(n / block_n))
+    n_tiles = _tile_table(rp, dp, tile, gram=True, device=torch.device("cpu"))[0].shape[0]
+    if cfg.splits is not None:
+        splits = max(1, min(cfg.splits, n_blocks))
+    else:
+        # Enough programs to fill the card twice, but ≥ 8 token blocks per program so the
+        # float32 partial sums stay small next to the inputs (docs/triton.md).
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        splits = max(1, min(math.ceil(2 * sms / max(1, b * n_tiles)), n_blocks // 8 or 1))
+    blocks = _pow2(math.ceil(n_blocks / splits), lo=1)
+    splits = math.ceil(n_blocks / blocks)
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    return _Plan(
+        r=r, d=d, rp=rp, dp=dp, block_n=block_n, tile=tile, splits=splits, blocks=blocks,
+        precision="ieee" if half else cfg.input_precision, split_w=half,
+        cast_f32=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _tile_table(
+    rp: int, dp: int, tile: int, *, gram: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiles of ``Uᵀ[U | X]`` (``gram=True``) or ``Uᵀ X`` and the mask of output entries they fill.
+
+    Rows of the output: ``[q rows (rp) | k rows (rp)]``. Columns: ``[q (rp) | k (rp) | x (dp)]``
+    with ``gram=True``, else ``[x (dp)]``. Gram tiles strictly below the diagonal are skipped.
+    """
+    rows = [(src, off) for src in (0, 1) for off in range(0, rp, tile)]
+    cols = [(src, off, src * rp + off) for src in (0, 1) for off in range(0, rp, tile)] if gram else []
+    x0 = 2 * rp if gram else 0
+    cols += [(2, off, x0 + off) for off in range(0, dp, tile)]
+    width = x0 + dp
+    filled = torch.zeros(2 * rp, width, dtype=torch.bool)
+    table = []
+    for rs, ro in rows:
+        gr = rs * rp + ro
+        for cs, co, oc in cols:
+            if cs < 2 and oc + tile <= gr:  # entirely below the diagonal of G
+                continue
+            table.append((rs, ro, cs, co, oc))
+            filled[gr : gr + tile, oc : oc + tile] = True
+    return torch.tensor(table, dtype=torch.int32, device=device), filled.to(device)
+
+
+def _reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, gram: bool):
+    """Run the reduce pass; returns float64 ``Uᵀ[U | X]`` (b, 2rp, 2rp + dp) or ``Uᵀ X`` (b, 2rp, dp)
+    summed over splits (Gram symmetrised), and Σ x² per b (float64)."""
+    b, n, _ = q.shape
+    table, filled = _tile_table(plan.rp, plan.dp, plan.tile, gram=gram, device=q.device)
+    n_tiles = table.shape[0]
+    width = filled.shape[1]
+    out = torch.empty(b, plan.splits, 2 * plan.rp, width, dtype=torch.float32, device=q.device)
+    ss = torch.empty(b, plan.splits, n_tiles, dtype=torch.float32, device=q.device)
+    grid = (b, plan.splits, n_tiles)
+    _reduce_kernel[grid](
+        q, k, x, table, out, ss,
+        n, plan.r, x.shape[-1],
+        *q.stride(), *k.stride(), *x.stride(),
+        out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_N=plan.block_n, RP=plan.rp, BR=plan.tile, BC=plan.tile,
+        BLOCKS=plan.blocks, NUM_TILES=n_tiles, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )  # fmt: skip
+    total = out.sum(1, dtype=torch.float64)
+    if gram:
+        total = torch.where(filled, total, _transpose_gram(total, plan.rp))
+    # Σ x² from the tiles that read x with the first row block (each x column once).
+    first_row = (table[:, 0] == 0) & (table[:, 1] == 0) & (table[:, 2] == 2)
+    x_sq = ss.sum(1, dtype=torch.float64)[:, first_row].sum(-1)
+    return total, x_sq
+
+
+def _transpose_gram(total: torch.Tensor, rp: int) -> torch.Tensor:
+    t = torch.zeros_like(total)
+    t[:, :, : 2 * rp] = total[:, :, : 2 * rp].mT
+    return t
+
+
+def _idx(r: int, rp: int, device: torch.device) -> torch.Tensor:
+    """Indices of the true q and k rows inside the padded ``2rp`` layout."""
+    ar = torch.arange(r, device=device)
+    return torch.cat([ar, ar + rp])
+
+
+def _pack(mats: list[torch.Tensor], plan: _Plan, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack small float64 matrices (b, K_i, C_i) into zero-padded (b, n, 2|1, M, M) slots.
+
+    For 16-bit inputs each matrix ``W`` is scaled by a power of two ``s`` (max |W/s| in [1, 2))
+    and split ``W/s = hi + lo`` in ``dtype``; the kernel computes ``s (x hi + x lo)``.
+    Float32 inputs get one float32 slot and ``s = 1``.
+    """
+    b = mats[0].shape[0]
+    m = plan.m
+    dev = mats[0].device
+    nh = 2 if plan.split_w else 1
+    w = torch.zeros(b, len(mats), nh, m, m, dtype=dtype if plan.split_w else torch.float32, device=dev)
+    scales = torch.ones(b, len(mats), dtype=torch.float32, device=dev)
+    for i, mat in enumerate(mats):
+        kk, cc = mat.shape[-2:]
+        if plan.split_w:
+            amax = mat.abs().amax(dim=(-2, -1))
+            e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-300))), torch.zeros_like(amax))
+            s = torch.exp2(e.clamp(-126, 126))
+            ms = mat / s[:, None, None]
+            hi = ms.to(dtype)
+            lo = (ms - hi.double()).to(dtype)
+            w[:, i, 0, :kk, :cc] = hi
+            w[:, i, 1, :kk, :cc] = lo
+            scales[:, i] = s.float()
+        else:
+            w[:, i, 0, :kk, :cc] = mat.float()
+    return w, scales
+
+
+def _pad_rows(mat: torch.Tensor, plan: _Plan, which: int) -> torch.Tensor:
+    """Block ``which`` (0 = q, 1 = k) of the row dimension of a (b, 2r, ·) matrix."""
+    r = plan.r
+    return mat[:, which * r : (which + 1) * r]
+
+
+def _fwd_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    b, n, _ = q.shape
+    y = torch.empty(b, n, plan.d, dtype=v.dtype, device=v.device)
+    w, ws = _pack([_pad_rows(c, plan, 0), _pad_rows(c, plan, 1)], plan, q.dtype)
+    grid = (b, triton.cdiv(n, plan.block_n))
+    _fwd_apply_kernel[grid](
+        q, k, v, w, ws, y,
+        n, plan.r, plan.d,
+        *q.stride(), *k.stride(), *v.stride(), y.stride(0), y.stride(1),
+        w.stride(0), w.stride(1), w.stride(2),
+        BLOCK_N=plan.block_n, RP=plan.rp, DP=plan.dp, M=plan.m,
+        SPLIT=plan.split_w, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
+        FIX_BF16=plan.cast_f32 and q.dtype == torch.bfloat16,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )  # fmt: skip
+    return y
+
+
+def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
+    b, n, _ = q.shape
+    r = plan.r
+    cq, ck = _pad_rows(c, plan, 0), _pad_rows(c, plan, 1)
+    gpq, gpk = _pad_rows(gp, plan, 0), _pad_rows(gp, plan, 1)
+    mats = [
+        cq.mT, gpq.mT, h[:, :r, :r], h[:, r:, :r],
+        ck.mT, gpk.mT, h[:, :r, r:], h[:, r:, r:],
+        gpq, gpk,
+    ]  # fmt: skip
+    w, ws = _pack(mats, plan, q.dtype)
+    gq = torch.empty(b, n, r, dtype=q.dtype, device=q.device)
+    gk = torch.empty_like(gq)
+    gv = torch.empty(b, n, plan.d, dtype=v.dtype, device=v.device)
+    grid = (b, triton.cdiv(n, plan.block_n))
+    _bwd_apply_kernel[grid](
+        q, k, v, gy, w, ws, gq, gk, gv,
+        n, r, plan.d,
+        *q.stride(), *k.stride(), *v.stride(), *gy.stride(),
+        gq.stride(0), gq.stride(1), gv.stride(0), gv.stride(1),
+        w.stride(0), w.stride(1), w.stride(2),
+        BLOCK_N=plan.block_n, RP=plan.rp, DP=plan.dp, M=plan.m,
+        SPLIT=plan.split_w, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
+        FIX_BF16=plan.cast_f32 and q.dtype == torch.bfloat16,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )  # fmt: skip
+    return gq, gk, gv
+
+
+# --------------------------------------------------------------------------------------
+# The small core and the fallback decision
+# --------------------------------------------------------------------------------------
+
+
+def _untrusted(g: torch.Tensor, j: torch.Tensor, c: torch.Tensor, v_sq: torch.Tensor) -> torch.Tensor:
+    """Per-b mask of results the Gram engine cannot deliver within the float32 budget.
+
+    The same rule as the torch engine (:class:`osa_lab.expm._GramAction`): Cholesky failed, or
+    cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``
+    (float32 values: the kernels accumulate in float32 whatever the input dtype).
+    """
+    _, ok, (s_norm, cond) = expm._gram_core_with_norm(g, j)
+    u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
+    v_norm = v_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
+    est = torch.finfo(torch.float32).eps * u_norm * torch.linalg.vector_norm(c, dim=(-2, -1)) / v_norm
+    base, slope = expm.GRAM_TOLERANCE[torch.float32]
+    est = est / torch.clamp(slope * s_norm, min=base)
+    ok = ok & (cond <= expm.GRAM_MAX_COND[torch.float32]) & torch.isfinite(est) & (est <= 1)
+    return ~ok
+
+
+class _OSATriton(torch.autograd.Function):
+    """``Y = exp(U J Uᵀ) V`` by the Triton passes; also returns the mask of untrusted ``b``.
+
+    Rows of ``Y`` for untrusted ``b`` equal ``V`` (``C`` set to 0) and get zero gradients;
+    :func:`osa_triton` overwrites them with the QR engine.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, cfg: TritonConfig):  # noqa: D102
+        b, n, r = q.shape
+        plan = _plan(q, v, cfg)
+        idx = _idx(r, plan.rp, q.device)
+        gp_full, v_sq = _reduce(q, k, v, plan, gram=True)
+        g = gp_full[:, idx][:, :, idx]
+        p = gp_full[:, idx, 2 * plan.rp : 2 * plan.rp + plan.d]
+        j = expm.osa_skew_core(r, scale.detach())
+        f, _ = expm.gram_core(g, j)
+        c = f @ p
+        bad = _untrusted(g, j, c, v_sq)
+        eye = torch.eye(2 * r, dtype=torch.float64, device=q.device)
+        g = torch.where(bad[:, None, None], eye, g)
+        c = torch.where(bad[:, None, None], torch.zeros_like(c), c)
+        y = _fwd_apply(q, k, v, c, plan)
+        ctx.save_for_backward(q, k, v, scale, g, p, c, bad)
+        ctx.plan = plan
+        ctx.mark_non_differentiable(bad)
+        return y, bad
+
+    @staticmethod
+    def backward(ctx, gy, _gbad):  # noqa: D102
+        q, k, v, scale, g, p, c, bad = ctx.saved_tensors
+        plan: _Plan = ctx.plan
+        r = plan.r
+        need_q, need_k, need_v, need_s, _ = ctx.needs_input_grad
+        idx = _idx(r, plan.rp, q.device)
+        gc_full, _ = _reduce(q, k, gy, plan, gram=False)
+        gc = gc_full[:, idx, : plan.d]
+        with torch.enable_grad():
+            g_leaf = g.detach().requires_grad_(True)
+            s_leaf = scale.detach().to(torch.float64).requires_grad_(need_s)
+            f, _ = expm.gram_core(g_leaf, expm.osa_skew_core(r, s_leaf))
+        gf = gc @ p.mT
+        gp = f.detach().mT @ gc
+        grads = torch.autograd.grad(f, (g_leaf, s_leaf) if need_s else (g_leaf,), gf)
+        gg = grads[0]
+        keep = ~bad[:, None, None]
+        h = torch.where(keep, gg + gg.mT, torch.zeros_like(gg))
+        gp = torch.where(keep, gp, torch.zeros_like(gp))
+        gq, gk, gv = _bwd_apply(q, k, v, gy, c, gp, h, plan)
+        gs = None
+        if need_s:
+            gs = torch.where(bad, torch.zeros_like(grads[1]), grads[1]).to(scale.dtype)
+        return (gq if need_q else None, gk if need_k else None, gv if need_v else None, gs, None)
+
+
+# --------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor) -> None:
+    if not HAVE_TRITON:
+        raise MethodUnavailableError(
+            "method='triton' needs the `triton` package (pip install 'osa_lab[gpu]')"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 3:
+            raise OSAInputError(
+                f"osa_triton expects 3-D `{name}` (b, N, features); got shape {tuple(x.shape)}"
+            )
+        if x.dtype not in _SUPPORTED:
+            raise OSADtypeError(
+                f"osa_triton supports float32, bfloat16 and float16; `{name}` is {x.dtype} "
+                "(use method='lowrank' for float64)"
+            )
+    if q.shape != k.shape or v.shape[:2] != q.shape[:2]:
+        raise OSAInputError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise OSADtypeError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise OSAInputError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not INTERPRET:
+        raise MethodUnavailableError(
+            f"osa_triton needs CUDA tensors (got device {q.device}); on the CPU set TRITON_INTERPRET=1 "
+            "before triton and osa_lab are imported to run the kernels in Triton's interpreter "
+            "(slow, for tests), or use method='lowrank'"
+        )
+    if q.shape[-1] > 128 or v.shape[-1] > 128:
+        raise OSAInputError(
+            f"osa_triton supports head widths up to 128 (got r={q.shape[-1]}, d_v={v.shape[-1]}); "
+            "use method='lowrank'"
+        )
+    if scale.dim() > 1 or (scale.dim() == 1 and scale.shape[0] not in (1, q.shape[0])):
+        raise OSAInputError(
+            f"`scale` must be a scalar or have shape ({q.shape[0]},); got {tuple(scale.shape)}"
+        )
+
+
+def osa_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    config: TritonConfig | None = None,
+) -> torch.Tensor:
+    """``exp(S) v`` with ``S = scale·(q kᵀ − k qᵀ)`` per batch element, by the Triton kernels.
+
+    Args:
+        q, k: ``(b, N, r)``; v: ``(b, N, d_v)``; one dtype among float32, bfloat16, float16;
+            any strides (the kernels read through them, no copies). ``r, d_v ≤ 128``.
+        scale: ``(b,)`` or scalar tensor, ``α/√r``; differentiable.
+        config: :class:`TritonConfig` tuning knobs.
+
+    Returns ``(b, N, d_v)`` in the dtype of ``v``; differentiable w.r.t. q, k, v and scale.
+    Batch elements the Gram engine cannot compute accurately (see :func:`_untrusted`) are
+    recomputed by :func:`osa_lab.expm.qr_action` in float32 (differentiable by autograd).
+    """
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.tensor(float(scale), dtype=torch.float64, device=q.device)
+    _check(q, k, v, scale)
+    b, n, r = q.shape
+    scale = scale.to(q.device).expand(b)
+    if b == 0 or n == 0:
+        return v.clone()
+    y, bad = _OSATriton.apply(q, k, v, scale, config or DEFAULT_CONFIG)
+    if bool(bad.any()):
+        sel = bad.nonzero().squeeze(-1)
+        u = torch.cat([q[sel], k[sel]], dim=-1).float()
+        j = expm.osa_skew_core(r, scale[sel])
+        y = y.index_copy(0, sel, expm.qr_action(u, j, v[sel].float()).to(y.dtype))
+    return y
+
+
+# --------------------------------------------------------------------------------------
+# Naive references of each pass (fla-org style), used by the tests
+# --------------------------------------------------------------------------------------
+
+
+def reference_reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``Uᵀ [U | X]`` in float64, ``U = [q k]``: what the reduce pass sums (b, 2r, 2r + d)."""
+    u = torch.cat([q, k], -1).double()
+    return u.mT @ torch.cat([u, x.double()], -1)
+
+
+def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The three forward steps in float64 torch, no fallback: ``V + U F(UᵀU, J) UᵀV``."""
+    r = q.shape[-1]
+    u = torch.cat([q, k], -1).double()
+    f, _ = expm.gram_core(u.mT @ u, expm.osa_skew_core(r, scale))
+    return v.double() + u @ (f @ (u.mT @ v.double()))
+
+
+def reference_backward_apply(q, k, v, gy, c, gp, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward apply pass in float64: ``gU = gY Cᵀ + V gPᵀ + U H``, ``gV = gY + U gP``."""
+    r = q.shape[-1]
+    u = torch.cat([q, k], -1).double()
+    gu = gy.double() @ c.mT + v.double() @ gp.mT + u @ h
+    return gu[..., :r], gu[..., r:], gy.double() + u @ gp
