@@ -26,7 +26,11 @@ The metrics table is long-format (DESIGN.md §6): one row per observation with c
   stable rank, effective rank of Roy & Vetterli 2007, condition number of Ji et al. 2025) of
   each layer's hidden states (``layer`` 0 = the embedded input) on a fixed batch of test
   images, every ``diag_every`` steps (and at step 0 and the last step);
-* ``"time"``: ``epoch_time_s`` — the only kind that differs between identical runs.
+* ``"time"``: ``epoch_time_s`` (training steps only, without evaluation and diagnostics) —
+  the only kind that differs between identical runs.
+
+``epoch`` is the number of completed epochs when the row was recorded (0 = at initialisation)
+and ``step`` the number of optimiser steps taken.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -79,8 +82,8 @@ _CHECKPOINT_FORMAT = 1
 class TrainingDivergedError(RuntimeError):
     """The loss (or the weights, or hidden states) became NaN/Inf during training.
 
-    Attributes ``step``, ``epoch``, ``preset`` and ``checkpoint`` (the last good checkpoint,
-    or None) are set so callers such as :func:`compare` can record the failure.
+    Attributes ``step`` (optimiser steps taken), ``epoch`` (1-based epoch in progress),
+    ``preset`` and ``checkpoint`` (the last good checkpoint, or None) are set so callers such as :func:`compare` can record the failure.
     """
 
     def __init__(self, message: str, *, step: int, epoch: int, preset: str, checkpoint: Path | None) -> None:
@@ -354,7 +357,6 @@ def train(
     model_config = model_config_for(config, data)
 
     torch.manual_seed(config.seed)
-    np.random.seed(config.seed % 2**32)
     model = build_model(model_config).to(device)
     optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr)
     n_train = len(data.y_train)
@@ -418,12 +420,14 @@ def train(
             f"at step {step} (epoch {epoch + 1} of {config.epochs}): {what}. {where}. "
             f"Peak lr was {config.lr:g}; a lower learning rate usually avoids this.",
             step=step,
-            epoch=epoch,
+            epoch=epoch + 1,
             preset=config.preset,
             checkpoint=last_good,
         )
 
-    def diagnostics(epoch: int) -> None:
+    def diagnostics(epoch: int) -> float:
+        """Record the hidden-state metrics; returns the seconds spent (left out of epoch times)."""
+        t = time.perf_counter()
         try:
             for layer, metric, value in hidden_diagnostics(model, diag_x):
                 add(epoch, "hidden", metric, value, layer=layer)
@@ -431,6 +435,7 @@ def train(
             if not _is_non_finite(err):
                 raise
             raise diverged(f"non-finite hidden states ({err})", epoch) from err
+        return time.perf_counter() - t
 
     if start_epoch == 0 and step == 0:
         diagnostics(0)
@@ -450,7 +455,7 @@ def train(
         for epoch in range(start_epoch, config.epochs):
             t0 = time.perf_counter()
             order = _batch_order(n_train, config.seed, epoch)
-            loss_sum, correct = 0.0, 0
+            loss_sum, correct, diag_seconds = 0.0, 0, 0.0
             for i in range(steps_per_epoch):
                 idx = order[i * config.batch_size : (i + 1) * config.batch_size]
                 xb, yb = data.x_train[idx].to(device), data.y_train[idx].to(device)
@@ -474,8 +479,8 @@ def train(
                 correct += int((logits.detach().argmax(-1) == yb).sum())
                 bar.update(1)
                 if config.diag_every and step % config.diag_every == 0 and step != total_steps:
-                    diagnostics(epoch)
-            epoch_time = time.perf_counter() - t0
+                    diag_seconds += diagnostics(epoch)
+            epoch_time = time.perf_counter() - t0 - diag_seconds
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise diverged("the weights contain NaN/Inf after the epoch's last update", epoch)
             test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
@@ -709,6 +714,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patch-size", type=int, default=None, help="default: 2 for 8×8, 4 for 28×28")
     for name in ("depth", "dim", "heads"):
         parser.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
+    parser.add_argument(
+        "--osa-method",
+        default=None,
+        help="OSA computation method of the model (osa_lab.functional.METHODS; default: the preset's 'auto')",
+    )
     parser.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     parser.add_argument("--device", default="cpu")
@@ -719,6 +729,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` (preset and seed filled in later) that the CLI arguments describe."""
     model = {k: getattr(args, k) for k in ("depth", "dim", "heads") if getattr(args, k) is not None}
+    if args.osa_method:
+        from osa_lab.functional import METHODS
+
+        if args.osa_method not in (*METHODS, "auto"):
+            raise unknown_name("OSA method", args.osa_method, [*METHODS, "auto"])
+        model["osa_method"] = args.osa_method
     data_options = {}
     if args.train_limit:
         if args.data != "mnist":

@@ -283,6 +283,8 @@ def test_cli_bad_names_exit_2_with_valid_list(tmp_path, capsys):
     assert "unknown preset 'nope'" in err and "skipless-osa" in err
     assert cli_main(["train", "--data", "imagenet", "--output", str(tmp_path), "--quiet"]) == 2
     assert "digits" in capsys.readouterr().err
+    assert cli_main(["train", "--osa-method", "magic", "--output", str(tmp_path), "--quiet"]) == 2
+    assert "unknown OSA method 'magic'" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- plot builders
@@ -290,7 +292,9 @@ def test_cli_bad_names_exit_2_with_valid_list(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def compared(data, tmp_path_factory):
-    return compare(["vit", "skipless-osa"], [0, 1], tiny(epochs=2), tmp_path_factory.mktemp("cmp"), progress=False)
+    return compare(
+        ["vit", "skipless-osa"], [0, 1], tiny(epochs=2), tmp_path_factory.mktemp("cmp"), progress=False
+    )
 
 
 def test_plot_data_reduce_over_seeds(compared):
@@ -307,7 +311,12 @@ def test_plot_data_reduce_over_seeds(compared):
     diag = P.diagnostics_over_training_data(metrics, "stable_rank")
     assert diag["step"].min() == 0 and diag["step"].max() == 8
     prof = P.depth_profiles_data(metrics, "effective_rank")
-    assert set(prof["profile"]) == {"vit · init", "vit · trained", "skipless-osa · init", "skipless-osa · trained"}
+    assert set(prof["profile"]) == {
+        "vit · init",
+        "vit · trained",
+        "skipless-osa · init",
+        "skipless-osa · trained",
+    }
     assert sorted(prof["layer"].unique()) == [0, 1, 2]
 
 
