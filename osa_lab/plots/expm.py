@@ -38,6 +38,8 @@ METHOD_COLORS = {
 METHOD_DASH = {"dense": ("--", "dashed"), "lowrank": ("-", "solid"), "gram": (":", "dotted"), "qr": ("-.", "dashdot")}
 
 _FALLBACK = "#17becf"
+#: Exact zeros (e.g. every error at α = 0) are drawn at this value on the log axes.
+ZERO_FLOOR = 1e-18
 
 
 def styled(obj: Any, *, bokeh: dict | None = None, mpl: dict | None = None, **common: Any) -> Any:
@@ -70,15 +72,15 @@ def _error_curves(acc: pd.DataFrame, x: str, y: str, builder: str) -> hv.Overlay
     agg = acc.groupby(["method", "dtype", x], as_index=False)[y].mean()
     overlays = []
     for (method, dtype), g in agg.groupby(["method", "dtype"], sort=False):
-        g = g.sort_values(x)
-        g = g[g[y] > 0]
+        g = g.sort_values(x).dropna(subset=[y])
+        g = g.assign(**{y: g[y].clip(lower=ZERO_FLOOR)})  # exact zeros drawn at the floor
         if g.empty:
             continue
         color = DTYPE_COLORS.get(str(dtype), _FALLBACK)
         dash = METHOD_DASH.get(str(method), ("-", "solid"))
         overlays.append(_curve(g, x, y, f"{method} {dtype}", color, dash))
     if not overlays:
-        raise ValueError(f"{builder}: no positive values of {y!r} to draw on a log axis")
+        raise ValueError(f"{builder}: no values of {y!r} to draw")
     return hv.Overlay(overlays)
 
 
@@ -162,7 +164,8 @@ def error_vs_norm(acc: pd.DataFrame, *, metric: str = "rel_error") -> hv.Overlay
     _require(acc, ["method", "dtype", "norm_s", metric], "error_vs_norm")
     layers = []
     for (method, dtype), g in acc.groupby(["method", "dtype"], sort=False):
-        g = g[(g[metric] > 0) & (g["norm_s"] > 0)]
+        g = g[g["norm_s"] > 0].dropna(subset=[metric])
+        g = g.assign(**{metric: g[metric].clip(lower=ZERO_FLOOR)})
         if g.empty:
             continue
         marker = ("o", "circle") if method == "lowrank" else ("s", "square")
@@ -176,7 +179,7 @@ def error_vs_norm(acc: pd.DataFrame, *, metric: str = "rel_error") -> hv.Overlay
             )
         )
     if not layers:
-        raise ValueError(f"error_vs_norm: no positive values of {metric!r} to draw")
+        raise ValueError(f"error_vs_norm: no values of {metric!r} with ‖S‖₂ > 0 to draw")
     return _layout_opts(hv.Overlay(layers), "error against ‖S‖₂", "‖S‖₂", _LABELS.get(metric, metric))
 
 
