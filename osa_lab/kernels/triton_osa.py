@@ -70,12 +70,16 @@ class TritonConfig:
     ``block_n``: tokens per tile (≥ 16). ``tile``: width of a Gram/projection tile in the reduce
     pass (≥ 16, power of two). ``splits``: token splits of the reduce pass per ``b``.
     ``input_precision``: dots of float32 inputs (``"ieee"``, ``"tf32x3"``, ``"tf32"``).
+    ``hi_lo``: for bf16/fp16 inputs, multiply token tiles by the small matrices as two dots
+    against a hi/lo split (≈ 16/22 significant bits); ``False`` rounds them once to the input
+    dtype (half the tensor-core flops, errors of the order of the output's own rounding).
     """
 
     block_n: int | None = None
     tile: int | None = None
     splits: int | None = None
     input_precision: str = "ieee"
+    hi_lo: bool = True
     num_warps: int = 4
     num_stages: int = 2
 
@@ -296,6 +300,7 @@ class _Plan:
     splits: int
     blocks: int
     precision: str
+    half: bool
     split_w: bool
     cast_f32: bool
     num_warps: int
@@ -329,7 +334,7 @@ def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig) -> _Plan:
     half = q.dtype in (torch.float16, torch.bfloat16)
     return _Plan(
         r=r, d=d, rp=rp, dp=dp, block_n=block_n, tile=tile, splits=splits, blocks=blocks,
-        precision="ieee" if half else cfg.input_precision, split_w=half,
+        precision="ieee" if half else cfg.input_precision, half=half, split_w=half and cfg.hi_lo,
         cast_f32=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -403,29 +408,30 @@ def _pack(mats: list[torch.Tensor], plan: _Plan, dtype: torch.dtype) -> tuple[to
     """Pack small float64 matrices (b, K_i, C_i) into zero-padded (b, n, 2|1, M, M) slots.
 
     For 16-bit inputs each matrix ``W`` is scaled by a power of two ``s`` (max |W/s| in [1, 2))
-    and split ``W/s = hi + lo`` in ``dtype``; the kernel computes ``s (x hi + x lo)``.
+    and split ``W/s = hi + lo`` in ``dtype`` (``lo`` omitted without ``hi_lo``); the kernel
+    computes ``s (x hi + x lo)``.
     Float32 inputs get one float32 slot and ``s = 1``.
     """
     b = mats[0].shape[0]
     m = plan.m
     dev = mats[0].device
     nh = 2 if plan.split_w else 1
-    w = torch.zeros(b, len(mats), nh, m, m, dtype=dtype if plan.split_w else torch.float32, device=dev)
+    w = torch.zeros(b, len(mats), nh, m, m, dtype=dtype if plan.half else torch.float32, device=dev)
     scales = torch.ones(b, len(mats), dtype=torch.float32, device=dev)
     for i, mat in enumerate(mats):
         kk, cc = mat.shape[-2:]
-        if plan.split_w:
-            amax = mat.abs().amax(dim=(-2, -1))
-            e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-300))), torch.zeros_like(amax))
-            s = torch.exp2(e.clamp(-126, 126))
-            ms = mat / s[:, None, None]
-            hi = ms.to(dtype)
-            lo = (ms - hi.double()).to(dtype)
-            w[:, i, 0, :kk, :cc] = hi
-            w[:, i, 1, :kk, :cc] = lo
-            scales[:, i] = s.float()
-        else:
+        if not plan.half:
             w[:, i, 0, :kk, :cc] = mat.float()
+            continue
+        amax = mat.abs().amax(dim=(-2, -1))
+        e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-300))), torch.zeros_like(amax))
+        s = torch.exp2(e.clamp(-126, 126))
+        ms = mat / s[:, None, None]
+        hi = ms.to(dtype)
+        w[:, i, 0, :kk, :cc] = hi
+        if plan.split_w:
+            w[:, i, 1, :kk, :cc] = (ms - hi.double()).to(dtype)
+        scales[:, i] = s.float()
     return w, scales
 
 
@@ -487,14 +493,21 @@ def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
 # --------------------------------------------------------------------------------------
 
 
-def _untrusted(g: torch.Tensor, j: torch.Tensor, c: torch.Tensor, v_sq: torch.Tensor) -> torch.Tensor:
+def _untrusted(
+    g: torch.Tensor,
+    c: torch.Tensor,
+    v_sq: torch.Tensor,
+    ok: torch.Tensor,
+    s_norm: torch.Tensor,
+    cond: torch.Tensor,
+) -> torch.Tensor:
     """Per-b mask of results the Gram engine cannot deliver within the float32 budget.
 
     The same rule as the torch engine (:class:`osa_lab.expm._GramAction`): Cholesky failed, or
     cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``
-    (float32 values: the kernels accumulate in float32 whatever the input dtype).
+    (float32 values: the kernels accumulate in float32 whatever the input dtype). ``ok``,
+    ``s_norm`` and ``cond`` come from ``expm._gram_core_with_norm``.
     """
-    _, ok, (s_norm, cond) = expm._gram_core_with_norm(g, j)
     u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
     v_norm = v_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     est = torch.finfo(torch.float32).eps * u_norm * torch.linalg.vector_norm(c, dim=(-2, -1)) / v_norm
@@ -520,9 +533,9 @@ class _OSATriton(torch.autograd.Function):
         g = gp_full[:, idx][:, :, idx]
         p = gp_full[:, idx, 2 * plan.rp : 2 * plan.rp + plan.d]
         j = expm.osa_skew_core(r, scale.detach())
-        f, _ = expm.gram_core(g, j)
+        f, ok, (s_norm, cond) = expm._gram_core_with_norm(g, j)
         c = f @ p
-        bad = _untrusted(g, j, c, v_sq)
+        bad = _untrusted(g, c, v_sq, ok, s_norm, cond)
         eye = torch.eye(2 * r, dtype=torch.float64, device=q.device)
         g = torch.where(bad[:, None, None], eye, g)
         c = torch.where(bad[:, None, None], torch.zeros_like(c), c)
