@@ -385,9 +385,11 @@ def run_reports(
     """
     from tqdm.auto import tqdm
 
-    output = Path(output)
+    # Absolute paths: papermill changes the working directory to ``cwd`` while it executes.
+    output = Path(output).resolve()
     output.mkdir(parents=True, exist_ok=True)
-    cwd = Path(cwd) if cwd is not None else Path.cwd()
+    names = {name: Path(path).resolve() for name, path in names.items()}
+    cwd = Path(cwd).resolve() if cwd is not None else Path.cwd()
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise ReportError(f"parameters given for unknown notebook(s) {', '.join(unknown)}; notebooks: {', '.join(names)}")

@@ -99,19 +99,21 @@ def run_three(tmp_path_factory):
     _write(src, "03_last", LAST_NOTEBOOK)
     params = src / "params.yaml"
     params.write_text(yaml.safe_dump({"01_ok": {"sizes": [4, 5, 6], "label": "from-yaml"}}))
-    argv = ["report", "--notebooks", str(src), "--output", str(out), "--params", str(params), "--no-progress"]
+    # A relative --output from a working directory other than the one the kernel runs in
+    # (papermill changes directory to the notebooks' parent while it executes).
+    argv = ["report", "--notebooks", str(src), "--output", out.name, "--params", str(params), "--no-progress"]
     return out, argv
 
 
 @pytest.fixture(scope="module")
-def three_result(run_three, capsys_module=None):
+def three_result(run_three):
     out, argv = run_three
     import contextlib
     import io
 
     err = io.StringIO()
     std = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+    with contextlib.chdir(out.parent), contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
         rc = cli.main(argv)
     return out, rc, std.getvalue(), err.getvalue()
 
