@@ -47,8 +47,8 @@ log = logging.getLogger("osa_lab.dashboard")
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigurationError, OSAInputError, UnknownNameError, ValueError,
                                                 MemoryError)
 
-TOKENS = [8, 16, 32, 48, 64, 96, 128, 192, 256]
-DIMS = [8, 16, 24, 32, 48, 64, 96, 128]
+TOKENS = [4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
+DIMS = [4, 8, 16, 24, 32, 48, 64, 96, 128]
 
 
 def _preset_names() -> list[str]:
@@ -100,24 +100,36 @@ def compute_sweep(
     return result.metrics, result.spectra
 
 
+def jacobian_layers(depth: int, points: int) -> list[int]:
+    """``points`` layers from 1 to ``depth``, evenly spaced, always including the last."""
+    points = max(1, min(points, depth))
+    return sorted({round(depth * (i + 1) / points) for i in range(points)})
+
+
 @pn.cache(max_items=24)
 def compute_jacobian(
     presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int, alpha: float | None, seeds: int,
-    method: str,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """κ across depth and end-to-end singular values for each preset and seed (:mod:`osa_lab.jacobian`)."""
+    method: str, points: int = 6,
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """κ at ``points`` layers (both scopes) and, for exact Jacobians, the last layer's singular values.
+
+    Uses :func:`osa_lab.jacobian.jacobian_depth_profile` and
+    :func:`osa_lab.jacobian.jacobian_singular_values` per preset and seed. The singular-value table
+    is ``None`` when the matrix-free method ran (it yields only the two extremes).
+    """
     from osa_lab import jacobian
 
+    layers = jacobian_layers(depth, points)
     profiles, svals = [], []
     for preset in presets:
         for seed in range(seeds):
-            profiles.append(
-                jacobian.jacobian_depth_profile(preset, depth, tokens, dim, heads, alpha, seed, method=method)
-            )
-            svals.append(
-                jacobian.jacobian_singular_values(preset, depth, tokens, dim, heads, alpha, seed, method=method)
-            )
-    return pd.concat(profiles, ignore_index=True), pd.concat(svals, ignore_index=True)
+            prof = jacobian.jacobian_depth_profile(preset, depth, tokens, dim, heads, alpha, seed, method=method,
+                                                   layers=layers)
+            profiles.append(prof)
+            if (prof["method"] == "exact").all():
+                svals.append(jacobian.jacobian_singular_values(preset, depth, tokens, dim, heads, alpha, seed,
+                                                               method="exact"))
+    return pd.concat(profiles, ignore_index=True), (pd.concat(svals, ignore_index=True) if svals else None)
 
 
 @pn.cache(max_items=64)
@@ -464,33 +476,57 @@ class SpectraView(_FigureHolder):
 class JacobianView(_FigureHolder):
     """κ of the Jacobian across depth and the end-to-end singular-value histogram.
 
-    Computed only while the view is ``active`` (its tab is open): Jacobians cost far more than the
-    forward sweep. ``method="auto"`` is exact where the Jacobian fits and matrix-free otherwise;
-    the figure titles and a badge say which ran.
+    Jacobians cost far more than the forward sweep, so this view computes only while ``active``
+    (its tab is open), at ``points`` layers and for ``seeds`` seeds. Inputs of up to
+    ``auto_limit`` entries (N·d) are computed as soon as the settings change; larger ones wait for
+    the *Compute* button and say so. ``method="auto"`` is exact where the Jacobian fits
+    (:data:`osa_lab.jacobian.MAX_EXACT_DIM` inputs) and matrix-free otherwise; the figure titles
+    and a badge say which ran. An exact Jacobian too large for memory gives a message.
     """
 
     controls = param.ClassSelector(class_=Controls)
     method = param.Selector(default="auto", objects=["auto", "exact", "matrix-free"],
                             doc="Jacobian computation: exact (torch.func) or matrix-free (svds on jvp/vjp).")
+    scope = param.Selector(default="end_to_end", objects=["end_to_end", "layer"],
+                           doc="κ of ∂X_l/∂X_0 (end_to_end) or of block l alone (layer).")
+    points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
+                           doc="Number of layers (evenly spaced, last included) at which κ is computed.")
+    seeds = param.Integer(default=1, bounds=(1, 5), label="Jacobian seeds", doc="Seeds (capped by the sidebar).")
+    auto_limit = param.Integer(default=512, doc="Largest N·d computed without pressing Compute.")
+    compute = param.Event(label="Compute Jacobians")
     active = param.Boolean(default=False, doc="Compute only when True (the tab is visible).")
     profile = param.DataFrame(default=None, allow_None=True)
     svals = param.DataFrame(default=None, allow_None=True)
+    notice = param.String(default="", doc="Why nothing was computed (e.g. waiting for Compute).")
 
     def __init__(self, **params):
         super().__init__(**params)
         self.job = _AsyncComputation()
 
+    @param.depends("compute", watch=True)
+    def _on_compute(self) -> None:
+        self.refresh(force=True)
+
     @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
-                   "controls.derived_alpha", "controls.alpha", "controls.seeds", "method", "active", watch=True)
-    def refresh(self) -> None:
-        """Recompute for the current controls when active (cached)."""
+                   "controls.derived_alpha", "controls.alpha", "controls.seeds", "method", "points", "seeds",
+                   "active", watch=True)
+    def refresh(self, force: bool = False) -> None:
+        """Recompute for the current controls when active (cached); large inputs wait for ``compute``."""
         if not self.active:
             return
-        controls, method = self.controls, self.method
+        controls, method, points = self.controls, self.method, self.points
+        inputs = int(controls.tokens) * int(controls.dim)
+        if inputs > self.auto_limit and not force:
+            self.notice = (f"N·d = {inputs} inputs: Jacobians at this size can take minutes on a small machine. "
+                           "Press *Compute Jacobians* to run them (the figures below are from earlier settings).")
+            return
+        self.notice = ""
 
         def compute():
             controls.validate()
-            return compute_jacobian(**controls.config(), method=method)
+            cfg = controls.config()
+            cfg["seeds"] = min(self.seeds, cfg["seeds"])
+            return compute_jacobian(**cfg, method=method, points=points)
 
         def apply(value):
             profile, svals = value
@@ -505,21 +541,23 @@ class JacobianView(_FigureHolder):
             return ""
         return ", ".join(sorted({str(m) for m in self.profile["method"].unique()}))
 
-    def kappa(self, profile: pd.DataFrame | None):
+    def kappa(self, profile: pd.DataFrame | None, scope: str):
         """κ across depth per preset."""
         if profile is None:
             return _placeholder("Jacobians are computed while this tab is open")
 
         def build():
-            self.tables["kappa"] = plots.kappa_vs_depth_data(profile)
-            return plots.kappa_vs_depth(profile)
+            self.tables["kappa"] = plots.kappa_vs_depth_data(profile, scope=scope)
+            return plots.kappa_vs_depth(profile, scope=scope)
 
         return self._draw("kappa", build)
 
-    def histogram(self, svals: pd.DataFrame | None):
-        """Histogram of the end-to-end Jacobian's singular values."""
+    def histogram(self, svals: pd.DataFrame | None, profile: pd.DataFrame | None):
+        """Histogram of the end-to-end Jacobian's singular values (exact method only)."""
         if svals is None:
-            return _placeholder("")
+            text = "Histogram needs the exact Jacobian (matrix-free gives only σ_max and σ_min)" if (
+                profile is not None) else ""
+            return _placeholder(text)
         return self._draw("histogram", lambda: plots.jacobian_histogram(svals))
 
     def badge(self, profile: pd.DataFrame | None) -> str:
@@ -527,21 +565,31 @@ class JacobianView(_FigureHolder):
         used = self.methods_used()
         if not used:
             return ""
-        return f"**Jacobian computed:** {used}"
+        how = {"exact": "exact (torch.func.jacrev, all singular values)",
+               "matrix-free": "matrix-free (jvp/vjp + ARPACK: σ_max and σ_min only)"}
+        return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
 
     def _build(self) -> pn.viewable.Viewable:
-        kappa = pn.pane.HoloViews(pn.bind(self.kappa, self.param.profile), backend="bokeh",
+        kappa = pn.pane.HoloViews(pn.bind(self.kappa, self.param.profile, self.param.scope), backend="bokeh",
                                   sizing_mode="stretch_width", min_height=360, loading=self.job.param.busy)
-        hist = pn.pane.HoloViews(pn.bind(self.histogram, self.param.svals), backend="bokeh",
+        hist = pn.pane.HoloViews(pn.bind(self.histogram, self.param.svals, self.param.profile), backend="bokeh",
                                  sizing_mode="stretch_width", min_height=360, loading=self.job.param.busy)
-        options = pn.Row(
-            pn.pane.Markdown("Jacobian method", margin=(12, 5, 0, 10)),
-            pn.widgets.RadioButtonGroup.from_param(self.param.method, width=320),
-        )
         self.panes.update(kappa=kappa, histogram=hist)
+        options = pn.Row(
+            pn.widgets.RadioButtonGroup.from_param(self.param.method, width=300),
+            pn.widgets.RadioButtonGroup.from_param(self.param.scope, width=220),
+        )
+        sizes = pn.Row(
+            pn.Param(self.param, parameters=["points", "seeds"], show_name=False, default_layout=pn.Row,
+                     widgets={"points": {"type": pn.widgets.IntSlider, "throttled": True, "width": 220},
+                              "seeds": {"type": pn.widgets.IntSlider, "throttled": True, "width": 180}}),
+            pn.widgets.Button.from_param(self.param.compute, color="primary", width=200),
+        )
+        notice = pn.pane.Alert(self.param.notice, alert_type="info", visible=pn.bind(bool, self.param.notice),
+                               sizing_mode="stretch_width")
         downloads = pn.Row(_png_download(self, "kappa", "jacobian_kappa.png"),
                            _png_download(self, "histogram", "jacobian_histogram.png"))
-        return pn.Column(_message_pane(self.job.param.error, self.param.message), options,
+        return pn.Column(_message_pane(self.job.param.error, self.param.message), notice, options, sizes,
                          pn.pane.Markdown(pn.bind(self.badge, self.param.profile)), kappa, hist, downloads,
                          sizing_mode="stretch_width", name="Jacobian")
 

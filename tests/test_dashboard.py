@@ -173,7 +173,7 @@ def test_sessions_are_independent(dash):
 def test_jacobian_view_computes_only_when_open(app, dash, monkeypatch):
     calls = []
     profile = pd.DataFrame(dict(preset=["pure-ssa", "pure-osa"] * 2, depth=3, tokens=8, dim=8, heads=2,
-                                alpha=np.nan, seed=0, layer=[1, 1, 2, 2], scope="prefix", method="exact",
+                                alpha=np.nan, seed=0, layer=[1, 1, 2, 2], scope="end_to_end", method="exact",
                                 sigma_max=1.0, sigma_min=0.5, kappa=[2.0, 1.0, 4.0, 1.0]))
     svals = pd.DataFrame(dict(preset=["pure-ssa"] * 3 + ["pure-osa"] * 3, method="exact",
                               sigma=[1.0, 0.5, 0.1, 1.0, 1.0, 0.9]))
@@ -192,6 +192,38 @@ def test_jacobian_view_computes_only_when_open(app, dash, monkeypatch):
     kappa = _pane_data(app.jacobian_view, "kappa")
     assert "exact" in kappa.opts.get("plot", "bokeh").kwargs["title"]
     assert app.jacobian_view.tables["kappa"].set_index(["preset", "layer"]).loc[("pure-ssa", 2), "mean"] == 4.0
+
+
+def test_large_jacobian_waits_for_the_compute_button(app, dash, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dash, "compute_jacobian", lambda **kw: calls.append(kw) or (None, None))
+    app.controls.tokens, app.controls.dim = 64, 64
+    app.tabs.active = 2
+    assert calls == [] and "Compute Jacobians" in app.jacobian_view.notice
+    app.jacobian_view.param.trigger("compute")
+    assert len(calls) == 1 and calls[0]["tokens"] == 64 and app.jacobian_view.notice == ""
+    assert calls[0]["seeds"] == 1 and calls[0]["points"] == 6
+
+
+def test_jacobian_layers_are_spread_and_end_at_depth(dash):
+    assert dash.jacobian_layers(12, 4) == [3, 6, 9, 12]
+    assert dash.jacobian_layers(3, 6) == [1, 2, 3]
+    assert dash.jacobian_layers(1, 1) == [1]
+
+
+def test_real_jacobian_tiny(app):
+    """The real osa_lab.jacobian at a tiny size: exact method, κ per layer, full spectrum."""
+    app.controls.param.update(depth=2, tokens=4, dim=4, heads=1, seeds=1)
+    app.jacobian_view.points = 2
+    app.tabs.active = 2
+    view = app.jacobian_view
+    assert view.job.error == "", view.job.error
+    assert view.methods_used() == "exact"
+    assert set(view.profile["layer"]) == {1, 2}
+    osa = view.tables["kappa"].set_index(["preset", "layer"])
+    assert osa.loc[("pure-osa", 1), "mean"] < 2.0  # OSA init keeps the Jacobian well-conditioned
+    assert view.svals.groupby("preset").size().tolist() == [16, 16]  # all N·d singular values
+    assert type(_pane_data(view, "histogram")).__name__ == "Overlay"
 
 
 def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
