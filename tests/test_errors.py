@@ -1,0 +1,105 @@
+"""Bad input gets a clear, typed error naming the argument, what it got and what it needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import osa_lab
+
+
+def _qkv(n=6, r=3, d=4, dtype=torch.float32):
+    return torch.randn(n, r, dtype=dtype), torch.randn(n, r, dtype=dtype), torch.randn(n, d, dtype=dtype)
+
+
+@pytest.mark.parametrize("key", ["mask", "attn_mask", "causal", "is_causal"])
+def test_masks_are_refused_with_explanation(key):
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.CausalMaskError, match="non-causal"):
+        osa_lab.osa(q, k, v, **{key: True})
+    layer = osa_lab.OrthogonalSelfAttention(8, 2)
+    with pytest.raises(osa_lab.CausalMaskError, match="skew-symmetry"):
+        layer(torch.randn(1, 5, 8), **{key: True})
+
+
+def test_unknown_keyword_is_a_type_error():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        osa_lab.osa(q, k, v, temperature=2.0)
+
+
+def test_mismatched_q_k_shapes():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSAInputError, match=r"`q` has shape \(6, 3\) but `k` has shape \(6, 2\)"):
+        osa_lab.osa(q, k[:, :2], v)
+
+
+def test_mismatched_token_counts():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSAInputError, match=r"token counts differ.*N=6.*N=5"):
+        osa_lab.osa(q, k, v[:5])
+
+
+def test_non_floating_dtype():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSADtypeError, match=r"`q` has dtype torch.int64"):
+        osa_lab.osa(q.long(), k.long(), v.long())
+
+
+def test_mixed_dtypes():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSADtypeError, match="dtypes differ"):
+        osa_lab.osa(q, k, v.double())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_inputs(bad):
+    q, k, v = _qkv()
+    v[2, 1] = bad
+    with pytest.raises(osa_lab.OSAInputError, match=r"`v` contains .*(NaN|Inf)"):
+        osa_lab.osa(q, k, v)
+    with pytest.raises(osa_lab.OSAInputError, match="alpha"):
+        osa_lab.osa(q, k, v.nan_to_num(), alpha=bad)
+
+
+def test_float16_on_cpu():
+    q, k, v = _qkv(dtype=torch.float16)
+    with pytest.raises(osa_lab.OSADtypeError, match="float16 on the CPU"):
+        osa_lab.osa(q, k, v)
+
+
+def test_too_few_dims():
+    with pytest.raises(osa_lab.OSAInputError, match="at least 2 dims"):
+        osa_lab.osa(torch.randn(5), torch.randn(5), torch.randn(5))
+
+
+def test_alpha_that_does_not_broadcast():
+    q, k, v = (torch.randn(2, 3, 6, 4) for _ in range(3))
+    with pytest.raises(osa_lab.OSAInputError, match=r"shape \(heads,\)"):
+        osa_lab.osa(q, k, v, alpha=torch.ones(5))
+
+
+def test_unknown_method_lists_valid_ones():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.UnknownNameError, match="auto, dense, gram, lowrank, qr, triton"):
+        osa_lab.osa(q, k, v, method="fast")
+
+
+def test_triton_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.MethodUnavailableError, match="needs a CUDA tensor"):
+        osa_lab.osa(q, k, v, method="triton")
+
+
+@pytest.mark.parametrize("cls", [osa_lab.OrthogonalSelfAttention, osa_lab.SoftmaxSelfAttention])
+def test_dim_not_divisible_by_heads(cls):
+    with pytest.raises(osa_lab.ConfigurationError, match=r"`dim`=10 is not divisible by `heads`=4.*\[1, 2, 5, 10\]"):
+        cls(10, 4)
+
+
+@pytest.mark.parametrize("cls", [osa_lab.OrthogonalSelfAttention, osa_lab.SoftmaxSelfAttention])
+def test_layer_input_shape(cls):
+    layer = cls(8, 2)
+    with pytest.raises(osa_lab.ConfigurationError, match=r"\(batch, tokens, dim=8\)"):
+        layer(torch.randn(3, 5, 6))
