@@ -61,6 +61,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 _PRECISIONS = ("ieee", "tf32x3", "tf32")
+_MAX_GRID_YZ = 65535
 
 
 @dataclass(frozen=True)
@@ -106,15 +107,16 @@ if HAVE_TRITON:
         BLOCK_N: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
         BLOCKS: tl.constexpr, NUM_TILES: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
-        """One (b, split, tile): ``out[b, split, rows, cols] = A_tileᵀ B_tile`` over the split's tokens.
+        """One (tile, split, b): ``out[b, split, rows, cols] = A_tileᵀ B_tile`` over the split's tokens.
 
         The tile table row ``(row_src, row_off, col_src, col_off, out_col)`` names the
         sources (0 = q, 1 = k, 2 = x, where x is v forward and gY backward). Row ``i`` of the
         output is ``row_src·RP + row_off + i``. ``ss`` gets Σ x² of the tile's columns (for ‖V‖).
         """
-        pid_b = tl.program_id(0).to(tl.int64)
+        # Tiles vary fastest so that the tiles of one token chunk run side by side (L2 reuse).
+        pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
-        pid_t = tl.program_id(2)
+        pid_b = tl.program_id(2).to(tl.int64)
         row_src = tl.load(tiles_ptr + pid_t * 5 + 0)
         row_off = tl.load(tiles_ptr + pid_t * 5 + 1)
         col_src = tl.load(tiles_ptr + pid_t * 5 + 2)
@@ -321,6 +323,10 @@ def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig) -> _Plan:
     if cfg.input_precision not in _PRECISIONS:
         raise OSAInputError(f"input_precision must be one of {_PRECISIONS}; got {cfg.input_precision!r}")
     n_blocks = max(1, math.ceil(n / block_n))
+    if n_blocks > _MAX_GRID_YZ:
+        raise OSAInputError(
+            f"osa_triton handles up to {_MAX_GRID_YZ * block_n} tokens with block_n={block_n}; got N={n}"
+        )
     n_tiles = _tile_table(rp, dp, tile, gram=True, device=torch.device("cpu"))[0].shape[0]
     if cfg.splits is not None:
         splits = max(1, min(cfg.splits, n_blocks))
@@ -373,16 +379,18 @@ def _reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, g
     width = filled.shape[1]
     out = torch.empty(b, plan.splits, 2 * plan.rp, width, dtype=torch.float32, device=q.device)
     ss = torch.empty(b, plan.splits, n_tiles, dtype=torch.float32, device=q.device)
-    grid = (b, plan.splits, n_tiles)
-    _reduce_kernel[grid](
-        q, k, x, table, out, ss,
-        n, plan.r, x.shape[-1],
-        *q.stride(), *k.stride(), *x.stride(),
-        out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_N=plan.block_n, RP=plan.rp, BR=plan.tile, BC=plan.tile,
-        BLOCKS=plan.blocks, NUM_TILES=n_tiles, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
-    )  # fmt: skip
+    for b0 in range(0, b, _MAX_GRID_YZ):  # grid axes 1 and 2 are limited to 65535
+        b1 = min(b, b0 + _MAX_GRID_YZ)
+        qc, kc, xc, oc = q[b0:b1], k[b0:b1], x[b0:b1], out[b0:b1]
+        _reduce_kernel[(n_tiles, plan.splits, b1 - b0)](
+            qc, kc, xc, table, oc, ss[b0:b1],
+            n, plan.r, x.shape[-1],
+            *qc.stride(), *kc.stride(), *xc.stride(),
+            oc.stride(0), oc.stride(1), oc.stride(2),
+            BLOCK_N=plan.block_n, RP=plan.rp, BR=plan.tile, BC=plan.tile,
+            BLOCKS=plan.blocks, NUM_TILES=n_tiles, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
+            num_warps=plan.num_warps, num_stages=plan.num_stages,
+        )  # fmt: skip
     total = out.sum(1, dtype=torch.float64)
     if gram:
         total = torch.where(filled, total, _transpose_gram(total, plan.rp))
