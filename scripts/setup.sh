@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install osa_lab with every extra, from the project's own files.
+# torch is pinned to the CPU build that lies on this machine class's disk (pip finds it there);
+# set TORCH_SPEC to install another build, e.g. TORCH_SPEC="torch==2.11.0".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.osa_lab-installed-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing $TORCH_SPEC and osa_lab[all] into .venv"
+  .venv/bin/python -m pip install --disable-pip-version-check -q "$TORCH_SPEC"
+  .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[all]"
+  .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (osa_lab)" >/dev/null
+  rm -f .venv/.osa_lab-installed-*
+  touch "$stamp"
+else
+  echo "[setup] .venv is up to date"
+fi
