@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -46,6 +47,9 @@ log = logging.getLogger("osa_lab.dashboard")
 #: Errors whose message is shown to the user as is (bad or too-expensive settings).
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigurationError, OSAInputError, UnknownNameError, ValueError,
                                                 MemoryError)
+
+#: Controls mirrored in the page URL's query string (shareable links; the browser tests use them).
+URL_PARAMETERS = ("depth", "tokens", "dim", "heads", "seeds", "metric", "derived_alpha", "alpha")
 
 TOKENS = [4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 DIMS = [4, 8, 16, 24, 32, 48, 64, 96, 128]
@@ -86,6 +90,13 @@ class OfflineFast(Fast):
 # ---------------------------------------------------------------------------------------------
 
 
+#: Serialises the model computations of all sessions. The models switch torch's *global* default
+#: dtype while they build (osa_lab.models), so two sweeps in parallel threads can mix float32 and
+#: float64 weights; one computation at a time also avoids oversubscribing small machines. This
+#: module runs once per session, so the lock lives in the process-wide ``pn.state.cache``.
+COMPUTE_LOCK: threading.Lock = pn.state.cache.setdefault("osa_lab.dashboard.compute_lock", threading.Lock())
+
+
 @pn.cache(max_items=24)
 def compute_sweep(
     presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int, alpha: float | None, seeds: int
@@ -93,10 +104,11 @@ def compute_sweep(
     """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`)."""
     from osa_lab.analysis import sweep
 
-    result = sweep(
-        list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
-        seeds=list(range(seeds)), site="both", progress=False,
-    )
+    with COMPUTE_LOCK:
+        result = sweep(
+            list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
+            seeds=list(range(seeds)), site="both", progress=False,
+        )
     return result.metrics, result.spectra
 
 
@@ -123,12 +135,13 @@ def compute_jacobian(
     profiles, svals = [], []
     for preset in presets:
         for seed in range(seeds):
-            prof = jacobian.jacobian_depth_profile(preset, depth, tokens, dim, heads, alpha, seed, method=method,
-                                                   layers=layers)
-            profiles.append(prof)
-            if (prof["method"] == "exact").all():
-                svals.append(jacobian.jacobian_singular_values(preset, depth, tokens, dim, heads, alpha, seed,
-                                                               method="exact"))
+            with COMPUTE_LOCK:  # per preset and seed, so sweeps of other sessions can interleave
+                prof = jacobian.jacobian_depth_profile(preset, depth, tokens, dim, heads, alpha, seed,
+                                                       method=method, layers=layers)
+                profiles.append(prof)
+                if (prof["method"] == "exact").all():
+                    svals.append(jacobian.jacobian_singular_values(preset, depth, tokens, dim, heads, alpha, seed,
+                                                                   method="exact"))
     return pd.concat(profiles, ignore_index=True), (pd.concat(svals, ignore_index=True) if svals else None)
 
 
@@ -137,7 +150,8 @@ def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) ->
     """The OSA check of :mod:`osa_lab.checks` for these sizes (seed 0, float32)."""
     from osa_lab.checks import osa_check
 
-    return osa_check(tokens, dim, heads, alpha, seed=0)
+    with COMPUTE_LOCK:
+        return osa_check(tokens, dim, heads, alpha, seed=0)
 
 
 def _describe(exc: BaseException) -> str:
@@ -407,10 +421,11 @@ class RankCollapseView(_FigureHolder):
             backend="bokeh", sizing_mode="stretch_width", min_height=360, loading=self.state.param.busy,
         )
         options = pn.Row(
-            pn.pane.Markdown("hidden state after", margin=(12, 5, 0, 10)),
-            pn.widgets.RadioButtonGroup.from_param(self.param.site, width=200),
-            pn.pane.Markdown("y scale", margin=(12, 5, 0, 30)),
-            pn.widgets.RadioButtonGroup.from_param(self.param.scale, width=220),
+            pn.pane.Markdown("hidden state after", margin=(12, 5, 0, 10), sizing_mode="fixed", width=130),
+            pn.widgets.RadioButtonGroup.from_param(self.param.site, width=200, sizing_mode="fixed"),
+            pn.pane.Markdown("y scale", margin=(12, 5, 0, 30), sizing_mode="fixed", width=70),
+            pn.widgets.RadioButtonGroup.from_param(self.param.scale, width=220, sizing_mode="fixed"),
+            sizing_mode="stretch_width",
         )
         self.panes["metric"] = fig
         downloads = pn.Row(
@@ -750,6 +765,8 @@ if pn.state.served:
     limit_torch_threads()
     pn.extension(sizing_mode="stretch_width")
     dashboard = Dashboard(compute_now=False)
+    if pn.state.location is not None:  # ?depth=6&tokens=16 … sets the controls and follows them
+        pn.state.location.sync(dashboard.controls, {k: k for k in URL_PARAMETERS})
     dashboard.template().servable()
     pn.state.onload(lambda: dashboard.state.refresh())
 
