@@ -100,11 +100,15 @@ depth_facts.spectrum_drift(spectra)
 
 # %% [markdown]
 # ## Every metric against depth
+#
+# The condition number of a collapsed hidden state is not resolved in float64 (its smallest
+# singular value is rounding noise), so values above 1/ε ≈ 4.5e15 are drawn at that cap.
 
 # %%
+shown = depth_facts.cap_condition_numbers(metrics)
 for metric in METRICS:
     print(f"{metric}: {METRIC_DESCRIPTIONS.get(metric, '')}")
-    nb.show(plots.metric_vs_depth(metrics, metric))
+    nb.show(plots.metric_vs_depth(shown, metric))
 
 # %% [markdown]
 # ## Singular-value spectra across depth
@@ -114,10 +118,10 @@ for metric in METRICS:
 # dark everywhere but the first index; `pure-osa` keeps the input's spectrum at every layer.
 
 # %%
-nb.show(plots.spectra_heatmaps(spectra))
+nb.show(plots.spectra_heatmaps(spectra).cols(4).opts(hspace=0.7, vspace=0.35, backend="matplotlib"))
 
 # %%
-nb.show(plots.spectra_lines(spectra))
+nb.show(plots.spectra_lines(spectra).cols(4).opts(hspace=0.5, vspace=0.35, backend="matplotlib"))
 
 # %% [markdown]
 # **Reading the figures.** Softmax attention averages tokens; without skips the averages

@@ -123,3 +123,21 @@ def kappa_table(kappa: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+#: κ of a float64 matrix is resolved only up to about 1/ε ≈ 4.5e15; larger values are noise.
+KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
+
+
+def cap_condition_numbers(metrics: pd.DataFrame, cap: float = KAPPA_RESOLVED) -> pd.DataFrame:
+    """Copy of a metrics table with ``condition_number`` values above ``cap`` (and ∞) set to ``cap``.
+
+    A collapsed hidden state has σ_min at rounding level, so its computed κ is anywhere from
+    1e16 to ∞ (or 1e278: the smallest σ of a rank-one float64 matrix is noise). Those values
+    carry one fact — "beyond what float64 resolves" — and capping them keeps log axes readable.
+    """
+    _require(metrics, ["metric", "value"], "metrics table")
+    out = metrics.copy()
+    rows = out["metric"] == "condition_number"
+    out.loc[rows, "value"] = out.loc[rows, "value"].clip(upper=cap).fillna(cap)
+    return out
