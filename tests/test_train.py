@@ -348,3 +348,21 @@ def test_plot_builders_name_missing_metrics(compared):
         P.learning_curves(metrics, "nope")
     with pytest.raises(OSAInputError, match="no α rows"):
         P.alpha_data(metrics, "vit")
+
+
+def test_cli_trains_on_local_mnist_idx_files(tmp_path, capsys):
+    from tests.test_data import _write_fake_mnist
+
+    _write_fake_mnist(tmp_path / "mnist", gz=True, n_train=40, n_test=20)
+    args = ["train", "--preset", "skipless-osa", "--data", "mnist", "--data-dir", str(tmp_path / "mnist"),
+            "--epochs", "1", "--depth", "1", "--dim", "16", "--heads", "2", "--diag-every", "0",
+            "--output", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    assert cli_main(args) == 0
+    cfg = (tmp_path / "out" / "skipless-osa" / "seed0" / "config.json").read_text()
+    assert '"image_size": 28' in cfg and '"patch_size": 4' in cfg and '"tokens": 49' in cfg
+    # without the files: exit 2 and the message says where to get them and where to put them
+    assert (
+        cli_main([*args[:5], "--data-dir", str(tmp_path / "nowhere"), "--output", str(tmp_path / "o2")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "https://" in err and str((tmp_path / "nowhere").resolve()) in err
