@@ -218,15 +218,10 @@ def _curves_with_bands(
         )
         curve = _dual(
             hv.Curve(d, x, vdims, label=label),
-            dict(color=colours[g], line_width=2, tools=["hover"]),
-            dict(color=colours[g], linewidth=2),
+            dict(color=colours[g], line_width=2, tools=["hover"], hover_line_width=3),
+            dict(color=colours[g], linewidth=2, marker="o"),
         )
-        scatter = _dual(
-            hv.Scatter(d, x, vdims, label=label),
-            dict(color=colours[g], size=4, tools=["hover"]),
-            dict(color=colours[g], s=8),
-        )
-        elements += [area, curve, scatter]
+        elements += [area, curve]
     overlay = _dual(
         hv.Overlay(elements),
         dict(
