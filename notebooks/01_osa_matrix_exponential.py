@@ -43,7 +43,7 @@ dense_max_n: int = 1024
 sdpa_max_n: int = 8192
 batch_heads: int = 4
 head_dim: int = 64
-repeat: int = 3
+repeat: int = 5
 fit_points: int = 3
 
 # %%
