@@ -481,7 +481,18 @@ class Encoder(nn.Module):
         if hidden is not None:
             hidden.blocks.append(x)
         for i, block in enumerate(self.blocks[:n_layers], start=1):
-            h = block.attention_part(x)
+            try:
+                h = block.attention_part(x)
+            except OSAInputError as exc:
+                if not self.check_finite or "NaN" not in str(exc):
+                    raise
+                # The layer's input was finite: its own weights produced the NaN/Inf.
+                raise NonFiniteHiddenStateError(
+                    f"layer {i} (attention) produced NaN/Inf from a finite input; this is the first layer "
+                    f"where they appear (check its weights, e.g. alpha or W_V): {exc}",
+                    i,
+                    "attention",
+                ) from exc
             if self.check_finite:
                 _check_finite(h, i, "attention")
             x = block.mlp_part(h)

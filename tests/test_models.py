@@ -1,0 +1,236 @@
+"""Models and presets: configuration checks, hidden states, initialisations and the depth facts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
+from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+from osa_lab.metrics import relative_residual
+from osa_lab.models import (
+    CUTTING_SKIP_ABC,
+    ModelConfig,
+    NonFiniteHiddenStateError,
+    ValueSkipInitAttention,
+    build_classifier,
+    build_model,
+)
+from osa_lab.presets import PRESETS, describe, get_preset, preset_names
+
+EXPECTED_PRESETS = [
+    "vit",
+    "skipless-ssa",
+    "skipless-osa",
+    "pure-ssa",
+    "pure-osa",
+    "ssa-cutting-skip",
+    "ssa-value-skipinit",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _tokens(b, n, d, seed=0, dtype=torch.float64):
+    return torch.randn(b, n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dim": 30, "heads": 4}, "not divisible by `heads`=4"),
+        ({"depth": 0}, "`depth` must be a positive int"),
+        ({"mlp_ratio": -1}, "mlp_ratio"),
+        ({"input": "patches", "image_size": 8, "patch_size": 3}, "does not divide `image_size`=8"),
+        ({"attention": "osa", "init": "cutting-skip"}, "SSA initialisation"),
+        ({"attention": "ssa", "alpha_init": 0.1}, "only applies to attention='osa'"),
+    ],
+)
+def test_impossible_configs(kwargs, match):
+    with pytest.raises(ConfigurationError, match=match):
+        ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("field", ["attention", "norm", "init", "input"])
+def test_unknown_names_list_valid_ones(field):
+    with pytest.raises(UnknownNameError, match="valid"):
+        ModelConfig(**{field: "nope"})
+
+
+def test_presets_names_and_docs():
+    assert preset_names() == EXPECTED_PRESETS
+    for name, preset in PRESETS.items():
+        assert "arXiv" in preset.reference or "et al." in preset.reference, name
+        assert name in describe(name)
+    with pytest.raises(UnknownNameError, match="pure-osa") as exc:
+        get_preset("pure-osaa")
+    assert all(n in str(exc.value) for n in EXPECTED_PRESETS)
+    with pytest.raises(ConfigurationError, match="valid fields"):
+        get_preset("vit", depht=3)
+
+
+def test_preset_architectures():
+    vit = get_preset("vit")
+    assert vit.skip and vit.norm == "layernorm" and vit.attention == "ssa" and vit.mlp_ratio > 0
+    for name in ("skipless-ssa", "skipless-osa"):
+        c = get_preset(name)
+        assert not c.skip and c.norm == "none" and c.mlp_ratio > 0
+    for name, att in (("pure-ssa", "ssa"), ("pure-osa", "osa")):
+        c = get_preset(name)
+        assert not c.skip and c.norm == "none" and c.mlp_ratio == 0 and c.attention == att
+    assert get_preset("ssa-cutting-skip").init == "cutting-skip"
+    assert get_preset("ssa-value-skipinit").init == "value-skipinit"
+    assert get_preset("pure-osa", depth=3).depth == 3
+
+
+# ---------------------------------------------------------------- forward and hidden states
+
+
+@pytest.mark.parametrize("name", EXPECTED_PRESETS)
+def test_every_preset_builds_and_returns_hidden_states(name):
+    cfg = get_preset(name, depth=3, dim=16, heads=2, tokens=8, seed=0)
+    model = build_model(cfg)
+    x = _tokens(2, 8, 16, dtype=torch.float32)
+    y, hidden = model(x, return_hidden=True)
+    assert y.shape == x.shape
+    assert len(hidden.blocks) == 4 and len(hidden.attention) == 3
+    assert hidden.blocks[0] is x
+    assert torch.equal(hidden.blocks[-1], y)
+    assert torch.equal(model(x), y)
+    attn_cls = OrthogonalSelfAttention if cfg.attention == "osa" else SoftmaxSelfAttention
+    assert isinstance(model.blocks[0].attn, attn_cls)
+
+
+def test_attention_site_is_attention_output():
+    cfg = get_preset("skipless-osa", depth=2, dim=16, heads=2, tokens=8, seed=0)
+    model = build_model(cfg, dtype=torch.float64)
+    x = _tokens(1, 8, 16)
+    _, hidden = model(x, return_hidden=True)
+    with torch.no_grad():
+        h1 = model.blocks[0].attn(x)
+        assert torch.allclose(hidden.attention[0], h1)
+        assert torch.allclose(hidden.blocks[1], model.blocks[0].mlp(h1))
+
+
+def test_seeded_models_are_depth_consistent():
+    shallow = build_model(get_preset("skipless-ssa", depth=2, dim=16, heads=2, tokens=8, seed=3))
+    deep = build_model(get_preset("skipless-ssa", depth=5, dim=16, heads=2, tokens=8, seed=3))
+    other = build_model(get_preset("skipless-ssa", depth=2, dim=16, heads=2, tokens=8, seed=4))
+    x = _tokens(1, 8, 16, dtype=torch.float32)
+    assert torch.equal(shallow(x), deep(x, layers=2))
+    assert not torch.allclose(shallow(x), other(x))
+
+
+def test_nan_reports_first_layer():
+    model = build_model(get_preset("skipless-osa", depth=4, dim=16, heads=2, tokens=8, seed=0))
+    with torch.no_grad():
+        model.blocks[2].mlp.fc2.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteHiddenStateError, match="layer 3") as exc:
+        model(_tokens(1, 8, 16, dtype=torch.float32), return_hidden=True)
+    assert exc.value.layer == 3 and exc.value.site == "block"
+    bad = _tokens(1, 8, 16, dtype=torch.float32)
+    bad[0, 0, 0] = float("inf")
+    with pytest.raises(NonFiniteHiddenStateError, match="input \\(layer 0\\)"):
+        model(bad)
+
+
+def test_wrong_input_shape():
+    model = build_model(get_preset("pure-osa", depth=1, dim=16, tokens=8))
+    with pytest.raises(OSAInputError, match="dim=16"):
+        model(torch.randn(1, 8, 15))
+
+
+def test_classifier():
+    cfg = get_preset("skipless-osa", depth=2, dim=16, heads=2, image_size=8, patch_size=2, channels=1, seed=0)
+    clf = build_classifier(cfg)
+    assert clf.config.input == "patches" and clf.config.tokens == 16
+    # the OSA layers were initialised for N = 16 patch tokens
+    assert float(clf.encoder.blocks[0].attn.alpha.detach()[0, 0]) == pytest.approx(
+        derived_alpha_init(16, 16, 8)
+    )
+    images = torch.randn(5, 1, 8, 8)
+    logits, hidden = clf(images, return_hidden=True)
+    assert logits.shape == (5, 10)
+    assert hidden.blocks[0].shape == (5, 16, 16)
+    # per-sample independence: the batch does not mix samples
+    assert torch.allclose(clf(images[2:3]), logits[2:3], atol=1e-5)
+    with pytest.raises(OSAInputError, match="classifier needs"):
+        clf(torch.randn(2, 3, 8, 8))
+
+
+def test_value_skipinit_starts_as_identity_attention():
+    cfg = get_preset("ssa-value-skipinit", depth=1, dim=16, heads=2, tokens=8, seed=0)
+    attn = build_model(cfg, dtype=torch.float64).blocks[0].attn
+    assert isinstance(attn, ValueSkipInitAttention)
+    x = _tokens(2, 8, 16)
+    with torch.no_grad():
+        expected = attn.to_out(attn.to_v(x))  # A = I at init
+        assert torch.allclose(attn(x), expected, atol=1e-12)
+        attn.skip_b.fill_(1.0)
+        assert not torch.allclose(attn(x), expected, atol=1e-3)
+
+
+def test_cutting_skip_init_products():
+    a, b, c = CUTTING_SKIP_ABC
+    d, heads = 16, 1  # one head of width r = d: W_Q W_Kᵀ = a Z + b I exactly
+    cfg = get_preset("ssa-cutting-skip", depth=1, dim=d, heads=heads, tokens=8, seed=0)
+    attn = build_model(cfg, dtype=torch.float64).blocks[0].attn
+    wq, wk = attn.to_q.weight, attn.to_k.weight
+    m = wq.mT @ wk  # logits = x M xᵀ (before the 1/√r of SDPA)
+    z = (m - b * torch.eye(d, dtype=torch.float64)) / a
+    # the off-identity part looks like N(0, 1/d) entries
+    assert float(z.std() * math.sqrt(d)) == pytest.approx(1.0, abs=0.2)
+    vo = attn.to_out.weight @ attn.to_v.weight
+    sv = torch.linalg.svdvals(vo)
+    assert torch.allclose(sv, torch.full_like(sv, c), rtol=1e-10)  # scaled orthogonal: κ = 1
+
+
+# ---------------------------------------------------------------- the depth facts (issue 3)
+
+
+def test_pure_ssa_collapses_and_skips_prevent_it():
+    """Dong et al. 2021: pure SSA loses rank doubly exponentially; skip connections prevent it."""
+    x = _tokens(1, 32, 64, seed=0)
+    pure = build_model(
+        get_preset("pure-ssa", depth=12, dim=64, heads=4, tokens=32, seed=0), dtype=torch.float64
+    )
+    with torch.no_grad():
+        _, hidden = pure(x, return_hidden=True)
+    r0 = float(relative_residual(hidden.blocks[0]))
+    r12 = float(relative_residual(hidden.blocks[12]))
+    assert r12 < 1e-3 * r0
+    skip = build_model(
+        get_preset("pure-ssa", depth=12, dim=64, heads=4, tokens=32, seed=0, skip=True), dtype=torch.float64
+    )
+    with torch.no_grad():
+        _, hidden = skip(x, return_hidden=True)
+    assert float(relative_residual(hidden.blocks[12])) > 0.1 * r0
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_pure_osa_keeps_every_singular_value(dtype, tol):
+    """Zhang & Martens 2026: X ↦ A X W_V W_O with A, W_V W_O orthogonal keeps σ(X) at every depth."""
+    # Error is measured per singular value, relative to that σ_i (not to σ_1); N > d keeps
+    # κ(X) ≈ (√N + √d)/(√N − √d) ≈ 6, as for tokens of a transformer with N ≥ 2d.
+    cfg = get_preset("pure-osa", depth=48, dim=32, tokens=64, seed=0)
+    assert cfg.heads == 1
+    model = build_model(cfg, dtype=dtype)
+    x = _tokens(2, 64, 32, seed=1, dtype=dtype)
+    with torch.no_grad():
+        _, hidden = model(x, return_hidden=True)
+    s0 = torch.linalg.svdvals(x.double())
+    worst = max(float(((torch.linalg.svdvals(h.double()) - s0).abs() / s0).max()) for h in hidden.blocks)
+    assert worst <= tol
+    # and the stack is not the identity: tokens really are mixed
+    assert float((hidden.blocks[48].double() - x.double()).norm() / x.double().norm()) > 0.1
