@@ -60,7 +60,7 @@ def _jacobian(presets=PRESETS, depth=4, seeds=2) -> pd.DataFrame:
             for layer in range(1, depth + 1):
                 kappa = (1.2 if p == "pure-osa" else 10.0**layer) * (1 + 0.1 * seed)
                 rows.append(
-                    dict(preset=p, **dict(CONFIG, depth=depth), seed=seed, layer=layer, scope="prefix",
+                    dict(preset=p, **dict(CONFIG, depth=depth), seed=seed, layer=layer, scope="end_to_end",
                          method="exact", sigma_max=kappa, sigma_min=1.0, kappa=kappa)
                 )
     return pd.DataFrame(rows)

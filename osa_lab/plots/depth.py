@@ -222,9 +222,16 @@ def _curves_with_bands(
             dict(color=colours[g], linewidth=2, marker="o"),
         )
         elements += [area, curve]
+    extra: dict[str, object] = {}
+    if logy:  # a log axis spanning exactly the data (HoloViews would pad down towards the band's base)
+        vals = data[["mean", "lo", "hi"]].to_numpy(dtype=float).ravel()
+        vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, None)
+        if vals.size:
+            extra["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
     overlay = _dual(
         hv.Overlay(elements),
         dict(
+            **extra,
             title=title,
             logy=logy,
             logx=logx,
@@ -233,7 +240,8 @@ def _curves_with_bands(
             height=height,
             show_grid=True,
         ),
-        dict(title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6), show_grid=True),
+        dict(**extra, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
+             show_grid=True),
     )
     return overlay
 
