@@ -93,6 +93,16 @@ def test_band_over_seeds_mean_and_extremes():
     assert out["n"].tolist() == [2, 2]
 
 
+def test_unresolved_and_infinite_values_are_drawn_at_the_ceiling():
+    df = pd.DataFrame({"preset": ["a"] * 4, "layer": [0, 0, 1, 1], "value": [1.0, 3.0, np.inf, 1e280]})
+    out = D.band_over_seeds(df, "layer", "value").set_index("layer")
+    assert out.loc[1, "lo"] == D.LOG_CEILING and out.loc[1, "hi"] == 1e280
+    obj = D.kappa_vs_parameter(df.assign(preset="a", kappa=df["value"]), "layer", logy=True)
+    ylim = hv.Store.lookup_options("bokeh", obj, "plot").kwargs["ylim"]
+    assert ylim[1] == 2 * D.LOG_CEILING
+    _renders_both(obj)  # matplotlib log ticks overflow without the ceiling
+
+
 def test_metric_vs_depth_data_reduces_over_seeds_for_block_site():
     m = _metrics()
     data = D.metric_vs_depth_data(m, "relative_residual")

@@ -59,6 +59,11 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F
 #: Smallest positive value shown on log axes / log colour scales (values below are clipped).
 LOG_FLOOR = 1e-16
 
+#: Largest value drawn on log axes: 1/ε of float64. Condition numbers above it are unresolved
+#: (the smallest singular value is rounding noise) and +inf means rank deficient; both are drawn
+#: at this ceiling (matplotlib's log ticks also overflow near 1e278).
+LOG_CEILING = float(1.0 / np.finfo(np.float64).eps)
+
 #: Keys that identify one configuration of a sweep row (besides preset, seed and layer).
 CONFIG_KEYS = ("depth", "tokens", "dim", "heads", "alpha")
 
@@ -170,16 +175,17 @@ def _single_depth(df: pd.DataFrame, depth: int | None) -> pd.DataFrame:
 def band_over_seeds(df: pd.DataFrame, x: str, y: str, by: Sequence[str] = ("preset",)) -> pd.DataFrame:
     """Mean, min, max, std and count of ``y`` over seeds (and any other rows) per ``by`` × ``x``.
 
-    Non-finite values (inf condition numbers) are left out of the statistics; ``n`` counts the
-    finite ones.
+    ``+inf`` (e.g. the condition number of a rank-deficient matrix) counts as
+    :data:`LOG_CEILING`; NaN is left out of the statistics and ``n`` counts the rest.
 
     Returns columns ``*by, x, mean, lo, hi, std, n`` sorted by ``by`` then ``x``; ``lo``/``hi``
     are the min/max over seeds (the band drawn around the mean).
     """
     _require(df, [*by, x, y], "table")
-    finite = np.isfinite(df[y].to_numpy(dtype=float))
-    if not finite.all():  # e.g. the condition number of a rank-deficient matrix is inf
-        df = df.assign(**{y: df[y].where(finite)})
+    vals = df[y].to_numpy(dtype=float)
+    if not np.isfinite(vals).all():  # +inf → ceiling, -inf / NaN → left out
+        vals = np.where(np.isposinf(vals), LOG_CEILING, np.where(np.isfinite(vals), vals, np.nan))
+        df = df.assign(**{y: vals})
     g = df.groupby([*by, x], sort=False)[y]
     out = g.agg(mean="mean", lo="min", hi="max", std="std", n="count").reset_index()
     out["std"] = out["std"].fillna(0.0)
@@ -208,7 +214,7 @@ def _curves_with_bands(
         d = data[data[group] == g].copy()
         if logy:
             for c in ("mean", "lo", "hi"):
-                d[c] = d[c].clip(lower=LOG_FLOOR)
+                d[c] = d[c].clip(lower=LOG_FLOOR, upper=LOG_CEILING)
         label = str(g)
         vdims = [ydim, "lo", "hi", "n", group]
         area = _dual(
@@ -225,7 +231,7 @@ def _curves_with_bands(
     extra: dict[str, object] = {}
     if logy:  # a log axis spanning exactly the data (HoloViews would pad down towards the band's base)
         vals = data[["mean", "lo", "hi"]].to_numpy(dtype=float).ravel()
-        vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, None)
+        vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, LOG_CEILING)
         if vals.size:
             extra["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
     overlay = _dual(
