@@ -19,7 +19,7 @@ bench: setup
 	.venv/bin/osa-lab bench
 
 lab: setup
-	.venv/bin/jupyter lab notebooks/
+	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter .venv/bin/jupyter lab notebooks/
 
 dashboard: setup
 	.venv/bin/osa-lab dashboard

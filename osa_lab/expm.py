@@ -136,39 +136,49 @@ def _gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor
     return chol_inv.mT @ e_minus_i @ chol_inv, ok, (s_norm_lower, cond)
 
 
-class _GramAction(torch.autograd.Function):
-    """``exp(U J Uᵀ) V`` by the Gram engine, with a backward that is linear in N.
+def _block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``UᵀU`` in float64 for ``U = [a b]`` from three products (``bᵀa`` is the transpose of ``aᵀb``)."""
+    aa, ab, bb = (a.mT @ a).double(), (a.mT @ b).double(), (b.mT @ b).double()
+    return torch.cat([torch.cat([aa, ab], -1), torch.cat([ab.mT, bb], -1)], -2)
 
-    Forward: ``G = UᵀU``, ``P = UᵀV``, ``C = F(G, J) P``, ``Y = V + U C``.
-    Backward (``gY`` given): ``gC = Uᵀ gY``; ``gF = gC Pᵀ``; ``gP = Fᵀ gC``;
-    ``gV = gY + U gP``; ``gU = gY Cᵀ + V gPᵀ + U (gG + gGᵀ)``, with ``(gG, gJ)`` the
-    vector-Jacobian product of the small float64 core, taken by autograd.
+
+class _GramAction(torch.autograd.Function):
+    """``exp(U J Uᵀ) V`` by the Gram engine for ``U = [a b]``, with a backward linear in N.
+
+    ``U`` is passed as two column blocks (for OSA, ``a = q`` and ``b = k``) so that it is never
+    copied into one N×2r tensor. Forward: ``G = UᵀU``, ``P = UᵀV``, ``C = F(G, J) P``,
+    ``Y = V + U C = V + a C_a + b C_b``. Backward (``gY`` given): ``gC = Uᵀ gY``;
+    ``gF = gC Pᵀ``; ``gP = Fᵀ gC``; ``gV = gY + U gP``; ``gU = gY Cᵀ + V gPᵀ + U (gG + gGᵀ)``,
+    with ``(gG, gJ)`` the vector-Jacobian product of the small float64 core, by autograd.
     """
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, j: torch.Tensor, v: torch.Tensor):  # noqa: D102
-        g = (u.mT @ u).double()
-        p = u.mT @ v
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor):  # noqa: D102
+        ma = a.shape[-1]
+        g = _block_gram(a, b)
+        p = torch.cat([a.mT @ v, b.mT @ v], -2)
         f, ok, (s_norm, cond) = _gram_core_with_norm(g, j)
-        c = (f @ p.double()).to(u.dtype)
-        y = torch.baddbmm(v, u, c)
+        c = (f @ p.double()).to(v.dtype)
+        y = torch.baddbmm(v, a, c[:, :ma])
+        y.baddbmm_(b, c[:, ma:])
         # A-posteriori estimate eps·‖U‖_F‖C‖_F/‖V‖_F of the cond(U)-amplified rounding error
         # (module docstring), divided by the dtype's budget: > 1 means "use the QR engine".
         u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
         v_norm = torch.linalg.vector_norm(v, dim=(-2, -1)).double().clamp_min(torch.finfo(torch.float64).tiny)
-        est = torch.finfo(u.dtype).eps * u_norm * torch.linalg.vector_norm(c.double(), dim=(-2, -1)) / v_norm
-        base, slope = GRAM_TOLERANCE.get(u.dtype, GRAM_TOLERANCE[torch.float32])
+        est = torch.finfo(v.dtype).eps * u_norm * torch.linalg.vector_norm(c.double(), dim=(-2, -1)) / v_norm
+        base, slope = GRAM_TOLERANCE.get(v.dtype, GRAM_TOLERANCE[torch.float32])
         est = est / torch.clamp(slope * s_norm, min=base)
-        max_cond = GRAM_MAX_COND.get(u.dtype, GRAM_MAX_COND[torch.float32])
+        max_cond = GRAM_MAX_COND.get(v.dtype, GRAM_MAX_COND[torch.float32])
         est = torch.where(ok & (cond <= max_cond), est, torch.full_like(est, math.inf))
-        ctx.save_for_backward(u, j, v, g, p, c, ok)
+        ctx.save_for_backward(a, b, j, v, g, p, c, ok)
         ctx.mark_non_differentiable(est)
         return y, est
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor):  # noqa: D102
-        u, j, v, g, p, c, ok = ctx.saved_tensors
-        need_u, need_j, need_v = ctx.needs_input_grad
+        a, b, j, v, g, p, c, ok = ctx.saved_tensors
+        need_a, need_b, need_j, need_v = ctx.needs_input_grad
+        ma = a.shape[-1]
         # Where the Cholesky factorisation failed the caller replaced Y (QR engine), so no
         # gradient flows back here; run the core on G = I there to keep the batch finite.
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
@@ -177,31 +187,41 @@ class _GramAction(torch.autograd.Function):
             g_leaf = g.detach().requires_grad_(True)
             j_leaf = j.detach().requires_grad_(need_j)
             f, _ = gram_core(g_leaf, j_leaf)
-        gc = u.mT @ gy
+        gc = torch.cat([a.mT @ gy, b.mT @ gy], -2)
         gf = gc.double() @ p.double().mT
-        gp = (f.detach().mT @ gc.double()).to(u.dtype)
+        gp = (f.detach().mT @ gc.double()).to(v.dtype)
         inputs = (g_leaf, j_leaf) if need_j else (g_leaf,)
         grads = torch.autograd.grad(f, inputs, gf)
-        gg = grads[0]
         gj = grads[1] if need_j else None
-        gu = gv = None
-        if need_u:
-            gu = u @ (gg + gg.mT).to(u.dtype)
-            gu.baddbmm_(gy, c.mT)
-            gu.baddbmm_(v, gp.mT)
+        gg = (grads[0] + grads[0].mT).to(v.dtype)
+        ga = gb = gv = None
+        if need_a or need_b:
+            # gU = U gGs + gY Cᵀ + V gPᵀ, one column block at a time.
+            def grad_block(cols: slice) -> torch.Tensor:
+                out = a @ gg[:, :ma, cols]
+                out.baddbmm_(b, gg[:, ma:, cols])
+                out.baddbmm_(gy, c[:, cols].mT)
+                return out.baddbmm_(v, gp[:, cols].mT)
+
+            ga = grad_block(slice(0, ma)) if need_a else None
+            gb = grad_block(slice(ma, None)) if need_b else None
         if need_v:
-            gv = torch.baddbmm(gy, u, gp)
-        return gu, gj, gv
+            gv = torch.baddbmm(gy, a, gp[:, :ma])
+            gv.baddbmm_(b, gp[:, ma:])
+        return ga, gb, gj, gv
 
 
-def gram_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``exp(U J Uᵀ) V`` by the Gram engine; returns ``(Y, error estimate / error budget)``.
+def gram_action(
+    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``exp(U J Uᵀ) V`` for ``U = [a b]`` by the Gram engine; returns ``(Y, estimate / budget)``.
 
-    Shapes ``u (b, N, m)``, ``j (b, m, m)`` skew, ``v (b, N, d)``. A ratio above 1 means the
-    result may miss the dtype's accuracy budget (``GRAM_TOLERANCE``); matrices whose Cholesky
-    factorisation failed get ``inf`` and an unreliable ``Y``.
+    Shapes ``a (b, N, m_a)``, ``b (b, N, m_b)``, ``j (b, m, m)`` skew with ``m = m_a + m_b``,
+    ``v (b, N, d)``. A ratio above 1 means the result may miss the dtype's accuracy budget
+    (``GRAM_TOLERANCE``, ``GRAM_MAX_COND``); where the Cholesky factorisation failed it is
+    ``inf`` and ``Y`` is unreliable.
     """
-    return _GramAction.apply(u, j.to(torch.float64), v)
+    return _GramAction.apply(a, b, j.to(torch.float64), v)
 
 
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -234,20 +254,26 @@ def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine:
     u3 = u.expand(*batch, n, m).reshape(-1, n, m)
     j3 = j.expand(*batch, m, m).reshape(-1, m, m)
     v3 = v.expand(*batch, n, d).reshape(-1, n, d)
-    y3 = _lowrank_action_3d(u3, j3, v3, engine)
+    half = m // 2
+    y3 = blocked_action(u3[..., :half], u3[..., half:], j3, v3, engine)
     return y3.reshape(*batch, n, d)
 
 
-def _lowrank_action_3d(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, engine: str) -> torch.Tensor:
+def blocked_action(a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, engine: str) -> torch.Tensor:
+    """``exp(U J Uᵀ) V`` for ``U = [a b]`` given as 3-D blocks ``(batch, N, ·)`` (no broadcasting).
+
+    The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``) and :func:`lowrank_action`.
+    """
     if engine == "qr":
-        return qr_action(u, j, v)
-    if u.shape[0] == 0 or u.shape[-2] == 0:
+        return qr_action(torch.cat([a, b], -1), j, v)
+    if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
-    y, est = gram_action(u, j, v)
+    y, est = gram_action(a, b, j, v)
     if engine == "gram":
         return y
     bad = est > 1.0
     if bool(bad.any()):
         idx = bad.nonzero().squeeze(-1)
-        y = y.index_copy(0, idx, qr_action(u[idx], j[idx], v[idx]))
+        u_bad = torch.cat([a[idx], b[idx]], -1)
+        y = y.index_copy(0, idx, qr_action(u_bad, j[idx], v[idx]))
     return y

@@ -24,9 +24,7 @@ def _dense(q, k, v, scale):
 
 def _engine(name: str) -> Callable:
     def run(q, k, v, scale):
-        u = torch.cat([q, k], dim=-1)
-        j = expm.osa_skew_core(q.shape[-1], scale)
-        return expm.lowrank_action(u, j, v, engine=name)
+        return expm.blocked_action(q, k, expm.osa_skew_core(q.shape[-1], scale), v, name)
 
     return run
 
@@ -54,8 +52,9 @@ METHOD_DOCS = {
 }
 
 
-def resolve_method(method: str, q: torch.Tensor) -> str:
+def resolve_method(method: str, q: torch.Tensor, d_v: int | None = None) -> str:
     """Map ``method`` (possibly ``"auto"``) to a concrete method name for these inputs."""
+    d_v = q.shape[-1] if d_v is None else d_v
     if method != "auto":
         if method not in METHODS:
             raise unknown_name("method", method, [*METHODS, "auto"])
@@ -64,7 +63,8 @@ def resolve_method(method: str, q: torch.Tensor) -> str:
     if q.device.type == "cuda":
         from osa_lab.kernels import triton_available
 
-        if triton_available() and q.dtype != torch.float64:
+        # The Triton kernels take float32/bf16/fp16 with head widths up to 128.
+        if triton_available() and q.dtype != torch.float64 and r <= 128 and d_v <= 128:
             return "triton"
     if n < 2 * r:
         return "qr"
@@ -119,7 +119,7 @@ def osa(
     """
     refuse_masks(kwargs)
     check_qkv(q, k, v)
-    name = resolve_method(method, q)
+    name = resolve_method(method, q, v.shape[-1])
     if name == "triton" and q.device.type != "cuda":
         import os
 

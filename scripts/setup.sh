@@ -15,7 +15,6 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] installing $TORCH_SPEC and osa_lab[all] into .venv"
   .venv/bin/python -m pip install --disable-pip-version-check -q "$TORCH_SPEC"
   .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[all]"
-  .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (osa_lab)" >/dev/null
   rm -f .venv/.osa_lab-installed-*
   touch "$stamp"
 else
