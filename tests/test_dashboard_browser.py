@@ -58,7 +58,8 @@ def server():
     """``panel serve dashboards/osa_dashboard.py`` on a free port; yields the app URL."""
     port = _free_port()
     OUTPUT.mkdir(exist_ok=True)
-    log = open(OUTPUT / "panel_serve.log", "w")
+    log_path = OUTPUT / f"panel_serve_{port}.log"  # one per server (pytest-xdist workers run their own)
+    log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "panel", "serve", str(APP), "--port", str(port), "--address", "127.0.0.1",
          "--allow-websocket-origin", f"127.0.0.1:{port}"],
@@ -75,7 +76,7 @@ def server():
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
                 log.close()
-                pytest.fail(f"panel serve did not start:\n{(OUTPUT / 'panel_serve.log').read_text()[-3000:]}")
+                pytest.fail(f"panel serve did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.3)
     yield url
     proc.terminate()
@@ -84,9 +85,9 @@ def server():
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
-    text = (OUTPUT / "panel_serve.log").read_text()
+    text = log_path.read_text()
     for marker in ("dashboard computation failed", "Uncaught exception", "Exception in callback", "Error running"):
-        assert marker not in text, f"the server logged {marker!r}; see test-output/panel_serve.log"
+        assert marker not in text, f"the server logged {marker!r}; see {log_path}"
 
 
 @pytest.fixture(scope="module")
