@@ -18,11 +18,22 @@ from osa_lab.expm import (
 )
 from osa_lab.functional import METHODS, osa
 from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+from osa_lab.metrics import METRICS
+from osa_lab.models import ModelConfig, NonFiniteHiddenStateError, build_classifier, build_model
+from osa_lab.presets import PRESETS, get_preset, preset_names
 
 __version__ = "0.1.0"
 
 __all__ = [
     "METHODS",
+    "METRICS",
+    "PRESETS",
+    "ModelConfig",
+    "NonFiniteHiddenStateError",
+    "build_classifier",
+    "build_model",
+    "get_preset",
+    "preset_names",
     "CausalMaskError",
     "ConfigurationError",
     "MethodUnavailableError",

@@ -153,7 +153,7 @@ class _GramAction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor):  # noqa: D102
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool):  # noqa: D102
         ma = a.shape[-1]
         g = _block_gram(a, b)
         p = torch.cat([a.mT @ v, b.mT @ v], -2)
@@ -170,19 +170,23 @@ class _GramAction(torch.autograd.Function):
         est = est / torch.clamp(slope * s_norm, min=base)
         max_cond = GRAM_MAX_COND.get(v.dtype, GRAM_MAX_COND[torch.float32])
         est = torch.where(ok & (cond <= max_cond), est, torch.full_like(est, math.inf))
-        ctx.save_for_backward(a, b, j, v, g, p, c, ok)
+        # Rows whose Y the caller replaces (QR fallback) get no gradient from here.
+        keep = ok & (est <= 1.0) if replaced else ok
+        ctx.save_for_backward(a, b, j, v, g, p, c, keep)
         ctx.mark_non_differentiable(est)
         return y, est
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor):  # noqa: D102
-        a, b, j, v, g, p, c, ok = ctx.saved_tensors
-        need_a, need_b, need_j, need_v = ctx.needs_input_grad
+        a, b, j, v, g, p, c, keep = ctx.saved_tensors
+        need_a, need_b, need_j, need_v, _ = ctx.needs_input_grad
         ma = a.shape[-1]
-        # Where the Cholesky factorisation failed the caller replaced Y (QR engine), so no
-        # gradient flows back here; run the core on G = I there to keep the batch finite.
+        # Rows that failed the Cholesky factorisation or that the caller replaced by the QR
+        # engine get no gradient from here: run the core on G = I there so the batch stays
+        # finite (a near-singular G would put inf·0 = NaN into the whole batch's gradient).
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-        g = torch.where(ok[..., None, None], g, eye)
+        g = torch.where(keep[..., None, None], g, eye)
+        gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
         with torch.enable_grad():
             g_leaf = g.detach().requires_grad_(True)
             j_leaf = j.detach().requires_grad_(need_j)
@@ -208,20 +212,21 @@ class _GramAction(torch.autograd.Function):
         if need_v:
             gv = torch.baddbmm(gy, a, gp[:, :ma])
             gv.baddbmm_(b, gp[:, ma:])
-        return ga, gb, gj, gv
+        return ga, gb, gj, gv, None
 
 
 def gram_action(
-    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor
+    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, replaced: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` by the Gram engine; returns ``(Y, estimate / budget)``.
 
     Shapes ``a (b, N, m_a)``, ``b (b, N, m_b)``, ``j (b, m, m)`` skew with ``m = m_a + m_b``,
     ``v (b, N, d)``. A ratio above 1 means the result may miss the dtype's accuracy budget
     (``GRAM_TOLERANCE``, ``GRAM_MAX_COND``); where the Cholesky factorisation failed it is
-    ``inf`` and ``Y`` is unreliable.
+    ``inf`` and ``Y`` is unreliable. ``replaced=True`` promises that the caller replaces the
+    rows with a ratio above 1, which then get no gradient from here.
     """
-    return _GramAction.apply(a, b, j.to(torch.float64), v)
+    return _GramAction.apply(a, b, j.to(torch.float64), v, replaced)
 
 
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -229,7 +234,14 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
     Householder QR keeps ``B`` orthonormal to working precision for any ``U``, including
     rank-deficient ones; the small exponential runs in float64. Differentiable by autograd.
+    When ``N ≤ m`` (fewer tokens than columns of ``U``) the N×N matrix ``S = U J Uᵀ`` is no
+    larger than the low-rank problem, so it is exponentiated directly in float64 (PyTorch's
+    QR backward is undefined for wide rank-deficient ``U``).
     """
+    if u.shape[-2] <= u.shape[-1]:
+        u64 = u.double()
+        s = u64 @ j.to(torch.float64) @ u64.mT
+        return (torch.linalg.matrix_exp(s) @ v.double()).to(v.dtype)
     b, r = torch.linalg.qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
@@ -268,7 +280,7 @@ def blocked_action(a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.T
         return qr_action(torch.cat([a, b], -1), j, v)
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
-    y, est = gram_action(a, b, j, v)
+    y, est = gram_action(a, b, j, v, replaced=engine != "gram")
     if engine == "gram":
         return y
     bad = est > 1.0
