@@ -21,6 +21,7 @@ import pandas as pd
 
 from osa_lab.errors import OSAInputError
 from osa_lab.plots.depth import (
+    PALETTE,
     _colour_map,
     _curves_with_bands,
     _dual,
@@ -104,7 +105,7 @@ def learning_panel(
 ) -> hv.Layout:
     """Side-by-side learning curves of several metrics (default: train loss and test accuracy)."""
     layout = hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(2)
-    return _dual(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format=""))
+    return _dual(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format="", fig_size=160))
 
 
 # ----------------------------------------------------------------------------- alpha
@@ -222,16 +223,15 @@ def summary_bars(
     d = summary.assign(
         accuracy=100 * summary["test_accuracy_mean"], err=100 * summary["test_accuracy_std"].fillna(0.0)
     )
-    colours = hv.dim("preset").categorize(_colour_map(list(d["preset"])))
     lo = max(0.0, float(d["accuracy"].min() - d["err"].max()) - 5.0) if d["accuracy"].notna().any() else 0.0
     bars = _dual(
         hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %"),
-        dict(color=colours, tools=["hover"], ylim=(lo, 100)),
-        dict(color=colours, ylim=(lo, 100)),
+        dict(color=PALETTE[0], tools=["hover"], ylim=(lo, 100), xrotation=20),
+        dict(color=PALETTE[0], ylim=(lo, 100), xrotation=20),
     )
     errors = hv.ErrorBars(d, "preset", ["accuracy", "err"])
     return _dual(
         bars * errors,
         dict(title=title, width=520, height=340, show_grid=True),
-        dict(title=title, fig_inches=(6, 3.6), show_grid=True),
+        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True),
     )
