@@ -19,7 +19,7 @@ from osa_lab.validation import check_qkv, refuse_masks
 
 def _dense(q, k, v, scale):
     s = expm.skew_symmetric_from_qk(q, k, scale * math.sqrt(q.shape[-1]))
-    return torch.linalg.matrix_exp(s) @ v
+    return expm.matrix_exp(s) @ v
 
 
 def _engine(name: str) -> Callable:

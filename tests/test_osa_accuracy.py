@@ -127,3 +127,18 @@ def test_lowrank_action_general_skew_core_matches_dense():
     ref = torch.linalg.matrix_exp(u @ j @ u.mT) @ v
     for engine in ("gram", "qr", "lowrank"):
         assert rel_err(osa_lab.lowrank_action(u, j, v, engine=engine), ref) <= 1e-11, engine
+
+
+def test_matrix_exp_wrapper_is_accurate_for_single_matrices():
+    """PyTorch's single-matrix path is off by up to ~2e-10 in float64; the wrapper is not."""
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for _ in range(300):
+        n = int(torch.randint(2, 6, (1,), generator=g))
+        a = torch.randn(n, n, dtype=torch.float64, generator=g) * float(torch.rand(1, generator=g)) * 2
+        s = a - a.T
+        ref = scipy.linalg.expm(s.numpy())
+        worst = max(worst, np.linalg.norm(expm.matrix_exp(s).numpy() - ref) / np.linalg.norm(ref))
+    assert worst <= 1e-12
+    batch = torch.randn(4, 3, 3, dtype=torch.float64, generator=g)
+    assert torch.equal(expm.matrix_exp(batch), torch.linalg.matrix_exp(batch))
