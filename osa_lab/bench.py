@@ -27,11 +27,13 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from osa_lab.benchtools import (
+    current_rss_bytes,
     emit_table,
     fresh_memory,
     machine_info,
     matmul_gflops,
     peak_rss_bytes,
+    reset_peak_rss,
     time_call,
 )
 from osa_lab.functional import osa
@@ -99,7 +101,8 @@ def memory_probe(n: int, r: int, d: int, bh: int) -> dict:
     """Peak memory of one low-rank forward+backward at sequence length n (run in a fresh process)."""
     leaves = _inputs(bh, n, r, d, "cpu", torch.float32, grad=True)
     fresh_memory()
-    base = peak_rss_bytes()
+    reset_peak_rss()
+    base = current_rss_bytes()
     y = osa(*leaves, ALPHA)
     y.backward(torch.ones_like(y))
     peak = peak_rss_bytes()

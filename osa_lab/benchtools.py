@@ -51,9 +51,40 @@ def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, device: str
     return 2 * n**3 / seconds / 1e9
 
 
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (bytes; Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak resident set size of this process (bytes).
+
+    Reads ``VmHWM`` on Linux, which :func:`reset_peak_rss` can reset; ``ru_maxrss`` elsewhere
+    (which a child process inherits from its parent across fork/exec, so it is only an upper bound).
+    """
+    hwm = _proc_status_bytes("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Current resident set size (``VmRSS`` on Linux; the peak elsewhere)."""
+    rss = _proc_status_bytes("VmRSS")
+    return rss if rss is not None else peak_rss_bytes()
+
+
+def reset_peak_rss() -> None:
+    """Reset the peak-RSS mark to the current RSS (Linux ``/proc/self/clear_refs``); no-op elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
 
 
 def fresh_memory() -> None:
