@@ -14,7 +14,7 @@ import torch
 
 from osa_lab import expm
 from osa_lab.errors import MethodUnavailableError, OSADtypeError, OSAInputError, unknown_name
-from osa_lab.validation import check_qkv, refuse_masks
+from osa_lab.validation import check_float_tensor, check_qkv, refuse_masks, sum_is_finite
 
 
 def _dense(q, k, v, scale):
@@ -118,7 +118,7 @@ def osa(
         ``(..., N, d_v)``, same dtype as ``v``. The columns keep their norms: ``‖y‖ = ‖v‖``.
     """
     refuse_masks(kwargs)
-    check_qkv(q, k, v)
+    check_qkv(q, k, v, finite=False)
     name = resolve_method(method, q, v.shape[-1])
     if name == "triton" and q.device.type != "cuda":
         import os
@@ -140,4 +140,13 @@ def osa(
     v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
     scale = (alpha_t / math.sqrt(r)).expand(batch).reshape(-1)
     y = METHODS[name](q3, k3, v3, scale)
+    if not sum_is_finite(y):
+        # Any NaN/Inf in q, k or v reaches y; name the input (this raises) before blaming overflow.
+        for arg, x in (("q", q), ("k", k), ("v", v)):
+            check_float_tensor(arg, x)
+        if not bool(torch.isfinite(y).all()):
+            raise OSAInputError(
+                f"OSA produced non-finite values from finite inputs (method {name!r}, N={n}, r={r}); "
+                "the inputs or α are too large for the dtype: rescale them or use float64"
+            )
     return y.reshape(*batch, n, d).to(v.dtype)

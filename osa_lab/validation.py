@@ -23,8 +23,10 @@ def refuse_masks(kwargs: dict) -> None:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
 
 
-def check_float_tensor(name: str, x: object, *, allow_half_on_cpu: bool = False) -> torch.Tensor:
-    """Check that ``x`` is a floating-point tensor with finite entries."""
+def check_float_tensor(
+    name: str, x: object, *, allow_half_on_cpu: bool = False, finite: bool = True
+) -> torch.Tensor:
+    """Check that ``x`` is a floating-point tensor (with finite entries unless ``finite=False``)."""
     if not isinstance(x, torch.Tensor):
         raise OSADtypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -39,8 +41,7 @@ def check_float_tensor(name: str, x: object, *, allow_half_on_cpu: bool = False)
         )
     # One reduction instead of an elementwise isfinite pass (which costs as much as a matmul
     # here): NaN/Inf entries make the sum non-finite; only then are they counted.
-    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    if not torch.isfinite(x.sum(dtype=acc)):
+    if finite and not sum_is_finite(x):
         n_nan = int(torch.isnan(x).sum())
         n_inf = int(torch.isinf(x).sum())
         if n_nan == 0 and n_inf == 0:
@@ -52,10 +53,20 @@ def check_float_tensor(name: str, x: object, *, allow_half_on_cpu: bool = False)
     return x
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Check shapes, dtypes and devices of q (..., N, r), k (..., N, r), v (..., N, d_v)."""
+def sum_is_finite(x: torch.Tensor) -> bool:
+    """True when the sum of ``x`` is finite: one reduction that any NaN or Inf entry spoils."""
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return bool(torch.isfinite(x.sum(dtype=acc)))
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, finite: bool = True) -> None:
+    """Check shapes, dtypes and devices of q (..., N, r), k (..., N, r), v (..., N, d_v).
+
+    ``finite=False`` skips the NaN/Inf scan; :func:`osa_lab.osa` instead checks its output,
+    which every NaN or Inf input spoils, and only then scans the inputs to name the culprit.
+    """
     for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x)
+        check_float_tensor(name, x, finite=finite)
         if x.dim() < 2:
             raise OSAInputError(
                 f"`{name}` has shape {tuple(x.shape)}; it needs at least 2 dims (..., tokens, features)"
