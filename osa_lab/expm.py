@@ -56,16 +56,64 @@ def _as_scale(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(alpha), dtype=like.dtype, device=like.device)
 
 
-def matrix_exp(x: torch.Tensor) -> torch.Tensor:
-    """``torch.linalg.matrix_exp`` that always takes PyTorch's batched algorithm.
+#: Most matrix products (Taylor degree + squarings) the short-Taylor path may use.
+SHORT_TAYLOR_MAX_PRODUCTS = 8
 
-    For a single matrix (or a batch of one) PyTorch picks a norm-dependent Taylor degree whose
-    degree-8 branch is inaccurate (DESIGN.md §2): we measured float64 errors up to 2.4e-10 on
-    small skew matrices against ``scipy.linalg.expm``, versus 1e-13 for the batched path
-    (degree 18 with scaling and squaring). A zero matrix is stacked on to force that path.
+
+def short_taylor_plan(norm: float, dtype: torch.dtype) -> tuple[int, int] | None:
+    """``(degree m, squarings s)`` with the fewest products ``m + s`` such that the Taylor
+    remainder bound ``ν^{m+1}/(m+1)!`` with ``ν = norm / 2^s`` is below the unit roundoff of
+    ``dtype``; ``None`` if that needs more than ``SHORT_TAYLOR_MAX_PRODUCTS`` products."""
+    unit = torch.finfo(dtype).eps / 2
+    best = None
+    for s in range(SHORT_TAYLOR_MAX_PRODUCTS):
+        nu = norm / 2**s
+        term = 1.0
+        for m in range(1, SHORT_TAYLOR_MAX_PRODUCTS - s + 1):
+            term *= nu / m  # ν^m / m!
+            if term * nu / (m + 1) <= unit:
+                if best is None or m + s < sum(best):
+                    best = (m, s)
+                break
+    return best
+
+
+def _short_taylor(x: torch.Tensor, degree: int, squarings: int) -> torch.Tensor:
+    """``exp(x)`` by a degree-``degree`` Taylor polynomial (Horner) of ``x / 2^s``, squared ``s`` times."""
+    x = x / 2**squarings
+    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    e = eye + x / degree
+    for k in range(degree - 1, 0, -1):
+        e = eye + (x @ e) / k
+    for _ in range(squarings):
+        e = e @ e
+    return e
+
+
+def matrix_exp(x: torch.Tensor) -> torch.Tensor:
+    """Matrix exponential over the last two dims; ``torch.linalg.matrix_exp`` is its reference.
+
+    * Small norms (``‖x‖₁`` such that a Taylor polynomial plus squarings within
+      ``SHORT_TAYLOR_MAX_PRODUCTS`` products reaches the dtype's unit roundoff, e.g. the tiny
+      ``S`` of a freshly initialised or trained OSA layer) use that short Taylor series: a few
+      matrix products forward and twice that backward, where PyTorch always evaluates degree 18
+      and its backward exponentiates a 2n×2n block matrix.
+    * Otherwise PyTorch's batched algorithm. For a single matrix (or a batch of one) PyTorch
+      picks a norm-dependent Taylor degree whose degree-8 branch is inaccurate (DESIGN.md §2):
+      we measured float64 errors up to 2.4e-10 against ``scipy.linalg.expm`` versus 1e-13 for
+      the batched path (degree 18 with scaling and squaring); a zero matrix is stacked on to
+      force that path.
     """
     if x.dim() < 2:
         raise OSAInputError(f"matrix_exp needs (..., n, n); got shape {tuple(x.shape)}")
+    if x.numel():
+        try:
+            norm = float(x.detach().abs().sum(-2).amax())  # max over the batch of ‖x‖₁
+        except RuntimeError:  # under torch.func.vmap a tensor has no single value
+            norm = None
+        plan = short_taylor_plan(norm, x.dtype) if norm is not None and math.isfinite(norm) else None
+        if plan is not None:
+            return _short_taylor(x, *plan)
     lead = x.shape[:-2]
     if math.prod(lead) >= 2:
         return torch.linalg.matrix_exp(x)
@@ -252,20 +300,35 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
     Householder QR keeps ``B`` orthonormal to working precision for any ``U``, including
     rank-deficient ones; the small exponential runs in float64. Differentiable by autograd.
-    When ``N ≤ m`` (fewer tokens than columns of ``U``) the N×N matrix ``S = U J Uᵀ`` is no
-    larger than the low-rank problem, so it is exponentiated directly in float64 (PyTorch's
-    QR backward is undefined for wide rank-deficient ``U``).
+    When ``N ≤ 2m`` the N×N matrix ``S = U J Uᵀ`` costs no more than the low-rank problem
+    (``N³ ≤ 4 N m²``), so it is exponentiated directly (:func:`_small_n_action`); this also
+    avoids PyTorch's QR backward, which is undefined for wide rank-deficient ``U``.
     """
-    if u.shape[-2] <= u.shape[-1]:
-        u64 = u.double()
-        s = u64 @ j.to(torch.float64) @ u64.mT
-        return (matrix_exp(s) @ v.double()).to(v.dtype)
+    if u.shape[-2] <= 2 * u.shape[-1]:
+        return _small_n_action(u, j, v)
     b, r = torch.linalg.qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
     eye = torch.eye(m.shape[-1], dtype=torch.float64, device=m.device)
     e_minus_i = matrix_exp(m) - eye
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
+
+
+def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``exp(U J Uᵀ) V`` through the N×N exponential, for N ≤ 2m.
+
+    When ``S`` is small enough for the short Taylor path of :func:`matrix_exp` in the input
+    dtype (the usual case inside a network), it runs there; otherwise ``S`` is formed and
+    exponentiated in float64, so the float32 error stays within the budget of
+    ``GRAM_TOLERANCE`` for large ``‖S‖``.
+    """
+    s = u @ j.to(u.dtype) @ u.mT
+    norm = float(s.detach().abs().sum(-2).amax()) if s.numel() else 0.0
+    if math.isfinite(norm) and short_taylor_plan(norm, s.dtype) is not None:
+        return matrix_exp(s) @ v
+    u64 = u.double()
+    s64 = u64 @ j.to(torch.float64) @ u64.mT
+    return (matrix_exp(s64) @ v.double()).to(v.dtype)
 
 
 def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine: str = "lowrank") -> torch.Tensor:

@@ -48,7 +48,7 @@ METHOD_DOCS = {
     "gram": "Gram/Cholesky engine alone: two passes over tokens, fastest, needs well-conditioned [q k]",
     "qr": "Householder QR form V + B(exp(R J Rᵀ) − I)Bᵀ V; robust for any q, k; linear in N",
     "triton": "fused Triton kernels for CUDA (Gram pass, float64 core, output pass)",
-    "auto": "triton on CUDA when available, qr when N < 2r, else lowrank",
+    "auto": "triton on CUDA when available, qr (direct N×N exponential) when N ≤ 4r, else lowrank",
 }
 
 
@@ -66,8 +66,8 @@ def resolve_method(method: str, q: torch.Tensor, d_v: int | None = None) -> str:
         # The Triton kernels take float32/bf16/fp16 with head widths up to 128.
         if triton_available() and q.dtype != torch.float64 and r <= 128 and d_v <= 128:
             return "triton"
-    if n < 2 * r:
-        return "qr"
+    if n <= 4 * r:
+        return "qr"  # the QR engine exponentiates the N×N S directly here (N ≤ 2·2r)
     return "lowrank"
 
 
