@@ -28,7 +28,10 @@ import math
 
 import torch
 
-from osa_lab.errors import OSAInputError
+from osa_lab.errors import OSAInputError, unknown_name
+
+#: Engines of :func:`lowrank_action` and :func:`blocked_action`.
+ENGINES = ("gram", "qr", "lowrank")
 
 #: Error budget of the Gram engine: ``max(base, slope · ‖S‖)`` per dtype. The float32 budget is
 #: half the accuracy target of issue 2 (2e-6 while ‖S‖₂ ≤ 10, 1e-7·‖S‖₂ beyond); an estimate
@@ -128,6 +131,9 @@ def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     This is the O(n³) reference. ``check=True`` refuses an ``S`` that is not skew-symmetric
     (the result would not be orthogonal).
     """
+    from osa_lab.validation import check_float_tensor
+
+    check_float_tensor("s", s, allow_half_on_cpu=True)
     if s.dim() < 2 or s.shape[-1] != s.shape[-2]:
         raise OSAInputError(f"`s` must be square (..., n, n); got shape {tuple(s.shape)}")
     if check:
@@ -338,6 +344,8 @@ def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine:
     broadcast. ``engine`` is ``"gram"``, ``"qr"`` or ``"lowrank"`` (Gram with a QR fallback
     for the matrices the Gram engine cannot compute accurately; see module docstring).
     """
+    if engine not in ENGINES:
+        raise unknown_name("engine", engine, ENGINES)
     if j.shape[-1] != u.shape[-1] or j.shape[-2] != u.shape[-1]:
         raise OSAInputError(f"`j` must be ({u.shape[-1]}, {u.shape[-1]}) to match `u`; got {tuple(j.shape)}")
     if u.shape[-2] != v.shape[-2]:
@@ -357,6 +365,8 @@ def blocked_action(a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.T
 
     The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``) and :func:`lowrank_action`.
     """
+    if engine not in ENGINES:
+        raise unknown_name("engine", engine, ENGINES)
     if engine == "qr":
         return qr_action(torch.cat([a, b], -1), j, v)
     if v.shape[0] == 0 or v.shape[-2] == 0:

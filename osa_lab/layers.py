@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osa_lab.errors import ConfigurationError
-from osa_lab.functional import osa
+from osa_lab.errors import ConfigurationError, unknown_name
+from osa_lab.functional import METHODS, osa
 from osa_lab.validation import check_float_tensor, refuse_masks
 
 #: δ target in the derived initialisation α₀ = c √r / (√N + √d)².
@@ -51,7 +51,7 @@ def _check_dims(dim: int, heads: int, head_dim: int | None) -> int:
             f"`dim`={dim} is not divisible by `heads`={heads}: each head's value width is dim/heads. "
             f"Choose heads from {divisors} or change dim."
         )
-    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1):
         raise ConfigurationError(f"`head_dim` must be a positive int or None, got {head_dim!r}")
     return head_dim if head_dim is not None else dim // heads
 
@@ -131,6 +131,10 @@ class OrthogonalSelfAttention(_MultiHead):
         bias: bool = False,
     ) -> None:
         super().__init__(dim, heads, head_dim, bias)
+        if method != "auto" and method not in METHODS:
+            raise unknown_name("method", method, [*METHODS, "auto"])
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise ConfigurationError(f"`tokens` must be a positive int (the sequence length), got {tokens!r}")
         if alpha_init is None:
             alpha_init = derived_alpha_init(tokens, dim, self.head_dim)
         alpha = torch.full((heads, 1), float(alpha_init))

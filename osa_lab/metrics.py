@@ -40,6 +40,14 @@ def _as64(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     if x.shape[-1] == 0 or x.shape[-2] == 0:
         raise OSAInputError(f"`{name}` has shape {tuple(x.shape)}; N and d must both be at least 1")
     x = x.detach()
+    if not x.is_floating_point():
+        x = x.to(torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        raise OSAInputError(
+            f"`{name}` (shape {tuple(x.shape)}) contains {int(torch.isnan(x).sum())} NaN and "
+            f"{int(torch.isinf(x).sum())} Inf entries; metrics need finite hidden states "
+            "(the model's NonFiniteHiddenStateError names the layer where they first appear)"
+        )
     return x if x.dtype == torch.float64 else x.to(torch.float64)
 
 

@@ -91,5 +91,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, finite: bool
         raise OSADtypeError(f"dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}; cast them to one dtype")
     if not (q.device == k.device == v.device):
         raise OSAInputError(f"devices differ: q {q.device}, k {k.device}, v {v.device}")
+    if q.shape[-2] == 0:
+        raise OSAInputError(f"`q` has N=0 tokens (shape {tuple(q.shape)}); OSA needs at least one token")
     if q.shape[-1] == 0:
         raise OSAInputError(f"`q` has head width r=0 (shape {tuple(q.shape)}); r must be at least 1")

@@ -103,3 +103,37 @@ def test_layer_input_shape(cls):
     layer = cls(8, 2)
     with pytest.raises(osa_lab.ConfigurationError, match=r"\(batch, tokens, dim=8\)"):
         layer(torch.randn(3, 5, 6))
+
+
+def test_zero_tokens():
+    with pytest.raises(osa_lab.OSAInputError, match="N=0 tokens"):
+        osa_lab.osa(torch.randn(0, 3), torch.randn(0, 3), torch.randn(0, 4))
+
+
+def test_skew_expm_bad_inputs():
+    with pytest.raises(osa_lab.OSAInputError, match="NaN"):
+        osa_lab.skew_expm(torch.full((3, 3), float("nan")))
+    with pytest.raises(osa_lab.OSADtypeError, match="floating dtype"):
+        osa_lab.skew_expm(torch.zeros(3, 3, dtype=torch.long))
+
+
+def test_unknown_engine():
+    u, v = torch.randn(10, 4), torch.randn(10, 2)
+    with pytest.raises(osa_lab.UnknownNameError, match="gram, lowrank, qr"):
+        osa_lab.lowrank_action(u, torch.zeros(4, 4), v, engine="foo")
+
+
+def test_layer_constructor_checks():
+    with pytest.raises(osa_lab.UnknownNameError, match="valid methods"):
+        osa_lab.OrthogonalSelfAttention(8, 2, method="fast")
+    with pytest.raises(osa_lab.ConfigurationError, match="head_dim"):
+        osa_lab.OrthogonalSelfAttention(8, 2, head_dim=True)
+    with pytest.raises(osa_lab.ConfigurationError, match="tokens"):
+        osa_lab.OrthogonalSelfAttention(8, 2, tokens=0)
+
+
+def test_metrics_refuse_nan():
+    from osa_lab.metrics import METRICS
+
+    with pytest.raises(osa_lab.OSAInputError, match="NaN"):
+        METRICS["stable_rank"](torch.full((4, 3), float("nan")))

@@ -17,7 +17,7 @@ from osa_lab import report
 
 NOTEBOOKS = report.discover(report.NOTEBOOK_DIR)
 PARAM_FILES = sorted(report.NOTEBOOK_DIR.glob("*.yaml"))
-EXPECTED = ["01_osa_matrix_exponential", "02_rank_collapse", "03_jacobian_conditioning"]
+EXPECTED = ["01_osa_matrix_exponential", "02_rank_collapse", "03_jacobian_conditioning", "04_skipless_training"]
 
 
 def test_expected_notebooks_exist():
