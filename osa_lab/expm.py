@@ -306,12 +306,15 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
     Householder QR keeps ``B`` orthonormal to working precision for any ``U``, including
     rank-deficient ones; the small exponential runs in float64. Differentiable by autograd.
-    When ``N ≤ 2m`` the N×N matrix ``S = U J Uᵀ`` costs no more than the low-rank problem
-    (``N³ ≤ 4 N m²``), so it is exponentiated directly (:func:`_small_n_action`); this also
-    avoids PyTorch's QR backward, which is undefined for wide rank-deficient ``U``.
+    When ``N ≤ m``, or ``N ≤ 2m`` and ``‖S‖`` is small, the N×N matrix ``S = U J Uᵀ`` costs no
+    more than the low-rank problem (``N³ ≤ 4 N m²``) and is exponentiated directly
+    (:func:`_small_n_action`); for ``N ≤ m`` this also avoids PyTorch's QR backward, which is
+    undefined for wide rank-deficient ``U``.
     """
     if u.shape[-2] <= 2 * u.shape[-1]:
-        return _small_n_action(u, j, v)
+        y = _small_n_action(u, j, v)
+        if y is not None:
+            return y
     b, r = torch.linalg.qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
@@ -320,18 +323,20 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
 
 
-def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``exp(U J Uᵀ) V`` through the N×N exponential, for N ≤ 2m.
+def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """``exp(U J Uᵀ) V`` through the N×N exponential, for N ≤ 2m; ``None`` to use the QR form.
 
     When ``S`` is small enough for the short Taylor path of :func:`matrix_exp` in the input
-    dtype (the usual case inside a network), it runs there; otherwise ``S`` is formed and
-    exponentiated in float64, so the float32 error stays within the budget of
-    ``GRAM_TOLERANCE`` for large ``‖S‖``.
+    dtype (the usual case inside a network), it runs there. Otherwise, for ``N ≤ m``, ``S`` is
+    formed and exponentiated in float64 (the float32 error stays within ``GRAM_TOLERANCE``'s
+    budget for large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper and ``None`` is returned.
     """
     s = u @ j.to(u.dtype) @ u.mT
     norm = float(s.detach().abs().sum(-2).amax()) if s.numel() else 0.0
     if math.isfinite(norm) and short_taylor_plan(norm, s.dtype) is not None:
         return matrix_exp(s) @ v
+    if u.shape[-2] > u.shape[-1]:
+        return None
     u64 = u.double()
     s64 = u64 @ j.to(torch.float64) @ u64.mT
     return (matrix_exp(s64) @ v.double()).to(v.dtype)

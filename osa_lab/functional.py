@@ -67,7 +67,7 @@ def resolve_method(method: str, q: torch.Tensor, d_v: int | None = None) -> str:
         if triton_available() and q.dtype != torch.float64 and r <= 128 and d_v <= 128:
             return "triton"
     if n <= 4 * r:
-        return "qr"  # the QR engine exponentiates the N×N S directly here (N ≤ 2·2r)
+        return "qr"  # the QR engine exponentiates the N×N S directly when that is cheaper
     return "lowrank"
 
 
