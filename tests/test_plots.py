@@ -213,7 +213,9 @@ def test_osa_check_passes_at_init_and_reports_method():
     from osa_lab.checks import osa_check, osa_check_table
 
     res = osa_check(16, 8, heads=2, alpha=None, seed=0)
-    assert res["method"] == "lowrank" and res["head_dim"] == 4
+    # auto exponentiates S directly through the QR engine for N ≤ 4r (here 16 ≤ 16)
+    assert res["method"] == "qr" and res["head_dim"] == 4
+    assert osa_check(40, 8, heads=2, alpha=None, seed=0)["method"] == "lowrank"
     assert all(res["passed"].values())
     assert res["orthogonality_error"] < 1e-5
     table = osa_check_table(res)
