@@ -111,7 +111,7 @@ else:
 # **The ranking depends on the budget.** The default report trains 10 epochs with one seed so
 # that it runs in a few minutes; after 10 epochs skipless OSA is level with `vit`. With the
 # CLI's default 30 epochs and 3 seeds (`osa-lab train --compare --seeds 0 1 2`, see
-# `docs/training.md`) we measured `vit` 95.3 ± 0.3 %, `skipless-osa` 89.2 ± 1.2 %,
+# `docs/training.md`) we measured `vit` 95.3 ± 0.3 %, `skipless-osa` 89.0 ± 1.3 %,
 # `ssa-cutting-skip` 88.6 ± 3.5 %, `skipless-ssa` 86.6 ± 3.1 %: `vit` keeps improving after
 # epoch 10 and the skipless models overfit. Point `results_dir` at such a run to draw it here.
 
