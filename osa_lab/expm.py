@@ -332,7 +332,10 @@ def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.
     budget for large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper and ``None`` is returned.
     """
     s = u @ j.to(u.dtype) @ u.mT
-    norm = float(s.detach().abs().sum(-2).amax()) if s.numel() else 0.0
+    try:
+        norm = float(s.detach().abs().sum(-2).amax()) if s.numel() else 0.0
+    except RuntimeError:  # under torch.func.vmap a tensor has no single value
+        norm = math.inf
     if math.isfinite(norm) and short_taylor_plan(norm, s.dtype) is not None:
         return matrix_exp(s) @ v
     if u.shape[-2] > u.shape[-1]:

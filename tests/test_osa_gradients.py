@@ -68,3 +68,24 @@ def test_lowrank_backward_memory_is_linear_in_n():
     assert saved, "no tensors were saved: the hook did not see the graph"
     assert max(saved) < n * n / 16
     assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+@pytest.mark.parametrize("method", ["qr", "dense"])
+@pytest.mark.parametrize("n", [8, 20])
+def test_torch_func_transforms(method, n):
+    """The autograd-only methods compose with torch.func (jacfwd, jacrev, vmap), as the analysis engine needs."""
+    from torch.func import jacfwd, jacrev, vmap
+
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(n, 4, dtype=torch.float64, generator=g) for _ in range(3))
+
+    def f(v):
+        return osa_lab.osa(q, k, v, 0.01, method=method)
+
+    j_fwd, j_rev = jacfwd(f)(v), jacrev(f)(v)
+    a = osa_lab.osa_matrix(q, k, 0.01)
+    # y = A v: the Jacobian with respect to v is A ⊗ I
+    expected = torch.einsum("ij,kl->ikjl", a, torch.eye(4, dtype=torch.float64))
+    assert rel_err(j_fwd, expected) <= 1e-12 and rel_err(j_rev, expected) <= 1e-12
+    vs = torch.randn(3, n, 4, dtype=torch.float64, generator=g)
+    assert rel_err(vmap(f)(vs), torch.stack([f(x) for x in vs])) <= 1e-14
