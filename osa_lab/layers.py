@@ -193,8 +193,6 @@ class SoftmaxSelfAttention(_MultiHead):
     def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
         """Per-head outputs (batch, heads, tokens, dim // heads)."""
         q, k, v = self._split(x)
-        if q.shape[-1] != v.shape[-1] and q.device.type == "cpu":
-            pass  # SDPA supports differing q/k and v widths on every backend we use.
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
 
     def forward(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
