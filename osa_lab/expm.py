@@ -24,7 +24,9 @@ Cholesky factorisation failed or whose error estimate is above the dtype's toler
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 
 import torch
 
@@ -41,6 +43,10 @@ GRAM_TOLERANCE = {torch.float64: (1e-11, 2e-16), torch.float32: (1e-6, 5e-8)}
 #: Largest condition estimate ``‖L‖_F ‖L⁻¹‖_F / 2r`` of ``U`` the Gram engine accepts. Rounding
 #: ``G = UᵀU`` perturbs ``M`` by about ``eps · cond(U) · ‖S‖``; beyond this the QR engine is used.
 GRAM_MAX_COND = {torch.float64: 300.0, torch.float32: 4.0}
+#: Truncation tolerance of the float64 core exponential per input dtype (None: float64's unit
+#: roundoff). For float32 inputs 1e-10 sits four orders below the float32 budget and saves a
+#: squaring or two (:func:`skew_matrix_exp`).
+CORE_TOLERANCE = {torch.float64: None, torch.float32: 1e-10}
 
 
 def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
@@ -126,6 +132,163 @@ def matrix_exp(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_exp(padded)[: flat.shape[0]].reshape(x.shape)
 
 
+@functools.lru_cache(maxsize=None)
+def _taylor_theta(degree: int, unit: float) -> float:
+    """Largest ``θ`` with Taylor remainder bound ``θ^{m+1}/(m+1)! / (1 − θ/(m+2)) ≤ unit`` (m = degree)."""
+    lo, hi = 0.0, float(degree + 2)
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        bound = mid ** (degree + 1) / math.factorial(degree + 1) / (1 - mid / (degree + 2))
+        lo, hi = (mid, hi) if bound <= unit else (lo, mid)
+    return lo
+
+
+#: Paterson–Stockmeyer Taylor schemes ``(degree m, block q)`` of :func:`skew_matrix_exp`: powers
+#: ``X², …, X^q`` then Horner in ``X^q``, ``(q − 1) + ⌊m/q⌋ − [q | m]`` products.
+_PS_SCHEMES = ((2, 2), (4, 2), (6, 3), (9, 3), (12, 4), (16, 4))
+
+
+def _ps_products(degree: int, block: int) -> int:
+    return (block - 1) + degree // block - (degree % block == 0)
+
+
+def _skew_exp_plan(rho: float, unit: float, blocks: tuple[int, ...] = (2, 3, 4)) -> tuple[int, int, int]:
+    """``(degree, block, squarings)`` with the fewest products for spectral radius bound ``rho``
+    and truncation tolerance ``unit`` (ties: the higher degree, which needs fewer squarings)."""
+    best = None
+    for degree, block in _PS_SCHEMES:
+        if block not in blocks:
+            continue
+        theta = _taylor_theta(degree, unit)
+        squarings = max(0, math.ceil(math.log2(rho / theta))) if rho > 0 else 0
+        key = (_ps_products(degree, block) + squarings, -degree)
+        if best is None or key < best[0]:
+            best = (key, degree, block, squarings)
+    return best[1:]
+
+
+def _one_norm(x: torch.Tensor) -> torch.Tensor:
+    """``‖x‖₁`` over the last two dims of a skew-symmetric or symmetric ``x`` (``‖x‖₁ = ‖x‖_∞``):
+    largest row sum, a contiguous reduction with no ``abs(x)`` temporary."""
+    return torch.linalg.vector_norm(x.detach(), ord=1, dim=-1).amax(-1)
+
+
+class _Scratch(threading.local):
+    """Per-thread CPU buffers reused across calls by the no-autograd exponential.
+
+    glibc hands multi-megabyte blocks back to the kernel when they are freed, so every fresh
+    tensor of that size is page-faulted (zeroed) again on first touch: for 32 matrices of
+    128 × 128 that was ≈ 40 % of :func:`skew_matrix_exp`. Buffers of one shape are kept, at most
+    ``SCRATCH_LIMIT_BYTES`` per thread; they never escape (results are fresh tensors).
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.buffers: list[torch.Tensor] = []
+
+    def take(self, like: torch.Tensor, count: int) -> list[torch.Tensor]:
+        size = like.numel() * like.element_size() * count
+        if like.device.type != "cpu" or size > SCRATCH_LIMIT_BYTES:
+            return [torch.empty_like(like, memory_format=torch.contiguous_format) for _ in range(count)]
+        key = (tuple(like.shape), like.dtype)
+        if key != self.key or len(self.buffers) < count:
+            self.key, self.buffers = key, [torch.empty(like.shape, dtype=like.dtype) for _ in range(count)]
+        return self.buffers[:count]
+
+
+#: Most bytes of scratch buffers :func:`skew_matrix_exp` keeps per thread between calls.
+SCRATCH_LIMIT_BYTES = 64 * 2**20
+_SCRATCH = _Scratch()
+
+
+def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity: bool = False) -> torch.Tensor:
+    """``exp(M)`` of real skew-symmetric matrices ``M`` (..., n, n): the fast core of the low-rank engines.
+
+    Scaling and squaring of a Taylor polynomial evaluated by Paterson–Stockmeyer, with the degree
+    and the number of squarings chosen from the spectral radius instead of ``‖M‖₁``
+    (Al-Mohy & Higham, SIAM J. Matrix Anal. Appl. 31(3), 2009, use ``‖M^p‖^{1/p}`` the same way).
+    ``M`` is normal, so ``‖M‖₂ = ρ(M) ≤ ‖M^p‖₁^{1/p}`` for every p, and the 2-norm error of
+    the Taylor polynomial ``T_m`` is ``max_j |e^{iθ_j} − T_m(iθ_j)| ≤ θ^{m+1}/(m+1)!/(1 − θ/(m+2))``
+    over the eigenvalues ``±iθ_j``: at most ``tol`` (default: the unit roundoff of ``M``'s dtype)
+    when ``ρ(M)/2^s ≤ θ_m``. For OSA's ``M`` (DESIGN.md §2: ``‖M‖₂ = ‖S‖₂``, often hundreds)
+    the bound from ``M²`` and ``M⁴`` is within ≈ 1.3× of ``‖M‖₂`` where ``‖M‖₁`` (PyTorch's
+    choice) is ≈ 2.5× above it, and degree 16 costs 6 products: 15 products at ``‖S‖₂ ≈ 300``
+    where PyTorch spends ≈ 22 product-equivalents (`BENCHMARKS.md`). One scaling serves the whole
+    batch (its largest bound). Products only, so autograd differentiates it at about twice the
+    forward cost (PyTorch's backward exponentiates a 2n×2n matrix). ``minus_identity=True``
+    returns ``exp(M) − I``. Skew-symmetry is assumed, not checked (:func:`matrix_exp` is general).
+    """
+    n = m.shape[-1]
+    if m.numel() == 0 or n == 1:
+        out = torch.ones_like(m) if n == 1 else m.clone()
+        return out - 1 if minus_identity else out
+    unit = torch.finfo(m.dtype).eps / 2 if tol is None else float(tol)
+    # Without autograd, products go into reused per-thread buffers (see _Scratch).
+    reuse = not (torch.is_grad_enabled() and m.requires_grad) and m.dim() == 3
+    bufs = _SCRATCH.take(m, 6) if reuse else [None] * 6
+
+    def mm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        return torch.matmul(x, y, out=out) if reuse else torch.matmul(x, y)
+
+    try:
+        m2 = mm(m, m, bufs[0])
+    except (NotImplementedError, RuntimeError):  # torch.func wrappers have no storage for out=
+        reuse, bufs = False, [None] * 6
+        m2 = mm(m, m, None)
+    rho_t = torch.minimum(_one_norm(m), _one_norm(m2).sqrt())
+    try:
+        rho = float(rho_t.max())
+    except RuntimeError:  # under torch.func.vmap a tensor has no single value
+        e = matrix_exp(m)
+        return e - torch.eye(n, dtype=m.dtype, device=m.device) if minus_identity else e
+    if not math.isfinite(rho):
+        return m + m2  # non-finite input: propagate NaN/Inf, the callers report it
+    degree, block, squarings = _skew_exp_plan(rho, unit)
+    powers = [None, m, m2]
+    if block >= 3:
+        powers.append(mm(m2, m, bufs[1]))
+    if block >= 4:
+        powers.append(mm(m2, m2, bufs[2]))
+        # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
+        rho = min(rho, float(_one_norm(powers[4]).max()) ** 0.25)
+        degree, block, squarings = _skew_exp_plan(rho, unit, blocks=(4,))
+    h = 2.0**-squarings  # X = h·M; X^j = h^j M^j (scaling folded into the coefficients)
+    hq = h**block
+
+    def block_poly(first: int) -> torch.Tensor:
+        """``B_i(X) = Σ_{0≤j<q, first+j≤m} X^j / (first+j)!`` with ``first = q·i``."""
+        out = None
+        for j in range(1, block):
+            if first + j <= degree:
+                c = h**j / math.factorial(first + j)
+                if out is None:
+                    out = torch.mul(powers[j], c, out=bufs[3]) if reuse else powers[j] * c
+                else:
+                    out.add_(powers[j], alpha=c)
+        out.diagonal(dim1=-2, dim2=-1).add_(1 / math.factorial(first))
+        return out
+
+    # Horner in X^q: p = B_0 + X^q (B_1 + X^q (… + X^q B_top)); B_top = I/m! when q | m.
+    top = degree // block
+    xq = powers[block]
+    e, spare = bufs[4], bufs[5]
+    if degree % block == 0:
+        top -= 1
+        first = block_poly(block * top).add_(xq, alpha=hq / math.factorial(degree))
+    else:
+        first = block_poly(block * top)
+    e = e.copy_(first) if reuse else first
+    for i in range(top - 1, -1, -1):
+        nxt = mm(xq, e, spare).mul_(hq).add_(block_poly(block * i))
+        e, spare = nxt, e
+    for _ in range(squarings):
+        nxt = mm(e, e, spare)
+        e, spare = nxt, e
+    if minus_identity:
+        return e - torch.eye(n, dtype=e.dtype, device=e.device)
+    return e.clone() if reuse else e
+
+
 def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """Dense ``exp(S)`` of a skew-symmetric ``S`` (..., n, n) via ``torch.linalg.matrix_exp``.
 
@@ -192,19 +355,32 @@ def gram_core(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return f, ok
 
 
-def _gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """:func:`gram_core` plus ``‖M‖_F / √m`` (a lower bound of ``‖S‖₂ = ‖M‖₂``) and cond(U) estimate."""
+def _gram_core_parts(
+    g: torch.Tensor, j: torch.Tensor, tol: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+    """``(L⁻¹, exp(M) − I, ok, (s_norm, cond))`` of the Gram core, ``F = L⁻ᵀ (exp(M) − I) L⁻¹``.
+
+    ``s_norm = ‖M‖_F / √m`` is a lower bound of ``‖S‖₂ = ‖M‖₂``; ``cond = ‖L‖_F ‖L⁻¹‖_F / m``
+    estimates cond(U). ``tol`` is the truncation tolerance of :func:`skew_matrix_exp`.
+    """
     chol, info = torch.linalg.cholesky_ex(g)
     ok = info == 0
     # Failed factorisations contain garbage; replace by I so the batch stays finite.
     eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-    chol = torch.where(ok[..., None, None], chol, eye)
-    m = chol.mT @ j @ chol
-    e_minus_i = matrix_exp(m) - eye
+    if not bool(ok.all()):
+        chol = torch.where(ok[..., None, None], chol, eye)
+    m = chol.mT @ (j @ chol)
+    e_minus_i = skew_matrix_exp(m, tol=tol, minus_identity=True)
     chol_inv = torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False)
     s_norm_lower = torch.linalg.matrix_norm(m.detach()) / math.sqrt(m.shape[-1])
     cond = (torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach())) / m.shape[-1]
-    return chol_inv.mT @ e_minus_i @ chol_inv, ok, (s_norm_lower, cond)
+    return chol_inv, e_minus_i, ok, (s_norm_lower, cond)
+
+
+def _gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """:func:`gram_core` plus ``(s_norm, cond)`` of :func:`_gram_core_parts`."""
+    chol_inv, e_minus_i, ok, extra = _gram_core_parts(g, j)
+    return chol_inv.mT @ e_minus_i @ chol_inv, ok, extra
 
 
 def _block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -228,8 +404,8 @@ class _GramAction(torch.autograd.Function):
         ma = a.shape[-1]
         g = _block_gram(a, b)
         p = torch.cat([a.mT @ v, b.mT @ v], -2)
-        f, ok, (s_norm, cond) = _gram_core_with_norm(g, j)
-        c = (f @ p.double()).to(v.dtype)
+        chol_inv, e_minus_i, ok, (s_norm, cond) = _gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype))
+        c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
         y = torch.baddbmm(v, a, c[:, :ma])
         y.baddbmm_(b, c[:, ma:])
         # A-posteriori estimate eps·‖U‖_F‖C‖_F/‖V‖_F of the cond(U)-amplified rounding error
@@ -318,7 +494,7 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
     eye = torch.eye(m.shape[-1], dtype=torch.float64, device=m.device)
-    e_minus_i = matrix_exp(m) - eye
+    e_minus_i = skew_matrix_exp(m, minus_identity=True)
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
 
 
@@ -342,7 +518,7 @@ def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.
         return None
     u64 = u.double()
     s64 = u64 @ j.to(torch.float64) @ u64.mT
-    return (matrix_exp(s64) @ v.double()).to(v.dtype)
+    return (skew_matrix_exp(s64) @ v.double()).to(v.dtype)
 
 
 def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine: str = "lowrank") -> torch.Tensor:
