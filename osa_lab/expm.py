@@ -132,7 +132,7 @@ def matrix_exp(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_exp(padded)[: flat.shape[0]].reshape(x.shape)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _taylor_theta(degree: int, unit: float) -> float:
     """Largest ``θ`` with Taylor remainder bound ``θ^{m+1}/(m+1)! / (1 − θ/(m+2)) ≤ unit`` (m = degree)."""
     lo, hi = 0.0, float(degree + 2)
@@ -167,10 +167,13 @@ def _skew_exp_plan(rho: float, unit: float, blocks: tuple[int, ...] = (2, 3, 4))
     return best[1:]
 
 
-def _one_norm(x: torch.Tensor) -> torch.Tensor:
+def _one_norm(x: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``‖x‖₁`` over the last two dims of a skew-symmetric or symmetric ``x`` (``‖x‖₁ = ‖x‖_∞``):
-    largest row sum, a contiguous reduction with no ``abs(x)`` temporary."""
-    return torch.linalg.vector_norm(x.detach(), ord=1, dim=-1).amax(-1)
+    the largest row sum (a contiguous reduction); ``|x|`` goes into ``scratch`` when given.
+    (``torch.linalg.vector_norm(ord=1)`` measured 10× slower than this.)"""
+    x = x.detach()
+    ax = torch.abs(x, out=scratch) if scratch is not None else x.abs()
+    return ax.sum(-1).amax(-1)
 
 
 class _Scratch(threading.local):
@@ -223,9 +226,24 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
         out = torch.ones_like(m) if n == 1 else m.clone()
         return out - 1 if minus_identity else out
     unit = torch.finfo(m.dtype).eps / 2 if tol is None else float(tol)
-    # Without autograd, products go into reused per-thread buffers (see _Scratch).
-    reuse = not (torch.is_grad_enabled() and m.requires_grad) and m.dim() == 3
-    bufs = _SCRATCH.take(m, 6) if reuse else [None] * 6
+    bufs = _SCRATCH.take(m, 6) if _may_reuse(m) else None
+    e = _skew_exp(m, unit, bufs)
+    if minus_identity:
+        return e - torch.eye(n, dtype=e.dtype, device=e.device)
+    return e.clone() if bufs is not None and any(e is x for x in bufs) else e
+
+
+def _may_reuse(*tensors: torch.Tensor) -> bool:
+    """True when products may be written into scratch buffers: 3-D CPU tensors outside autograd."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return not grad and all(t.dim() == 3 and t.device.type == "cpu" for t in tensors)
+
+
+def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> torch.Tensor:
+    """:func:`skew_matrix_exp` with truncation tolerance ``unit``; with ``bufs`` (6 tensors shaped
+    like ``m``) every product is written into them and the result may be one of them."""
+    reuse = bufs is not None
+    bufs = bufs if reuse else [None] * 6
 
     def mm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         return torch.matmul(x, y, out=out) if reuse else torch.matmul(x, y)
@@ -235,12 +253,11 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     except (NotImplementedError, RuntimeError):  # torch.func wrappers have no storage for out=
         reuse, bufs = False, [None] * 6
         m2 = mm(m, m, None)
-    rho_t = torch.minimum(_one_norm(m), _one_norm(m2).sqrt())
+    rho_t = torch.minimum(_one_norm(m, bufs[3]), _one_norm(m2, bufs[3]).sqrt())
     try:
         rho = float(rho_t.max())
     except RuntimeError:  # under torch.func.vmap a tensor has no single value
-        e = matrix_exp(m)
-        return e - torch.eye(n, dtype=m.dtype, device=m.device) if minus_identity else e
+        return matrix_exp(m)
     if not math.isfinite(rho):
         return m + m2  # non-finite input: propagate NaN/Inf, the callers report it
     degree, block, squarings = _skew_exp_plan(rho, unit)
@@ -250,7 +267,7 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     if block >= 4:
         powers.append(mm(m2, m2, bufs[2]))
         # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
-        rho = min(rho, float(_one_norm(powers[4]).max()) ** 0.25)
+        rho = min(rho, float(_one_norm(powers[4], bufs[3]).max()) ** 0.25)
         degree, block, squarings = _skew_exp_plan(rho, unit, blocks=(4,))
     h = 2.0**-squarings  # X = h·M; X^j = h^j M^j (scaling folded into the coefficients)
     hq = h**block
@@ -284,9 +301,7 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     for _ in range(squarings):
         nxt = mm(e, e, spare)
         e, spare = nxt, e
-    if minus_identity:
-        return e - torch.eye(n, dtype=e.dtype, device=e.device)
-    return e.clone() if reuse else e
+    return e
 
 
 def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
@@ -356,25 +371,69 @@ def gram_core(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def _gram_core_parts(
-    g: torch.Tensor, j: torch.Tensor, tol: float | None = None
+    g: torch.Tensor, j: torch.Tensor, tol: float | None = None, osa_core: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """``(L⁻¹, exp(M) − I, ok, (s_norm, cond))`` of the Gram core, ``F = L⁻ᵀ (exp(M) − I) L⁻¹``.
 
     ``s_norm = ‖M‖_F / √m`` is a lower bound of ``‖S‖₂ = ‖M‖₂``; ``cond = ‖L‖_F ‖L⁻¹‖_F / m``
     estimates cond(U). ``tol`` is the truncation tolerance of :func:`skew_matrix_exp`.
+    ``osa_core=True`` promises ``J = s·[[0, I], [−I, 0]]`` (:func:`osa_skew_core`): then
+    ``M = s (XᵀY − YᵀX)`` from the row blocks ``X, Y`` of ``L``, one half-size product instead of two.
     """
-    chol, info = torch.linalg.cholesky_ex(g)
-    ok = info == 0
-    # Failed factorisations contain garbage; replace by I so the batch stays finite.
-    eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+    # Outside autograd every (b, m, m) temporary lives in per-thread scratch buffers (see
+    # _Scratch); the returned L⁻¹ and exp(M) − I then do too, and are valid until the next call
+    # in this thread: callers use them at once (F or C are fresh tensors).
+    bufs = _SCRATCH.take(g, 9) if _may_reuse(g, j) else None
+    width = g.shape[-1]
+    eye = torch.eye(width, dtype=g.dtype, device=g.device)
+    chol, chol_inv, ok = _cholesky_with_inverse(g)
     if not bool(ok.all()):
+        # Failed factorisations contain garbage; replace by I so the batch stays finite.
         chol = torch.where(ok[..., None, None], chol, eye)
-    m = chol.mT @ (j @ chol)
-    e_minus_i = skew_matrix_exp(m, tol=tol, minus_identity=True)
-    chol_inv = torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False)
-    s_norm_lower = torch.linalg.matrix_norm(m.detach()) / math.sqrt(m.shape[-1])
-    cond = (torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach())) / m.shape[-1]
+        chol_inv = torch.where(ok[..., None, None], chol_inv, eye)
+    if osa_core:
+        half = width // 2
+        top, bottom = chol[..., :half, :].mT, chol[..., half:, :]
+        x = torch.matmul(top, bottom) if bufs is None else torch.matmul(top, bottom, out=bufs[7])
+        m = (x - x.mT) if bufs is None else torch.sub(x, x.mT, out=bufs[8])
+        m.mul_(j[..., :1, half : half + 1])
+    else:
+        m = chol.mT @ (j @ chol)
+    s_norm_lower = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
+    unit = torch.finfo(g.dtype).eps / 2 if tol is None else float(tol)
+    e_minus_i = _skew_exp(m, unit, None if bufs is None else bufs[:6])
+    if bufs is None:
+        e_minus_i = e_minus_i - eye
+    else:
+        e_minus_i.diagonal(dim1=-2, dim2=-1).sub_(1)
+    cond = (torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach())) / width
     return chol_inv, e_minus_i, ok, (s_norm_lower, cond)
+
+
+def _cholesky_with_inverse(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(L, L⁻¹, ok)`` with ``G = L Lᵀ``; ``ok`` False where the factorisation failed.
+
+    Even sizes ≥ 32 use one 2 × 2 block step (``L₁₁ = chol(G₁₁)``, ``L₂₁ = G₂₁ L₁₁⁻ᵀ``,
+    ``L₂₂ = chol(G₂₂ − L₂₁ L₂₁ᵀ)``, ``(L⁻¹)₂₁ = −L₂₂⁻¹ L₂₁ L₁₁⁻¹``): LAPACK factors a batch of
+    small matrices one at a time, and this moves half the work into batched products
+    (3.6 ms instead of 5.2 ms for 32 matrices of 128 × 128 on 2 cores).
+    """
+    width = g.shape[-1]
+    if width % 2 or width < 32:
+        chol, info = torch.linalg.cholesky_ex(g)
+        eye = torch.eye(width, dtype=g.dtype, device=g.device)
+        return chol, torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False), info == 0
+    h = width // 2
+    eye = torch.eye(h, dtype=g.dtype, device=g.device)
+    l11, info1 = torch.linalg.cholesky_ex(g[..., :h, :h])
+    l11_inv = torch.linalg.solve_triangular(l11, eye.expand_as(l11), upper=False)
+    l21 = g[..., h:, :h] @ l11_inv.mT
+    l22, info2 = torch.linalg.cholesky_ex(g[..., h:, h:] - l21 @ l21.mT)
+    l22_inv = torch.linalg.solve_triangular(l22, eye.expand_as(l22), upper=False)
+    zero = torch.zeros_like(l11)
+    chol = torch.cat([torch.cat([l11, zero], -1), torch.cat([l21, l22], -1)], -2)
+    chol_inv = torch.cat([torch.cat([l11_inv, zero], -1), torch.cat([-(l22_inv @ (l21 @ l11_inv)), l22_inv], -1)], -2)
+    return chol, chol_inv, (info1 == 0) & (info2 == 0)
 
 
 def _gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
@@ -400,11 +459,11 @@ class _GramAction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool):  # noqa: D102
+    def forward(ctx, a, b, j, v, replaced: bool, osa_core: bool):  # noqa: D102
         ma = a.shape[-1]
         g = _block_gram(a, b)
         p = torch.cat([a.mT @ v, b.mT @ v], -2)
-        chol_inv, e_minus_i, ok, (s_norm, cond) = _gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype))
+        chol_inv, e_minus_i, ok, (s_norm, cond) = _gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core)
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
         y = torch.baddbmm(v, a, c[:, :ma])
         y.baddbmm_(b, c[:, ma:])
@@ -426,7 +485,7 @@ class _GramAction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor):  # noqa: D102
         a, b, j, v, g, p, c, keep = ctx.saved_tensors
-        need_a, need_b, need_j, need_v, _ = ctx.needs_input_grad
+        need_a, need_b, need_j, need_v = ctx.needs_input_grad[:4]
         ma = a.shape[-1]
         # Rows that failed the Cholesky factorisation or that the caller replaced by the QR
         # engine get no gradient from here: run the core on G = I there so the batch stays
@@ -459,11 +518,17 @@ class _GramAction(torch.autograd.Function):
         if need_v:
             gv = torch.baddbmm(gy, a, gp[:, :ma])
             gv.baddbmm_(b, gp[:, ma:])
-        return ga, gb, gj, gv, None
+        return ga, gb, gj, gv, None, None
 
 
 def gram_action(
-    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, replaced: bool = False
+    a: torch.Tensor,
+    b: torch.Tensor,
+    j: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    replaced: bool = False,
+    osa_core: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` by the Gram engine; returns ``(Y, estimate / budget)``.
 
@@ -473,7 +538,7 @@ def gram_action(
     ``inf`` and ``Y`` is unreliable. ``replaced=True`` promises that the caller replaces the
     rows with a ratio above 1, which then get no gradient from here.
     """
-    return _GramAction.apply(a, b, j.to(torch.float64), v, replaced)
+    return _GramAction.apply(a, b, j.to(torch.float64), v, replaced, osa_core)
 
 
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -493,7 +558,6 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     b, r = torch.linalg.qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
-    eye = torch.eye(m.shape[-1], dtype=torch.float64, device=m.device)
     e_minus_i = skew_matrix_exp(m, minus_identity=True)
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
 
@@ -542,10 +606,13 @@ def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine:
     return y3.reshape(*batch, n, d)
 
 
-def blocked_action(a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, engine: str) -> torch.Tensor:
+def blocked_action(
+    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, engine: str, *, osa_core: bool = False
+) -> torch.Tensor:
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` given as 3-D blocks ``(batch, N, ·)`` (no broadcasting).
 
-    The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``) and :func:`lowrank_action`.
+    The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``, ``osa_core=True``: ``j`` is
+    :func:`osa_skew_core`) and :func:`lowrank_action`.
     """
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
@@ -553,7 +620,7 @@ def blocked_action(a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.T
         return qr_action(torch.cat([a, b], -1), j, v)
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
-    y, est = gram_action(a, b, j, v, replaced=engine != "gram")
+    y, est = gram_action(a, b, j, v, replaced=engine != "gram", osa_core=osa_core)
     if engine == "gram":
         return y
     bad = est > 1.0

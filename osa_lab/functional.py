@@ -24,7 +24,7 @@ def _dense(q, k, v, scale):
 
 def _engine(name: str) -> Callable:
     def run(q, k, v, scale):
-        return expm.blocked_action(q, k, expm.osa_skew_core(q.shape[-1], scale), v, name)
+        return expm.blocked_action(q, k, expm.osa_skew_core(q.shape[-1], scale), v, name, osa_core=True)
 
     return run
 
