@@ -1,0 +1,195 @@
+"""The low-rank engines' own pieces: the skew exponential, its scratch buffers, the blocked Cholesky.
+
+References: ``scipy.linalg.expm`` and LAPACK (``torch.linalg.cholesky`` / ``solve_triangular``)
+in float64.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import osa_lab
+from osa_lab import expm
+from tests.helpers import rel_err
+
+
+def _skew_batch(n: int, norm2: float, *, batch: int = 3, seed: int = 0) -> torch.Tensor:
+    """Random skew-symmetric (batch, n, n) float64 matrices with spectral norm ``norm2``."""
+    a = torch.randn(batch, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    m = a - a.mT
+    if n > 1:
+        m = m / torch.linalg.matrix_norm(m, 2)[:, None, None].clamp_min(1e-300)
+    return m * norm2
+
+
+def _scipy_expm(m: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.stack([scipy.linalg.expm(x) for x in m.double().numpy()]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 32, 128], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("norm2", [0.0, 1e-8, 1e-3, 0.5, 3.0, 30.0, 300.0, 3000.0], ids=lambda x: f"norm{x:g}")
+def test_skew_matrix_exp_matches_scipy_float64(n, norm2):
+    m = _skew_batch(n, norm2, seed=n)
+    got = expm.skew_matrix_exp(m)
+    # exp is ‖M‖-conditioned on skew matrices: scipy's own error reaches ≈ 6e-15·‖M‖₂ here
+    # (see the exact 2 × 2 rotations below, where ours is the more accurate of the two).
+    tol = 1e-14 * max(1.0, norm2) * math.sqrt(max(n, 1))
+    assert rel_err(got, _scipy_expm(m)) <= tol
+    got_minus_i = expm.skew_matrix_exp(m, minus_identity=True)
+    assert float((got_minus_i - (_scipy_expm(m) - torch.eye(n))).norm()) <= tol * math.sqrt(n)
+    assert expm.orthogonality_error(got).max() <= 1e-13 * max(1.0, norm2)
+
+
+@pytest.mark.parametrize("theta", [0.3, 3.0, 30.0, 300.0, 3000.0], ids=lambda x: f"theta{x:g}")
+def test_skew_matrix_exp_exact_rotations(theta):
+    """exp([[0, θ], [−θ, 0]]) is the rotation by θ: exact to ≈ eps·θ (scipy: ≈ 6e-15·θ)."""
+    m = torch.tensor([[[0.0, theta], [-theta, 0.0]]], dtype=torch.float64)
+    exact = torch.tensor([[[math.cos(theta), math.sin(theta)], [-math.sin(theta), math.cos(theta)]]], dtype=torch.float64)
+    assert rel_err(expm.skew_matrix_exp(m), exact) <= 1e-15 * max(1.0, theta)
+
+
+@pytest.mark.parametrize("norm2", [0.1, 10.0, 300.0], ids=lambda x: f"norm{x:g}")
+def test_skew_matrix_exp_float32_and_tolerance(norm2):
+    m = _skew_batch(16, norm2, seed=3)
+    ref = _scipy_expm(m)
+    assert rel_err(expm.skew_matrix_exp(m.float()), ref) <= 1e-6 * max(1.0, norm2)
+    # A looser truncation tolerance (used for float32 inputs) keeps the float64 error near
+    # 2^s · tol and never worse than the float32 budget it serves.
+    assert rel_err(expm.skew_matrix_exp(m, tol=1e-10), ref) <= 1e-8 * max(1.0, norm2)
+
+
+def test_skew_matrix_exp_uses_fewer_squarings_than_the_one_norm_needs():
+    """The spectral-radius plan: at ‖M‖₂ = 300 the 1-norm is ≈ 3× larger; the plan follows ‖M‖₂."""
+    m = _skew_batch(128, 300.0, batch=2)
+    one_norm = float(m.abs().sum(-2).amax())
+    assert one_norm > 2 * 300.0
+    m4 = m @ m @ m @ m
+    rho = min(float((m @ m).abs().sum(-1).amax()) ** 0.5, float(m4.abs().sum(-1).amax()) ** 0.25)
+    assert 300.0 <= rho <= 1.5 * 300.0  # a true upper bound of ρ(M), and a tight one
+    unit = 2.0**-53
+    _, _, squarings = expm._skew_exp_plan(rho, unit, blocks=(4,))
+    _, _, squarings_one_norm = expm._skew_exp_plan(one_norm, unit, blocks=(4,))
+    assert squarings < squarings_one_norm
+
+
+def test_skew_matrix_exp_gradcheck():
+    leaf = _skew_batch(6, 4.0, batch=2).requires_grad_(True)
+    assert torch.autograd.gradcheck(expm.skew_matrix_exp, (leaf,), eps=1e-6, atol=1e-8)
+    leaf_small = _skew_batch(5, 0.01, batch=2).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: expm.skew_matrix_exp(x, minus_identity=True), (leaf_small,))
+
+
+def test_skew_matrix_exp_propagates_non_finite_input():
+    m = _skew_batch(8, 2.0)
+    m[1, 2, 3] = float("nan")
+    out = expm.skew_matrix_exp(m)
+    assert not bool(torch.isfinite(out).all())
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 40), norm2=st.floats(0.0, 200.0), seed=st.integers(0, 2**16))
+def test_skew_matrix_exp_is_orthogonal_with_det_one(n, norm2, seed):
+    """DESIGN.md §1: exp of a skew-symmetric matrix is orthogonal with determinant +1."""
+    e = expm.skew_matrix_exp(_skew_batch(n, norm2, batch=2, seed=seed))
+    assert float(expm.orthogonality_error(e).max()) <= 1e-12 * max(1.0, norm2)
+    assert torch.allclose(torch.linalg.det(e), torch.ones(2, dtype=torch.float64), atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scratch buffers: reused between calls, never visible to the caller
+# ---------------------------------------------------------------------------------------------
+
+
+def test_skew_matrix_exp_results_do_not_alias_scratch_buffers():
+    m1, m2 = _skew_batch(32, 5.0, seed=1), _skew_batch(32, 7.0, seed=2)
+    e1 = expm.skew_matrix_exp(m1)
+    kept = e1.clone()
+    e2 = expm.skew_matrix_exp(m2)
+    d1 = expm.skew_matrix_exp(m1, minus_identity=True)
+    expm.skew_matrix_exp(m2, minus_identity=True)
+    assert torch.equal(e1, kept)
+    assert torch.equal(d1 + torch.eye(32, dtype=torch.float64), kept) or rel_err(d1 + torch.eye(32), kept) <= 1e-15
+    assert e1.data_ptr() != e2.data_ptr()
+    assert all(e1.data_ptr() != b.data_ptr() for b in expm._SCRATCH.buffers)
+
+
+def test_gram_engine_outputs_survive_later_calls():
+    """The Gram core's L⁻¹ and exp(M) − I live in scratch buffers; its outputs must not."""
+    g = torch.Generator().manual_seed(0)
+    q1, k1, v1 = (torch.randn(4, 300, 16, generator=g) for _ in range(3))
+    q2, k2, v2 = (torch.randn(4, 300, 16, generator=g) for _ in range(3))
+    y1 = osa_lab.osa(q1, k1, v1, 0.5, method="gram")
+    kept = y1.clone()
+    y2 = osa_lab.osa(q2, k2, v2, 0.5, method="gram")
+    assert torch.equal(y1, kept)
+    assert rel_err(y2, osa_lab.osa(q2.double(), k2.double(), v2.double(), 0.5, method="dense")) <= 2e-6
+
+
+def test_concurrent_threads_get_their_own_scratch():
+    """Two threads running the engine at once (as the dashboard's workers do) give serial results."""
+    g = torch.Generator().manual_seed(1)
+    inputs = [tuple(torch.randn(8, 400, 16, dtype=torch.float64, generator=g) for _ in range(3)) for _ in range(4)]
+    serial = [osa_lab.osa(q, k, v, 0.7, method="gram") for q, k, v in inputs]
+    results: dict[int, list[torch.Tensor]] = {}
+
+    def work(tid: int) -> None:
+        results[tid] = [osa_lab.osa(q, k, v, 0.7, method="gram") for _ in range(5) for q, k, v in inputs]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for tid in range(2):
+        for i, y in enumerate(results[tid]):
+            assert torch.equal(y, serial[i % len(inputs)]), (tid, i)
+
+
+def test_scratch_limit_falls_back_to_fresh_buffers(monkeypatch):
+    monkeypatch.setattr(expm, "SCRATCH_LIMIT_BYTES", 0)
+    m = _skew_batch(16, 20.0)
+    assert rel_err(expm.skew_matrix_exp(m), _scipy_expm(m)) <= 1e-13
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocked Cholesky with its inverse
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [2, 31, 32, 128], ids=lambda w: f"m{w}")
+def test_blocked_cholesky_matches_lapack(width):
+    u = torch.randn(5, 3 * width, width, dtype=torch.float64, generator=torch.Generator().manual_seed(width))
+    g = u.mT @ u
+    chol, chol_inv, ok = expm._cholesky_with_inverse(g)
+    ref = torch.linalg.cholesky(g)
+    assert bool(ok.all())
+    assert rel_err(chol, ref) <= 1e-13
+    assert rel_err(chol_inv, torch.linalg.inv(ref)) <= 1e-12
+    assert torch.equal(chol.triu(1), torch.zeros_like(chol))
+
+
+@pytest.mark.parametrize("failing_block", ["first", "second"])
+def test_blocked_cholesky_flags_rank_deficient_matrices(failing_block):
+    width = 64
+    u = torch.randn(3, 200, width, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    col = 3 if failing_block == "first" else 40
+    u[1, :, col] = u[1, :, col + 1]  # two equal columns: G is singular
+    _, _, ok = expm._cholesky_with_inverse(u.mT @ u)
+    assert ok.tolist() == [True, False, True]
+
+
+def test_gram_engine_flags_rank_deficient_heads_for_the_qr_fallback():
+    """lowrank = Gram + QR fallback stays exact when one head has q = k (singular Gram matrix)."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(3, 200, 16, dtype=torch.float64, generator=g) for _ in range(3))
+    k[1] = q[1]
+    ref = osa_lab.osa(q, k, v, 0.8, method="dense")
+    assert rel_err(osa_lab.osa(q, k, v, 0.8, method="lowrank"), ref) <= 1e-10
