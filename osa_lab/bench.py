@@ -9,7 +9,7 @@ for r = d_v = 64 in float32:
 
 and reports the speed-up ratios, the achieved GFLOP/s of the low-rank path (counted flops
 ``2·bh·N·(2r·2r + 2·2r·d_v)``: the Gram ``UᵀU``, the projection ``UᵀV`` and the output
-``U C``) next to the machine's matmul GFLOP/s measured in the same run, and the peak memory
+``U C``) next to the machine's matmul GFLOP/s measured in the same rounds, and the peak memory
 of forward+backward measured in a fresh subprocess per N. It prints a table and writes CSVs.
 Timings are medians; nothing here asserts on time.
 """
@@ -31,10 +31,10 @@ from osa_lab.benchtools import (
     emit_table,
     fresh_memory,
     machine_info,
-    matmul_gflops,
     peak_rss_bytes,
     reset_peak_rss,
     time_call,
+    time_interleaved,
 )
 from osa_lab.functional import osa
 
@@ -71,29 +71,46 @@ def _fwd_bwd(fn, inputs):
 
 
 def time_row(n: int, r: int, d: int, device: str, dtype: torch.dtype, repeat: int) -> dict:
-    """Time every path at sequence length ``n``; returns one row of the table."""
+    """Time every path at sequence length ``n``; returns one row of the table.
+
+    Low-rank OSA, SDPA and a 2048 × 2048 matmul (the machine's rate) run interleaved, round by
+    round (:func:`~osa_lab.benchtools.time_interleaved`), so each ratio compares medians taken
+    under the same conditions. SDPA at N ≥ 16384 (seconds per call) runs fewer rounds.
+    """
     bh = heads_for(n)
     row: dict = {"N": n, "bh": bh, "r": r, "d_v": d, "dtype": str(dtype).removeprefix("torch."), "device": device}
     q, k, v = _inputs(bh, n, r, d, device, dtype)
-    sdpa_reps = 1 if n >= 16384 else repeat
+    slow = n >= 16384
+    mm_n = 2048
+    a, b = torch.randn(mm_n, mm_n, device=device), torch.randn(mm_n, mm_n, device=device)
     with torch.no_grad():
-        row["lowrank_fwd_s"] = time_call(lambda: osa(q, k, v, ALPHA), repeat=repeat)
-        row["sdpa_fwd_s"] = time_call(
-            lambda: F.scaled_dot_product_attention(q[None], k[None], v[None]), repeat=sdpa_reps
+        fwd = time_interleaved(
+            {
+                "lowrank": lambda: osa(q, k, v, ALPHA),
+                "matmul": lambda: a @ b,
+                "sdpa": lambda: F.scaled_dot_product_attention(q[None], k[None], v[None]),
+            },
+            repeat={"lowrank": repeat, "matmul": repeat, "sdpa": min(repeat, 2) if slow else repeat},
         )
+        row["lowrank_fwd_s"], row["sdpa_fwd_s"] = fwd["lowrank"], fwd["sdpa"]
+        row["matmul_gflops"] = 2 * mm_n**3 / fwd["matmul"] / 1e9
         if n <= 1024:
             row["dense_fwd_s"] = time_call(lambda: osa(q, k, v, ALPHA, method="dense"), repeat=1)
     leaves = _inputs(bh, n, r, d, device, dtype, grad=True)
-    row["lowrank_fwdbwd_s"] = time_call(_fwd_bwd(lambda a, b, c: osa(a, b, c, ALPHA), leaves), repeat=repeat)
-    row["sdpa_fwdbwd_s"] = time_call(
-        _fwd_bwd(lambda a, b, c: F.scaled_dot_product_attention(a[None], b[None], c[None]), leaves),
-        repeat=sdpa_reps,
+    both = time_interleaved(
+        {
+            "lowrank": _fwd_bwd(lambda x, y, z: osa(x, y, z, ALPHA), leaves),
+            "sdpa": _fwd_bwd(lambda x, y, z: F.scaled_dot_product_attention(x[None], y[None], z[None]), leaves),
+        },
+        repeat={"lowrank": repeat, "sdpa": 1 if slow else repeat},
     )
+    row["lowrank_fwdbwd_s"], row["sdpa_fwdbwd_s"] = both["lowrank"], both["sdpa"]
     row["speedup_fwd_vs_sdpa"] = row["sdpa_fwd_s"] / row["lowrank_fwd_s"]
     row["speedup_fwdbwd_vs_sdpa"] = row["sdpa_fwdbwd_s"] / row["lowrank_fwdbwd_s"]
     if "dense_fwd_s" in row:
         row["speedup_fwd_vs_dense"] = row["dense_fwd_s"] / row["lowrank_fwd_s"]
     row["lowrank_gflops"] = lowrank_flops(bh, n, r, d) / row["lowrank_fwd_s"] / 1e9
+    row["matmul_fraction"] = row["lowrank_gflops"] / row["matmul_gflops"]
     return row
 
 
@@ -134,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--r", type=int, default=64, help="query/key width per head")
     parser.add_argument("--d", type=int, default=64, help="value width per head")
     parser.add_argument("--bh", type=int, default=8, help="batch·heads for the memory measurement")
-    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (median reported)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds (median reported)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", default="bench_results/core.csv", help="CSV of the timing table")
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
@@ -152,13 +169,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = [64, 256] if args.quick else args.sizes
     info = machine_info()
     print("machine:", json.dumps(info))
-    mm = matmul_gflops(1024 if args.quick else 2048, device=args.device)
-    rows = []
-    for n in tqdm(sizes, desc="bench"):
-        row = time_row(n, args.r, args.d, args.device, torch.float32, args.repeat)
-        row["matmul_gflops"] = mm
-        row["matmul_fraction"] = row["lowrank_gflops"] / mm
-        rows.append(row)
+    rows = [time_row(n, args.r, args.d, args.device, torch.float32, args.repeat) for n in tqdm(sizes, desc="bench")]
     out = Path(args.output)
     emit_table(rows, out, title="OSA low-rank vs SDPA vs dense (times in seconds)")
     mem_sizes = [4096, 8192] if args.quick else args.memory_sizes

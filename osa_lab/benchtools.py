@@ -43,6 +43,34 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min
     return statistics.median(times)
 
 
+def time_interleaved(
+    fns: dict[str, Callable[[], object]], *, repeat: int | dict[str, int] = 5, warmup: int = 1
+) -> dict[str, float]:
+    """Median wall time in seconds of each ``fns[name]()``, the calls alternating in rounds.
+
+    Ratios of the medians compare the functions under the same machine conditions: on a
+    shared machine, load that comes and goes then hits every function alike instead of
+    whichever happened to run during it. ``repeat`` may be a dict giving a name fewer rounds
+    (a slow baseline); it then runs in the first rounds only.
+    """
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    reps = repeat if isinstance(repeat, dict) else dict.fromkeys(fns, repeat)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(max(reps.values())):
+        for name, fn in fns.items():
+            if round_ >= reps.get(name, 0):
+                continue
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
     """Measured dense matmul rate (GFLOP/s) of an n×n by n×n product on this machine."""
     a = torch.randn(n, n, dtype=dtype, device=device)

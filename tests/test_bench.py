@@ -1,0 +1,28 @@
+"""The benchmark harness: interleaved timing and the `osa-lab bench` table (no timing assertions)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from osa_lab import bench
+from osa_lab.benchtools import time_interleaved
+
+
+def test_time_interleaved_alternates_calls_and_honours_fewer_rounds():
+    calls: list[str] = []
+    medians = time_interleaved(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat={"a": 3, "b": 1}, warmup=1
+    )
+    assert calls == ["a", "b", "a", "b", "a", "a"]  # warm-up a, b; then rounds: a b | a | a
+    assert set(medians) == {"a", "b"} and all(t >= 0 for t in medians.values())
+
+
+def test_bench_quick_writes_the_table(tmp_path, capsys):
+    out = tmp_path / "core.csv"
+    assert bench.main(["--quick", "--repeat", "1", "--memory-sizes", "--output", str(out)]) == 0
+    table = pd.read_csv(out)
+    expected = {"lowrank_fwd_s", "sdpa_fwd_s", "dense_fwd_s", "matmul_gflops", "matmul_fraction", "speedup_fwd_vs_sdpa"}
+    assert expected <= set(table.columns)
+    assert list(table["N"]) == [64, 256]
+    assert (table["lowrank_fwd_s"] > 0).all() and (table["matmul_gflops"] > 0).all()
+    assert "OSA low-rank vs SDPA" in capsys.readouterr().out
