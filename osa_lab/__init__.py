@@ -14,6 +14,7 @@ from osa_lab.expm import (
     orthogonality_error,
     osa_matrix,
     skew_expm,
+    skew_matrix_exp,
     skew_symmetric_from_qk,
 )
 from osa_lab.functional import METHODS, osa
@@ -49,5 +50,6 @@ __all__ = [
     "osa",
     "osa_matrix",
     "skew_expm",
+    "skew_matrix_exp",
     "skew_symmetric_from_qk",
 ]

@@ -1,0 +1,78 @@
+"""Where the time of a low-rank OSA forward goes, stage by stage (table + CSV; no asserts).
+
+The Gram engine (``osa_lab.expm._GramAction``) at the issue-2 benchmark shapes: r = d_v = 64,
+float32, α = 0.5. Stages: the Gram products ``UᵀU`` (3 products), ``UᵀV`` (2), the float64
+2r × 2r core (Cholesky and inverse, ``M``, ``exp(M)``), ``C = L⁻ᵀ(e^M − I)L⁻¹P`` and the output
+``V + q C_q + k C_k``. Also the core exponential alone against ``torch.linalg.matrix_exp`` and
+one 2r × 2r product, and the counted flops of the token passes at the machine's matmul rate
+(the floor for this algorithm). Every quantity is timed interleaved, round by round
+(``osa_lab.benchtools.time_interleaved``), medians reported.
+
+Run: ``.venv/bin/python benchmarks/core_breakdown.py [--rounds 9] [--output benchmarks/results/core_breakdown.csv]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from osa_lab import expm
+from osa_lab.bench import ALPHA, heads_for, lowrank_flops
+from osa_lab.benchtools import emit_table, machine_info, time_interleaved
+
+
+def stages(n: int, rounds: int) -> list[dict]:
+    bh, r = heads_for(n), 64
+    gen = torch.Generator().manual_seed(0)
+    a, b, v = (torch.randn(bh, n, r, generator=gen) for _ in range(3))
+    j = expm.osa_skew_core(r, torch.full((bh,), ALPHA / r**0.5))
+    g = expm._block_gram(a, b)
+    p = torch.cat([a.mT @ v, b.mT @ v], -2).double()
+    tol = expm.CORE_TOLERANCE[torch.float32]
+    chol, chol_inv, _ = expm._cholesky_with_inverse(g)
+    x = chol[:, :r].mT @ chol[:, r:]
+    m = (x - x.mT) * j[:, :1, r : r + 1]
+    e_minus_i = expm.skew_matrix_exp(m, tol=tol, minus_identity=True)
+    c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p))).float()
+    mm_a, mm_b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    with torch.no_grad():
+        t = time_interleaved(
+            {
+                "Gram products UᵀU (3)": lambda: expm._block_gram(a, b),
+                "projection UᵀV (2)": lambda: torch.cat([a.mT @ v, b.mT @ v], -2),
+                "core: blocked Cholesky + inverse": lambda: expm._cholesky_with_inverse(g),
+                "core: exp(M) − I (skew_matrix_exp)": lambda: expm.skew_matrix_exp(m, tol=tol, minus_identity=True),
+                "core: all (_gram_core_parts)": lambda: expm._gram_core_parts(g, j, tol, True),
+                "C = L⁻ᵀ(e^M − I)L⁻¹P": lambda: chol_inv.mT @ (e_minus_i @ (chol_inv @ p)),
+                "output V + q C_q + k C_k": lambda: torch.baddbmm(v, a, c[:, :r]).baddbmm_(b, c[:, r:]),
+                "whole forward (gram_action)": lambda: expm.gram_action(a, b, j, v, replaced=True, osa_core=True),
+                "reference: torch.linalg.matrix_exp(M)": lambda: torch.linalg.matrix_exp(m),
+                "reference: one 2r×2r float64 product": lambda: m @ m,
+                "reference: 2048² float32 matmul": lambda: mm_a @ mm_b,
+            },
+            repeat=rounds,
+        )
+    rate = 2 * 2048**3 / t["reference: 2048² float32 matmul"]
+    floor = lowrank_flops(bh, n, r, r) / rate
+    rows = [{"N": n, "bh": bh, "stage": name, "ms": 1e3 * sec} for name, sec in t.items()]
+    rows.append({"N": n, "bh": bh, "stage": "floor: counted flops at the matmul rate", "ms": 1e3 * floor})
+    product = t["reference: one 2r×2r float64 product"]
+    for row in rows:
+        row["products_2r"] = row["ms"] / (1e3 * product)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--output", default="benchmarks/results/core_breakdown.csv")
+    args = parser.parse_args()
+    print(machine_info())
+    rows = [row for n in args.sizes for row in stages(n, args.rounds)]
+    emit_table(rows, args.output, title="low-rank OSA forward by stage (ms; products_2r = multiples of one 2r×2r float64 product)")
+
+
+if __name__ == "__main__":
+    main()
