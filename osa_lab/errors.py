@@ -38,3 +38,9 @@ class MethodUnavailableError(RuntimeError):
 def unknown_name(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> UnknownNameError:
     """Build an :class:`UnknownNameError` that lists the valid names."""
     return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {', '.join(sorted(valid))}")
+
+
+class SolverNotConvergedWarning(UserWarning):
+    """An iterative eigen/singular-value solver stopped before converging; the value it gives is
+    a bound, not an estimate (e.g. matrix-free σ_min from partial Ritz values is an upper bound,
+    so κ is a lower bound)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
+from osa_lab.errors import ConfigurationError, OSAInputError, SolverNotConvergedWarning, unknown_name
 from osa_lab.layers import OrthogonalSelfAttention, derived_alpha_init
 from osa_lab.models import Encoder, build_model, functional_mode
 
@@ -68,6 +69,7 @@ KAPPA_COLUMNS = [
     "sigma_max",
     "sigma_min",
     "kappa",
+    "converged",
 ]
 SIGMA_COLUMNS = [
     "preset",
@@ -108,6 +110,9 @@ class JacobianSpectrum:
     kappa: float
     method: str
     shape: tuple[int, int]
+    #: False when the matrix-free solver stopped before converging: then ``sigma_min`` is an
+    #: upper bound (partial Ritz value) and ``kappa`` a lower bound.
+    converged: bool = True
 
 
 def _kappa(smax: float, smin: float) -> float:
@@ -210,11 +215,16 @@ def matrix_free_extremes(
     tol: float = 1e-6,
     maxiter: int | None = None,
     seed: int = 0,
-) -> tuple[float, float]:
+    return_converged: bool = False,
+) -> tuple[float, float] | tuple[float, float, bool]:
     """``(σ_max, σ_min)`` of the Jacobian of ``fn`` at ``x`` from jvp/vjp products only.
 
     ``solver="arpack"``: ``scipy.sparse.linalg.svds(J, k=1)`` for σ_max and
     ``eigsh(JᵀJ, k=1, which="SA")`` for σ_min. ``solver="lobpcg"``: ``lobpcg`` on ``JᵀJ`` for both.
+    When the σ_min solve does not converge (κ beyond ≈ 1e7: the normal matrix squares κ), σ_min
+    is the smallest partial Ritz value — an upper bound, so κ is a lower bound — and a
+    :class:`~osa_lab.errors.SolverNotConvergedWarning` says so; ``return_converged=True``
+    returns ``(σ_max, σ_min, converged)`` instead of warning.
     """
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh, lobpcg, svds
 
@@ -223,10 +233,11 @@ def matrix_free_extremes(
     jac, normal = _operators(fn, x)
     n = normal.shape[0]
     rng = np.random.default_rng(seed)
+    converged = True
     if n <= 2:  # ARPACK needs k < n; such tiny problems are exact anyway.
         dense = np.stack([jac.matvec(e) for e in np.eye(n)], axis=1)
         s = np.linalg.svd(dense, compute_uv=False)
-        return float(s[0]), float(s[-1])
+        return (float(s[0]), float(s[-1]), True) if return_converged else (float(s[0]), float(s[-1]))
     if solver == "arpack":
         ncv = min(n - 1, ARPACK_NCV)
         v0 = rng.standard_normal(min(jac.shape))
@@ -245,6 +256,7 @@ def matrix_free_extremes(
             # Ill-conditioned J: the smallest eigenvalue of JᵀJ is below ARPACK's resolution.
             found = np.asarray(exc.eigenvalues, dtype=float)
             smin = math.sqrt(max(float(found.min()), 0.0)) if found.size else math.nan
+            converged = False
     else:
         block = rng.standard_normal((n, 2))
         iters = maxiter or 500
@@ -252,6 +264,18 @@ def matrix_free_extremes(
         lam_min = lobpcg(normal, rng.standard_normal((n, 2)), largest=False, tol=tol, maxiter=iters)[0]
         smax = math.sqrt(max(float(np.max(lam_max)), 0.0))
         smin = math.sqrt(max(float(np.min(lam_min)), 0.0))
+    if return_converged:
+        return smax, smin, converged
+    if not converged:
+        found = f"σ_min ≤ {smin:.3g} is an upper bound and κ ≥ {_kappa(smax, smin):.3g} a lower bound"
+        if math.isnan(smin):
+            found = "no Ritz value converged, σ_min and κ are unknown (NaN)"
+        warnings.warn(
+            f"matrix-free σ_min did not converge (ARPACK, tol={tol:g}): {found}; raise maxiter, use the exact "
+            "method for small inputs, or read κ as a bound",
+            SolverNotConvergedWarning,
+            stacklevel=2,
+        )
     return smax, smin
 
 
@@ -289,11 +313,13 @@ def jacobian_spectrum(
             shape = tuple(jac.shape)
             smax, smin = float(sigma[0]), float(sigma[-1])
         else:
-            smax, smin = matrix_free_extremes(fn, x, solver=solver, tol=tol)
+            smax, smin, converged = matrix_free_extremes(fn, x, solver=solver, tol=tol, return_converged=True)
             sigma = np.array([smax, smin])
             with torch.no_grad():
                 shape = (fn(x).numel(), x.numel())
-    return JacobianSpectrum(sigma, smax, smin, _kappa(smax, smin), resolved, shape)
+    if resolved == "exact":
+        converged = True
+    return JacobianSpectrum(sigma, smax, smin, _kappa(smax, smin), resolved, shape, converged)
 
 
 # --------------------------------------------------------------------------------------
@@ -402,13 +428,15 @@ def _depth_spectra(
                         fn, at = _prefix_fn(model, l), x0
                     else:
                         fn, at = _block_fn(model.blocks[l - 1]), inputs[l - 1]
-                    smax, smin = matrix_free_extremes(fn, at, solver=solver, tol=tol, seed=seed)
+                    smax, smin, converged = matrix_free_extremes(
+                        fn, at, solver=solver, tol=tol, seed=seed, return_converged=True
+                    )
                     yield (
                         keys,
                         scope,
                         l,
                         JacobianSpectrum(
-                            np.array([smax, smin]), smax, smin, _kappa(smax, smin), "matrix-free", (n, n)
+                            np.array([smax, smin]), smax, smin, _kappa(smax, smin), "matrix-free", (n, n), converged
                         ),
                     )
                     bar.update()
@@ -457,6 +485,7 @@ def jacobian_depth_profile(
                 "sigma_max": spec.sigma_max,
                 "sigma_min": spec.sigma_min,
                 "kappa": spec.kappa,
+                "converged": spec.converged,
             }
         )
     return pd.DataFrame(rows, columns=KAPPA_COLUMNS)

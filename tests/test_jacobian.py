@@ -133,3 +133,28 @@ def test_auto_method_and_size_errors():
     with pytest.raises(JacobianTooLargeError, match="GiB"):
         jacobian_depth_profile("pure-osa", 1, 4096, 64, method="exact")
     assert isinstance(jacobian_depth_profile("pure-osa", 1, 4, 4, method="auto"), pd.DataFrame)
+
+
+def _ill_conditioned_diagonal(n: int = 400):
+    scale = torch.cat([torch.tensor([1000.0]), torch.linspace(1e-3, 1e-2, n - 1)]).double()
+    return (lambda x: x * scale), torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+
+def test_matrix_free_non_convergence_is_flagged_not_silent():
+    """σ_min that ARPACK did not resolve comes with a warning (or converged=False), never as a plain value."""
+    import warnings
+
+    from osa_lab.errors import SolverNotConvergedWarning
+    from osa_lab.jacobian import matrix_free_extremes
+
+    fn, x = _ill_conditioned_diagonal()
+    with pytest.warns(SolverNotConvergedWarning, match="did not converge"):
+        smax, _ = matrix_free_extremes(fn, x, maxiter=3)
+    assert smax == pytest.approx(1000.0)
+    *_, converged = matrix_free_extremes(fn, x, maxiter=3, return_converged=True)
+    assert converged is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SolverNotConvergedWarning)
+        smax, smin, converged = matrix_free_extremes(fn, x, return_converged=True)
+    assert converged is True
+    assert smin == pytest.approx(1e-3, rel=1e-4) and smax == pytest.approx(1000.0)
