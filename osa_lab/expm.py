@@ -204,6 +204,13 @@ SCRATCH_LIMIT_BYTES = 64 * 2**20
 _SCRATCH = _Scratch()
 
 
+def release_scratch() -> int:
+    """Free this thread's scratch buffers (they are re-allocated on the next call); returns the bytes freed."""
+    freed = sum(b.numel() * b.element_size() for b in _SCRATCH.buffers)
+    _SCRATCH.key, _SCRATCH.buffers = None, []
+    return freed
+
+
 def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity: bool = False) -> torch.Tensor:
     """``exp(M)`` of real skew-symmetric matrices ``M`` (..., n, n): the fast core of the low-rank engines.
 

@@ -193,3 +193,12 @@ def test_gram_engine_flags_rank_deficient_heads_for_the_qr_fallback():
     k[1] = q[1]
     ref = osa_lab.osa(q, k, v, 0.8, method="dense")
     assert rel_err(osa_lab.osa(q, k, v, 0.8, method="lowrank"), ref) <= 1e-10
+
+
+def test_release_scratch_frees_this_threads_buffers():
+    m = _skew_batch(32, 5.0)
+    expm.release_scratch()  # whatever earlier tests left in this thread
+    before = expm.skew_matrix_exp(m)
+    assert expm.release_scratch() == 6 * m.numel() * m.element_size()
+    assert expm._SCRATCH.buffers == [] and expm.release_scratch() == 0
+    assert torch.equal(expm.skew_matrix_exp(m), before)  # re-allocated, same result
