@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 
@@ -414,17 +415,23 @@ def _seeded(seed: int | None, index: int | str) -> Iterator[None]:
         yield
 
 
+#: Serialises model building: ``dtype=`` switches torch's process-wide default dtype while the
+#: parameters are created, so two builds in different threads must not interleave.
+_BUILD_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
-    if dtype is None:
-        yield
-        return
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+    with _BUILD_LOCK:
+        if dtype is None:
+            yield
+            return
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(old)
 
 
 def _check_finite(x: torch.Tensor, layer: int, site: str) -> None:
@@ -560,7 +567,10 @@ def build_model(
     """Token encoder ``(B, N, dim) → (B, N, dim)`` for ``config``.
 
     ``dtype`` builds (and initialises) the parameters directly in that dtype, so e.g. orthogonal
-    weights are orthogonal to float64 precision (a float32 init cast to float64 is not).
+    weights are orthogonal to float64 precision (a float32 init cast to float64 is not). It does
+    so by switching torch's process-wide default dtype during the build: osa_lab's builds are
+    serialised by a lock, but other code creating default-dtype tensors in another thread at that
+    moment would see the switched dtype.
     """
     if not isinstance(config, ModelConfig):
         raise ConfigurationError(f"`config` must be a ModelConfig, got {type(config).__name__}")

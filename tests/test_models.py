@@ -234,3 +234,28 @@ def test_pure_osa_keeps_every_singular_value(dtype, tol):
     assert worst <= tol
     # and the stack is not the identity: tokens really are mixed
     assert float((hidden.blocks[48].double() - x.double()).norm() / x.double().norm()) > 0.1
+
+
+def test_concurrent_builds_get_their_own_dtype():
+    """build_model(dtype=...) switches torch's default dtype while building; builds in two threads
+    (the dashboard's workers) are serialised so neither sees the other's dtype."""
+    import threading
+
+    from osa_lab.models import build_model
+    from osa_lab.presets import get_preset
+
+    config = get_preset("skipless-osa", depth=2, tokens=8, dim=16, heads=2)
+    seen: dict[str, set] = {"float64": set(), "default": set()}
+
+    def build(kind: str) -> None:
+        for _ in range(20):
+            model = build_model(config, dtype=torch.float64 if kind == "float64" else None)
+            seen[kind].update(p.dtype for p in model.parameters())
+
+    threads = [threading.Thread(target=build, args=(kind,)) for kind in ("float64", "default")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"float64": {torch.float64}, "default": {torch.float32}}
+    assert torch.get_default_dtype() == torch.float32
