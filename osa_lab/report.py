@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -440,14 +440,21 @@ code, pre { font-size: 0.85em; } pre { margin: 0; white-space: pre-wrap; }
 def write_index(
     results: Sequence[NotebookResult], output: str | Path, *, started: _dt.datetime | None = None, label: str = ""
 ) -> Path:
-    """Write ``index.html`` (and ``summary.json``) linking every notebook's HTML and ``.ipynb``."""
+    """Write ``index.html`` (and ``summary.json``) linking every notebook's HTML and ``.ipynb``.
+
+    Notebooks of earlier runs in ``output`` that this run did not execute (``--only``) stay
+    listed, marked with the time and commit of the run that made them, as long as their files
+    are still there (``summary.json`` keeps them under ``"earlier"``).
+    """
     from osa_lab import provenance
 
     output = Path(output)
     info = provenance.collect({"mode": label} if label else None)
     started = started or _dt.datetime.now(_dt.UTC)
+    earlier = _earlier_notebooks(output, {r.name for r in results})
     rows = []
-    for r in results:
+    entries = [(r, None) for r in results] + [(NotebookResult(**e["result"]), e) for e in earlier]
+    for r, origin in sorted(entries, key=lambda item: item[0].name):
         links = []
         if r.html:
             links.append(f'<a href="{html.escape(r.html)}">{html.escape(r.name)}</a>')
@@ -459,6 +466,11 @@ def write_index(
             status = '<span class="ok">ok</span>'
         else:
             status = f'<span class="failed">failed</span><pre>{html.escape(r.failure_line())}</pre>'
+        if origin is not None:
+            status += (
+                f'<br><span class="prov">earlier run {html.escape(str(origin["started_utc"]))}, '
+                f'git <code>{html.escape(str(origin["commit"]))}</code></span>'
+            )
         params = yaml.safe_dump(r.params, sort_keys=False, default_flow_style=None).strip() if r.params else "(defaults)"
         rows.append(
             f"<tr><td>{' · '.join(links)}</td><td>{status}</td><td>{r.seconds:.1f} s</td>"
@@ -489,9 +501,38 @@ torch {html.escape(info["packages"].get("torch", "?"))} · {html.escape(str(devi
         "label": label,
         "provenance": info,
         "notebooks": [asdict(r) for r in results],
+        "earlier": earlier,
     }
     (output / "summary.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
     return index
+
+
+def _earlier_notebooks(output: Path, current: set[str]) -> list[dict[str, Any]]:
+    """Entries of the previous ``summary.json`` in ``output`` for notebooks not in ``current``
+    whose HTML or ``.ipynb`` still exists: ``{"result": …, "started_utc": …, "commit": …}``."""
+    try:
+        previous = json.loads((output / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(previous, dict):
+        return []
+    commit = (previous.get("provenance") or {}).get("git", {}).get("commit")
+    candidates = [
+        {"result": nb, "started_utc": previous.get("started_utc"), "commit": commit}
+        for nb in previous.get("notebooks", [])
+        if isinstance(nb, dict)
+    ] + [e for e in previous.get("earlier", []) if isinstance(e, dict) and isinstance(e.get("result"), dict)]
+    known = {f.name for f in fields(NotebookResult)}
+    kept: list[dict[str, Any]] = []
+    for entry in candidates:
+        nb = {k: v for k, v in entry["result"].items() if k in known}
+        name = nb.get("name")
+        if not name or name in current or any(e["result"]["name"] == name for e in kept):
+            continue
+        if not any(nb.get(key) and (output / nb[key]).is_file() for key in ("html", "ipynb")):
+            continue
+        kept.append({**entry, "result": nb})
+    return kept
 
 
 # --------------------------------------------------------------------------------------------

@@ -237,3 +237,27 @@ def test_provenance_fields():
     assert row["param.n"] == 3 and "git_commit" in row and "device" in row
     frame = provenance.as_frame(info)
     assert {"git.commit", "device.cpu_count", "params.ns"} <= set(frame["key"])
+
+
+def test_index_keeps_notebooks_of_earlier_runs(tmp_path):
+    """A run of a subset (`--only`) keeps the other notebooks listed, marked as from an earlier run."""
+    out = tmp_path / "reports"
+    out.mkdir()
+    for name in ("01_a", "02_b"):
+        (out / f"{name}.html").write_text("<html></html>")
+    first = [
+        report.NotebookResult("01_a", "01_a.py", {}, ok=True, seconds=1.0, html="01_a.html"),
+        report.NotebookResult("02_b", "02_b.py", {"x": 1}, ok=True, seconds=2.0, html="02_b.html"),
+    ]
+    report.write_index(first, out)
+    report.write_index([report.NotebookResult("02_b", "02_b.py", {}, ok=True, seconds=3.0, html="02_b.html")], out)
+    index = (out / "index.html").read_text()
+    assert 'href="01_a.html"' in index and 'href="02_b.html"' in index
+    assert index.count("earlier run") == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert [n["name"] for n in summary["notebooks"]] == ["02_b"]
+    assert [e["result"]["name"] for e in summary["earlier"]] == ["01_a"]
+    # Gone from disk: no longer listed.
+    (out / "01_a.html").unlink()
+    report.write_index([report.NotebookResult("02_b", "02_b.py", {}, ok=True, seconds=3.0, html="02_b.html")], out)
+    assert "01_a" not in (out / "index.html").read_text()
