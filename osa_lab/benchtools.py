@@ -51,10 +51,14 @@ def time_interleaved(
     Ratios of the medians compare the functions under the same machine conditions: on a
     shared machine, load that comes and goes then hits every function alike instead of
     whichever happened to run during it. ``repeat`` may be a dict giving a name fewer rounds
-    (a slow baseline); it then runs in the first rounds only.
+    (a slow baseline; it then runs in the first rounds only); names it leaves out run every round.
     """
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    reps = repeat if isinstance(repeat, dict) else dict.fromkeys(fns, repeat)
+    if isinstance(repeat, dict):  # names not given run every round
+        most = max(repeat.values(), default=5)
+        reps = {name: repeat.get(name, most) for name in fns}
+    else:
+        reps = dict.fromkeys(fns, repeat)
     for fn in fns.values():
         for _ in range(warmup):
             fn()

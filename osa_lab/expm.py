@@ -182,7 +182,10 @@ class _Scratch(threading.local):
     glibc hands multi-megabyte blocks back to the kernel when they are freed, so every fresh
     tensor of that size is page-faulted (zeroed) again on first touch: for 32 matrices of
     128 × 128 that was ≈ 40 % of :func:`skew_matrix_exp`. Buffers of one shape are kept, at most
-    ``SCRATCH_LIMIT_BYTES`` per thread; they never escape (results are fresh tensors).
+    ``SCRATCH_LIMIT_BYTES`` per thread. :func:`skew_matrix_exp` returns fresh tensors; only the
+    internal :func:`_gram_core_parts` hands two scratch-backed tensors to its callers, which use
+    them at once. Buffers are allocated outside inference mode, so they can be written in and
+    out of it.
     """
 
     def __init__(self) -> None:
@@ -195,7 +198,8 @@ class _Scratch(threading.local):
             return [torch.empty_like(like, memory_format=torch.contiguous_format) for _ in range(count)]
         key = (tuple(like.shape), like.dtype)
         if key != self.key or len(self.buffers) < count:
-            self.key, self.buffers = key, [torch.empty(like.shape, dtype=like.dtype) for _ in range(count)]
+            with torch.inference_mode(False):  # inference tensors could not be written outside it
+                self.key, self.buffers = key, [torch.empty(like.shape, dtype=like.dtype) for _ in range(count)]
         return self.buffers[:count]
 
 
@@ -222,9 +226,12 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     over the eigenvalues ``±iθ_j``: at most ``tol`` (default: the unit roundoff of ``M``'s dtype)
     when ``ρ(M)/2^s ≤ θ_m``. For OSA's ``M`` (DESIGN.md §2: ``‖M‖₂ = ‖S‖₂``, often hundreds)
     the bound from ``M²`` and ``M⁴`` is within ≈ 1.3× of ``‖M‖₂`` where ``‖M‖₁`` (PyTorch's
-    choice) is ≈ 2.5× above it, and degree 16 costs 6 products: 15 products at ``‖S‖₂ ≈ 300``
-    where PyTorch spends ≈ 22 product-equivalents (`BENCHMARKS.md`). One scaling serves the whole
-    batch (its largest bound). Products only, so autograd differentiates it at about twice the
+    choice) is ≈ 2.5× above it, and degree 16 costs 6 products: at ``‖S‖₂ ≈ 300`` 15 products
+    (14 with the float32-input tolerance 1e-10) where PyTorch's takes the time of ≈ 25
+    (`BENCHMARKS.md`). One scaling serves the whole batch while the matrices' own squaring
+    counts differ by at most ``SHARED_SCALING_SPREAD``; beyond that each matrix is scaled and
+    squared on its own (else small ones would lose ≈ 2^Δs·eps). A NaN/Inf matrix gives a
+    non-finite result in its own slot only. Products only, so autograd differentiates it at about twice the
     forward cost (PyTorch's backward exponentiates a 2n×2n matrix). ``minus_identity=True``
     returns ``exp(M) − I``. Skew-symmetry is assumed, not checked (:func:`matrix_exp` is general).
     """
@@ -232,6 +239,8 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     if m.numel() == 0 or n == 1:
         out = torch.ones_like(m) if n == 1 else m.clone()
         return out - 1 if minus_identity else out
+    if tol is not None and not (isinstance(tol, (int, float)) and 0 < tol < 1):
+        raise OSAInputError(f"`tol` must be a number in (0, 1) (a relative truncation error), got {tol!r}")
     unit = torch.finfo(m.dtype).eps / 2 if tol is None else float(tol)
     bufs = _SCRATCH.take(m, 6) if _may_reuse(m) else None
     e = _skew_exp(m, unit, bufs)
@@ -241,9 +250,50 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
 
 
 def _may_reuse(*tensors: torch.Tensor) -> bool:
-    """True when products may be written into scratch buffers: 3-D CPU tensors outside autograd."""
+    """True when products may be written into scratch buffers: 3-D CPU tensors of one shape,
+    outside autograd and outside torch.func transforms (whose wrappers hide the real shape)."""
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return not grad and all(t.dim() == 3 and t.device.type == "cpu" for t in tensors)
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+    return (
+        not grad
+        and all(t.dim() == 3 and t.device.type == "cpu" and not wrapped(t) for t in tensors)
+        and all(t.shape == tensors[0].shape for t in tensors)
+    )
+
+
+#: Largest spread of squaring counts (doublings of ‖M‖) over a batch that :func:`skew_matrix_exp`
+#: serves with one shared scaling; beyond it each matrix is scaled and squared on its own.
+SHARED_SCALING_SPREAD = 4
+
+
+def _skew_exp_per_matrix(
+    powers: list[torch.Tensor | None], degree: int, block: int, squarings: torch.Tensor, n: int
+) -> torch.Tensor:
+    """The Taylor polynomial with a scaling ``2^{-s_i}`` per matrix, then ``s_i`` squarings each
+    (a batch whose norms differ by orders of magnitude). Allocates freely: a rare path."""
+    lead = powers[1].shape[:-2]
+    h = torch.pow(2.0, -squarings.to(powers[1].dtype)).reshape(*lead, 1, 1)
+    eye = torch.eye(n, dtype=powers[1].dtype, device=powers[1].device)
+
+    def block_poly(first: int) -> torch.Tensor:
+        out = eye / math.factorial(first)
+        for j in range(1, block):
+            if first + j <= degree:
+                out = out + powers[j] * (h**j / math.factorial(first + j))
+        return out
+
+    top, hq = degree // block, h**block
+    if degree % block == 0:
+        top -= 1
+        e = block_poly(block * top) + powers[block] * (hq / math.factorial(degree))
+    else:
+        e = block_poly(block * top)
+    for i in range(top - 1, -1, -1):
+        e = (powers[block] @ e) * hq + block_poly(block * i)
+    counts = squarings.reshape(*lead, 1, 1)
+    for k in range(int(squarings.max()) if squarings.numel() else 0):
+        e = torch.where(counts > k, e @ e, e)
+    return e
 
 
 def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> torch.Tensor:
@@ -262,11 +312,11 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
         m2 = mm(m, m, None)
     rho_t = torch.minimum(_one_norm(m, bufs[3]), _one_norm(m2, bufs[3]).sqrt())
     try:
-        rho = float(rho_t.max())
+        # The plan follows the finite matrices; a NaN/Inf matrix stays NaN/Inf in its own slot
+        # (every product is per matrix), the callers report it.
+        rho = float(torch.where(torch.isfinite(rho_t), rho_t, 0.0).max())
     except RuntimeError:  # under torch.func.vmap a tensor has no single value
         return matrix_exp(m)
-    if not math.isfinite(rho):
-        return m + m2  # non-finite input: propagate NaN/Inf, the callers report it
     degree, block, squarings = _skew_exp_plan(rho, unit)
     powers = [None, m, m2]
     if block >= 3:
@@ -274,8 +324,18 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
     if block >= 4:
         powers.append(mm(m2, m2, bufs[2]))
         # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
-        rho = min(rho, float(_one_norm(powers[4], bufs[3]).max()) ** 0.25)
+        rho_t = torch.minimum(rho_t, _one_norm(powers[4], bufs[3]) ** 0.25)
+        rho = float(torch.where(torch.isfinite(rho_t), rho_t, 0.0).max())
         degree, block, squarings = _skew_exp_plan(rho, unit, blocks=(4,))
+    if rho_t.numel() > 1 and squarings > SHARED_SCALING_SPREAD:
+        # One scaling for all would square small-norm matrices 2^Δs times too often (error
+        # ≈ 2^Δs·eps): when the batch spans more than SHARED_SCALING_SPREAD doublings, each
+        # matrix gets its own scaling.
+        theta = _taylor_theta(degree, unit)
+        own = torch.ceil(torch.log2(rho_t.clamp_min(1e-300) / theta)).clamp_min(0)
+        own = own.nan_to_num(nan=squarings, posinf=squarings)
+        if squarings - int(own.min()) > SHARED_SCALING_SPREAD:
+            return _skew_exp_per_matrix(powers, degree, block, own.to(torch.int64), m.shape[-1])
     h = 2.0**-squarings  # X = h·M; X^j = h^j M^j (scaling folded into the coefficients)
     hq = h**block
 
@@ -397,7 +457,11 @@ def _gram_core_parts(
     width = g.shape[-1]
     eye = torch.eye(width, dtype=g.dtype, device=g.device)
     chol, chol_inv, ok = _cholesky_with_inverse(g, None if bufs is None else (bufs[6], bufs[9]))
-    if not bool(ok.all()):
+    try:
+        all_ok = bool(ok.all())
+    except RuntimeError:  # under torch.func.vmap there is no single value: replace unconditionally
+        all_ok = False
+    if not all_ok:
         # Failed factorisations contain garbage; replace by I so the batch stays finite.
         chol = torch.where(ok[..., None, None], chol, eye)
         chol_inv = torch.where(ok[..., None, None], chol_inv, eye)

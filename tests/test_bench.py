@@ -15,6 +15,9 @@ def test_time_interleaved_alternates_calls_and_honours_fewer_rounds():
     )
     assert calls == ["a", "b", "a", "b", "a", "a"]  # warm-up a, b; then rounds: a b | a | a
     assert set(medians) == {"a", "b"} and all(t >= 0 for t in medians.values())
+    calls.clear()
+    time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat={"a": 2}, warmup=0)
+    assert calls == ["a", "b", "a", "b"]  # a name left out of the dict runs every round
 
 
 def test_bench_quick_writes_the_table(tmp_path, capsys):

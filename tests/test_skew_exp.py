@@ -87,11 +87,41 @@ def test_skew_matrix_exp_gradcheck():
     assert torch.autograd.gradcheck(lambda x: expm.skew_matrix_exp(x, minus_identity=True), (leaf_small,))
 
 
-def test_skew_matrix_exp_propagates_non_finite_input():
+def test_skew_matrix_exp_keeps_non_finite_input_in_its_own_slot():
+    """A NaN/Inf matrix gives a non-finite result; the other matrices of the batch stay exact."""
     m = _skew_batch(8, 2.0)
+    ref = _scipy_expm(m)
     m[1, 2, 3] = float("nan")
+    m[2, 0, 1] = float("inf")
     out = expm.skew_matrix_exp(m)
-    assert not bool(torch.isfinite(out).all())
+    assert rel_err(out[0], ref[0]) <= 1e-14
+    assert not bool(torch.isfinite(out[1]).all()) and not bool(torch.isfinite(out[2]).all())
+    u = torch.randn(3, 40, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    w = torch.randn(3, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    j, v = w - w.mT, torch.randn(3, 40, 2, dtype=torch.float64)
+    exact = torch.linalg.matrix_exp(u @ j @ u.mT) @ v
+    u[1, 5, 2] = float("nan")
+    y = osa_lab.lowrank_action(u, j, v, engine="qr")
+    assert rel_err(y[0], exact[0]) <= 1e-12 and rel_err(y[2], exact[2]) <= 1e-12
+    assert not bool(torch.isfinite(y[1]).all())
+
+
+def test_skew_matrix_exp_scales_each_matrix_when_norms_differ_widely():
+    """A tiny-norm matrix batched with a huge-norm one is not squared 2^Δs times too often."""
+    m = torch.cat([_skew_batch(16, 0.1, batch=1, seed=1), _skew_batch(16, 1e7, batch=1, seed=2)])
+    out = expm.skew_matrix_exp(m)
+    assert rel_err(out[0], _scipy_expm(m[:1])[0]) <= 1e-14
+    assert float(expm.orthogonality_error(out[1:])) <= 1e-6  # ‖M‖ = 1e7: the product of many squarings
+    alone = expm.skew_matrix_exp(m[:1])
+    assert rel_err(out[0], alone[0]) <= 1e-14
+
+
+def test_skew_matrix_exp_rejects_a_bad_tolerance():
+    from osa_lab.errors import OSAInputError
+
+    for tol in (0, -1e-3, 1.5, "x"):
+        with pytest.raises(OSAInputError, match="tol"):
+            expm.skew_matrix_exp(_skew_batch(4, 1.0), tol=tol)
 
 
 @settings(max_examples=30, deadline=None)
@@ -181,7 +211,7 @@ def test_blocked_cholesky_flags_rank_deficient_matrices(failing_block):
     width = 64
     u = torch.randn(3, 200, width, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     col = 3 if failing_block == "first" else 40
-    u[1, :, col] = u[1, :, col + 1]  # two equal columns: G is singular
+    u[1, :, col] = 0.0  # a zero column: G has a zero pivot, the factorisation must fail
     _, _, ok = expm._cholesky_with_inverse(u.mT @ u)
     assert ok.tolist() == [True, False, True]
 
@@ -202,3 +232,27 @@ def test_release_scratch_frees_this_threads_buffers():
     assert expm.release_scratch() == 6 * m.numel() * m.element_size()
     assert expm._SCRATCH.buffers == [] and expm.release_scratch() == 0
     assert torch.equal(expm.skew_matrix_exp(m), before)  # re-allocated, same result
+
+
+def test_scratch_buffers_work_after_inference_mode():
+    """Buffers first made under torch.inference_mode() must stay writable outside it."""
+    expm.release_scratch()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 256, 32, generator=g) for _ in range(3))
+    with torch.inference_mode():
+        inside = osa_lab.osa(q, k, v, 0.5, method="gram")
+    outside = osa_lab.osa(q, k, v, 0.5, method="gram")
+    assert torch.equal(inside, outside)
+
+
+def test_gram_core_broadcasts_and_composes_with_vmap():
+    g = torch.Generator().manual_seed(6)
+    u = torch.randn(3, 200, 64, dtype=torch.float64, generator=g)
+    gram = u.mT @ u
+    j = expm.osa_skew_core(32, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64))
+    f_all, _ = expm.gram_core(gram, j)
+    f_broadcast, _ = expm.gram_core(gram[:1], j)  # one G against three J
+    for i in range(3):
+        assert rel_err(f_broadcast[i], expm.gram_core(gram[:1], j[i : i + 1])[0][0]) <= 1e-13
+    f_vmap = torch.func.vmap(lambda a, b: expm.gram_core(a, b)[0])(gram[None].expand(2, -1, -1, -1), j[None].expand(2, -1, -1, -1))
+    assert rel_err(f_vmap[1], f_all) <= 1e-12
