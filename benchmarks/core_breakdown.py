@@ -31,8 +31,7 @@ def stages(n: int, rounds: int) -> list[dict]:
     p = torch.cat([a.mT @ v, b.mT @ v], -2).double()
     tol = expm.CORE_TOLERANCE[torch.float32]
     chol, chol_inv, _ = expm._cholesky_with_inverse(g)
-    x = chol[:, :r].mT @ chol[:, r:]
-    m = (x - x.mT) * j[:, :1, r : r + 1]
+    m = expm._core_matrix(chol, j, osa_core=True)
     e_minus_i = expm.skew_matrix_exp(m, tol=tol, minus_identity=True)
     c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p))).float()
     mm_a, mm_b = torch.randn(2048, 2048), torch.randn(2048, 2048)

@@ -75,14 +75,6 @@ def time_interleaved(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def matmul_gflops(n: int = 2048, dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
-    """Measured dense matmul rate (GFLOP/s) of an n×n by n×n product on this machine."""
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    seconds = time_call(lambda: a @ b, repeat=5, warmup=2)
-    return 2 * n**3 / seconds / 1e9
-
-
 def _proc_status_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:

@@ -239,21 +239,33 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     if m.numel() == 0 or n == 1:
         out = torch.ones_like(m) if n == 1 else m.clone()
         return out - 1 if minus_identity else out
-    if tol is not None and not (isinstance(tol, (int, float)) and 0 < tol < 1):
-        raise OSAInputError(f"`tol` must be a number in (0, 1) (a relative truncation error), got {tol!r}")
-    unit = torch.finfo(m.dtype).eps / 2 if tol is None else float(tol)
+    unit = _truncation_unit(m.dtype, tol)
     bufs = _SCRATCH.take(m, 6) if _may_reuse(m) else None
     e = _skew_exp(m, unit, bufs)
     if minus_identity:
         return e - torch.eye(n, dtype=e.dtype, device=e.device)
-    return e.clone() if bufs is not None and any(e is x for x in bufs) else e
+    return e.clone() if bufs is not None else e  # never hand out a scratch buffer
+
+
+def _truncation_unit(dtype: torch.dtype, tol: float | None) -> float:
+    """The Taylor truncation tolerance: ``tol``, or the unit roundoff of ``dtype`` when None."""
+    if tol is None:
+        return torch.finfo(dtype).eps / 2
+    if not (isinstance(tol, (int, float)) and 0 < tol < 1):
+        raise OSAInputError(f"`tol` must be a number in (0, 1) (a relative truncation error), got {tol!r}")
+    return float(tol)
+
+
+def _finite_max(t: torch.Tensor) -> float:
+    """Largest finite entry of ``t`` (0 if none); raises RuntimeError under torch.func.vmap."""
+    return float(torch.where(torch.isfinite(t), t, 0.0).max())
 
 
 def _may_reuse(*tensors: torch.Tensor) -> bool:
     """True when products may be written into scratch buffers: 3-D CPU tensors of one shape,
     outside autograd and outside torch.func transforms (whose wrappers hide the real shape)."""
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return (
         not grad
         and all(t.dim() == 3 and t.device.type == "cpu" and not wrapped(t) for t in tensors)
@@ -266,78 +278,17 @@ def _may_reuse(*tensors: torch.Tensor) -> bool:
 SHARED_SCALING_SPREAD = 4
 
 
-def _skew_exp_per_matrix(
-    powers: list[torch.Tensor | None], degree: int, block: int, squarings: torch.Tensor, n: int
+def _taylor_ps(
+    powers: list[torch.Tensor | None], degree: int, block: int, h: float | torch.Tensor, bufs: list | None
 ) -> torch.Tensor:
-    """The Taylor polynomial with a scaling ``2^{-s_i}`` per matrix, then ``s_i`` squarings each
-    (a batch whose norms differ by orders of magnitude). Allocates freely: a rare path."""
-    lead = powers[1].shape[:-2]
-    h = torch.pow(2.0, -squarings.to(powers[1].dtype)).reshape(*lead, 1, 1)
-    eye = torch.eye(n, dtype=powers[1].dtype, device=powers[1].device)
-
-    def block_poly(first: int) -> torch.Tensor:
-        out = eye / math.factorial(first)
-        for j in range(1, block):
-            if first + j <= degree:
-                out = out + powers[j] * (h**j / math.factorial(first + j))
-        return out
-
-    top, hq = degree // block, h**block
-    if degree % block == 0:
-        top -= 1
-        e = block_poly(block * top) + powers[block] * (hq / math.factorial(degree))
-    else:
-        e = block_poly(block * top)
-    for i in range(top - 1, -1, -1):
-        e = (powers[block] @ e) * hq + block_poly(block * i)
-    counts = squarings.reshape(*lead, 1, 1)
-    for k in range(int(squarings.max()) if squarings.numel() else 0):
-        e = torch.where(counts > k, e @ e, e)
-    return e
-
-
-def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> torch.Tensor:
-    """:func:`skew_matrix_exp` with truncation tolerance ``unit``; with ``bufs`` (6 tensors shaped
-    like ``m``) every product is written into them and the result may be one of them."""
+    """Paterson–Stockmeyer value of the degree-``degree`` Taylor polynomial of ``X = h·M`` from the
+    powers ``M, …, M^q`` (q = ``block``); ``h`` is a float, or a tensor ``(..., 1, 1)`` with one
+    scaling per matrix. With ``bufs`` (float ``h`` only) the work goes into ``bufs[3:6]``."""
     reuse = bufs is not None
-    bufs = bufs if reuse else [None] * 6
-
-    def mm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        return torch.matmul(x, y, out=out) if reuse else torch.matmul(x, y)
-
-    try:
-        m2 = mm(m, m, bufs[0])
-    except (NotImplementedError, RuntimeError):  # torch.func wrappers have no storage for out=
-        reuse, bufs = False, [None] * 6
-        m2 = mm(m, m, None)
-    rho_t = torch.minimum(_one_norm(m, bufs[3]), _one_norm(m2, bufs[3]).sqrt())
-    try:
-        # The plan follows the finite matrices; a NaN/Inf matrix stays NaN/Inf in its own slot
-        # (every product is per matrix), the callers report it.
-        rho = float(torch.where(torch.isfinite(rho_t), rho_t, 0.0).max())
-    except RuntimeError:  # under torch.func.vmap a tensor has no single value
-        return matrix_exp(m)
-    degree, block, squarings = _skew_exp_plan(rho, unit)
-    powers = [None, m, m2]
-    if block >= 3:
-        powers.append(mm(m2, m, bufs[1]))
-    if block >= 4:
-        powers.append(mm(m2, m2, bufs[2]))
-        # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
-        rho_t = torch.minimum(rho_t, _one_norm(powers[4], bufs[3]) ** 0.25)
-        rho = float(torch.where(torch.isfinite(rho_t), rho_t, 0.0).max())
-        degree, block, squarings = _skew_exp_plan(rho, unit, blocks=(4,))
-    if rho_t.numel() > 1 and squarings > SHARED_SCALING_SPREAD:
-        # One scaling for all would square small-norm matrices 2^Δs times too often (error
-        # ≈ 2^Δs·eps): when the batch spans more than SHARED_SCALING_SPREAD doublings, each
-        # matrix gets its own scaling.
-        theta = _taylor_theta(degree, unit)
-        own = torch.ceil(torch.log2(rho_t.clamp_min(1e-300) / theta)).clamp_min(0)
-        own = own.nan_to_num(nan=squarings, posinf=squarings)
-        if squarings - int(own.min()) > SHARED_SCALING_SPREAD:
-            return _skew_exp_per_matrix(powers, degree, block, own.to(torch.int64), m.shape[-1])
-    h = 2.0**-squarings  # X = h·M; X^j = h^j M^j (scaling folded into the coefficients)
     hq = h**block
+
+    def add_scaled(out: torch.Tensor, x: torch.Tensor, c: float | torch.Tensor) -> torch.Tensor:
+        return out.addcmul_(x, c) if torch.is_tensor(c) else out.add_(x, alpha=c)
 
     def block_poly(first: int) -> torch.Tensor:
         """``B_i(X) = Σ_{0≤j<q, first+j≤m} X^j / (first+j)!`` with ``first = q·i``."""
@@ -348,29 +299,72 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
                 if out is None:
                     out = torch.mul(powers[j], c, out=bufs[3]) if reuse else powers[j] * c
                 else:
-                    out.add_(powers[j], alpha=c)
+                    add_scaled(out, powers[j], c)
         out.diagonal(dim1=-2, dim2=-1).add_(1 / math.factorial(first))
         return out
 
     # Horner in X^q: p = B_0 + X^q (B_1 + X^q (… + X^q B_top)); B_top = I/m! when q | m.
     top = degree // block
     xq = powers[block]
-    e, spare = bufs[4], bufs[5]
     if degree % block == 0:
         top -= 1
-        first = block_poly(block * top).add_(xq, alpha=hq / math.factorial(degree))
+        first = add_scaled(block_poly(block * top), xq, hq / math.factorial(degree))
     else:
         first = block_poly(block * top)
-    e = e.copy_(first) if reuse else first
+    e, spare = (bufs[4].copy_(first), bufs[5]) if reuse else (first, None)
     for i in range(top - 1, -1, -1):
         if reuse:  # spare = B_i + h^q X^q e in one pass
-            nxt = torch.baddbmm(block_poly(block * i), xq, e, alpha=hq, out=spare)
+            e, spare = torch.baddbmm(block_poly(block * i), xq, e, alpha=hq, out=spare), e
         else:
-            nxt = (xq @ e).mul(hq).add(block_poly(block * i))
-        e, spare = nxt, e
+            e = (xq @ e).mul(hq).add(block_poly(block * i))
+    return e
+
+
+def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> torch.Tensor:
+    """:func:`skew_matrix_exp` with truncation tolerance ``unit``; with ``bufs`` (6 tensors shaped
+    like ``m``) every product is written into them and the result may be one of them."""
+
+    def mm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        return torch.matmul(x, y, out=out) if out is not None else torch.matmul(x, y)
+
+    slot = bufs if bufs is not None else [None] * 6
+    m2 = mm(m, m, slot[0])
+    rho_t = torch.minimum(_one_norm(m, slot[3]), _one_norm(m2, slot[3]).sqrt())
+    try:
+        # The plan follows the finite matrices; a NaN/Inf matrix stays NaN/Inf in its own slot
+        # (every product is per matrix), the callers report it.
+        rho = _finite_max(rho_t)
+    except RuntimeError:  # under torch.func.vmap a tensor has no single value
+        return matrix_exp(m)
+    degree, block, squarings = _skew_exp_plan(rho, unit)
+    powers = [None, m, m2]
+    if block >= 3:
+        powers.append(mm(m2, m, slot[1]))
+    if block >= 4:
+        powers.append(mm(m2, m2, slot[2]))
+        # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
+        rho_t = torch.minimum(rho_t, _one_norm(powers[4], slot[3]) ** 0.25)
+        degree, block, squarings = _skew_exp_plan(_finite_max(rho_t), unit, blocks=(4,))
+    if rho_t.numel() > 1 and squarings > SHARED_SCALING_SPREAD:
+        # One scaling for all would square small-norm matrices 2^Δs times too often (error
+        # ≈ 2^Δs·eps): when the batch spans more than SHARED_SCALING_SPREAD doublings, each
+        # matrix gets its own scaling and squaring count (allocating freely: a rare path).
+        own = torch.ceil(torch.log2(rho_t.clamp_min(1e-300) / _taylor_theta(degree, unit))).clamp_min(0)
+        own = own.nan_to_num(nan=squarings, posinf=squarings)
+        if squarings - int(own.min()) > SHARED_SCALING_SPREAD:
+            counts = own.reshape(*own.shape, 1, 1)
+            e = _taylor_ps(powers, degree, block, torch.pow(2.0, -counts.to(m.dtype)), None)
+            for k in range(squarings):
+                e = torch.where(counts > k, e @ e, e)
+            return e
+    e = _taylor_ps(powers, degree, block, 2.0**-squarings, bufs)
+    if bufs is None:
+        for _ in range(squarings):
+            e = e @ e
+        return e
+    spare = bufs[5] if e is bufs[4] else bufs[4]
     for _ in range(squarings):
-        nxt = mm(e, e, spare)
-        e, spare = nxt, e
+        e, spare = torch.matmul(e, e, out=spare), e
     return e
 
 
@@ -465,23 +459,29 @@ def _gram_core_parts(
         # Failed factorisations contain garbage; replace by I so the batch stays finite.
         chol = torch.where(ok[..., None, None], chol, eye)
         chol_inv = torch.where(ok[..., None, None], chol_inv, eye)
-    if osa_core:
-        half = width // 2
-        top, bottom = chol[..., :half, :].mT, chol[..., half:, :]
-        x = torch.matmul(top, bottom) if bufs is None else torch.matmul(top, bottom, out=bufs[7])
-        m = (x - x.mT) if bufs is None else torch.sub(x, x.mT, out=bufs[8])
-        m.mul_(j[..., :1, half : half + 1])
-    else:
-        m = chol.mT @ (j @ chol)
+    m = _core_matrix(chol, j, osa_core, None if bufs is None else (bufs[7], bufs[8]))
     s_norm_lower = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
-    unit = torch.finfo(g.dtype).eps / 2 if tol is None else float(tol)
-    e_minus_i = _skew_exp(m, unit, None if bufs is None else bufs[:6])
+    e_minus_i = _skew_exp(m, _truncation_unit(g.dtype, tol), None if bufs is None else bufs[:6])
     if bufs is None:
         e_minus_i = e_minus_i - eye
     else:
         e_minus_i.diagonal(dim1=-2, dim2=-1).sub_(1)
     cond = (torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach())) / width
     return chol_inv, e_minus_i, ok, (s_norm_lower, cond)
+
+
+def _core_matrix(
+    chol: torch.Tensor, j: torch.Tensor, osa_core: bool, out: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """``M = Lᵀ J L``. With ``osa_core`` (``J = s·[[0, I], [−I, 0]]``): ``M = s (XᵀY − YᵀX)`` from
+    the row blocks ``X, Y`` of ``L``, one half-size product; ``out`` holds ``XᵀY`` and ``M`` then."""
+    if not osa_core:
+        return chol.mT @ (j @ chol)
+    half = chol.shape[-1] // 2
+    top, bottom = chol[..., :half, :].mT, chol[..., half:, :]
+    x = torch.matmul(top, bottom) if out is None else torch.matmul(top, bottom, out=out[0])
+    m = (x - x.mT) if out is None else torch.sub(x, x.mT, out=out[1])
+    return m.mul_(j[..., :1, half : half + 1])
 
 
 def _cholesky_with_inverse(

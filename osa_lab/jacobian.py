@@ -237,8 +237,8 @@ def matrix_free_extremes(
     if n <= 2:  # ARPACK needs k < n; such tiny problems are exact anyway.
         dense = np.stack([jac.matvec(e) for e in np.eye(n)], axis=1)
         s = np.linalg.svd(dense, compute_uv=False)
-        return (float(s[0]), float(s[-1]), True) if return_converged else (float(s[0]), float(s[-1]))
-    if solver == "arpack":
+        smax, smin = float(s[0]), float(s[-1])
+    elif solver == "arpack":
         ncv = min(n - 1, ARPACK_NCV)
         v0 = rng.standard_normal(min(jac.shape))
         s = svds(
@@ -311,14 +311,12 @@ def jacobian_spectrum(
             jac = exact_jacobian(fn, x, chunk_size=chunk_size, max_bytes=max_bytes)
             sigma = torch.linalg.svdvals(jac.double()).numpy()
             shape = tuple(jac.shape)
-            smax, smin = float(sigma[0]), float(sigma[-1])
+            smax, smin, converged = float(sigma[0]), float(sigma[-1]), True
         else:
             smax, smin, converged = matrix_free_extremes(fn, x, solver=solver, tol=tol, return_converged=True)
             sigma = np.array([smax, smin])
             with torch.no_grad():
                 shape = (fn(x).numel(), x.numel())
-    if resolved == "exact":
-        converged = True
     return JacobianSpectrum(sigma, smax, smin, _kappa(smax, smin), resolved, shape, converged)
 
 
