@@ -44,3 +44,8 @@ class SolverNotConvergedWarning(UserWarning):
     """An iterative eigen/singular-value solver stopped before converging; the value it gives is
     a bound, not an estimate (e.g. matrix-free σ_min from partial Ritz values is an upper bound,
     so κ is a lower bound)."""
+
+
+class OutputPathError(ConfigurationError):
+    """An output path cannot be written (a directory where a file is needed, a parent that is a
+    file, a read-only location); raised by the command line before any computation starts."""
