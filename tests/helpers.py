@@ -29,3 +29,83 @@ def make_qk(kind: str, n: int, r: int, *, batch: tuple[int, ...] = (), dtype=tor
     else:
         raise ValueError(kind)
     return q.to(dtype), k.to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI error harness (issue 11): a user error exits 2 with one line and leaves no files behind
+# ------------------------------------------------------------------------------------------------
+
+
+def _files_under(folders) -> set[str]:
+    import os
+
+    found: set[str] = set()
+    for folder in folders:
+        for root, dirs, files in os.walk(folder):
+            found.update(os.path.join(root, name) for name in [*dirs, *files])
+    return found
+
+
+def _check_error_output(argv: list[str], rc: int, err: str, match: str | None) -> str:
+    import re
+
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    assert rc == 2, f"osa-lab {' '.join(argv)}: exit status {rc}, expected 2; stderr:\n{err}"
+    assert "Traceback" not in err, f"osa-lab {' '.join(argv)} printed a traceback:\n{err}"
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("usage:")]
+    assert len(lines) == 1, f"osa-lab {' '.join(argv)}: expected one error line, got {len(lines)}:\n{err}"
+    prefix = "osa-lab: error: " if command not in _subcommands() else f"osa-lab {command}: error: "
+    assert lines[0].startswith(prefix), f"error line does not start with {prefix!r}: {lines[0]!r}"
+    usage = [line for line in err.splitlines() if line.startswith("usage:")]
+    assert len(usage) <= 1, f"usage printed over several lines:\n{err}"
+    if match is not None:
+        assert re.search(match, lines[0]), f"error line does not name the problem ({match!r}): {lines[0]!r}"
+    return lines[0]
+
+
+def _subcommands() -> set[str]:
+    from osa_lab.cli import SUBCOMMANDS
+
+    return set(SUBCOMMANDS)
+
+
+def assert_cli_user_error(argv: list[str], match: str | None = None, *, watch=()) -> str:
+    """Run ``osa_lab.cli.main(argv)`` in-process and assert a clean user error.
+
+    Asserts: exit status 2; nothing on stderr but at most one ``usage:`` line and exactly one
+    ``osa-lab <cmd>: error: …`` line that matches the regex ``match``; no ``Traceback``; and
+    no file or folder created under any of the folders in ``watch`` (no partial outputs).
+    Returns the error line. Argparse's ``SystemExit`` is caught (``main`` returns for it too).
+    """
+    import contextlib
+    import io
+
+    from osa_lab.cli import main
+
+    before = _files_under(watch)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(argv))
+        except SystemExit as stop:  # pragma: no cover - main returns; kept for direct parsers
+            rc = stop.code if isinstance(stop.code, int) else 2
+    line = _check_error_output(list(argv), rc, err.getvalue(), match)
+    created = sorted(_files_under(watch) - before)
+    assert not created, f"osa-lab {' '.join(argv)} left files behind: {created}"
+    return line
+
+
+def assert_cli_user_error_subprocess(argv: list[str], match: str | None = None, *, watch=(), cwd=None,
+                                     timeout: float = 300) -> str:
+    """Like :func:`assert_cli_user_error`, but runs ``python -m osa_lab.cli`` in a subprocess, so
+    the terminal output is what a user sees (proves no traceback reaches it)."""
+    import subprocess
+    import sys
+
+    before = _files_under(watch)
+    proc = subprocess.run([sys.executable, "-m", "osa_lab.cli", *argv], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+    line = _check_error_output(list(argv), proc.returncode, proc.stderr, match)
+    created = sorted(_files_under(watch) - before)
+    assert not created, f"osa-lab {' '.join(argv)} left files behind: {created}"
+    return line
