@@ -19,8 +19,13 @@ with the *training* mean and standard deviation, int64 labels, and a description
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import hashlib
 import os
+import pickle
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +36,9 @@ from osa_lab.errors import OSAInputError, unknown_name
 
 #: data-set names accepted by :func:`load_data`
 DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic")
+
+#: number of MNIST classes: every label must lie in 0–9
+MNIST_CLASSES = 10
 
 #: environment variable that names the directory holding the MNIST files
 DATA_DIR_ENV = "OSA_LAB_DATA_DIR"
@@ -77,6 +85,8 @@ class ImageDataset:
         y_train, y_test: int64 labels in ``[0, num_classes)``.
         num_classes: number of classes.
         info: where the data came from and how it was split (recorded in run configs).
+        x_val, y_val: a validation split held out from the training data (``None`` when there
+            is none; :func:`split_validation` makes one). Never overlaps the test split.
     """
 
     name: str
@@ -86,6 +96,8 @@ class ImageDataset:
     y_test: torch.Tensor
     num_classes: int
     info: dict = field(default_factory=dict)
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def channels(self) -> int:
@@ -95,10 +107,72 @@ class ImageDataset:
     def image_size(self) -> int:
         return int(self.x_train.shape[-1])
 
+    @property
+    def sequence(self) -> bool:
+        """True for 1-D inputs ``(n, channels, length)`` (MNIST-1D), False for images."""
+        return self.x_train.dim() == 3
+
     def __repr__(self) -> str:
+        val = f", val={tuple(self.x_val.shape)}" if self.x_val is not None else ""
         return (
-            f"ImageDataset({self.name!r}, train={tuple(self.x_train.shape)}, "
+            f"ImageDataset({self.name!r}, train={tuple(self.x_train.shape)}{val}, "
             f"test={tuple(self.x_test.shape)}, classes={self.num_classes})"
+        )
+
+
+def data_fingerprint(data: ImageDataset) -> str:
+    """SHA-256 (first 16 hex digits) of every array of ``data``: equal iff the contents are equal.
+
+    Cached in ``data.info["fingerprint"]``. Training records it in its checkpoints so that a
+    resumed run refuses to continue on other data (another ``--data-dir``, changed files).
+    """
+    cached = data.info.get("fingerprint")
+    if isinstance(cached, str):
+        return cached
+    h = hashlib.sha256()
+    for t in (data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test):
+        if t is None:
+            h.update(b"none")
+            continue
+        arr = t.detach().cpu().contiguous().numpy()
+        h.update(f"{arr.dtype}{arr.shape}".encode())
+        h.update(arr.tobytes())
+    digest = h.hexdigest()[:16]
+    data.info["fingerprint"] = digest
+    return digest
+
+
+def check_labels(y: np.ndarray, num_classes: int, where: str) -> np.ndarray:
+    """``y`` as int64 after checking it is integer-typed with every value in ``[0, num_classes)``.
+
+    Raises :class:`OSAInputError` naming ``where`` (the file or split), the bad values and
+    how many there are: a corrupt label byte would otherwise build a model with too many
+    classes, and float labels would be silently truncated.
+    """
+    y = np.asarray(y)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise OSAInputError(
+            f"{where}: labels have dtype {y.dtype}; class labels must be integers 0–{num_classes - 1}. "
+            "The file is corrupt or not a label file — download it again."
+        )
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        values = sorted({int(v) for v in y[bad][:1000]})[:5]
+        raise OSAInputError(
+            f"{where}: {int(bad.sum())} label(s) outside 0–{num_classes - 1} (e.g. {values}); "
+            "the file is corrupt — download it again."
+        )
+    return y.astype(np.int64)
+
+
+def check_finite_inputs(x: np.ndarray, where: str) -> None:
+    """Raise :class:`OSAInputError` when float inputs hold NaN/Inf (reported before any training)."""
+    x = np.asarray(x)
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        n_bad = int((~np.isfinite(x)).sum())
+        raise OSAInputError(
+            f"{where}: {n_bad} NaN/Inf pixel value(s); the data are corrupt — replace the file "
+            "(this is a data error, not a training divergence)."
         )
 
 
@@ -125,6 +199,42 @@ def _limit(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple[
     idx, _ = train_test_split(np.arange(len(y)), train_size=limit, random_state=seed, stratify=stratify)
     idx = np.sort(idx)
     return x[idx], y[idx]
+
+
+def split_validation(data: ImageDataset, fraction: float = 0.1, seed: int = SPLIT_SEED) -> ImageDataset:
+    """Hold out a fixed stratified ``fraction`` of the *training* data as a validation split.
+
+    The test split is untouched, so validation and test never overlap; validation and the
+    remaining training data partition the original training data. The split depends on
+    ``seed`` (default :data:`SPLIT_SEED`), not on the training seed, so every preset and seed
+    of a comparison sees the same split. Inputs keep the standardisation of the full training
+    set (one scalar mean and std).
+    """
+    if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+        raise OSAInputError(f"validation `fraction` must lie in (0, 1), got {fraction!r}")
+    from sklearn.model_selection import train_test_split
+
+    y = data.y_train.numpy()
+    n = len(y)
+    n_val = int(round(fraction * n))
+    if n_val < 1 or n - n_val < 1:
+        raise OSAInputError(
+            f"validation fraction {fraction} of {n} training samples leaves an empty split; choose another fraction"
+        )
+    counts = np.bincount(y, minlength=data.num_classes)
+    stratify = y if counts[counts > 0].min() >= 2 and n_val >= (counts > 0).sum() else None
+    tr, va = train_test_split(np.arange(n), test_size=n_val, random_state=seed, stratify=stratify)
+    tr, va = torch.from_numpy(np.sort(tr)), torch.from_numpy(np.sort(va))
+    info = {k: v for k, v in data.info.items() if k != "fingerprint"}
+    info.update({"val_fraction": fraction, "val_split_seed": seed, "n_val": n_val})
+    return dataclasses.replace(
+        data,
+        x_train=data.x_train[tr],
+        y_train=data.y_train[tr],
+        x_val=data.x_train[va],
+        y_val=data.y_train[va],
+        info=info,
+    )
 
 
 def load_digits(test_fraction: float = 0.2, split_seed: int = SPLIT_SEED) -> ImageDataset:
@@ -165,8 +275,13 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise OSAInputError(
+            f"{path} is truncated or not a valid gzip file ({type(err).__name__}: {err}); download it again"
+        ) from err
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise OSAInputError(
             f"{path} is not an IDX file: it must start with two zero bytes, a type code and a "
@@ -250,12 +365,22 @@ def load_mnist(
     else:
         npz_path = root / "mnist.npz" if (root / "mnist.npz").is_file() else None
     if npz_path is not None:
-        with np.load(npz_path) as z:
-            keys = ("x_train", "y_train", "x_test", "y_test")
-            absent = [k for k in keys if k not in z.files]
-            if absent:
-                raise OSAInputError(f"{npz_path} lacks arrays {absent}; it needs {list(keys)} (Keras layout)")
-            x_tr, y_tr, x_te, y_te = (np.asarray(z[k]) for k in keys)
+        keys = ("x_train", "y_train", "x_test", "y_test")
+        try:
+            with np.load(npz_path, allow_pickle=False) as z:
+                absent = [k for k in keys if k not in z.files]
+                if absent:
+                    raise OSAInputError(
+                        f"{npz_path} lacks arrays {absent}; it needs {list(keys)} (Keras layout)"
+                    )
+                x_tr, y_tr, x_te, y_te = (np.asarray(z[k]) for k in keys)
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError) as err:
+            if isinstance(err, OSAInputError):
+                raise
+            raise OSAInputError(
+                f"{npz_path} is not a readable .npz archive ({type(err).__name__}: {err}); it is truncated, "
+                "corrupt or another kind of file — download mnist.npz again"
+            ) from err
         source = str(npz_path)
     else:
         if not root.is_dir():
@@ -267,23 +392,26 @@ def load_mnist(
         x_tr, y_tr = (read_idx(found[s]) for s in MNIST_FILES["train"])  # type: ignore[arg-type]
         x_te, y_te = (read_idx(found[s]) for s in MNIST_FILES["test"])  # type: ignore[arg-type]
         source = str(root)
+    checked = {}
     for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
         if x.ndim != 3 or x.shape[1] != x.shape[2] or len(x) != len(y):
             raise OSAInputError(
                 f"MNIST {split} images have shape {x.shape} and labels {y.shape}; expected "
                 "(n, size, size) images and n labels"
             )
-    x_tr, y_tr = _limit(x_tr, y_tr.astype(np.int64), train_limit, limit_seed)
-    x_te, y_te = _limit(x_te, y_te.astype(np.int64), test_limit, limit_seed)
+        check_finite_inputs(x, f"MNIST {split} images in {source}")
+        checked[split] = check_labels(y, MNIST_CLASSES, f"MNIST {split} labels in {source}")
+    y_tr, y_te = checked["train"], checked["test"]
+    x_tr, y_tr = _limit(x_tr, y_tr, train_limit, limit_seed)
+    x_te, y_te = _limit(x_te, y_te, test_limit, limit_seed)
     x_tr_t, x_te_t = _standardise(x_tr[:, None], x_te[:, None])
-    num_classes = int(max(y_tr.max(), y_te.max())) + 1
     return ImageDataset(
         "mnist",
         x_tr_t,
         torch.from_numpy(y_tr),
         x_te_t,
         torch.from_numpy(y_te),
-        max(num_classes, 10),
+        MNIST_CLASSES,
         {"source": source, "train_limit": train_limit, "test_limit": test_limit},
     )
 

@@ -36,12 +36,17 @@ and ``step`` the number of optimiser steps taken.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import re
+import shutil
+import socket
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +57,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osa_lab.data import DATASETS, ImageDataset, MissingDataError, load_data
-from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError, unknown_name
+from osa_lab.data import (
+    DATASETS,
+    ImageDataset,
+    MissingDataError,
+    data_fingerprint,
+    load_data,
+    split_validation,
+)
+from osa_lab.errors import (
+    CausalMaskError,
+    ConfigurationError,
+    MethodUnavailableError,
+    OSADtypeError,
+    OSAInputError,
+    OutputPathError,
+    RunLockedError,
+    UnknownNameError,
+    unknown_name,
+)
 
 #: the presets of the paper's comparison (DESIGN.md §5; issue 7)
 DEFAULT_COMPARISON: tuple[str, ...] = ("vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip")
@@ -76,7 +98,10 @@ COLUMNS: tuple[str, ...] = (
 DEFAULT_PATCH = {8: 2, 28: 4}
 
 CHECKPOINT_NAME = "checkpoint.pt"
-_CHECKPOINT_FORMAT = 1
+#: 2: checkpoints record the data source and a content fingerprint (resuming on other data is refused)
+_CHECKPOINT_FORMAT = 2
+#: the lock file that makes a run folder owned by one process (JSON: pid, host, started, command)
+LOCK_NAME = "run.lock"
 
 
 class TrainingDivergedError(RuntimeError):
@@ -110,6 +135,11 @@ class TrainConfig:
         patch_size: ViT patch size (``None``: :data:`DEFAULT_PATCH` for the image size).
         model: overrides of the preset's ``ModelConfig`` fields (depth, dim, heads …).
         data_options: keyword arguments of the data loader (e.g. ``train_limit`` for MNIST).
+        alpha_lr_mult: OSA's α parameters form their own AdamW group (no weight decay) whose
+            learning rate is ``lr · alpha_lr_mult``.
+        val_fraction: fraction of the training data held out as a fixed stratified validation
+            split (0: none). Validation loss/accuracy are then logged every epoch; the test
+            split is never used for choices (see :func:`tune`).
     """
 
     preset: str = "skipless-osa"
@@ -126,18 +156,46 @@ class TrainConfig:
     patch_size: int | None = None
     model: dict[str, Any] = field(default_factory=dict)
     data_options: dict[str, Any] = field(default_factory=dict)
+    alpha_lr_mult: float = 1.0
+    val_fraction: float = 0.0
 
     def __post_init__(self) -> None:
+        def is_int(val: object) -> bool:
+            return isinstance(val, int) and not isinstance(val, bool)
+
+        def is_num(val: object) -> bool:
+            return isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val)
+
         for name in ("epochs", "batch_size", "diag_samples"):
             val = getattr(self, name)
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            if not is_int(val) or val < 1:
                 raise ConfigurationError(f"`{name}` must be a positive int, got {val!r}")
-        if not isinstance(self.diag_every, int) or self.diag_every < 0:
-            raise ConfigurationError(f"`diag_every` must be an int ≥ 0, got {self.diag_every!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
+        if not is_int(self.diag_every) or self.diag_every < 0:
+            raise ConfigurationError(f"`diag_every` must be an int ≥ 0 (0: only at start and end), got {self.diag_every!r}")
+        if not (is_num(self.lr) and self.lr > 0):
             raise ConfigurationError(f"`lr` must be a positive finite number, got {self.lr!r}")
-        if not 0.0 <= self.warmup_fraction < 1.0:
+        if not (is_num(self.warmup_fraction) and 0.0 <= self.warmup_fraction < 1.0):
             raise ConfigurationError(f"`warmup_fraction` must lie in [0, 1), got {self.warmup_fraction!r}")
+        if not (is_num(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigurationError(
+                f"`weight_decay` must be a finite number ≥ 0 (0: off), got {self.weight_decay!r}; a negative "
+                "decay would grow the weights every step"
+            )
+        if self.grad_clip is not None and not (is_num(self.grad_clip) and self.grad_clip > 0):
+            raise ConfigurationError(
+                f"`grad_clip` must be a positive finite norm, or None / 0 on the command line to turn clipping "
+                f"off; got {self.grad_clip!r} (a negative clip flips the gradient into gradient ascent)"
+            )
+        if not is_int(self.seed) or self.seed < 0:
+            raise ConfigurationError(f"`seed` must be an int ≥ 0, got {self.seed!r}")
+        if self.patch_size is not None and (not is_int(self.patch_size) or self.patch_size < 1):
+            raise ConfigurationError(f"`patch_size` must be a positive int or None (default), got {self.patch_size!r}")
+        if not (is_num(self.alpha_lr_mult) and self.alpha_lr_mult > 0):
+            raise ConfigurationError(f"`alpha_lr_mult` must be a positive finite number, got {self.alpha_lr_mult!r}")
+        if not (is_num(self.val_fraction) and 0.0 <= self.val_fraction < 1.0):
+            raise ConfigurationError(
+                f"`val_fraction` must lie in [0, 1) (0: no validation split), got {self.val_fraction!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -221,14 +279,36 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay on matrices, none on α, biases, norm gains and other vectors."""
-    decay, no_decay = [], []
+def _param_groups(
+    model: nn.Module, weight_decay: float, lr: float | None = None, alpha_lr_mult: float = 1.0
+) -> list[dict]:
+    """AdamW groups: decay on matrices; none on biases, norm gains and other vectors; OSA's α alone.
+
+    α (every parameter named ``…alpha``) gets its own group without weight decay and with the
+    learning rate ``lr · alpha_lr_mult`` (issue 13: α's step size decides how much the skipless
+    OSA network learns to mix tokens). Groups are named (``"decay"``, ``"no_decay"``, ``"alpha"``);
+    empty groups are left out.
+    """
+    decay, no_decay, alpha = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or name.endswith("alpha") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if name.endswith("alpha"):
+            alpha.append(p)
+        elif p.ndim < 2:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]
+    if alpha:
+        group = {"params": alpha, "weight_decay": 0.0, "name": "alpha"}
+        if lr is not None:
+            group["lr"] = lr * alpha_lr_mult
+        groups.append(group)
+    return [g for g in groups if g["params"]]
 
 
 def alpha_values(model: nn.Module) -> list[tuple[int, int, float]]:
@@ -289,13 +369,176 @@ def _batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=g)
 
 
+_NON_FINITE = re.compile(r"\d+ NaN and \d+ Inf entries|non-finite values|contains NaN or Inf")
+
+
 def _is_non_finite(err: Exception) -> bool:
     """True for the typed errors osa_lab raises on NaN/Inf activations (not for other bad input).
 
     The encoder raises ``NonFiniteHiddenStateError`` (a ``FloatingPointError``); the layers
-    raise :class:`OSAInputError` whose message counts the NaN and Inf entries.
+    raise :class:`OSAInputError` whose message counts the NaN and Inf entries, or says OSA
+    produced non-finite values. Any other ``OSAInputError`` (e.g. a method refusing its input)
+    is a user error and is passed on unchanged.
     """
-    return isinstance(err, FloatingPointError) or "NaN" in str(err) or "Inf" in str(err)
+    return isinstance(err, FloatingPointError) or bool(_NON_FINITE.search(str(err)))
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` after checking this machine has it (:class:`ConfigurationError` if not)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ConfigurationError(
+            f"unknown device {str(device)!r}; use 'cpu', 'cuda', 'cuda:<index>' or 'mps'"
+        ) from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigurationError(
+                f"device {str(device)!r} requested but PyTorch sees no CUDA GPU on this machine; use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigurationError(
+                f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                f"use an index below {torch.cuda.device_count()}"
+            )
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigurationError(f"device {str(device)!r} requested but MPS is not available; use --device cpu")
+    elif dev.type != "cpu":
+        raise ConfigurationError(f"device {str(device)!r} is not supported for training; use 'cpu', 'cuda' or 'mps'")
+    return dev
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a ``Path`` after checking a run folder can be made there, before any work starts.
+
+    Raises :class:`~osa_lab.errors.OutputPathError` when ``path`` is a file, when an existing
+    parent is a file, or when the nearest existing parent is not writable.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputPathError(f"output {p} is a file, not a folder; pass a folder path to --output")
+    parent = p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputPathError(f"cannot create output folder {p}: {parent} is a file; choose another --output")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write to {parent} (read-only or no permission); choose another --output")
+    return p
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class RunLock:
+    """Exclusive ownership of a run folder through ``folder/run.lock`` (a context manager).
+
+    The lock file is created atomically (``O_CREAT | O_EXCL``) and names the owner (PID, host,
+    start time, command). A second writer gets :class:`~osa_lab.errors.RunLockedError` naming
+    the owner. A lock left by a dead process on this host is stale: it is taken over with a
+    ``RuntimeWarning``. A lock from another host cannot be checked and is never taken over.
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join(sys.argv),
+        }
+        self.held = False
+
+    def _read(self) -> dict | None:
+        try:
+            info = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
+
+    def acquire(self) -> RunLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for _ in range(50):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                info = self._read()
+                if info is None:  # being written right now, or garbage: look again shortly
+                    time.sleep(0.05)
+                    info = self._read()
+                    if info is None:
+                        info = {"pid": None, "host": self.owner["host"]}
+                pid, host = info.get("pid"), info.get("host")
+                same_host = host == self.owner["host"]
+                if same_host and (not isinstance(pid, int) or not _pid_alive(pid)):
+                    warnings.warn(
+                        f"taking over the stale lock {self.path} of process {pid} on {host} (no longer running)",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                    with contextlib.suppress(FileNotFoundError):
+                        self.path.unlink()
+                    continue
+                raise RunLockedError(
+                    f"output folder {self.folder} is in use by process {pid} on host {host} "
+                    f"(started {info.get('started', '?')}: {info.get('command', '?')}); wait for it to finish "
+                    f"or choose another --output" + ("" if same_host else f" (if that process is gone, delete {self.path})")
+                ) from None
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.owner, fh)
+            self.held = True
+            return self
+        raise RunLockedError(f"could not take the lock {self.path}; another process keeps replacing it")
+
+    def release(self) -> None:
+        if self.held:
+            info = self._read()
+            if info is not None and info.get("pid") == self.owner["pid"] and info.get("host") == self.owner["host"]:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+            self.held = False
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def check_dataset(data: ImageDataset) -> None:
+    """Refuse data that would train wrongly: NaN/Inf inputs, non-integer labels or labels outside the classes."""
+    splits = [("train", data.x_train, data.y_train), ("test", data.x_test, data.y_test)]
+    if data.x_val is not None:
+        splits.append(("validation", data.x_val, data.y_val))
+    for split, x, y in splits:
+        if not bool(torch.isfinite(x).all()):
+            n_bad = int((~torch.isfinite(x)).sum())
+            raise OSAInputError(
+                f"data set {data.name!r} ({data.info.get('source', '?')}): {n_bad} NaN/Inf input value(s) in the "
+                f"{split} split; the data are corrupt — fix or replace them (this is not a training divergence)"
+            )
+        if y is None or y.dtype != torch.int64:
+            raise OSAInputError(
+                f"data set {data.name!r}: {split} labels must be an int64 tensor, got "
+                f"{None if y is None else y.dtype}"
+            )
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= data.num_classes):
+            raise OSAInputError(
+                f"data set {data.name!r} ({data.info.get('source', '?')}): {split} labels span "
+                f"{int(y.min())}–{int(y.max())} but the data set has {data.num_classes} classes "
+                f"(0–{data.num_classes - 1}); the labels are corrupt"
+            )
 
 
 def _atomic_save(obj: dict, path: Path) -> None:
@@ -345,18 +588,64 @@ def train(
     Raises:
         TrainingDivergedError: the loss, the weights or a hidden state became NaN/Inf; the
             message names the step, the preset and the last good checkpoint.
+        RunLockedError: another live process owns ``run_dir`` (its ``run.lock``).
+        ConfigurationError: the checkpoint comes from another config or other data, or is
+            unreadable (the message suggests ``--no-resume``); the device is not available.
+        OSAInputError: the data contain NaN/Inf inputs or labels outside the classes.
     """
-    from tqdm.auto import tqdm
-
     check_names([config.preset], config.data)
-    device = torch.device(device)
+    device = resolve_device(device)
     if data is None:
         data = load_data(config.data, data_dir=data_dir, **config.data_options)
+    if config.val_fraction > 0 and data.x_val is None:
+        data = split_validation(data, config.val_fraction)
+    check_dataset(data)
+    if run_dir is None:
+        return _train(config, None, data, resume, device, progress, on_epoch_end)
+    run_path = check_output_dir(run_dir)
+    with RunLock(run_path):
+        return _train(config, run_path, data, resume, device, progress, on_epoch_end)
+
+
+def _read_checkpoint(path: Path, device: torch.device) -> dict:
+    """The checkpoint dict, or a :class:`ConfigurationError` that suggests ``--no-resume``."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except Exception as err:  # noqa: BLE001 — torch.load raises many types on a damaged file
+        raise ConfigurationError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); it is truncated or corrupt. "
+            "Pass --no-resume (resume=False) to start this run over, or delete the file"
+        ) from err
+    needed = {"format", "train_config", "epoch", "step", "model", "optimizer", "scheduler", "rng", "rows"}
+    if not isinstance(state, dict) or not needed <= set(state):
+        raise ConfigurationError(
+            f"checkpoint {path} is not an osa_lab training checkpoint (missing fields); pass --no-resume "
+            "(resume=False) to start over, or choose another output folder"
+        )
+    return state
+
+
+def _train(
+    config: TrainConfig,
+    run_path: Path | None,
+    data: ImageDataset,
+    resume: bool,
+    device: torch.device,
+    progress: bool,
+    on_epoch_end: Callable[[int, pd.DataFrame], None] | None,
+) -> TrainResult:
+    """The body of :func:`train` (with the run folder, if any, locked by the caller)."""
+    from tqdm.auto import tqdm
+
     model_config = model_config_for(config, data)
+    fingerprint = data_fingerprint(data)
+    data_source = {"name": data.name, "source": str(data.info.get("source", "")), "fingerprint": fingerprint}
 
     torch.manual_seed(config.seed)
     model = build_model(model_config).to(device)
-    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr)
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, config.weight_decay, config.lr, config.alpha_lr_mult), lr=config.lr
+    )
     n_train = len(data.y_train)
     steps_per_epoch = math.ceil(n_train / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
@@ -370,20 +659,35 @@ def train(
     ckpt_path: Path | None = None
     last_good: Path | None = None
     good_epoch = 0
-    run_path = Path(run_dir) if run_dir is not None else None
     if run_path is not None:
         run_path.mkdir(parents=True, exist_ok=True)
         ckpt_path = run_path / CHECKPOINT_NAME
         if resume and ckpt_path.exists():
-            state = torch.load(ckpt_path, map_location=device, weights_only=False)
+            state = _read_checkpoint(ckpt_path, device)
             if state.get("format") != _CHECKPOINT_FORMAT or _comparable(state["train_config"]) != _comparable(
                 config.to_dict()
             ):
                 raise ConfigurationError(
-                    f"checkpoint {ckpt_path} was written by a different run configuration "
+                    f"checkpoint {ckpt_path} was written by a different run configuration or checkpoint format "
                     f"({state.get('train_config')}); resuming it with {config.to_dict()} would not "
                     "reproduce either run. Use another output directory, or pass resume=False "
                     "(`--no-resume`) to start over and overwrite it."
+                )
+            old = state.get("data") or {}
+            if old.get("fingerprint") != fingerprint:
+                raise ConfigurationError(
+                    f"checkpoint {ckpt_path} was trained on other data ({old.get('name')!r} from "
+                    f"{old.get('source')!r}, fingerprint {old.get('fingerprint')}) than this run loads "
+                    f"({data.name!r} from {data_source['source']!r}, fingerprint {fingerprint}); resuming would "
+                    "train the remaining epochs on other data. Pass the original --data-dir, choose another "
+                    "--output, or --no-resume to start over"
+                )
+            if old.get("source") != data_source["source"]:
+                warnings.warn(
+                    f"resuming {ckpt_path}: the data now come from {data_source['source']!r} instead of "
+                    f"{old.get('source')!r}, with identical contents (fingerprint {fingerprint})",
+                    RuntimeWarning,
+                    stacklevel=3,
                 )
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -395,7 +699,8 @@ def train(
         good_epoch = start_epoch
         (run_path / "config.json").write_text(
             json.dumps(
-                {"train": config.to_dict(), "model": dataclasses.asdict(model_config), "data": data.info},
+                {"train": config.to_dict(), "model": dataclasses.asdict(model_config), "data": data.info,
+                 "data_fingerprint": fingerprint},  # fmt: skip
                 indent=2,
                 default=str,
             )
@@ -488,6 +793,10 @@ def train(
             add(e, "train", "lr", scheduler.get_last_lr()[0])
             add(e, "eval", "test_loss", test_loss)
             add(e, "eval", "test_accuracy", test_acc)
+            if data.x_val is not None:
+                val_loss, val_acc = evaluate(model, data.x_val, data.y_val)
+                add(e, "eval", "val_loss", val_loss)
+                add(e, "eval", "val_accuracy", val_acc)
             for layer, head, a in alpha_values(model):
                 add(e, "alpha", "alpha", a, layer=layer, head=head)
             if step == total_steps:
@@ -507,6 +816,7 @@ def train(
                         "scheduler": scheduler.state_dict(),
                         "rng": torch.get_rng_state(),
                         "rows": rows,
+                        "data": data_source,
                     },
                     ckpt_path,
                 )
@@ -577,38 +887,41 @@ def compare(
 
     base = base or TrainConfig()
     check_names(presets, base.data)
+    resolve_device(device)
+    out = check_output_dir(output_dir) if output_dir is not None else None
     data = load_data(base.data, data_dir=data_dir, **base.data_options)
-    out = Path(output_dir) if output_dir is not None else None
-    frames, runs = [], []
-    jobs = [(p, s) for p in presets for s in seeds]
-    for preset, seed in tqdm(jobs, desc="runs", disable=not progress or len(jobs) < 2, dynamic_ncols=True):
-        cfg = dataclasses.replace(base, preset=preset, seed=int(seed))
-        run_dir = out / preset / f"seed{seed}" if out is not None else None
-        status, message = "ok", ""
-        try:
-            result = train(cfg, run_dir, data=data, resume=resume, device=device, progress=progress)
-            frame = result.metrics
-            n_params = sum(p.numel() for p in result.model.parameters())
-        except TrainingDivergedError as err:
-            status, message, n_params = "diverged", str(err), None
-            frame = (
-                load_metrics(run_dir / "metrics.csv")
-                if run_dir and (run_dir / "metrics.csv").exists()
-                else None
+    check_dataset(data)
+    with RunLock(out) if out is not None else contextlib.nullcontext():
+        frames, runs = [], []
+        jobs = [(p, s) for p in presets for s in seeds]
+        for preset, seed in tqdm(jobs, desc="runs", disable=not progress or len(jobs) < 2, dynamic_ncols=True):
+            cfg = dataclasses.replace(base, preset=preset, seed=int(seed))
+            run_dir = out / preset / f"seed{seed}" if out is not None else None
+            status, message = "ok", ""
+            try:
+                result = train(cfg, run_dir, data=data, resume=resume, device=device, progress=progress)
+                frame = result.metrics
+                n_params = sum(p.numel() for p in result.model.parameters())
+            except TrainingDivergedError as err:
+                status, message, n_params = "diverged", str(err), None
+                frame = (
+                    load_metrics(run_dir / "metrics.csv")
+                    if run_dir and (run_dir / "metrics.csv").exists()
+                    else None
+                )
+            if frame is not None:
+                frames.append(frame)
+            runs.append(
+                {"preset": preset, "seed": int(seed), "status": status, "params": n_params, "error": message}
             )
-        if frame is not None:
-            frames.append(frame)
-        runs.append(
-            {"preset": preset, "seed": int(seed), "status": status, "params": n_params, "error": message}
-        )
-    metrics = pd.concat(frames, ignore_index=True) if frames else metrics_frame([])
-    summary = summarise(metrics, pd.DataFrame(runs), order=list(presets))
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        metrics.to_csv(out / "metrics.csv", index=False)
-        summary.to_csv(out / "summary.csv", index=False)
-        pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
-    return metrics, summary
+        metrics = pd.concat(frames, ignore_index=True) if frames else metrics_frame([])
+        summary = summarise(metrics, pd.DataFrame(runs), order=list(presets))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            metrics.to_csv(out / "metrics.csv", index=False)
+            summary.to_csv(out / "summary.csv", index=False)
+            pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
+        return metrics, summary
 
 
 def summarise(
@@ -722,6 +1035,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")  # fmt: skip
+    parser.add_argument(
+        "--alpha-lr-mult",
+        type=float,
+        default=d.alpha_lr_mult,
+        help="learning-rate multiplier of OSA's α (its own AdamW group, no weight decay; default 1)",
+    )
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=d.val_fraction,
+        help="hold out this fraction of the training data as a validation split (default 0: none)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -734,10 +1059,28 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             raise unknown_name("OSA method", args.osa_method, [*METHODS, "auto"])
         model["osa_method"] = args.osa_method
     data_options = {}
-    if args.train_limit:
+    if args.train_limit is not None:
         if args.data != "mnist":
             raise ConfigurationError(f"--train-limit applies to --data mnist only, not {args.data!r}")
+        if args.train_limit < 1:
+            raise ConfigurationError(f"--train-limit must be a positive number of images, got {args.train_limit}")
         data_options["train_limit"] = args.train_limit
+    if args.grad_clip is not None and args.grad_clip < 0:
+        raise ConfigurationError(
+            f"--grad-clip must be ≥ 0 (0: off), got {args.grad_clip:g}; a negative clip flips the gradient "
+            "into gradient ascent"
+        )
+    if args.diag_samples is not None and args.diag_samples < 1:
+        raise ConfigurationError(f"--diag-samples must be a positive number of images, got {args.diag_samples}")
+    bad_seeds = [s for s in args.seeds if s < 0]
+    if bad_seeds:
+        raise ConfigurationError(f"--seeds must be ints ≥ 0, got {bad_seeds}")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise ConfigurationError(f"--seeds has repeated values {args.seeds}; give each seed once")
+    for name in ("depth", "dim", "heads"):
+        val = getattr(args, name)
+        if val is not None and val < 1:
+            raise ConfigurationError(f"--{name} must be a positive int, got {val}")
     return TrainConfig(
         data=args.data,
         epochs=args.epochs,
@@ -746,6 +1089,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         weight_decay=args.weight_decay,
         warmup_fraction=args.warmup_fraction,
         grad_clip=args.grad_clip or None,
+        alpha_lr_mult=args.alpha_lr_mult,
+        val_fraction=args.val_fraction,
         diag_every=args.diag_every,
         diag_samples=args.diag_samples,
         patch_size=args.patch_size,
@@ -754,13 +1099,40 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
+#: errors that mean "bad input or environment": one line on stderr and exit 2, never a traceback
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    UnknownNameError,
+    MissingDataError,
+    ConfigurationError,
+    OSAInputError,
+    OSADtypeError,
+    MethodUnavailableError,
+    CausalMaskError,
+)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
 def run(args: argparse.Namespace) -> int:
-    """``osa-lab train``: train presets × seeds, write CSVs to ``--output``, print the summary."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    """``osa-lab train``: train presets × seeds, write CSVs to ``--output``, print the summary.
+
+    A user error (bad argument, missing or corrupt data, unusable device or output folder, a
+    folder owned by another run) prints one line naming the problem and the fix and returns 2;
+    an output folder this call created is removed again so no partial output is left.
+    """
     presets = list(DEFAULT_COMPARISON) if args.compare else list(args.preset)
+    out = Path(args.output)
+    existed = out.exists()
     try:
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ConfigurationError(f"--threads must be a positive int, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        resolve_device(args.device)
         base = config_from_args(args)
+        check_output_dir(out)
         metrics, summary = compare(
             presets,
             args.seeds,
@@ -771,8 +1143,10 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             data_dir=args.data_dir,
         )
-    except (UnknownNameError, MissingDataError, ConfigurationError) as err:
-        print(f"osa-lab train: error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        if not existed and out.is_dir() and not isinstance(err, RunLockedError):
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"osa-lab train: error: {_one_line(err)}", file=sys.stderr)
         return 2
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(format_summary(summary).to_string(index=False))

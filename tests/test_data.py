@@ -136,3 +136,53 @@ def test_synthetic_is_deterministic_balanced_and_learnable():
     means = torch.stack([a.x_train[a.y_train == c].mean(0) for c in range(4)]).flatten(1)
     pred = torch.cdist(a.x_test.flatten(1), means).argmin(1)
     assert (pred == a.y_test).float().mean() > 0.9
+
+
+# ----------------------------------------------------------------------------- corrupt files (issue 11)
+
+
+def test_corrupt_label_byte_is_refused_not_a_201_class_model(tmp_path):
+    arrays = _write_fake_mnist(tmp_path / "m", gz=False)
+    labels = arrays["train-labels-idx1-ubyte"].copy()
+    labels[7] = 200
+    write_idx(tmp_path / "m" / "train-labels-idx1-ubyte", labels)
+    with pytest.raises(OSAInputError, match=r"1 label\(s\) outside 0–9 \(e.g. \[200\]\)"):
+        load_mnist(tmp_path / "m")
+
+
+def test_float_and_negative_labels_are_refused(tmp_path):
+    x = np.zeros((10, 28, 28), np.uint8)
+    np.savez(tmp_path / "mnist.npz", x_train=x, y_train=np.arange(10) + 0.5, x_test=x, y_test=np.arange(10))
+    with pytest.raises(OSAInputError, match="dtype float64"):
+        load_mnist(tmp_path)
+    np.savez(tmp_path / "mnist.npz", x_train=x, y_train=np.arange(10) - 1, x_test=x, y_test=np.arange(10))
+    with pytest.raises(OSAInputError, match=r"\[-1\]"):
+        load_mnist(tmp_path)
+
+
+def test_truncated_gzip_and_non_zip_npz_name_the_file(tmp_path):
+    _write_fake_mnist(tmp_path / "m", gz=True)
+    p = tmp_path / "m" / "t10k-labels-idx1-ubyte.gz"
+    p.write_bytes(p.read_bytes()[:-12])
+    with pytest.raises(OSAInputError, match="t10k-labels-idx1-ubyte.gz is truncated"):
+        load_mnist(tmp_path / "m")
+    (tmp_path / "n").mkdir()
+    (tmp_path / "n" / "mnist.npz").write_bytes(b"\x80\x04garbage" * 20)
+    with pytest.raises(OSAInputError, match="not a readable .npz"):
+        load_mnist(tmp_path / "n")
+
+
+def test_nan_pixels_are_a_data_error(tmp_path):
+    x = np.ones((10, 28, 28), np.float32)
+    x[0, 0, 0] = np.inf
+    np.savez(tmp_path / "mnist.npz", x_train=x, y_train=np.arange(10), x_test=x, y_test=np.arange(10))
+    with pytest.raises(OSAInputError, match="1 NaN/Inf pixel"):
+        load_mnist(tmp_path)
+
+
+def test_fingerprint_follows_contents_only():
+    from osa_lab.data import data_fingerprint
+
+    a, b = load_synthetic(), load_synthetic()
+    assert data_fingerprint(a) == data_fingerprint(b)
+    assert data_fingerprint(load_synthetic(seed=1)) != data_fingerprint(a)

@@ -1,0 +1,324 @@
+"""`osa-lab train` with bad arguments, bad data, bad checkpoints and busy folders (issue 11).
+
+Every case must exit with code 2, print exactly one line on stderr naming the problem (never a
+traceback) and leave no partial output behind. Runs use the synthetic task and a 1-block,
+width-16 model so the file stays fast.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import osa_lab.train as T
+from osa_lab.cli import main as cli_main
+from osa_lab.data import write_idx
+from osa_lab.errors import OSAInputError
+
+TINY_ARGS = ["--depth", "1", "--dim", "16", "--heads", "2", "--diag-every", "0", "--quiet"]
+
+
+def synthetic_args(out, *extra: str) -> list[str]:
+    return ["train", "--preset", "skipless-osa", "--data", "synthetic", "--epochs", "1", "--patch-size", "4",
+            *TINY_ARGS, "--output", str(out), *extra]  # fmt: skip
+
+
+def mnist_args(out, data_dir, *extra: str) -> list[str]:
+    return ["train", "--preset", "skipless-osa", "--data", "mnist", "--data-dir", str(data_dir), "--epochs", "1",
+            *TINY_ARGS, "--output", str(out), *extra]  # fmt: skip
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    code = cli_main(args)
+    return code, capsys.readouterr().err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("osa-lab train: error:"), err
+    for needle in needles:
+        assert needle.lower() in lines[0].lower(), (needle, lines[0])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+BAD_ARGS = [
+    (["--grad-clip", "-1"], "grad-clip"),
+    (["--weight-decay", "-5"], "weight_decay"),
+    (["--weight-decay", "nan"], "weight_decay"),
+    (["--patch-size", "0"], "patch_size"),
+    (["--patch-size", "3"], "patch_size"),
+    (["--epochs", "0"], "epochs"),
+    (["--batch-size", "0"], "batch_size"),
+    (["--lr", "0"], "lr"),
+    (["--lr=-1e-3"], "lr"),
+    (["--lr", "inf"], "lr"),
+    (["--warmup-fraction", "1.5"], "warmup_fraction"),
+    (["--warmup-fraction", "-0.1"], "warmup_fraction"),
+    (["--diag-samples", "-1"], "diag-samples"),
+    (["--diag-every", "-3"], "diag_every"),
+    (["--threads", "-1"], "threads"),
+    (["--threads", "0"], "threads"),
+    (["--device", "bogus"], "device"),
+    (["--seeds", "-1"], "seeds"),
+    (["--seeds", "0", "0"], "seeds"),
+    (["--depth", "0"], "depth"),
+    (["--alpha-lr-mult", "0"], "alpha_lr_mult"),
+    (["--val-fraction", "1"], "val_fraction"),
+    (["--preset", "nope"], "unknown preset"),
+    (["--osa-method", "magic"], "unknown OSA method"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
+def test_bad_argument_exits_2_with_one_line_and_no_output(tmp_path, capsys, extra, needle):
+    out = tmp_path / "out"
+    code, err = run_cli(synthetic_args(out, *extra), capsys)
+    assert_one_line_error(code, err, needle)
+    assert not out.exists()
+
+
+def test_train_limit_zero_is_refused_not_ignored(tmp_path, capsys):
+    code, err = run_cli(mnist_args(tmp_path / "out", tmp_path / "nowhere", "--train-limit", "0"), capsys)
+    assert_one_line_error(code, err, "--train-limit")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_device_on_a_cpu_machine(tmp_path, capsys):
+    code, err = run_cli(synthetic_args(tmp_path / "out", "--device", "cuda"), capsys)
+    assert_one_line_error(code, err, "no CUDA GPU", "--device cpu")
+
+
+def test_output_that_is_a_file_or_under_a_file(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    code, err = run_cli(synthetic_args(f), capsys)
+    assert_one_line_error(code, err, "is a file")
+    code, err = run_cli(synthetic_args(f / "sub"), capsys)
+    assert_one_line_error(code, err, "is a file")
+    assert f.read_text() == "x"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write to read-only folders")
+def test_read_only_output_parent(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        code, err = run_cli(synthetic_args(ro / "out"), capsys)
+        assert_one_line_error(code, err, "read-only")
+    finally:
+        ro.chmod(0o700)
+
+
+# --------------------------------------------------------------------------- bad data files
+
+
+def fake_mnist(root, *, gz=True, labels=None, images=None, n_train=20, n_test=10):
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    ext = ".gz" if gz else ""
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)).astype(np.uint8)
+        if images is None
+        else images,
+        "train-labels-idx1-ubyte": (np.arange(n_train) % 10).astype(np.uint8) if labels is None else labels,
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)).astype(np.uint8),
+        "t10k-labels-idx1-ubyte": (np.arange(n_test) % 10).astype(np.uint8),
+    }
+    for stem, arr in arrays.items():
+        write_idx(root / (stem + ext), arr)
+    return root
+
+
+def _label_200(root):
+    labels = (np.arange(20) % 10).astype(np.uint8)
+    labels[3] = 200
+    fake_mnist(root, labels=labels)
+
+
+def _label_minus_1(root):
+    labels = (np.arange(20) % 10).astype(np.int8)
+    labels[5] = -1
+    fake_mnist(root, labels=labels)
+
+
+def _float_labels(root):
+    fake_mnist(root, labels=(np.arange(20) % 10).astype(np.float32) + 0.7)
+
+
+def _truncated_gz(root):
+    fake_mnist(root)
+    path = root / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:200])
+
+
+def _corrupt_idx(root):
+    fake_mnist(root, gz=False)
+    (root / "train-images-idx3-ubyte").write_bytes(b"<html>404</html>")
+
+
+def _non_zip_npz(root):
+    root.mkdir(parents=True)
+    (root / "mnist.npz").write_bytes(b"this is not a zip archive at all" * 10)
+
+
+def _nan_pixels(root):
+    root.mkdir(parents=True)
+    x = np.random.default_rng(0).random((20, 28, 28)).astype(np.float32)
+    x[2, 3, 4] = np.nan
+    y = (np.arange(20) % 10).astype(np.uint8)
+    np.savez(root / "mnist.npz", x_train=x, y_train=y, x_test=x[:10], y_test=y[:10])
+
+
+BAD_DATA = [
+    (_label_200, ["label", "0–9", "200"]),
+    (_label_minus_1, ["label", "-1"]),
+    (_float_labels, ["labels have dtype float32", "integers"]),
+    (_truncated_gz, ["train-images-idx3-ubyte.gz", "truncated"]),
+    (_corrupt_idx, ["not an IDX file"]),
+    (_non_zip_npz, ["mnist.npz", "not a readable .npz"]),
+    (_nan_pixels, ["NaN", "not a training divergence"]),
+]
+
+
+@pytest.mark.parametrize("make,needles", BAD_DATA, ids=[f.__name__.strip("_") for f, _ in BAD_DATA])
+def test_bad_mnist_files_exit_2_naming_the_file(tmp_path, capsys, make, needles):
+    make(tmp_path / "data")
+    out = tmp_path / "out"
+    code, err = run_cli(mnist_args(out, tmp_path / "data"), capsys)
+    assert_one_line_error(code, err, *needles)
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- errors during a run
+
+
+def test_method_refusing_its_input_is_a_one_line_error_not_a_divergence(tmp_path, capsys, monkeypatch):
+    """A named OSA engine that refuses its input (issue 11 item 1: `gram` on rank-deficient q, k)."""
+
+    class Refusing(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, return_hidden=False):
+            raise OSAInputError("method 'gram' needs [q k] of full column rank; use method='lowrank' or 'qr'")
+
+    build = T.build_model
+    monkeypatch.setattr(T, "build_model", lambda cfg: Refusing(build(cfg)))
+    out = tmp_path / "out"
+    code, err = run_cli(synthetic_args(out, "--osa-method", "gram"), capsys)
+    assert_one_line_error(code, err, "full column rank", "lowrank")
+    assert "diverged" not in err
+    assert not out.exists()
+
+
+def test_corrupt_checkpoint_suggests_no_resume(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = synthetic_args(out)
+    assert cli_main(args) == 0
+    ckpt = out / "skipless-osa" / "seed0" / T.CHECKPOINT_NAME
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    capsys.readouterr()
+    code, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, "checkpoint", "--no-resume")
+    assert out.is_dir()  # existing results are not deleted
+    assert cli_main([*args, "--no-resume"]) == 0
+
+
+def test_resume_with_other_data_dir_is_refused(tmp_path, capsys):
+    fake_mnist(tmp_path / "a")
+    other = fake_mnist(tmp_path / "b", images=np.zeros((20, 28, 28), np.uint8) + 7)
+    out = tmp_path / "out"
+    assert cli_main(mnist_args(out, tmp_path / "a")) == 0
+    capsys.readouterr()
+    config_before = (out / "skipless-osa" / "seed0" / "config.json").read_text()
+    code, err = run_cli(mnist_args(out, other), capsys)
+    assert_one_line_error(code, err, "other data", "--data-dir")
+    assert (out / "skipless-osa" / "seed0" / "config.json").read_text() == config_before
+    # the same files under another path: same contents, resumes (with a notice)
+    (tmp_path / "a").rename(tmp_path / "moved")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli_main(mnist_args(out, tmp_path / "moved")) == 0
+    assert any("identical contents" in str(w.message) for w in caught)
+
+
+# --------------------------------------------------------------------------- one writer per folder
+
+
+def _live_foreign_process():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_second_writer_is_refused_naming_the_owner(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _live_foreign_process()
+    try:
+        lock = {"pid": proc.pid, "host": __import__("socket").gethostname(), "started": "now", "command": "osa-lab train"}
+        (out / T.LOCK_NAME).write_text(json.dumps(lock))
+        code, err = run_cli(synthetic_args(out), capsys)
+        assert_one_line_error(code, err, f"process {proc.pid}", "another --output")
+        assert sorted(p.name for p in out.iterdir()) == [T.LOCK_NAME]  # nothing written, lock kept
+    finally:
+        proc.kill()
+        proc.wait()
+    # the owner is gone now: its lock is stale and is taken over with a notice
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli_main(synthetic_args(out)) == 0
+    assert any("stale lock" in str(w.message) for w in caught)
+    assert not (out / T.LOCK_NAME).exists()  # released at the end
+
+
+def test_run_folder_lock_is_held_during_training(tmp_path):
+    """While train() runs, its folder holds a lock naming this process; a second train() is refused."""
+    from osa_lab.data import load_synthetic
+    from osa_lab.errors import RunLockedError
+
+    cfg = T.TrainConfig(preset="skipless-osa", data="synthetic", epochs=2, patch_size=4, diag_every=0,
+                        model={"depth": 1, "dim": 16, "heads": 2})  # fmt: skip
+    data = load_synthetic()
+    seen = {}
+
+    def during(epoch, _):
+        seen["lock"] = json.loads((tmp_path / T.LOCK_NAME).read_text())
+        with pytest.raises(RunLockedError, match=str(os.getpid())):
+            T.train(cfg, tmp_path, data=data, progress=False)
+
+    T.train(cfg, tmp_path, data=data, progress=False, on_epoch_end=during)
+    assert seen["lock"]["pid"] == os.getpid()
+    assert not (tmp_path / T.LOCK_NAME).exists()
+
+
+def test_gzip_error_names_the_file_in_the_library(tmp_path):
+    from osa_lab.data import read_idx
+
+    path = tmp_path / "x.gz"
+    with gzip.open(path, "wb") as fh:
+        fh.write(b"\0" * 1000)
+    path.write_bytes(path.read_bytes()[:15])
+    with pytest.raises(OSAInputError, match="x.gz"):
+        read_idx(path)
