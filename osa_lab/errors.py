@@ -49,3 +49,8 @@ class SolverNotConvergedWarning(UserWarning):
 class OutputPathError(ConfigurationError):
     """An output path cannot be written (a directory where a file is needed, a parent that is a
     file, a read-only location); raised by the command line before any computation starts."""
+
+
+class RunLockedError(ConfigurationError):
+    """A training output folder is owned by another live process (its lock file names the owner's
+    PID and host); a second writer would mix two runs' checkpoints and metrics."""
