@@ -54,3 +54,13 @@ class OutputPathError(ConfigurationError):
 class RunLockedError(ConfigurationError):
     """A training output folder is owned by another live process (its lock file names the owner's
     PID and host); a second writer would mix two runs' checkpoints and metrics."""
+
+
+class SchedulerConnectionError(ConfigurationError):
+    """The Dask scheduler given to a grid (``--scheduler`` / ``DASK_SCHEDULER_ADDRESS``) cannot be
+    reached or has no workers; the message says how to start one (``osa_lab.grid``)."""
+
+
+class GridTaskFailedWarning(UserWarning):
+    """Some tasks of a grid (sweep, Jacobian study, training comparison) failed while the others
+    finished; the message names each failed task's settings and error (``osa_lab.grid``)."""
