@@ -157,7 +157,7 @@ def test_reduce_pass_multi_tile(dtype):
     """Gram tiles below the diagonal are skipped and mirrored; several splits are summed."""
     q, k, v, _ = make_inputs(2, 50, 32, 24, dtype)
     plan = T._plan(q, v, T.TritonConfig(tile=16, splits=2, block_n=16))
-    assert (plan.splits, plan.blocks, plan.tile) == (2, 2, 16)  # 4 token blocks: 2 splits × 2
+    assert (plan.splits, plan.chunk, plan.tile) == (2, 32, 16)  # 4 token blocks: 2 splits × 2
     got, v_sq = T._reduce(q.detach(), k.detach(), v.detach(), plan, gram=True)
     idx = T._idx(32, plan.rp, q.device)
     got = got[:, idx][:, :, torch.cat([idx, torch.arange(2 * plan.rp, 2 * plan.rp + 24, device=q.device)])]

@@ -38,6 +38,7 @@ Bytes and flops per pass: ``docs/triton.md``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -68,21 +69,39 @@ _MAX_GRID_YZ = 65535
 class TritonConfig:
     """Tuning knobs. ``None`` picks a default from the shapes and the device.
 
-    ``block_n``: tokens per tile (≥ 16). ``tile``: width of a Gram/projection tile in the reduce
-    pass (≥ 16, power of two). ``splits``: token splits of the reduce pass per ``b``.
-    ``input_precision``: dots of float32 inputs (``"ieee"``, ``"tf32x3"``, ``"tf32"``).
+    ``block_n``: tokens per tile (power of two, 16 … 256). ``tile``: width of a Gram/projection
+    tile in the reduce pass (power of two, 16 … 128, at most the padded widths).
+    ``splits``: token splits of the reduce pass per ``b`` (≥ 1).
+    ``input_precision``: dots of float32 inputs. ``"tf32x3"`` (default) runs on tensor cores
+    as three TF32 products of a hi/lo split (≈ 21 significant bits per product, within the
+    float32 budget: docs/triton.md); ``"ieee"`` is exact float32 on the FMA units (compiles
+    for minutes and spills at r = d = 128 with triton 3.6: opt-in only); ``"tf32"`` is one TF32
+    product (≈ 11 bits, outside the float32 budget, the fallback rule does not account for it).
     ``hi_lo``: for bf16/fp16 inputs, multiply token tiles by the small matrices as two dots
     against a hi/lo split (≈ 16/22 significant bits); ``False`` rounds them once to the input
     dtype (half the tensor-core flops, errors of the order of the output's own rounding).
+    ``num_warps``: warps of the reduce and forward apply kernels; ``bwd_warps`` those of the
+    backward apply kernel (``None``: 8 when r or d_v > 64, else ``num_warps``, so its four
+    input tiles and accumulators fit in registers).
+    ``core``: ``"adaptive"`` plans the core's exponential on the host from ‖S‖ (a few host
+    synchronisations per call) and recomputes untrusted batch elements with the QR engine;
+    ``"fixed"`` runs a fixed sequence of device operations (Taylor degree 16, per-matrix
+    squaring count chosen on the device, at most ``max_squarings``) with no host
+    synchronisation at all, so the call can be captured in a CUDA graph; untrusted batch
+    elements (rank-deficient/ill-conditioned ``U``, ``‖S‖₂ > 2^max_squarings·θ₁₆``) come
+    out as NaN instead of being recomputed.
     """
 
     block_n: int | None = None
     tile: int | None = None
     splits: int | None = None
-    input_precision: str = "ieee"
+    input_precision: str = "tf32x3"
     hi_lo: bool = True
     num_warps: int = 4
     num_stages: int = 2
+    bwd_warps: int | None = None
+    core: str = "adaptive"
+    max_squarings: int = 12
 
 
 DEFAULT_CONFIG = TritonConfig()
@@ -101,27 +120,31 @@ if HAVE_TRITON:
     @triton.jit
     def _reduce_kernel(
         q_ptr, k_ptr, x_ptr, tiles_ptr, out_ptr, ss_ptr,
-        N, R, D,
+        N, R, D, CHUNK,
         sqb, sqn, sqf, skb, skn, skf, sxb, sxn, sxf,
         s_ob, s_os, s_or,
         BLOCK_N: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-        BLOCKS: tl.constexpr, NUM_TILES: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr,
+        NUM_TILES: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
         """One (tile, split, b): ``out[b, split, rows, cols] = A_tileᵀ B_tile`` over the split's tokens.
 
         The tile table row ``(row_src, row_off, col_src, col_off, out_col)`` names the
         sources (0 = q, 1 = k, 2 = x, where x is v forward and gY backward). Row ``i`` of the
         output is ``row_src·RP + row_off + i``. ``ss`` gets Σ x² of the tile's columns (for ‖V‖).
+        Split ``s`` covers tokens ``[s·CHUNK, (s+1)·CHUNK)``: ``CHUNK`` is a runtime argument, so
+        one compiled kernel serves every N and every split count.
         """
         # Tiles vary fastest so that the tiles of one token chunk run side by side (L2 reuse).
         pid_t = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_b = tl.program_id(2).to(tl.int64)
         row_src = tl.load(tiles_ptr + pid_t * 5 + 0)
-        row_off = tl.load(tiles_ptr + pid_t * 5 + 1)
+        # The offsets are multiples of the tile width (the table is built so): telling the
+        # compiler lets it prove 16-byte alignment and use vector/cp.async loads (issue 18).
+        row_off = tl.multiple_of(tl.load(tiles_ptr + pid_t * 5 + 1), BR)
         col_src = tl.load(tiles_ptr + pid_t * 5 + 2)
-        col_off = tl.load(tiles_ptr + pid_t * 5 + 3)
-        out_col = tl.load(tiles_ptr + pid_t * 5 + 4)
+        col_off = tl.multiple_of(tl.load(tiles_ptr + pid_t * 5 + 3), BC)
+        out_col = tl.multiple_of(tl.load(tiles_ptr + pid_t * 5 + 4), BC)
         # Select the sources arithmetically (no divergent branches: strides equal to 1 are
         # specialised to constants, which an if/else could not merge).
         a_q = row_src == 0
@@ -140,9 +163,10 @@ if HAVE_TRITON:
         c_mask = offs_c < c_lim
         acc = tl.zeros((BR, BC), dtype=tl.float32)
         ss = tl.zeros((BC,), dtype=tl.float32)
-        n0 = pid_s * (BLOCKS * BLOCK_N)
-        for i in range(BLOCKS):  # constexpr bound (DESIGN.md §7: interpreter of triton 3.6)
-            offs_n = n0 + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        n0 = pid_s * CHUNK
+        n_end = tl.minimum(n0 + CHUNK, N)
+        for start in range(n0, n_end, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
             n_mask = offs_n < N
             on = offs_n.to(tl.int64)
             a_t = tl.load(
@@ -163,7 +187,7 @@ if HAVE_TRITON:
             ss += tl.sum(b32 * b32, axis=0)
         rows = row_src * RP + row_off + tl.arange(0, BR)
         cols = out_col + tl.arange(0, BC)
-        o_base = out_ptr + pid_b * s_ob + pid_s * s_os
+        o_base = out_ptr + pid_b * s_ob + pid_s.to(tl.int64) * s_os
         tl.store(o_base + rows[:, None] * s_or + cols[None, :], acc)
         tl.store(ss_ptr + (pid_b * tl.num_programs(1) + pid_s) * NUM_TILES + pid_t, tl.sum(ss, axis=0))
 
@@ -290,6 +314,18 @@ if HAVE_TRITON:
 # Launch helpers
 # --------------------------------------------------------------------------------------
 
+#: When set, ``_launch`` hands every kernel launch to this callable
+#: ``hook(kernel, grid, args, kwargs)`` instead of launching it: the compile-only check
+#: (:mod:`osa_lab.kernels.compile_check`) compiles through it, the sync counter counts launches.
+_LAUNCH_HOOK = None
+
+
+def _launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    if _LAUNCH_HOOK is not None:
+        _LAUNCH_HOOK(kernel, grid, args, kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -300,65 +336,105 @@ class _Plan:
     block_n: int
     tile: int
     splits: int
-    blocks: int
+    chunk: int
     precision: str
     half: bool
     split_w: bool
     cast_f32: bool
     num_warps: int
     num_stages: int
+    bwd_warps: int
+    core: str
+    max_squarings: int
 
     @property
     def m(self) -> int:
         return max(self.rp, self.dp)
 
 
-def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig) -> _Plan:
+def _is_pow2(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and x & (x - 1) == 0
+
+
+def _validate_config(cfg: TritonConfig, rp: int, dp: int) -> None:
+    """Reject knobs the kernels cannot compile or would silently mis-handle (issue 18, item 5)."""
+    if cfg.input_precision not in _PRECISIONS:
+        raise OSAInputError(f"input_precision must be one of {_PRECISIONS}; got {cfg.input_precision!r}")
+    if cfg.block_n is not None and not (_is_pow2(cfg.block_n) and 16 <= cfg.block_n <= 256):
+        raise OSAInputError(f"TritonConfig.block_n must be a power of two in [16, 256]; got {cfg.block_n!r}")
+    if cfg.tile is not None and not (_is_pow2(cfg.tile) and 16 <= cfg.tile <= min(rp, dp)):
+        raise OSAInputError(
+            f"TritonConfig.tile must be a power of two in [16, {min(rp, dp)}] for these shapes "
+            f"(padded widths r={rp}, d_v={dp}); got {cfg.tile!r}"
+        )
+    if cfg.splits is not None and not (isinstance(cfg.splits, int) and cfg.splits >= 1):
+        raise OSAInputError(f"TritonConfig.splits must be an int ≥ 1 or None; got {cfg.splits!r}")
+    for name in ("num_warps", "bwd_warps"):
+        val = getattr(cfg, name)
+        if val is not None and not (_is_pow2(val) and val <= 16):
+            raise OSAInputError(f"TritonConfig.{name} must be a power of two ≤ 16; got {val!r}")
+    if not (isinstance(cfg.num_stages, int) and 1 <= cfg.num_stages <= 8):
+        raise OSAInputError(f"TritonConfig.num_stages must be an int in [1, 8]; got {cfg.num_stages!r}")
+    if cfg.core not in ("adaptive", "fixed"):
+        raise OSAInputError(f"TritonConfig.core must be 'adaptive' or 'fixed'; got {cfg.core!r}")
+    if not (isinstance(cfg.max_squarings, int) and 0 <= cfg.max_squarings <= 40):
+        raise OSAInputError(f"TritonConfig.max_squarings must be an int in [0, 40]; got {cfg.max_squarings!r}")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig, *, sm_count: int | None = None) -> _Plan:
+    """Block sizes, splits and precision for inputs shaped like ``q``, ``v`` (host arithmetic only).
+
+    ``sm_count``: streaming multiprocessors of the target (default: the device of ``q``; 4 on
+    the CPU). The compile-only check passes the H200's 132.
+    """
     b, n, r = q.shape
     d = v.shape[-1]
     rp, dp = _pow2(r), _pow2(d)
+    _validate_config(cfg, rp, dp)
     block_n = cfg.block_n or (32 if max(rp, dp) > 64 else 64)
-    tile = cfg.tile or min(64, rp)
-    tile = min(tile, rp, dp)
-    if cfg.input_precision not in _PRECISIONS:
-        raise OSAInputError(f"input_precision must be one of {_PRECISIONS}; got {cfg.input_precision!r}")
+    tile = cfg.tile or min(64, rp, dp)
     n_blocks = max(1, math.ceil(n / block_n))
     if n_blocks > _MAX_GRID_YZ:
         raise OSAInputError(
             f"osa_triton handles up to {_MAX_GRID_YZ * block_n} tokens with block_n={block_n}; got N={n}"
         )
-    n_tiles = _tile_table(rp, dp, tile, gram=True, device=torch.device("cpu"))[0].shape[0]
+    n_tiles = len(_tile_rows(rp, dp, tile, True))
     if cfg.splits is not None:
         splits = max(1, min(cfg.splits, n_blocks))
     else:
-        # Enough programs to fill the card twice, but ≥ 8 token blocks per program so the
-        # float32 partial sums stay small next to the inputs (docs/triton.md).
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        splits = max(1, min(math.ceil(2 * sms / max(1, b * n_tiles)), n_blocks // 8 or 1))
-    blocks = _pow2(math.ceil(n_blocks / splits), lo=1)
-    splits = math.ceil(n_blocks / blocks)
+        # Enough programs for ≈ 16 per SM (wave-quantisation tails ≤ ≈ 1/16), but ≥ 32 token
+        # blocks per program so the float32 partial sums stay small next to what each program
+        # reads (docs/triton.md).
+        if sm_count is None:
+            sm_count = _sm_count(q.device.index or 0) if q.is_cuda else 4
+        splits = max(1, min(math.ceil(16 * sm_count / max(1, b * n_tiles)), n_blocks // 32 or 1))
+    chunk = math.ceil(n_blocks / splits) * block_n
+    splits = math.ceil(n / chunk) if n else 1
     half = q.dtype in (torch.float16, torch.bfloat16)
+    bwd_warps = cfg.bwd_warps or (8 if max(rp, dp) > 64 else cfg.num_warps)
     return _Plan(
-        r=r, d=d, rp=rp, dp=dp, block_n=block_n, tile=tile, splits=splits, blocks=blocks,
+        r=r, d=d, rp=rp, dp=dp, block_n=block_n, tile=tile, splits=splits, chunk=chunk,
         precision="ieee" if half else cfg.input_precision, half=half, split_w=half and cfg.hi_lo,
-        cast_f32=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        cast_f32=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bwd_warps=bwd_warps,
+        core=cfg.core, max_squarings=cfg.max_squarings,
     )  # fmt: skip
 
 
-def _tile_table(
-    rp: int, dp: int, tile: int, *, gram: bool, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tiles of ``Uᵀ[U | X]`` (``gram=True``) or ``Uᵀ X`` and the mask of output entries they fill.
-
-    Rows of the output: ``[q rows (rp) | k rows (rp)]``. Columns: ``[q (rp) | k (rp) | x (dp)]``
-    with ``gram=True``, else ``[x (dp)]``. Gram tiles strictly below the diagonal are skipped.
-    """
+@functools.cache
+def _tile_rows(rp: int, dp: int, tile: int, gram: bool) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Rows ``(row_src, row_off, col_src, col_off, out_col)`` of the tile table of ``Uᵀ[U | X]``
+    (``gram=True``) or ``Uᵀ X``. Output rows: ``[q rows (rp) | k rows (rp)]``; columns
+    ``[q (rp) | k (rp) | x (dp)]`` with ``gram=True``, else ``[x (dp)]``. Gram tiles strictly
+    below the diagonal are skipped. Every offset is a multiple of ``tile`` (the kernel relies on it)."""
     rows = [(src, off) for src in (0, 1) for off in range(0, rp, tile)]
     cols = [(src, off, src * rp + off) for src in (0, 1) for off in range(0, rp, tile)] if gram else []
     x0 = 2 * rp if gram else 0
     cols += [(2, off, x0 + off) for off in range(0, dp, tile)]
-    width = x0 + dp
-    filled = torch.zeros(2 * rp, width, dtype=torch.bool)
     table = []
     for rs, ro in rows:
         gr = rs * rp + ro
@@ -366,15 +442,43 @@ def _tile_table(
             if cs < 2 and oc + tile <= gr:  # entirely below the diagonal of G
                 continue
             table.append((rs, ro, cs, co, oc))
-            filled[gr : gr + tile, oc : oc + tile] = True
-    return torch.tensor(table, dtype=torch.int32, device=device), filled.to(device)
+    return tuple(table)
+
+
+_DEVICE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _tile_table(
+    rp: int, dp: int, tile: int, *, gram: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Device copies of the tile table, the mask of output entries it fills and the indices of
+    the tiles that read each x column once (for Σ x²); built once per shape and device
+    (no host-to-device copy per call)."""
+    key = (rp, dp, tile, gram, str(device))
+    hit = _DEVICE_TABLES.get(key)
+    if hit is not None:
+        return hit
+    table = _tile_rows(rp, dp, tile, gram)
+    width = (2 * rp if gram else 0) + dp
+    filled = torch.zeros(2 * rp, width, dtype=torch.bool)
+    for rs, ro, _cs, _co, oc in table:
+        gr = rs * rp + ro
+        filled[gr : gr + tile, oc : oc + tile] = True
+    first_row = [i for i, t in enumerate(table) if t[0] == 0 and t[1] == 0 and t[2] == 2]
+    out = (
+        torch.tensor(table, dtype=torch.int32).to(device),
+        filled.to(device),
+        torch.tensor(first_row, dtype=torch.long).to(device),
+    )
+    _DEVICE_TABLES[key] = out
+    return out
 
 
 def _reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, gram: bool):
     """Run the reduce pass; returns float64 ``Uᵀ[U | X]`` (b, 2rp, 2rp + dp) or ``Uᵀ X`` (b, 2rp, dp)
     summed over splits (Gram symmetrised), and Σ x² per b (float64)."""
     b, n, _ = q.shape
-    table, filled = _tile_table(plan.rp, plan.dp, plan.tile, gram=gram, device=q.device)
+    table, filled, first_row = _tile_table(plan.rp, plan.dp, plan.tile, gram=gram, device=q.device)
     n_tiles = table.shape[0]
     width = filled.shape[1]
     out = torch.empty(b, plan.splits, 2 * plan.rp, width, dtype=torch.float32, device=q.device)
@@ -382,34 +486,39 @@ def _reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, g
     for b0 in range(0, b, _MAX_GRID_YZ):  # grid axes 1 and 2 are limited to 65535
         b1 = min(b, b0 + _MAX_GRID_YZ)
         qc, kc, xc, oc = q[b0:b1], k[b0:b1], x[b0:b1], out[b0:b1]
-        _reduce_kernel[(n_tiles, plan.splits, b1 - b0)](
+        _launch(
+            _reduce_kernel, (n_tiles, plan.splits, b1 - b0),
             qc, kc, xc, table, oc, ss[b0:b1],
-            n, plan.r, x.shape[-1],
+            n, plan.r, x.shape[-1], plan.chunk,
             *qc.stride(), *kc.stride(), *xc.stride(),
             oc.stride(0), oc.stride(1), oc.stride(2),
             BLOCK_N=plan.block_n, RP=plan.rp, BR=plan.tile, BC=plan.tile,
-            BLOCKS=plan.blocks, NUM_TILES=n_tiles, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
+            NUM_TILES=n_tiles, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
             num_warps=plan.num_warps, num_stages=plan.num_stages,
         )  # fmt: skip
     total = out.sum(1, dtype=torch.float64)
     if gram:
         total = torch.where(filled, total, _transpose_gram(total, plan.rp))
     # Σ x² from the tiles that read x with the first row block (each x column once).
-    first_row = (table[:, 0] == 0) & (table[:, 1] == 0) & (table[:, 2] == 2)
-    x_sq = ss.sum(1, dtype=torch.float64)[:, first_row].sum(-1)
+    x_sq = ss.sum(1, dtype=torch.float64).index_select(1, first_row).sum(-1)
     return total, x_sq
 
 
 def _transpose_gram(total: torch.Tensor, rp: int) -> torch.Tensor:
-    t = torch.zeros_like(total)
-    t[:, :, : 2 * rp] = total[:, :, : 2 * rp].mT
-    return t
+    return torch.nn.functional.pad(total[:, :, : 2 * rp].mT, (0, total.shape[-1] - 2 * rp))
+
+
+_INDEX_CACHE: dict[tuple, torch.Tensor] = {}
 
 
 def _idx(r: int, rp: int, device: torch.device) -> torch.Tensor:
-    """Indices of the true q and k rows inside the padded ``2rp`` layout."""
-    ar = torch.arange(r, device=device)
-    return torch.cat([ar, ar + rp])
+    """Indices of the true q and k rows inside the padded ``2rp`` layout (cached per device)."""
+    key = (r, rp, str(device))
+    hit = _INDEX_CACHE.get(key)
+    if hit is None:
+        ar = list(range(r))
+        hit = _INDEX_CACHE[key] = torch.tensor(ar + [i + rp for i in ar], dtype=torch.long).to(device)
+    return hit
 
 
 def _pack(mats: list[torch.Tensor], plan: _Plan, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -417,30 +526,22 @@ def _pack(mats: list[torch.Tensor], plan: _Plan, dtype: torch.dtype) -> tuple[to
 
     For 16-bit inputs each matrix ``W`` is scaled by a power of two ``s`` (max |W/s| in [1, 2))
     and split ``W/s = hi + lo`` in ``dtype`` (``lo`` omitted without ``hi_lo``); the kernel
-    computes ``s (x hi + x lo)``.
-    Float32 inputs get one float32 slot and ``s = 1``.
+    computes ``s (x hi + x lo)``. Float32 inputs get one float32 slot and ``s = 1``.
+    All matrices are padded and stacked first, then scaled and split together (a handful of
+    batched ops instead of a few per matrix).
     """
-    b = mats[0].shape[0]
     m = plan.m
-    dev = mats[0].device
-    nh = 2 if plan.split_w else 1
-    w = torch.zeros(b, len(mats), nh, m, m, dtype=dtype if plan.half else torch.float32, device=dev)
-    scales = torch.ones(b, len(mats), dtype=torch.float32, device=dev)
-    for i, mat in enumerate(mats):
-        kk, cc = mat.shape[-2:]
-        if not plan.half:
-            w[:, i, 0, :kk, :cc] = mat.float()
-            continue
-        amax = mat.abs().amax(dim=(-2, -1))
-        e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-300))), torch.zeros_like(amax))
-        s = torch.exp2(e.clamp(-126, 126))
-        ms = mat / s[:, None, None]
-        hi = ms.to(dtype)
-        w[:, i, 0, :kk, :cc] = hi
-        if plan.split_w:
-            w[:, i, 1, :kk, :cc] = (ms - hi.double()).to(dtype)
-        scales[:, i] = s.float()
-    return w, scales
+    w64 = torch.stack([torch.nn.functional.pad(x, (0, m - x.shape[-1], 0, m - x.shape[-2])) for x in mats], 1)
+    if not plan.half:
+        w = w64.to(torch.float32).unsqueeze(2)
+        return w, torch.ones(w.shape[:2], dtype=torch.float32, device=w.device)
+    amax = w64.abs().amax(dim=(-2, -1))
+    e = torch.floor(torch.log2(amax.clamp_min(1e-300))).clamp(-126, 126)
+    s = torch.exp2(torch.where(amax > 0, e, torch.zeros_like(e)))
+    ms = w64 / s[..., None, None]
+    hi = ms.to(dtype)
+    parts = [hi, (ms - hi.double()).to(dtype)] if plan.split_w else [hi]
+    return torch.stack(parts, 2), s.float()
 
 
 def _pad_rows(mat: torch.Tensor, plan: _Plan, which: int) -> torch.Tensor:
@@ -454,7 +555,8 @@ def _fwd_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
     y = torch.empty(b, n, plan.d, dtype=v.dtype, device=v.device)
     w, ws = _pack([_pad_rows(c, plan, 0), _pad_rows(c, plan, 1)], plan, q.dtype)
     grid = (b, triton.cdiv(n, plan.block_n))
-    _fwd_apply_kernel[grid](
+    _launch(
+        _fwd_apply_kernel, grid,
         q, k, v, w, ws, y,
         n, plan.r, plan.d,
         *q.stride(), *k.stride(), *v.stride(), y.stride(0), y.stride(1),
@@ -482,7 +584,8 @@ def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
     gk = torch.empty_like(gq)
     gv = torch.empty(b, n, plan.d, dtype=v.dtype, device=v.device)
     grid = (b, triton.cdiv(n, plan.block_n))
-    _bwd_apply_kernel[grid](
+    _launch(
+        _bwd_apply_kernel, grid,
         q, k, v, gy, w, ws, gq, gk, gv,
         n, r, plan.d,
         *q.stride(), *k.stride(), *v.stride(), *gy.stride(),
@@ -491,7 +594,7 @@ def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
         BLOCK_N=plan.block_n, RP=plan.rp, DP=plan.dp, M=plan.m,
         SPLIT=plan.split_w, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
         FIX_BF16=plan.cast_f32 and q.dtype == torch.bfloat16,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.bwd_warps, num_stages=plan.num_stages,
     )  # fmt: skip
     return gq, gk, gv
 
@@ -499,6 +602,13 @@ def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
 # --------------------------------------------------------------------------------------
 # The small core and the fallback decision
 # --------------------------------------------------------------------------------------
+
+#: Factor on float32's eps in the fallback rule, by ``input_precision``. tf32x3 products carry
+#: ≈ 2⁻²² relative error each (the dropped tail·tail term and the tails' TF32 rounding), but the
+#: float32 accumulation over N tokens dominates the error of every pass in both modes; the
+#: rule is kept as for ieee and the end-to-end error with emulated tf32x3 dots is tested
+#: against the float32 budget (tests/test_triton.py). ``tf32`` is not modelled (opt-in).
+_PRECISION_EPS_FACTOR = {"ieee": 1.0, "tf32x3": 1.0, "tf32": 1.0}
 
 
 def _untrusted(
@@ -508,28 +618,85 @@ def _untrusted(
     ok: torch.Tensor,
     s_norm: torch.Tensor,
     cond: torch.Tensor,
+    precision: str = "ieee",
 ) -> torch.Tensor:
     """Per-b mask of results the Gram engine cannot deliver within the float32 budget.
 
     The same rule as the torch engine (:class:`osa_lab.expm._GramAction`): Cholesky failed, or
     cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``
-    (float32 values: the kernels accumulate in float32 whatever the input dtype). ``ok``,
-    ``s_norm`` and ``cond`` come from ``expm._gram_core_with_norm``.
+    (float32 values: the kernels accumulate in float32 whatever the input dtype; ``eps`` scaled
+    by ``_PRECISION_EPS_FACTOR`` for tf32x3 dots). ``ok``, ``s_norm`` and ``cond`` come from the
+    core. Device operations only (no host synchronisation).
     """
     u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
     v_norm = v_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
-    est = torch.finfo(torch.float32).eps * u_norm * torch.linalg.vector_norm(c, dim=(-2, -1)) / v_norm
+    eps = torch.finfo(torch.float32).eps * _PRECISION_EPS_FACTOR[precision]
+    est = eps * u_norm * torch.linalg.vector_norm(c, dim=(-2, -1)) / v_norm
     base, slope = expm.GRAM_TOLERANCE[torch.float32]
     est = est / torch.clamp(slope * s_norm, min=base)
     ok = ok & (cond <= expm.GRAM_MAX_COND[torch.float32]) & torch.isfinite(est) & (est <= 1)
     return ~ok
 
 
+#: Taylor degree and Paterson–Stockmeyer block of the fixed core plan (6 products + squarings).
+_FIXED_DEGREE, _FIXED_BLOCK = 16, 4
+
+
+def fixed_gram_core(
+    g: torch.Tensor, j: torch.Tensor, max_squarings: int = 12
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The Gram core ``F = L⁻ᵀ (exp(Lᵀ J L) − I) L⁻¹`` (paper's low-rank form; docs/triton.md)
+    by a fixed sequence of device operations: no host synchronisation, so CUDA graphs and
+    ``torch.compile`` can capture it.
+
+    Returns ``(F, ok, (s_norm, cond))`` like ``expm._gram_core_with_norm``. ``J`` must be
+    :func:`osa_lab.expm.osa_skew_core`'s ``s·[[0, I], [−I, 0]]``. The exponential of the skew
+    ``M = Lᵀ J L`` is the degree-16 Taylor polynomial (Paterson–Stockmeyer, block 4) of
+    ``M / 2^{s_b}`` squared ``s_b`` times, where each matrix's ``s_b`` comes from the
+    spectral-radius bound ``ρ ≤ min(‖M‖₁, ‖M²‖₁^½, ‖M⁴‖₁^¼)`` on the device (as
+    :func:`osa_lab.expm.skew_matrix_exp` does on the host); all ``max_squarings`` squarings run,
+    masked per matrix. ``ok`` is False where the Cholesky factorisation failed or
+    ``ρ > 2^max_squarings·θ₁₆`` (the plan cannot reach the float64 truncation tolerance).
+    """
+    width = g.shape[-1]
+    eye = torch.eye(width, dtype=g.dtype, device=g.device)
+    chol, chol_inv, ok = expm._cholesky_with_inverse(g)
+    okm = ok[..., None, None]
+    chol = torch.where(okm, chol, eye)
+    chol_inv = torch.where(okm, chol_inv, eye)
+    m = expm._core_matrix(chol, j, True)
+    s_norm = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
+    m2 = m @ m
+    m3 = m2 @ m
+    m4 = m2 @ m2
+    rho = torch.minimum(
+        torch.minimum(expm._one_norm(m), expm._one_norm(m2).sqrt()), expm._one_norm(m4) ** 0.25
+    )
+    unit = torch.finfo(g.dtype).eps / 2
+    theta = expm._taylor_theta(_FIXED_DEGREE, unit)
+    counts = torch.ceil(torch.log2(rho.clamp_min(1e-300) / theta)).clamp(0, max_squarings)
+    counts = counts.nan_to_num(nan=float(max_squarings))
+    fits = torch.isfinite(rho) & (rho <= theta * 2.0**max_squarings)
+    cm = counts[..., None, None]
+    e = expm._taylor_ps([None, m, m2, m3, m4], _FIXED_DEGREE, _FIXED_BLOCK, torch.pow(2.0, -cm), None)
+    for step in range(max_squarings):
+        e = torch.where(cm > step, e @ e, e)
+    f = chol_inv.mT @ (e - eye) @ chol_inv
+    cond = torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach()) / width
+    return f, ok & fits, (s_norm, cond)
+
+
+def _core(g: torch.Tensor, j: torch.Tensor, plan: _Plan):
+    if plan.core == "fixed":
+        return fixed_gram_core(g, j, plan.max_squarings)
+    return expm._gram_core_with_norm(g, j)
+
+
 class _OSATriton(torch.autograd.Function):
     """``Y = exp(U J Uᵀ) V`` by the Triton passes; also returns the mask of untrusted ``b``.
 
     Rows of ``Y`` for untrusted ``b`` equal ``V`` (``C`` set to 0) and get zero gradients;
-    :func:`osa_triton` overwrites them with the QR engine.
+    :func:`osa_triton` overwrites them with the QR engine (adaptive core) or NaN (fixed core).
     """
 
     @staticmethod
@@ -538,15 +705,16 @@ class _OSATriton(torch.autograd.Function):
         plan = _plan(q, v, cfg)
         idx = _idx(r, plan.rp, q.device)
         gp_full, v_sq = _reduce(q, k, v, plan, gram=True)
-        g = gp_full[:, idx][:, :, idx]
-        p = gp_full[:, idx, 2 * plan.rp : 2 * plan.rp + plan.d]
+        rows = gp_full.index_select(1, idx)
+        g = rows.index_select(2, idx)
+        p = rows[:, :, 2 * plan.rp : 2 * plan.rp + plan.d]
         j = expm.osa_skew_core(r, scale.detach())
-        f, ok, (s_norm, cond) = expm._gram_core_with_norm(g, j)
+        f, ok, (s_norm, cond) = _core(g, j, plan)
         c = f @ p
-        bad = _untrusted(g, c, v_sq, ok, s_norm, cond)
-        eye = torch.eye(2 * r, dtype=torch.float64, device=q.device)
-        g = torch.where(bad[:, None, None], eye, g)
-        c = torch.where(bad[:, None, None], torch.zeros_like(c), c)
+        bad = _untrusted(g, c, v_sq, ok, s_norm, cond, plan.precision)
+        keep = ~bad[:, None, None]
+        g = torch.where(keep, g, torch.eye(2 * r, dtype=torch.float64, device=q.device))
+        c = torch.where(keep, c, 0.0)
         y = _fwd_apply(q, k, v, c, plan)
         ctx.save_for_backward(q, k, v, scale, g, p, c, bad)
         ctx.plan = plan
@@ -561,22 +729,22 @@ class _OSATriton(torch.autograd.Function):
         need_q, need_k, need_v, need_s, _ = ctx.needs_input_grad
         idx = _idx(r, plan.rp, q.device)
         gc_full, _ = _reduce(q, k, gy, plan, gram=False)
-        gc = gc_full[:, idx, : plan.d]
+        gc = gc_full.index_select(1, idx)[:, :, : plan.d]
         with torch.enable_grad():
             g_leaf = g.detach().requires_grad_(True)
             s_leaf = scale.detach().to(torch.float64).requires_grad_(need_s)
-            f, _ = expm.gram_core(g_leaf, expm.osa_skew_core(r, s_leaf))
+            f = _core(g_leaf, expm.osa_skew_core(r, s_leaf), plan)[0]
         gf = gc @ p.mT
         gp = f.detach().mT @ gc
         grads = torch.autograd.grad(f, (g_leaf, s_leaf) if need_s else (g_leaf,), gf)
         gg = grads[0]
         keep = ~bad[:, None, None]
-        h = torch.where(keep, gg + gg.mT, torch.zeros_like(gg))
-        gp = torch.where(keep, gp, torch.zeros_like(gp))
+        h = torch.where(keep, gg + gg.mT, 0.0)
+        gp = torch.where(keep, gp, 0.0)
         gq, gk, gv = _bwd_apply(q, k, v, gy, c, gp, h, plan)
         gs = None
         if need_s:
-            gs = torch.where(bad, torch.zeros_like(grads[1]), grads[1]).to(scale.dtype)
+            gs = torch.where(bad, 0.0, grads[1]).to(scale.dtype)
         return (gq if need_q else None, gk if need_k else None, gv if need_v else None, gs, None)
 
 
@@ -641,7 +809,9 @@ def osa_triton(
 
     Returns ``(b, N, d_v)`` in the dtype of ``v``; differentiable w.r.t. q, k, v and scale.
     Batch elements the Gram engine cannot compute accurately (see :func:`_untrusted`) are
-    recomputed by :func:`osa_lab.expm.qr_action` in float32 (differentiable by autograd).
+    recomputed by :func:`osa_lab.expm.qr_action` in float32 (differentiable by autograd);
+    with ``config.core == "fixed"`` they are NaN instead and the call makes no host
+    synchronisation (docs/triton.md, "Host synchronisations").
     """
     if not isinstance(scale, torch.Tensor):
         scale = torch.tensor(float(scale), dtype=torch.float64, device=q.device)
@@ -650,7 +820,10 @@ def osa_triton(
     scale = scale.to(q.device).expand(b)
     if b == 0 or n == 0:
         return v.clone()
-    y, bad = _OSATriton.apply(q, k, v, scale, config or DEFAULT_CONFIG)
+    cfg = config or DEFAULT_CONFIG
+    y, bad = _OSATriton.apply(q, k, v, scale, cfg)
+    if cfg.core == "fixed":  # no data-dependent host decision: untrusted rows are NaN
+        return torch.where(bad[:, None, None], float("nan"), y)
     if bool(bad.any()):
         sel = bad.nonzero().squeeze(-1)
         u = torch.cat([q[sel], k[sel]], dim=-1).float()
