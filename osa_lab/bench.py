@@ -20,7 +20,6 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +35,8 @@ from osa_lab.benchtools import (
     time_call,
     time_interleaved,
 )
+from osa_lab.cli import check_output_file, positive_int
+from osa_lab.errors import MethodUnavailableError
 from osa_lab.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
@@ -145,45 +146,54 @@ def memory_rows(sizes, r: int, d: int, bh: int) -> list[dict]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``osa-lab bench``."""
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="sequence lengths N")
-    parser.add_argument("--memory-sizes", type=int, nargs="*", default=list(DEFAULT_MEMORY_SIZES),
+    parser.add_argument("--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES),
+                        help="sequence lengths N")
+    parser.add_argument("--memory-sizes", type=positive_int, nargs="*", default=list(DEFAULT_MEMORY_SIZES),
                         help="N for the peak-memory measurement (bh = 8); empty to skip")
-    parser.add_argument("--r", type=int, default=64, help="query/key width per head")
-    parser.add_argument("--d", type=int, default=64, help="value width per head")
-    parser.add_argument("--bh", type=int, default=8, help="batch·heads for the memory measurement")
-    parser.add_argument("--repeat", type=int, default=5, help="timed rounds (median reported)")
+    parser.add_argument("--r", type=positive_int, default=64, help="query/key width per head")
+    parser.add_argument("--d", type=positive_int, default=64, help="value width per head")
+    parser.add_argument("--bh", type=positive_int, default=8, help="batch·heads for the memory measurement")
+    parser.add_argument("--repeat", type=positive_int, default=5, help="timed rounds (median reported)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", default="bench_results/core.csv", help="CSV of the timing table")
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
-    parser.add_argument("--memory-probe", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-probe", type=positive_int, default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print/write the tables."""
+    """Run the benchmark and print/write the tables.
+
+    Raises (before anything is timed): :class:`~osa_lab.errors.MethodUnavailableError` for
+    ``--device cuda`` without a CUDA device, :class:`~osa_lab.errors.OutputPathError` for an
+    output CSV that cannot be written. Sizes, rounds and widths are checked by argparse (ints ≥ 1).
+    """
     if args.memory_probe is not None:
         print(json.dumps(memory_probe(args.memory_probe, args.r, args.d, args.bh)))
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda requested but no CUDA device is available", file=sys.stderr)
-        return 2
+        raise MethodUnavailableError("--device cuda: no CUDA device is available here; use --device cpu")
     sizes = [64, 256] if args.quick else args.sizes
+    mem_sizes = [4096, 8192] if args.quick else args.memory_sizes
+    out = check_output_file(args.output, "--output")
+    mem_out = out.with_name(out.stem + "_memory.csv")
+    measure_memory = bool(mem_sizes) and args.device == "cpu"
+    if measure_memory:
+        check_output_file(mem_out, "--output (its <stem>_memory.csv)")
     info = machine_info()
     print("machine:", json.dumps(info))
     rows = [time_row(n, args.r, args.d, args.device, torch.float32, args.repeat) for n in tqdm(sizes, desc="bench")]
-    out = Path(args.output)
     emit_table(rows, out, title="OSA low-rank vs SDPA vs dense (times in seconds)")
-    mem_sizes = [4096, 8192] if args.quick else args.memory_sizes
-    if mem_sizes and args.device == "cpu":
-        emit_table(memory_rows(mem_sizes, args.r, args.d, args.bh), out.with_name(out.stem + "_memory.csv"),
+    if measure_memory:
+        emit_table(memory_rows(mem_sizes, args.r, args.d, args.bh), mem_out,
                    title=f"peak memory of low-rank forward+backward (bh={args.bh}, r={args.r}, d_v={args.d})")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m osa_lab.bench``."""
-    parser = argparse.ArgumentParser(prog="osa-lab bench", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """``python -m osa_lab.bench``: the same as ``osa-lab bench`` (user errors: one line, exit 2)."""
+    from osa_lab.cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

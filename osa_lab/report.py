@@ -22,6 +22,7 @@ values go through YAML, never through ``-p`` strings. ``--quick`` uses
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime as _dt
 import html
@@ -125,6 +126,8 @@ def select(notebooks: Mapping[str, Path], only: Sequence[str] | None) -> dict[st
 def load_params(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read a YAML parameter file: a mapping ``notebook stem → {parameter: value}``."""
     path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"parameter file {path} is a directory; give the YAML file (e.g. {path / 'params.yaml'})")
     if not path.is_file():
         raise ReportError(f"parameter file {path} does not exist")
     try:
@@ -180,14 +183,92 @@ def declared_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
     return declared
 
 
+def _element_type(values: Sequence[Any]) -> str | None:
+    """The common element type name of a default list (``float`` for mixed ints and floats)."""
+    if not values:
+        return None
+    if all(isinstance(v, bool) for v in values):
+        return "bool"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "int"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return "float"
+    if all(isinstance(v, str) for v in values):
+        return "str"
+    return None
+
+
+def expected_type(declaration: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """``(type, optional)`` a parameter's value must have, from ``papermill.inspect_notebook``.
+
+    The type is the annotation (``int``, ``float``, ``str``, ``bool``, ``list``, ``list[int]``,
+    ``dict``; ``Optional[X]`` / ``X | None`` set ``optional``), or, for an unannotated parameter,
+    the type of its literal default; a plain ``list`` gets the common element type of its default
+    (``[0.1, 1]`` → ``list[float]``). ``None`` when nothing can be inferred (no check).
+    """
+    name = str(declaration.get("inferred_type_name") or "None").replace(" ", "")
+    optional = False
+    if name.startswith("Optional[") and name.endswith("]"):
+        name, optional = name[len("Optional[") : -1], True
+    parts = name.split("|")
+    if len(parts) > 1 and "None" in parts:
+        parts.remove("None")
+        optional = True
+    if len(parts) != 1:
+        return None
+    name = parts[0]
+    try:
+        default = ast.literal_eval(str(declaration.get("default", "")))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        default = ...
+    if name == "None":  # no annotation: the default's type
+        if default is None or default is ...:
+            return None
+        name = type(default).__name__
+    if name == "list" and isinstance(default, list):
+        element = _element_type(default)
+        name = f"list[{element}]" if element else name
+    return name, optional
+
+
+def _has_type(value: Any, name: str) -> bool:
+    base, _, inner = name.partition("[")
+    inner = inner.removesuffix("]")
+    if base == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base in ("list", "List", "tuple", "Sequence"):
+        return isinstance(value, list | tuple) and (not inner or all(_has_type(v, inner) for v in value))
+    if base in ("dict", "Dict", "Mapping"):
+        return isinstance(value, dict)
+    return True  # a type we cannot check (e.g. a class): papermill passes the value as is
+
+
 def check_params(name: str, params: Mapping[str, Any], declared: Mapping[str, Any], origin: str = "") -> None:
-    """Refuse parameters the notebook does not declare (papermill would only warn)."""
+    """Refuse parameters the notebook does not declare (papermill would only warn) and values whose
+    type differs from the declared one (``depth: 2.5`` for ``depth: int = 24`` would run depth 2)."""
+    where = f" (from {origin})" if origin else ""
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        where = f" (from {origin})" if origin else ""
         raise ReportError(
             f"notebook {name} does not declare parameter(s) {', '.join(unknown)}{where}; "
             f"it declares: {', '.join(declared)}"
+        )
+    for key, value in params.items():
+        expected = expected_type(declared[key])
+        if expected is None:
+            continue
+        type_name, optional = expected
+        if (value is None and optional) or _has_type(value, type_name):
+            continue
+        raise ReportError(
+            f"notebook {name}: parameter {key} must be {type_name}{' or null' if optional else ''} "
+            f"(default {declared[key].get('default')}), got {value!r} ({type(value).__name__}){where}"
         )
 
 
@@ -380,14 +461,23 @@ def run_reports(
 ) -> list[NotebookResult]:
     """Execute ``names`` (stem → source) with their ``params`` into ``output``; write the index.
 
-    All parameters are validated against the notebooks' declarations before anything runs.
-    Returns one :class:`NotebookResult` per notebook, in order.
+    All parameters (names and types) and the output folder are validated before anything runs
+    or is created. Returns one :class:`NotebookResult` per notebook, in order.
+
+    Raises:
+        ReportError: unknown notebook or parameter, a parameter of the wrong type, or a
+            ``cell_timeout`` that is not a positive number of seconds.
+        OutputPathError: ``output`` is a file or cannot be written.
     """
     from tqdm.auto import tqdm
 
+    from osa_lab.cli import check_output_dir
+
+    if isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int | float) or not cell_timeout > 0:
+        raise ReportError(f"cell_timeout={cell_timeout!r}: give a positive number of seconds (--cell-timeout)")
+    check_output_dir(output, "--output")
     # Absolute paths: papermill changes the working directory to ``cwd`` while it executes.
     output = Path(output).resolve()
-    output.mkdir(parents=True, exist_ok=True)
     names = {name: Path(path).resolve() for name, path in names.items()}
     cwd = Path(cwd).resolve() if cwd is not None else Path.cwd()
     unknown = sorted(set(params) - set(names))
@@ -395,6 +485,7 @@ def run_reports(
         raise ReportError(f"parameters given for unknown notebook(s) {', '.join(unknown)}; notebooks: {', '.join(names)}")
     for name, source in names.items():
         check_params(name, params.get(name, {}), declared_parameters(source))
+    output.mkdir(parents=True, exist_ok=True)
     started = _dt.datetime.now(_dt.UTC)
     results: list[NotebookResult] = []
     kernel_ctx = ensure_kernel(kernel_name) if register_kernel else contextlib.nullcontext(kernel_name)
@@ -542,6 +633,8 @@ def _earlier_notebooks(output: Path, current: set[str]) -> list[dict[str, Any]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``osa-lab report``."""
+    from osa_lab.cli import positive_int
+
     parser.add_argument("--quick", action="store_true", help=f"tiny parameters from notebooks/{QUICK_PARAMS} (CI)")
     parser.add_argument(
         "--params",
@@ -561,7 +654,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cell-timeout",
         metavar="SECONDS",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"per-cell execution timeout (default {CELL_TIMEOUT}, {QUICK_CELL_TIMEOUT} with --quick)",
     )
@@ -571,7 +664,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``osa-lab report``; 0 when every notebook ran, 1 when one failed, 2 on a bad request."""
+    from osa_lab.cli import check_output_dir, one_line
+    from osa_lab.errors import OutputPathError
+
     try:
+        if not args.list:
+            check_output_dir(args.output, "--output")  # before any notebook is converted or run
         notebooks = discover(args.notebooks)
         chosen = select(notebooks, args.only)
         if args.list:
@@ -594,7 +692,10 @@ def run(args: argparse.Namespace) -> int:
                 f"parameters given for unknown notebook(s) {', '.join(unknown)}; notebooks: {', '.join(notebooks)}"
             )
         params = {k: v for k, v in params.items() if k in chosen}
-        timeout = args.cell_timeout or (QUICK_CELL_TIMEOUT if args.quick else CELL_TIMEOUT)
+        if args.cell_timeout is not None:
+            timeout = args.cell_timeout
+        else:
+            timeout = QUICK_CELL_TIMEOUT if args.quick else CELL_TIMEOUT
         label = "quick" if args.quick else "default parameters"
         if args.params:
             label += f" + {args.params}"
@@ -607,8 +708,8 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             label=label,
         )
-    except ReportError as exc:
-        print(f"osa-lab report: error: {exc}", file=sys.stderr)
+    except (ReportError, OutputPathError) as exc:
+        print(f"osa-lab report: error: {one_line(exc)}", file=sys.stderr)
         return 2
     index = Path(args.output).resolve() / "index.html"
     failed = [r for r in results if not r.ok]
@@ -620,6 +721,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # python -m osa_lab.report
-    _parser = argparse.ArgumentParser(prog="osa-lab report", description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
+    from osa_lab.cli import main as _main
+
+    sys.exit(_main(["report", *sys.argv[1:]]))

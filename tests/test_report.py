@@ -261,3 +261,87 @@ def test_index_keeps_notebooks_of_earlier_runs(tmp_path):
     (out / "01_a.html").unlink()
     report.write_index([report.NotebookResult("02_b", "02_b.py", {}, ok=True, seconds=3.0, html="02_b.html")], out)
     assert "01_a" not in (out / "index.html").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 11: typed parameters, unwritable outputs, --params folder, --cell-timeout
+# ---------------------------------------------------------------------------------------------
+
+TYPED_NOTEBOOK = '''
+# %% tags=["parameters"]
+depth: int = 24
+lr: float = 0.001
+name: str = "x"
+flag: bool = False
+seeds: list = [0, 1]
+alphas: list = [0.1, 1.0]
+untyped = 3
+
+# %%
+print(depth)
+'''
+
+
+@pytest.mark.parametrize(
+    ("params", "ok"),
+    [
+        ({"depth": 2.5}, False),  # was: ran depth 2 while the index said 2.5
+        ({"depth": True}, False),
+        ({"depth": "24"}, False),
+        ({"depth": 2}, True),
+        ({"lr": 1}, True),  # an int is a fine float
+        ({"lr": "fast"}, False),
+        ({"name": 3}, False),
+        ({"flag": 1}, False),
+        ({"seeds": [0, 1.5]}, False),
+        ({"seeds": 3}, False),
+        ({"seeds": [2, 3]}, True),
+        ({"alphas": [1, 0.5]}, True),
+        ({"alphas": ["a"]}, False),
+        ({"untyped": 2.5}, False),  # unannotated: the default's type (int)
+        ({"untyped": 7}, True),
+    ],
+)
+def test_check_params_refuses_wrong_types(tmp_path, params, ok):
+    src = _write(tmp_path, "01_typed", TYPED_NOTEBOOK)
+    declared = report.declared_parameters(src)
+    if ok:
+        report.check_params("01_typed", params, declared)
+    else:
+        with pytest.raises(report.ReportError, match=f"parameter {next(iter(params))} must be"):
+            report.check_params("01_typed", params, declared, origin="p.yaml")
+
+
+def test_report_bad_type_from_yaml_exits_2_and_creates_nothing(tmp_path, capsys):
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _write(src, "01_typed", TYPED_NOTEBOOK)
+    params = tmp_path / "p.yaml"
+    params.write_text("01_typed:\n  depth: 2.5\n")
+    out = tmp_path / "out"
+    assert cli.main(["report", "--notebooks", str(src), "--output", str(out), "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("osa-lab report: error: notebook 01_typed: parameter depth must be int")
+    assert err.count("\n") == 1 and "2.5" in err
+    assert not out.exists()  # was: an empty output folder created before the check
+
+
+def test_report_params_directory_and_unwritable_output(tmp_path, capsys):
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _write(src, "01_typed", TYPED_NOTEBOOK)
+    assert cli.main(["report", "--notebooks", str(src), "--output", str(tmp_path / "o"), "--params", str(src)]) == 2
+    assert "is a directory" in capsys.readouterr().err  # was: "does not exist"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for output in (afile, afile / "reports"):  # was: tracebacks (FileExistsError / NotADirectoryError)
+        assert cli.main(["report", "--notebooks", str(src), "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("osa-lab report: error: --output") and "Traceback" not in err
+    for timeout in ("0", "-5"):  # was: 0 silently meant the default, -5 was passed on
+        assert cli.main(["report", "--notebooks", str(src), "--output", str(tmp_path / "o"),
+                         "--cell-timeout", timeout]) == 2  # fmt: skip
+        assert "--cell-timeout" in capsys.readouterr().err
+    with pytest.raises(report.ReportError, match="cell_timeout"):
+        report.run_reports({"01_typed": src / "01_typed.py"}, {}, tmp_path / "o", cell_timeout=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "nbs"]
