@@ -58,10 +58,13 @@ from torch import nn
 from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
 from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
 
-ATTENTIONS = ("osa", "ssa")
+ATTENTIONS = ("osa", "ssa", "none")
 NORMS = ("none", "layernorm")
 INITS = ("default", "orthogonal", "cutting-skip", "value-skipinit")
-INPUTS = ("tokens", "patches")
+INPUTS = ("tokens", "patches", "sequence")
+#: ``"transformer"``: the ViT-style encoder; ``"mlp"`` and ``"cnn1d"``: the non-attention baselines
+#: of Greydanus & Kobak's MNIST-1D table (:class:`MLPClassifier`, :class:`CNN1dClassifier`)
+BACKBONES = ("transformer", "mlp", "cnn1d")
 #: (a, b, c) of the Cutting-the-Skip initialisation (Ji et al. 2025, ViT-B values; DESIGN.md §3).
 CUTTING_SKIP_ABC = (2.0, 0.6, 3.0)
 
@@ -114,6 +117,7 @@ class ModelConfig:
     osa_method: str = "auto"
     activation: str = "gelu"
     seed: int | None = None
+    backbone: str = "transformer"
 
     def __post_init__(self) -> None:
         for name in (
@@ -149,6 +153,7 @@ class ModelConfig:
         _check_name("norm", self.norm, NORMS)
         _check_name("init", self.init, INITS)
         _check_name("input", self.input, INPUTS)
+        _check_name("backbone", self.backbone, BACKBONES)
         _check_name("activation", self.activation, tuple(_ACTIVATIONS))
         if not isinstance(self.skip, bool):
             raise ConfigurationError(f"`skip` must be True or False, got {self.skip!r}")
@@ -169,7 +174,7 @@ class ModelConfig:
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
         ):
             raise ConfigurationError(f"`seed` must be a non-negative int or None, got {self.seed!r}")
-        if self.input == "patches":
+        if self.input in ("patches", "sequence"):
             if self.image_size % self.patch_size != 0:
                 raise ConfigurationError(
                     f"`patch_size`={self.patch_size} does not divide `image_size`={self.image_size}; choose a "
@@ -179,7 +184,10 @@ class ModelConfig:
 
     @property
     def num_patches(self) -> int:
-        """Number of patch tokens ``(image_size / patch_size)²``."""
+        """Number of patch tokens: ``(image_size / patch_size)²`` for images, ``image_size / patch_size``
+        for 1-D sequences (``input="sequence"``, where ``image_size`` is the sequence length)."""
+        if self.input == "sequence":
+            return self.image_size // self.patch_size
         return (self.image_size // self.patch_size) ** 2
 
     @property
@@ -375,7 +383,8 @@ class Block(nn.Module):
         super().__init__()
         self.skip = config.skip
         self.norm1 = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
-        self.attn = _make_attention(config)
+        # attention="none" removes the attention sub-layer: h = x (the "attention removed" control)
+        self.attn = _make_attention(config) if config.attention != "none" else None
         self.mlp: MLP | None = None
         self.norm2: nn.Module | None = None
         if config.mlp_ratio > 0:
@@ -385,7 +394,9 @@ class Block(nn.Module):
                 self.mlp.init_orthogonal()
 
     def attention_part(self, x: torch.Tensor) -> torch.Tensor:
-        """Output of the attention sub-layer (with its skip)."""
+        """Output of the attention sub-layer (with its skip); ``x`` itself when attention is removed."""
+        if self.attn is None:
+            return x
         h = self.attn(self.norm1(x))
         return x + h if self.skip else h
 
@@ -522,9 +533,8 @@ class ViTClassifier(nn.Module):
         super().__init__()
         self.config = config
         with _seeded(config.seed, "embed"):
-            self.patch_embed = nn.Conv2d(
-                config.channels, config.dim, config.patch_size, stride=config.patch_size
-            )
+            conv = nn.Conv1d if config.input == "sequence" else nn.Conv2d
+            self.patch_embed = conv(config.channels, config.dim, config.patch_size, stride=config.patch_size)
             self.pos_embed = nn.Parameter(torch.randn(1, config.num_patches, config.dim) * 0.02)
         self.encoder = Encoder(config)
         with _seeded(config.seed, "head"):
@@ -534,6 +544,9 @@ class ViTClassifier(nn.Module):
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Patch tokens (B, num_patches, dim) with position embedding added."""
         c = self.config
+        if c.input == "sequence":
+            _check_sequence(images, c)
+            return self.patch_embed(images).mT + self.pos_embed
         if (
             not isinstance(images, torch.Tensor)
             or images.dim() != 4
@@ -561,6 +574,87 @@ class ViTClassifier(nn.Module):
         return (logits, hidden) if return_hidden else logits
 
 
+def _check_sequence(x: torch.Tensor, c: ModelConfig) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or tuple(x.shape[1:]) != (c.channels, c.image_size):
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise OSAInputError(
+            f"sequences have shape {shape}; the classifier needs (batch, {c.channels}, {c.image_size}) "
+            "(set channels/image_size in ModelConfig)"
+        )
+
+
+def _check_input(x: torch.Tensor, c: ModelConfig) -> None:
+    if c.input == "sequence":
+        _check_sequence(x, c)
+        return
+    want = (c.channels, c.image_size, c.image_size)
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or tuple(x.shape[1:]) != want:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise OSAInputError(f"images have shape {shape}; the classifier needs (batch, {', '.join(map(str, want))})")
+
+
+class MLPClassifier(nn.Module):
+    """MLP baseline: flattened input → ``depth`` hidden layers of width ``dim`` (``activation``) → logits.
+
+    The MLP row of Greydanus & Kobak's MNIST-1D table (two hidden layers of 100 ReLU units, 68 %
+    on the standard split) with the ``mlp`` preset's defaults. No token mixing, no position
+    structure beyond what the first layer learns. ``forward(x, return_hidden=True)`` returns an
+    empty :class:`HiddenStates` (there are no token matrices).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        n_in = config.channels * config.image_size * (1 if config.input == "sequence" else config.image_size)
+        layers: list[nn.Module] = []
+        width = n_in
+        with _seeded(config.seed, "mlp"):
+            for _ in range(config.depth):
+                layers += [nn.Linear(width, config.dim), _ACTIVATIONS[config.activation]()]
+                width = config.dim
+            layers.append(nn.Linear(width, config.num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor, return_hidden: bool = False):  # noqa: D102
+        _check_input(x, self.config)
+        logits = self.net(x.flatten(1))
+        return (logits, HiddenStates()) if return_hidden else logits
+
+
+class CNN1dClassifier(nn.Module):
+    """Small 1-D CNN baseline for MNIST-1D: three convolutions (kernel 5, 3, 3; stride 2; ``dim`` channels).
+
+    Follows the CNN of Greydanus & Kobak's MNIST-1D table (three stride-2 convolutions of 25
+    channels with ReLU, then a linear layer; 94 % on the standard split) with the ``cnn1d``
+    preset's defaults (``dim=25``, ReLU). Sequences only (``input="sequence"``).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.input != "sequence":
+            raise ConfigurationError(
+                "backbone 'cnn1d' needs 1-D sequence input (input='sequence', e.g. --data mnist1d); use "
+                "backbone 'mlp' or a transformer preset for images"
+            )
+        self.config = config
+        act = _ACTIVATIONS[config.activation]
+        c = config.dim
+        with _seeded(config.seed, "cnn"):
+            self.features = nn.Sequential(
+                nn.Conv1d(config.channels, c, 5, stride=2, padding=1), act(),
+                nn.Conv1d(c, c, 3, stride=2, padding=1), act(),
+                nn.Conv1d(c, c, 3, stride=2, padding=1), act(),
+            )  # fmt: skip
+            with torch.no_grad():
+                n_flat = self.features(torch.zeros(1, config.channels, config.image_size)).numel()
+            self.head = nn.Linear(n_flat, config.num_classes)
+
+    def forward(self, x: torch.Tensor, return_hidden: bool = False):  # noqa: D102
+        _check_input(x, self.config)
+        logits = self.head(self.features(x).flatten(1))
+        return (logits, HiddenStates()) if return_hidden else logits
+
+
 def build_model(
     config: ModelConfig, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> Encoder:
@@ -574,6 +668,11 @@ def build_model(
     """
     if not isinstance(config, ModelConfig):
         raise ConfigurationError(f"`config` must be a ModelConfig, got {type(config).__name__}")
+    if config.backbone != "transformer":
+        raise ConfigurationError(
+            f"backbone {config.backbone!r} is a classifier baseline without a token encoder; build it with "
+            "build_classifier"
+        )
     with _default_dtype(dtype):
         model = Encoder(config)
     return model.to(device) if device is not None else model
@@ -582,13 +681,18 @@ def build_model(
 def build_classifier(
     config: ModelConfig, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> ViTClassifier:
-    """ViT classifier ``(B, C, H, W) → (B, num_classes)``; a ``input="tokens"`` config is switched to patches."""
+    """Classifier ``(B, C, H, W)`` or ``(B, C, L)`` → ``(B, num_classes)`` for ``config.backbone``.
+
+    ``"transformer"``: :class:`ViTClassifier` (a ``input="tokens"`` config is switched to
+    patches); ``"mlp"``: :class:`MLPClassifier`; ``"cnn1d"``: :class:`CNN1dClassifier`.
+    """
     if not isinstance(config, ModelConfig):
         raise ConfigurationError(f"`config` must be a ModelConfig, got {type(config).__name__}")
-    if config.input != "patches":
+    if config.input == "tokens":
         config = replace(config, input="patches")
+    builder = {"transformer": ViTClassifier, "mlp": MLPClassifier, "cnn1d": CNN1dClassifier}[config.backbone]
     with _default_dtype(dtype):
-        model = ViTClassifier(config)
+        model = builder(config)
     return model.to(device) if device is not None else model
 
 
@@ -624,3 +728,93 @@ def functional_mode(model: nn.Module, osa_method: str = "qr") -> Iterator[nn.Mod
             m.explicit_softmax = False
         for e, check in saved_checks:
             e.check_finite = check
+
+
+# --------------------------------------------------------------------------------------
+# Token-mixing diagnostics (issue 13: measure mixing, not α)
+# --------------------------------------------------------------------------------------
+
+
+def skew_generator(q: torch.Tensor, k: torch.Tensor, alpha: torch.Tensor | float) -> torch.Tensor:
+    """OSA's generator ``S = α/√r (q kᵀ − k qᵀ)`` (Zhang & Martens 2026) in float64, shape ``(…, N, N)``.
+
+    ``alpha`` broadcasts against the leading dimensions of ``q`` (e.g. one value per head).
+    """
+    q64, k64 = q.double(), k.double()
+    a = torch.as_tensor(alpha, dtype=torch.float64, device=q.device)
+    a = a.reshape(*a.shape, 1, 1)  # α's dimensions align with q's leading (batch) dimensions
+    return a / math.sqrt(q.shape[-1]) * (q64 @ k64.mT - k64 @ q64.mT)
+
+
+def mixing_stats(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(‖S‖₂, ‖exp(S) V − V‖_F / ‖V‖_F)`` for every leading index of ``q``, ``k``, ``v`` (float64).
+
+    ``‖S‖₂`` is the spectral norm of the generator (the largest rotation angle of ``exp(S)``, in
+    radians); the second number is the **mixing ratio**: how far OSA moves the values away from
+    the identity map ``V ↦ V`` (0: no mixing). Both are computed exactly with
+    ``torch.linalg.matrix_exp`` (meant for diagnostics at N ≲ 100). Example: N = 2, r = 1,
+    q = (1, 0), k = (0, 1), v = (1, 0) gives ``S = α [[0, 1], [−1, 0]]``, ‖S‖₂ = |α| and the
+    ratio ``‖(cos α − 1, −sin α)‖ = 2|sin(α/2)|``.
+    """
+    s = skew_generator(q, k, alpha)
+    v64 = v.double()
+    s_norm = torch.linalg.matrix_norm(s, ord=2)
+    moved = torch.linalg.matrix_exp(s) @ v64 - v64
+    den = torch.linalg.matrix_norm(v64)
+    ratio = torch.linalg.matrix_norm(moved) / torch.where(den > 0, den, torch.ones_like(den))
+    return s_norm, ratio
+
+
+def mixing_table(model: nn.Module, x: torch.Tensor) -> list[tuple[int, int, str, float]]:
+    """``(osa_layer, head, metric, value)`` rows: ``s_norm`` (‖S‖₂) and ``mixing_ratio`` per OSA layer and head.
+
+    Computed on the inputs ``x`` (held-out images or sequences, or tokens for an
+    :class:`Encoder`) from each OSA layer's actual input (one forward pass with hidden states),
+    summarised by the **median** over the batch. ``osa_layer`` is the index of the OSA layer in
+    block order (0-based), as in the ``alpha`` rows of the training metrics. Empty for models
+    without OSA layers.
+    """
+    encoder = model.encoder if isinstance(model, ViTClassifier) else model
+    if not isinstance(encoder, Encoder) or not osa_layers(encoder):
+        return []
+    was_training = model.training
+    model.eval()
+    rows: list[tuple[int, int, str, float]] = []
+    try:
+        with torch.no_grad():
+            _, hidden = model(x, return_hidden=True)
+            index = 0
+            for i, block in enumerate(encoder.blocks):
+                if not isinstance(block.attn, OrthogonalSelfAttention):
+                    continue
+                q, k, v = block.attn._split(block.norm1(hidden.blocks[i]))
+                s_norm, ratio = mixing_stats(q, k, v, block.attn.alpha.reshape(-1))
+                for h in range(block.attn.heads):
+                    rows.append((index, h, "s_norm", float(s_norm[:, h].median())))
+                    rows.append((index, h, "mixing_ratio", float(ratio[:, h].median())))
+                index += 1
+    finally:
+        model.train(was_training)
+    return rows
+
+
+@contextlib.contextmanager
+def alpha_zeroed(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block every OSA layer's α is 0 (exp(S) = I: no token mixing); restored on exit.
+
+    The "α := 0 after training" ablation of issue 13: evaluating a trained skipless OSA network
+    this way measures how much its accuracy depends on the mixing it learned.
+    """
+    layers = osa_layers(model)
+    saved = [m.alpha.detach().clone() for m in layers]
+    try:
+        with torch.no_grad():
+            for m in layers:
+                m.alpha.zero_()
+        yield model
+    finally:
+        with torch.no_grad():
+            for m, a in zip(layers, saved, strict=True):
+                m.alpha.copy_(a)

@@ -10,7 +10,18 @@ pure-ssa               attention-only SSA stack, no skip/norm/MLP, default init 
 pure-osa               attention-only OSA stack, no skip/norm/MLP, orthogonal W_V, W_O (Zhang & Martens 2026)
 ssa-cutting-skip       no skip, pre-LayerNorm, SSA + MLP, Cutting-the-Skip init (Ji et al. 2025)
 ssa-value-skipinit     no skip, no norm, SSA + MLP, Value-SkipInit attention (He et al. 2023)
+skipless-osa-alpha0    control: skipless-osa with α ≡ 0 frozen, so exp(S) = I (no token mixing)
+vit-no-attn            control: vit with the attention sub-layers removed (skips + LN + MLP only)
+mlp                    baseline: MLP on the flattened input, 2 hidden layers of 100 ReLU units
+cnn1d                  baseline (1-D data only): 3 stride-2 convolutions of 25 channels, ReLU
 =====================  ======================================================================
+
+The last four (:data:`TRAINING_PRESETS`, listed by ``preset_names(training=True)``) exist
+for the training comparison on MNIST-1D (issue 13): the two controls
+isolate what token mixing contributes in the same network, and ``mlp`` / ``cnn1d`` follow
+the MLP (68 %) and CNN (94 %) rows of Greydanus & Kobak's MNIST-1D table so the numbers sit
+on the published scale. The baselines are not transformers: :func:`osa_lab.train.model_config_for`
+applies ``--depth/--dim/--heads`` to transformer presets only.
 
 ``get_preset(name, **overrides)`` returns a :class:`~osa_lab.models.ModelConfig`; overrides are
 any of its fields (``depth=24, tokens=32, seed=0`` ...).
@@ -96,9 +107,53 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def preset_names() -> list[str]:
-    """The preset names, in a stable order."""
-    return list(PRESETS)
+#: controls and baselines of the training comparison (issue 13), usable by name in training only
+#: (``osa-lab train``, :mod:`osa_lab.train`); the depth sweeps and the dashboard list :data:`PRESETS`.
+TRAINING_PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "skipless-osa-alpha0",
+            ModelConfig(
+                attention="osa", skip=False, norm="none", mlp_ratio=4.0, init="orthogonal",
+                alpha_init=0.0, learn_alpha=False,
+            ),  # fmt: skip
+            "control: skipless-osa with α ≡ 0 (a frozen buffer, not learned): S = 0 and exp(S) = I, so "
+            "attention is the token-wise map X W_V W_O and nothing mixes tokens except the mean pool",
+            "Zhang & Martens 2026 (arXiv 2602.05996) with mixing switched off; issue 13 control",
+        ),
+        Preset(
+            "vit-no-attn",
+            ModelConfig(attention="none", skip=True, norm="layernorm", mlp_ratio=4.0, init="default"),
+            "control: vit with the attention sub-layers removed (skip + LayerNorm + MLP per token, mean pool)",
+            "Dosovitskiy et al. 2021 (arXiv 2010.11929) without attention; issue 13 control",
+        ),
+        Preset(
+            "mlp",
+            ModelConfig(
+                backbone="mlp", attention="none", depth=2, dim=100, heads=1, mlp_ratio=0.0, activation="relu",
+            ),  # fmt: skip
+            "baseline: MLP on the flattened input (2 hidden layers of 100 ReLU units)",
+            "Greydanus & Kobak 2024, Scaling down deep learning with MNIST-1D (arXiv 2011.14439), MLP row",
+        ),
+        Preset(
+            "cnn1d",
+            ModelConfig(
+                backbone="cnn1d", attention="none", depth=3, dim=25, heads=1, mlp_ratio=0.0, activation="relu",
+            ),  # fmt: skip
+            "baseline for 1-D sequences: three stride-2 convolutions (kernels 5, 3, 3) of 25 channels, ReLU, "
+            "linear head",
+            "Greydanus & Kobak 2024, Scaling down deep learning with MNIST-1D (arXiv 2011.14439), CNN row",
+        ),
+    )
+}
+
+_ALL = {**PRESETS, **TRAINING_PRESETS}
+
+
+def preset_names(training: bool = False) -> list[str]:
+    """The preset names, in a stable order; ``training=True`` adds :data:`TRAINING_PRESETS`."""
+    return list(_ALL) if training else list(PRESETS)
 
 
 def get_preset(name: str, **overrides: object) -> ModelConfig:
@@ -107,20 +162,20 @@ def get_preset(name: str, **overrides: object) -> ModelConfig:
     Raises :class:`~osa_lab.errors.UnknownNameError` listing the valid presets for an unknown name
     and :class:`~osa_lab.errors.ConfigurationError` for an unknown override.
     """
-    if name not in PRESETS:
-        raise unknown_name("preset", name, preset_names())
+    if name not in _ALL:
+        raise unknown_name("preset", name, preset_names(training=True))
     valid = ModelConfig.field_names()
     bad = sorted(set(overrides) - set(valid))
     if bad:
         raise ConfigurationError(
             f"unknown override(s) {bad} for preset {name!r}; valid fields are: {', '.join(valid)}"
         )
-    return replace(PRESETS[name].config, **overrides)
+    return replace(_ALL[name].config, **overrides)
 
 
 def describe(name: str) -> str:
     """One line: the preset's description and the paper it follows."""
-    if name not in PRESETS:
-        raise unknown_name("preset", name, preset_names())
-    p = PRESETS[name]
+    if name not in _ALL:
+        raise unknown_name("preset", name, preset_names(training=True))
+    p = _ALL[name]
     return f"{p.name}: {p.description} [{p.reference}]"

@@ -259,3 +259,49 @@ def test_concurrent_builds_get_their_own_dtype():
         t.join()
     assert seen == {"float64": {torch.float64}, "default": {torch.float32}}
     assert torch.get_default_dtype() == torch.float32
+
+
+# ---------------------------------------------------------------- issue 13: sequences, baselines, controls
+
+
+def test_training_presets_are_separate_from_the_sweep_presets():
+    from osa_lab.presets import TRAINING_PRESETS
+
+    assert preset_names() == EXPECTED_PRESETS
+    assert preset_names(training=True) == [*EXPECTED_PRESETS, *TRAINING_PRESETS]
+    assert set(TRAINING_PRESETS) == {"skipless-osa-alpha0", "vit-no-attn", "mlp", "cnn1d"}
+    a0 = get_preset("skipless-osa-alpha0")
+    assert a0.alpha_init == 0.0 and not a0.learn_alpha and a0.attention == "osa"
+    assert get_preset("vit-no-attn").attention == "none" and get_preset("vit-no-attn").skip
+
+
+@pytest.mark.parametrize("name", ["vit", "skipless-osa", "skipless-osa-alpha0", "vit-no-attn", "mlp", "cnn1d"])
+def test_sequence_classifiers(name):
+    from osa_lab.models import build_classifier
+
+    cfg = get_preset(name, input="sequence", image_size=40, patch_size=2, seed=0,
+                     **({"depth": 2, "dim": 16, "heads": 2} if name not in ("mlp", "cnn1d") else {}))  # fmt: skip
+    model = build_classifier(cfg)
+    x = torch.randn(3, 1, 40)
+    logits, hidden = model(x, return_hidden=True)
+    assert logits.shape == (3, 10)
+    if cfg.backbone == "transformer":
+        assert cfg.tokens == 20 and hidden.blocks[0].shape == (3, 20, 16)
+    with pytest.raises(OSAInputError, match=r"\(batch, 1, 40\)"):
+        model(torch.randn(3, 1, 41))
+
+
+def test_baselines_follow_the_mnist1d_table_sizes():
+    from osa_lab.models import CNN1dClassifier, MLPClassifier, build_classifier
+
+    mlp = build_classifier(get_preset("mlp", input="sequence", image_size=40, patch_size=2))
+    assert isinstance(mlp, MLPClassifier)
+    assert [m.out_features for m in mlp.net if isinstance(m, torch.nn.Linear)] == [100, 100, 10]
+    cnn = build_classifier(get_preset("cnn1d", input="sequence", image_size=40, patch_size=2))
+    assert isinstance(cnn, CNN1dClassifier)
+    convs = [m for m in cnn.features if isinstance(m, torch.nn.Conv1d)]
+    assert [c.out_channels for c in convs] == [25, 25, 25] and [c.stride[0] for c in convs] == [2, 2, 2]
+    with pytest.raises(ConfigurationError, match="sequence"):
+        build_classifier(get_preset("cnn1d", input="patches", image_size=8, patch_size=2))
+    with pytest.raises(ConfigurationError, match="build_classifier"):
+        build_model(get_preset("mlp"))

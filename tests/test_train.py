@@ -366,3 +366,201 @@ def test_cli_trains_on_local_mnist_idx_files(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "https://" in err and str((tmp_path / "nowhere").resolve()) in err
+
+
+# ----------------------------------------------------------------------------- issue 13: α group, validation, controls, mixing
+
+
+def test_alpha_has_its_own_group_without_decay_and_with_the_multiplier():
+    from osa_lab.models import build_classifier
+    from osa_lab.presets import get_preset
+
+    cfg = get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, **TINY)
+    model = build_classifier(cfg)
+    groups = {g["name"]: g for g in T._param_groups(model, 0.05, lr=1e-3, alpha_lr_mult=10.0)}
+    assert set(groups) == {"decay", "no_decay", "alpha"}
+    alphas = [m.alpha for m in T.osa_layers(model)]
+    assert len(groups["alpha"]["params"]) == len(alphas) == 2
+    assert all(any(p is a for p in groups["alpha"]["params"]) for a in alphas)
+    assert groups["alpha"]["weight_decay"] == 0.0 and groups["alpha"]["lr"] == pytest.approx(1e-2)
+    assert not any(p is a for a in alphas for g in ("decay", "no_decay") for p in groups[g]["params"])
+
+    # one AdamW step: α moves lr·mult (Adam's first step is ≈ lr·sign(g)), the other weights lr
+    def first_step(mult: float) -> tuple[torch.Tensor, torch.Tensor]:
+        m = build_classifier(cfg)
+        opt = torch.optim.AdamW(T._param_groups(m, 0.0, lr=1e-3, alpha_lr_mult=mult), lr=1e-3)
+        a0 = torch.cat([x.alpha.detach().flatten() for x in T.osa_layers(m)])
+        w0 = m.head.weight.detach().clone()
+        x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+        F_loss = m(x).logsumexp(-1).mean()
+        F_loss.backward()
+        opt.step()
+        a1 = torch.cat([x.alpha.detach().flatten() for x in T.osa_layers(m)])
+        return (a1 - a0).abs(), (m.head.weight.detach() - w0).abs()
+
+    da1, dw1 = first_step(1.0)
+    da10, dw10 = first_step(10.0)
+    torch.testing.assert_close(da10, 10 * da1, rtol=1e-3, atol=1e-9)
+    torch.testing.assert_close(dw10, dw1)
+
+
+def test_validation_split_partitions_training_data_and_never_overlaps_test(data):
+    from osa_lab.data import split_validation
+
+    v = split_validation(data, 0.25)
+    assert len(v.y_val) == 64 and len(v.y_train) == 192
+    assert torch.equal(v.x_test, data.x_test) and torch.equal(v.y_test, data.y_test)
+    rows = lambda x: {tuple(r.flatten().tolist()) for r in x}  # noqa: E731
+    assert not rows(v.x_val) & rows(data.x_test)
+    assert not rows(v.x_val) & rows(v.x_train)
+    assert rows(v.x_val) | rows(v.x_train) == rows(data.x_train)
+    assert torch.bincount(v.y_val).tolist() == [16, 16, 16, 16]  # stratified
+    # independent of the training seed, fixed across calls
+    assert torch.equal(split_validation(data, 0.25).x_val, v.x_val)
+
+
+def test_training_with_validation_logs_val_metrics_and_mixing(data):
+    r = train(tiny(val_fraction=0.25, epochs=2), data=data, progress=False)
+    m = r.metrics
+    assert {"val_loss", "val_accuracy"} <= set(m["metric"])
+    mix = m[m["kind"] == "mixing"]
+    assert {"s_norm", "mixing_ratio", "val_accuracy_alpha0", "val_accuracy_alpha0_drop"} <= set(mix["metric"])
+    per_head = mix[mix["metric"] == "s_norm"]
+    assert set(zip(per_head["layer"], per_head["head"], strict=True)) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert (per_head["value"] > 0).all()
+    # the ablation drop is accuracy(as trained) − accuracy(α := 0) on the validation split
+    full = float(m.query("metric == 'val_accuracy' and epoch == 2")["value"].iloc[0])
+    zero = float(mix.query("metric == 'val_accuracy_alpha0'")["value"].iloc[0])
+    drop = float(mix.query("metric == 'val_accuracy_alpha0_drop'")["value"].iloc[0])
+    assert drop == pytest.approx(full - zero)
+
+
+def test_mixing_metric_against_a_hand_computed_rotation():
+    from osa_lab.models import mixing_stats
+
+    # N = 2, r = 1: S = α [[0, 1], [−1, 0]], exp(S) a rotation by α; v = e₁ moves by 2 sin(α/2)
+    q = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
+    k = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    v = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
+    for alpha in (0.0, 0.3, 1.0, 2.5):
+        s_norm, ratio = mixing_stats(q, k, v, alpha)
+        assert float(s_norm) == pytest.approx(alpha, abs=1e-12)
+        assert float(ratio) == pytest.approx(2 * math.sin(alpha / 2), abs=1e-12)
+    # per head: α broadcasts over leading dims; r = 4 scales by 1/√r
+    qh, kh, vh = q.repeat(2, 3, 1, 4), k.repeat(2, 3, 1, 4), v.repeat(2, 3, 1, 1)
+    s_norm, ratio = mixing_stats(qh, kh, vh, torch.tensor([0.1, 0.2, 0.3]))
+    want = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64) * 4 / 2  # α/√r · ‖q kᵀ − k qᵀ‖ = α/2 · 4
+    torch.testing.assert_close(s_norm, want.expand(2, 3))
+    torch.testing.assert_close(ratio, 2 * torch.sin(want / 2).expand(2, 3))
+
+
+def test_mixing_table_matches_a_direct_float64_computation():
+    from osa_lab.models import build_classifier, mixing_table
+    from osa_lab.presets import get_preset
+
+    cfg = get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, alpha_init=0.3, **TINY)
+    model = build_classifier(cfg).eval()
+    x = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    rows = {(layer, head, metric): v for layer, head, metric, v in mixing_table(model, x)}
+    block = model.encoder.blocks[1]
+    with torch.no_grad():
+        h = model.encoder(model.embed(x), layers=1)
+        q, k, v = block.attn._split(h)
+        q, k, v = q.double(), k.double(), v.double()
+        r = q.shape[-1]
+        a = block.attn.alpha.double().reshape(1, -1, 1, 1)  # 0.3 as stored (float32)
+        s = a / math.sqrt(r) * (q @ k.mT - k @ q.mT)
+        e = torch.linalg.matrix_exp(s)
+        ratio = torch.linalg.matrix_norm(e @ v - v) / torch.linalg.matrix_norm(v)
+        snorm = torch.linalg.svdvals(s)[..., 0]
+    for head in range(2):
+        assert rows[(1, head, "mixing_ratio")] == pytest.approx(float(ratio[:, head].median()), rel=1e-9)
+        assert rows[(1, head, "s_norm")] == pytest.approx(float(snorm[:, head].median()), rel=1e-9)
+
+
+def test_alpha_zero_control_leaves_exp_s_the_identity(data):
+    from osa_lab.functional import osa
+    from osa_lab.models import build_classifier, mixing_stats
+    from osa_lab.presets import get_preset
+
+    cfg = get_preset("skipless-osa-alpha0", input="patches", image_size=8, patch_size=4, seed=0, **TINY)
+    model = build_classifier(cfg)
+    names = {n for n, _ in model.named_parameters()}
+    assert not any(n.endswith("alpha") for n in names)  # α is a frozen buffer, not learned
+    layer = T.osa_layers(model)[0]
+    x = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0))
+    q, k, v = (t.detach() for t in layer._split(x))
+    # exp(S) = I: the layer's OSA returns its values unchanged, and S is exactly 0
+    torch.testing.assert_close(osa(q, k, v, layer.alpha.reshape(-1), method=layer.method), v, rtol=0, atol=1e-6)
+    s_norm, ratio = mixing_stats(q, k, v, layer.alpha.reshape(-1))
+    assert float(s_norm.abs().max()) == 0.0 and float(ratio.abs().max()) == 0.0
+    # and training does not move it
+    r = train(tiny(preset="skipless-osa-alpha0", epochs=1), data=data, progress=False)
+    assert all(a == 0.0 for _, _, a in T.alpha_values(r.model))
+    mix = r.metrics[r.metrics["metric"] == "mixing_ratio"]
+    assert len(mix) and (mix["value"] == 0).all()
+
+
+def test_alpha_zeroed_restores_alpha():
+    from osa_lab.models import alpha_zeroed, build_classifier
+    from osa_lab.presets import get_preset
+
+    model = build_classifier(get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, **TINY))
+    before = [a for _, _, a in T.alpha_values(model)]
+    with alpha_zeroed(model):
+        assert all(a == 0 for _, _, a in T.alpha_values(model))
+    assert [a for _, _, a in T.alpha_values(model)] == before
+
+
+def test_vit_without_attention_is_token_wise():
+    from osa_lab.models import build_classifier
+    from osa_lab.presets import get_preset
+
+    model = build_classifier(get_preset("vit-no-attn", input="patches", image_size=8, patch_size=4, seed=0, **TINY))
+    assert all(b.attn is None for b in model.encoder.blocks)
+    x = torch.randn(2, 4, 16)
+    # each token's output depends on that token only: permuting tokens permutes outputs
+    perm = torch.tensor([2, 0, 3, 1])
+    y = model.encoder(x)
+    torch.testing.assert_close(model.encoder(x[:, perm]), y[:, perm])
+
+
+def test_paired_differences_golden_values():
+    rows = []
+    for preset, accs in (("skipless-osa", [0.90, 0.92, 0.91]), ("vit", [0.95, 0.96, 0.93])):
+        for seed, a in enumerate(accs):
+            rows.append({"preset": preset, "data": "x", "seed": seed, "epoch": 1, "step": 1, "kind": "eval",
+                         "metric": "test_accuracy", "layer": None, "head": None, "value": a})  # fmt: skip
+    p = T.paired_differences(T.metrics_frame(rows)).set_index("preset").loc["vit"]
+    d = [-0.05, -0.04, -0.02]
+    mean, sd = sum(d) / 3, float(pd.Series(d).std())
+    half = 4.302652729911275 * sd / math.sqrt(3)  # t_{0.975, 2}
+    assert p["n"] == 3 and p["diff_mean"] == pytest.approx(mean)
+    assert p["ci_low"] == pytest.approx(mean - half) and p["ci_high"] == pytest.approx(mean + half)
+    text = T.verdict(
+        pd.DataFrame([{"preset": "skipless-osa", "seeds": 3, "test_accuracy_mean": 0.91, "test_accuracy_std": 0.01},
+                      {"preset": "vit", "seeds": 3, "test_accuracy_mean": 0.947, "test_accuracy_std": 0.015}]),
+        T.paired_differences(T.metrics_frame(rows)), "mnist1d", "test budget",
+    )  # fmt: skip
+    assert "comparable to the skip-connected ViT" in text and "inconclusive" in text
+    assert "MNIST-1D, a different task" in text and "≥ 5" in text and "97.2" in text
+
+
+def test_tune_chooses_on_validation_and_reports_test_of_the_choice_only(tmp_path, data):
+    grid = T.TuneGrid(lrs=(1e-3, 1e-2), alpha_lr_mults=(1.0, 10.0), seeds=(7,))
+    res = T.tune(["vit", "skipless-osa"], [0, 1], tiny(epochs=1, diag_every=0), tmp_path, grid=grid, progress=False)
+    tuning = res.tuning
+    # vit is tried once per lr, skipless-osa once per (lr, multiplier)
+    assert len(tuning[tuning["preset"] == "vit"]) == 2 and len(tuning[tuning["preset"] == "skipless-osa"]) == 4
+    for p, row in res.chosen.set_index("preset").iterrows():
+        cand = tuning[tuning["preset"] == p]
+        assert row["val_accuracy"] == cand["val_accuracy"].max()
+    # the final runs use the chosen setting and the final seeds (not the tuning seed)
+    assert sorted(res.metrics["seed"].unique()) == [0, 1]
+    osa_lr = res.chosen.set_index("preset").loc["skipless-osa", "lr"]
+    assert (res.summary.set_index("preset").loc["skipless-osa", "lr"]) == osa_lr
+    for name in ("tuning.csv", "chosen.csv", "summary.csv", "paired.csv", "verdict.md", "summary.png"):
+        assert (tmp_path / name).exists(), name
+    assert "Verdict" in (tmp_path / "verdict.md").read_text()
+    # no test-set number enters the choice: the tuning table has no test column
+    assert not any("test" in c for c in tuning.columns)

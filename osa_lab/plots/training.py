@@ -32,6 +32,8 @@ from osa_lab.plots.depth import (
 )
 
 __all__ = [
+    "ablation_bars",
+    "ablation_data",
     "alpha_curves",
     "alpha_data",
     "depth_profiles",
@@ -41,6 +43,10 @@ __all__ = [
     "learning_curve_data",
     "learning_curves",
     "learning_panel",
+    "mixing_profiles",
+    "mixing_profiles_data",
+    "mixing_summary",
+    "paired_differences_plot",
     "png_bytes",
     "summary_bars",
 ]
@@ -234,4 +240,129 @@ def summary_bars(
         bars * errors,
         dict(title=title, width=520, height=340, show_grid=True),
         dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True),
+    )
+
+
+# ----------------------------------------------------------------------------- token mixing (issue 13)
+
+
+def mixing_profiles_data(metrics: pd.DataFrame, metric: str = "mixing_ratio") -> pd.DataFrame:
+    """``profile, layer, mean, lo, hi, std, n``: a mixing metric per OSA layer at init and after training.
+
+    ``metric`` is ``"mixing_ratio"`` (‖exp(S)V − V‖/‖V‖ on held-out inputs) or ``"s_norm"``
+    (‖S‖₂), logged per OSA layer and head by :func:`osa_lab.train.train`; heads are averaged
+    per seed, the band is min–max over seeds. ``layer`` is 1-based (the OSA layer in block
+    order). ``profile`` is ``"<preset> · init"`` or ``"<preset> · trained"``.
+    """
+    df = _select(metrics, metric, kind="mixing")
+    per_seed = df.groupby(["preset", "seed", "step", "layer"], as_index=False)["value"].mean()
+    last = per_seed.groupby(["preset", "seed"])["step"].transform("max")
+    first = per_seed.groupby(["preset", "seed"])["step"].transform("min")
+    init = per_seed[per_seed["step"] == first].assign(stage="init")
+    trained = per_seed[(per_seed["step"] == last) & (last > first)].assign(stage="trained")
+    both = pd.concat([init, trained], ignore_index=True)
+    both["profile"] = both["preset"] + " · " + both["stage"]
+    both["layer"] = both["layer"].astype(int) + 1
+    order = [f"{p} · {s}" for p in dict.fromkeys(df["preset"]) for s in ("init", "trained")]
+    both["profile"] = pd.Categorical(both["profile"], [o for o in order if o in set(both["profile"])])
+    both = both.sort_values(["profile", "layer"])
+    both["profile"] = both["profile"].astype(str)
+    return band_over_seeds(both, "layer", "value", by=("profile",))
+
+
+def mixing_profiles(
+    metrics: pd.DataFrame, metric: str = "mixing_ratio", *, logy: bool | None = None, title: str | None = None
+) -> hv.Overlay:
+    """How much each OSA layer mixes tokens, at init (dashed) and after training (solid)."""
+    data = mixing_profiles_data(metrics, metric)
+    label = {"mixing_ratio": "‖exp(S)V − V‖ / ‖V‖", "s_norm": "‖S‖₂"}.get(metric, _label(metric))
+    overlay = _curves_with_bands(data, "layer", label, title or f"{label} per OSA layer: init vs trained",
+                                 _logy(data, logy), group="profile")  # fmt: skip
+    presets = list(dict.fromkeys(p.split(" · ")[0] for p in data["profile"]))
+    colours = _colour_map(presets)
+    for el in overlay:
+        preset, _, stage = str(el.label).partition(" · ")
+        dash = "dashed" if stage == "init" else "solid"
+        if isinstance(el, hv.Curve):
+            _dual(el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash))
+        elif isinstance(el, hv.Scatter | hv.Area):
+            _dual(el, dict(color=colours[preset]), dict(color=colours[preset]))
+    return overlay
+
+
+def mixing_summary(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Tidy per preset × OSA layer × head at the last step: ``alpha``, ``s_norm``, ``mixing_ratio`` (mean over seeds).
+
+    The table behind the statement "α is small, but S is not": α alone does not say how much
+    OSA mixes, because ``S = α/√r (QKᵀ − KQᵀ)`` also scales with the hidden-state norms.
+    """
+    _require(metrics, list(_METRICS_COLUMNS), "training metrics table")
+    df = metrics[metrics["kind"].isin(["mixing", "alpha"]) & metrics["metric"].isin(["alpha", "s_norm", "mixing_ratio"])]
+    if df.empty:
+        raise OSAInputError("the metrics table has no mixing rows (no OSA preset, or a run from before issue 13)")
+    last = df.groupby(["preset", "seed", "metric"])["step"].transform("max")
+    df = df[df["step"] == last]
+    out = df.groupby(["preset", "layer", "head", "metric"], as_index=False)["value"].mean()
+    wide = out.pivot_table(index=["preset", "layer", "head"], columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    wide["layer"] = wide["layer"].astype(int) + 1
+    return wide
+
+
+def ablation_data(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per preset with OSA layers: held-out accuracy with the learned α and with α := 0 after training.
+
+    Columns ``preset, split, seeds, accuracy_mean, accuracy_std, alpha0_mean, alpha0_std,
+    drop_mean, drop_std`` (``split``: ``val`` when the runs held out a validation split, else ``test``).
+    """
+    _require(metrics, list(_METRICS_COLUMNS), "training metrics table")
+    m = metrics[metrics["kind"] == "mixing"]
+    sel = m[m["metric"].str.endswith("_accuracy_alpha0")]
+    if sel.empty:
+        raise OSAInputError("the metrics table has no 'α := 0 after training' rows (no OSA preset finished)")
+    rows = []
+    for (preset, metric), g in sel.groupby(["preset", "metric"], sort=False):
+        split = metric.split("_")[0]
+        drop = m[(m["preset"] == preset) & (m["metric"] == f"{metric}_drop")]
+        zero = g.groupby("seed")["value"].last()
+        d = drop.groupby("seed")["value"].last().reindex(zero.index)
+        full = zero + d
+        rows.append({"preset": preset, "split": split, "seeds": len(zero),
+                     "accuracy_mean": full.mean(), "accuracy_std": full.std(ddof=1),
+                     "alpha0_mean": zero.mean(), "alpha0_std": zero.std(ddof=1),
+                     "drop_mean": d.mean(), "drop_std": d.std(ddof=1)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned α vs α := 0 after training") -> hv.Overlay:
+    """Grouped bars per OSA preset: held-out accuracy as trained and with every α set to 0."""
+    d = ablation_data(metrics)
+    long = pd.concat([
+        d.assign(setting="as trained", accuracy=100 * d["accuracy_mean"]),
+        d.assign(setting="α := 0", accuracy=100 * d["alpha0_mean"]),
+    ])[["preset", "setting", "accuracy"]]  # fmt: skip
+    bars = hv.Bars(long, ["preset", "setting"], "accuracy").redim.label(accuracy="held-out accuracy %")
+    return _dual(
+        bars,
+        dict(title=title, width=520, height=340, show_grid=True, tools=["hover"], xrotation=20),
+        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20),
+    )
+
+
+def paired_differences_plot(paired: pd.DataFrame, *, title: str | None = None) -> hv.Overlay:
+    """Paired per-seed differences (skipless OSA − preset, points) with their 95 % intervals (bars)."""
+    _require(paired, ["preset", "diff_mean", "ci_low", "ci_high"], "paired-differences table")
+    d = paired.assign(
+        diff=100 * paired["diff_mean"],
+        neg=100 * (paired["diff_mean"] - paired["ci_low"]).fillna(0.0),
+        pos=100 * (paired["ci_high"] - paired["diff_mean"]).fillna(0.0),
+    )
+    title = title or "skipless-osa − preset, test accuracy points (95 % CI)"
+    pts = hv.Scatter(d, "preset", "diff").redim.label(diff="difference (points)")
+    err = hv.ErrorBars(d, "preset", ["diff", "neg", "pos"])
+    zero = hv.HLine(0.0)
+    return _dual(
+        pts * err * zero,
+        dict(title=title, width=520, height=340, show_grid=True, xrotation=20),
+        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20),
     )
