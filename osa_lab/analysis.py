@@ -172,12 +172,25 @@ def hidden_states(model: nn.Module, inputs: torch.Tensor):
             _, hidden = model(inputs, return_hidden=True)
         elif isinstance(model, Encoder):
             _, hidden = model(inputs, return_hidden=True)
+        elif _is_timm_vit(model):
+            from osa_lab.integrations.timm import timm_hidden_states
+
+            hidden = timm_hidden_states(model, inputs)
         else:
             raise ConfigurationError(
-                f"`model_or_preset` must be a preset name, a ModelConfig, an Encoder or a ViTClassifier; "
-                f"got {type(model).__name__}"
+                f"`model_or_preset` must be a preset name, a ModelConfig, an Encoder, a ViTClassifier or a timm "
+                f"VisionTransformer; got {type(model).__name__}"
             )
     return hidden
+
+
+def _is_timm_vit(model: object) -> bool:
+    """A timm VisionTransformer (checked without importing timm: it is then already imported)."""
+    if "timm" not in sys.modules:
+        return False
+    from osa_lab.integrations.timm import is_timm_vit
+
+    return is_timm_vit(model)
 
 
 def _profile_tables(
@@ -270,7 +283,8 @@ def depth_profile(
     Args:
         model_or_preset: a preset name (built at ``depth``, ``tokens``, ``dim``, ``heads``,
             ``alpha``, ``seed`` with ``overrides``), a :class:`ModelConfig`, or a built
-            :class:`Encoder` / :class:`ViTClassifier` (then the size arguments are ignored).
+            :class:`Encoder` / :class:`ViTClassifier` (then the size arguments are ignored), or a
+            timm ``VisionTransformer`` (hidden states block by block: :mod:`osa_lab.integrations.timm`).
         inputs: tokens ``(B, N, dim)`` (images ``(B, C, H, W)`` for a classifier); default
             ``batch`` samples of i.i.d. N(0, 1) tokens drawn from ``seed``.
         site: ``"block"``, ``"attention"`` or ``"both"``.
@@ -314,10 +328,18 @@ def depth_profile(
         model = model_or_preset
         config = model.config
         name = label or "custom"
+    elif _is_timm_vit(model_or_preset):
+        # A timm ViT: hidden states block by block (osa_lab.integrations.timm); `inputs` are images.
+        from osa_lab.integrations.timm import timm_depth_profile
+
+        return timm_depth_profile(
+            model_or_preset, inputs, seed=seed, batch=batch, site=sites, metrics=metric_names,
+            spectra=spectra, label=label,
+        )  # fmt: skip
     else:
         raise ConfigurationError(
-            "`model_or_preset` must be a preset name, a ModelConfig, an Encoder or a ViTClassifier; got "
-            f"{type(model_or_preset).__name__}"
+            "`model_or_preset` must be a preset name, a ModelConfig, an Encoder, a ViTClassifier or a timm "
+            f"VisionTransformer; got {type(model_or_preset).__name__}"
         )
     model.eval()
     mdtype = _model_dtype(model)

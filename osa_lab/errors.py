@@ -64,3 +64,8 @@ class SchedulerConnectionError(ConfigurationError):
 class GridTaskFailedWarning(UserWarning):
     """Some tasks of a grid (sweep, Jacobian study, training comparison) failed while the others
     finished; the message names each failed task's settings and error (``osa_lab.grid``)."""
+
+
+class OptionalDependencyError(ImportError):
+    """An optional package that a feature needs (e.g. ``timm`` for ``osa_lab.integrations.timm``)
+    is not installed; the message names the extra that installs it."""
