@@ -42,7 +42,23 @@ def test_environment_installs_the_package_with_all_extras():
     extras = _pyproject()["project"]["optional-dependencies"]
     assert "all" in extras
     named = set().union(*(Requirement(e).extras for e in extras["all"]))
-    assert named == set(extras) - {"all"}, "the 'all' extra must include every other extra"
+    assert named == set(extras) - {"all"} - NO_DEPS_EXTRAS, "the 'all' extra must include every other extra"
+
+
+#: Extras that scripts/setup.sh installs with ``pip install --no-deps`` instead of through ``all``:
+#: timm requires torchvision, which pip would resolve to a build (with its own torch) that does not
+#: import beside the project's CPU torch.
+NO_DEPS_EXTRAS = {"timm"}
+
+
+def test_setup_installs_the_no_deps_extras_with_the_pyproject_specifiers():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    for extra in NO_DEPS_EXTRAS:
+        assert extra in extras, f"pyproject.toml has no {extra!r} extra"
+        for req in extras[extra]:
+            line = f'--no-deps "{req}"'
+            assert line in setup, f"scripts/setup.sh must install {req!r} of the {extra!r} extra with {line}"
 
 
 def test_environment_torch_pin_satisfies_the_pyproject_range_and_setup_script():
