@@ -2,35 +2,41 @@
 
 Serve it with::
 
-    panel serve dashboards/osa_dashboard.py --show      # or: osa-lab dashboard
+    panel serve dashboards/osa_dashboard.py --warm --show      # or: osa-lab dashboard
 
-Layout (DESIGN.md §6 Panel conventions): a :class:`~panel.template.FastListTemplate` whose sidebar
-holds the :class:`Controls` (presets, depth, tokens N, width d, heads, α, seeds, metric) and whose
-main area holds one :class:`~panel.viewable.Viewer` per view:
+Layout (docs/dashboard.md): a :class:`~panel.template.FastListTemplate` whose sidebar holds the
+:class:`Controls` (presets, depth, tokens N, width d, heads, α, seeds, metric) and whose main
+area holds the OSA-check badges and one tab per view:
 
 * :class:`OSACheckView`: orthogonality and dense-vs-low-rank error badges (:mod:`osa_lab.checks`);
 * :class:`RankCollapseView`: the chosen metric against layer, mean and band over seeds;
 * :class:`SpectraView`: spectra heatmaps per preset (shared log colour scale) and selected layers;
-* :class:`JacobianView`: κ across depth and the end-to-end Jacobian's singular-value histogram,
-  exact where it fits and matrix-free otherwise (the view says which).
+* :class:`JacobianView`: κ across depth and the end-to-end Jacobian's singular-value histogram.
 
-All figures come from the shared builders of :mod:`osa_lab.plots.depth`. Computations are
-cached on their primitive arguments with ``pn.cache`` and run off the event loop when served.
-Impossible or too expensive settings put a message in the page and keep the last good figures.
-Every browser session builds its own objects (the module runs once per session), so sessions
-share nothing but the read-only caches. The page loads no resource from the internet: Panel
-serves its bundled JavaScript and CSS, and :class:`OfflineFast` drops the Fast design's Google
-Fonts stylesheet.
+Everything that defines what is on screen (presets, tab, site, scale, metric, Jacobian mode and
+scope, sizes) lives in :class:`Controls` and in the page URL (:meth:`Controls.to_query`,
+:meth:`Controls.apply_query`): a copied link restores the view, and a bad URL value is named in
+a message and replaced in the address bar. Only the visible tab is drawn; hidden tabs redraw
+when opened. Sweeps and figures are cached process-wide on their primitive settings, so
+revisiting settings is a cache hit for every session. Sweeps and figure builds run in daemon
+threads (never blocking the event loop or the server's exit); Jacobians run in a worker process
+(:mod:`osa_lab.dashboard_jobs`) with a time estimate, progress, a *Cancel* button, and are
+stopped when their session closes or the server gets SIGTERM. The page loads no resource from
+the internet (:class:`OfflineFast`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import collections
+import hashlib
 import io
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import holoviews as hv
 import pandas as pd
@@ -39,6 +45,7 @@ import param
 from panel.io.resources import CDN_DIST
 from panel.theme.fast import Fast
 
+from osa_lab import dashboard_jobs as jobs
 from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
 from osa_lab.plots import depth as plots
 
@@ -48,11 +55,32 @@ log = logging.getLogger("osa_lab.dashboard")
 USER_ERRORS: tuple[type[BaseException], ...] = (ConfigurationError, OSAInputError, UnknownNameError, ValueError,
                                                 MemoryError)
 
-#: Controls mirrored in the page URL's query string (shareable links; the browser tests use them).
-URL_PARAMETERS = ("depth", "tokens", "dim", "heads", "seeds", "metric", "derived_alpha", "alpha")
+#: Controls mirrored in the page URL's query string, in this order (shareable links).
+URL_PARAMETERS = ("presets", "view", "depth", "tokens", "dim", "heads", "seeds", "derived_alpha", "alpha", "metric",
+                  "site", "scale", "jacobian", "scope", "points")
 
 TOKENS = [4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 DIMS = [4, 8, 16, 24, 32, 48, 64, 96, 128]
+HEAD_CHOICES = [1, 2, 4, 8, 16]
+#: The heads value meaning "each preset's own head count" (1 for the pure stacks, 4 otherwise).
+PRESET_HEADS = "preset default"
+
+METRIC_LABELS = {
+    "relative residual (rank collapse)": "relative_residual",
+    "token cosine similarity": "token_cosine",
+    "stable rank": "stable_rank",
+    "effective rank": "effective_rank",
+    "condition number κ(X)": "condition_number",
+}
+SITE_LABELS = {"whole block": "block", "attention sub-layer": "attention"}
+SCALE_LABELS = {"auto": "auto", "log": "log", "linear": "linear"}
+JACOBIAN_LABELS = {"auto (cheaper)": "auto", "exact": "exact", "matrix-free": "matrix-free"}
+SCOPE_LABELS = {"end-to-end ∂X_l/∂X_0": "end_to_end", "single block": "layer"}
+VIEW_LABELS = {"Rank collapse": "rank", "Spectra": "spectra", "Jacobian": "jacobian"}
+VIEWS = list(VIEW_LABELS.values())
+
+#: Jacobian requests estimated below this many seconds start without pressing *Compute*.
+AUTO_JACOBIAN_SECONDS = 8.0
 
 
 def _preset_names() -> list[str]:
@@ -61,10 +89,15 @@ def _preset_names() -> list[str]:
     return preset_names()
 
 
-def _metric_names() -> list[str]:
-    from osa_lab.metrics import METRICS
+def preset_heads(name: str) -> int:
+    """The head count a preset uses by default (:mod:`osa_lab.presets`)."""
+    from osa_lab.presets import get_preset
 
-    return list(METRICS)
+    return int(get_preset(name).heads)
+
+
+def _label(labels: Mapping[str, str], value: str) -> str:
+    return next((k for k, v in labels.items() if v == value), str(value))
 
 
 class OfflineFast(Fast):
@@ -86,7 +119,7 @@ class OfflineFast(Fast):
 
 
 # ---------------------------------------------------------------------------------------------
-# cached computations (primitive arguments only: pn.cache cannot hash tensors)
+# process-wide caches (primitive keys only) and background execution
 # ---------------------------------------------------------------------------------------------
 
 
@@ -95,13 +128,54 @@ class OfflineFast(Fast):
 #: float64 weights; one computation at a time also avoids oversubscribing small machines. This
 #: module runs once per session, so the lock lives in the process-wide ``pn.state.cache``.
 COMPUTE_LOCK: threading.Lock = pn.state.cache.setdefault("osa_lab.dashboard.compute_lock", threading.Lock())
+#: Serialises building HoloViews objects (their option trees are global state).
+FIGURE_LOCK: threading.Lock = pn.state.cache.setdefault("osa_lab.dashboard.figure_lock", threading.Lock())
 
 
-@pn.cache(max_items=24)
+class LRU:
+    """A small thread-safe least-recently-used cache shared by all sessions of the process."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._data, self._lock = size, collections.OrderedDict(), threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+#: Built figures (HoloViews objects and the reduced tables they draw), keyed by view, settings
+#: and options: returning to computed settings needs no rebuild.
+FIGURES: LRU = pn.state.cache.setdefault("osa_lab.dashboard.figures", LRU(96))
+#: Jacobian results per :class:`osa_lab.dashboard_jobs.Unit` (preset × seed × resolved method).
+JACOBIANS: LRU = pn.state.cache.setdefault("osa_lab.dashboard.jacobians", LRU(256))
+
+
+@pn.cache(max_items=32)
 def compute_sweep(
-    presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int, alpha: float | None, seeds: int
+    presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`)."""
+    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`).
+
+    ``heads=None`` gives every preset its own head count (the pure stacks one head).
+    """
     from osa_lab.analysis import sweep
 
     with COMPUTE_LOCK:
@@ -110,39 +184,6 @@ def compute_sweep(
             seeds=list(range(seeds)), site="both", progress=False,
         )
     return result.metrics, result.spectra
-
-
-def jacobian_layers(depth: int, points: int) -> list[int]:
-    """``points`` layers from 1 to ``depth``, evenly spaced, always including the last."""
-    points = max(1, min(points, depth))
-    return sorted({round(depth * (i + 1) / points) for i in range(points)})
-
-
-@pn.cache(max_items=24)
-def compute_jacobian(
-    presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int, alpha: float | None, seeds: int,
-    method: str, points: int = 6,
-) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """κ at ``points`` layers (both scopes) and, for exact Jacobians, the last layer's singular values.
-
-    Uses :func:`osa_lab.jacobian.jacobian_depth_profile` and
-    :func:`osa_lab.jacobian.jacobian_singular_values` per preset and seed. The singular-value table
-    is ``None`` when the matrix-free method ran (it yields only the two extremes).
-    """
-    from osa_lab import jacobian
-
-    layers = jacobian_layers(depth, points)
-    profiles, svals = [], []
-    for preset in presets:
-        for seed in range(seeds):
-            with COMPUTE_LOCK:  # per preset and seed, so sweeps of other sessions can interleave
-                prof = jacobian.jacobian_depth_profile(preset, depth, tokens, dim, heads, alpha, seed,
-                                                       method=method, layers=layers)
-                profiles.append(prof)
-                if (prof["method"] == "exact").all():
-                    svals.append(jacobian.jacobian_singular_values(preset, depth, tokens, dim, heads, alpha, seed,
-                                                                   method="exact"))
-    return pd.concat(profiles, ignore_index=True), (pd.concat(svals, ignore_index=True) if svals else None)
 
 
 @pn.cache(max_items=64)
@@ -154,81 +195,272 @@ def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) ->
         return osa_check(tokens, dim, heads, alpha, seed=0)
 
 
+#: Computes one Jacobian unit in this process (tests and scripts; served sessions use a worker).
+compute_unit = jobs.compute_unit
+
+
+def jacobian_layers(depth: int, points: int) -> list[int]:
+    """``points`` layers from 1 to ``depth``, evenly spaced, always including the last."""
+    points = max(1, min(points, depth))
+    return sorted({round(depth * (i + 1) / points) for i in range(points)})
+
+
 def _describe(exc: BaseException) -> str:
     """A one-paragraph message for the page (never a traceback)."""
     if isinstance(exc, USER_ERRORS):
         return str(exc)
-    log.exception("dashboard computation failed", exc_info=exc)
+    log.error("dashboard computation failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
     return f"The computation failed ({type(exc).__name__}: {exc}). The last good figures are kept."
 
 
+def _served() -> bool:
+    return pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
+
+
+async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a daemon thread and await its result.
+
+    Unlike ``asyncio.to_thread`` (whose pool threads the interpreter joins at exit) a daemon
+    thread never delays the server's shutdown on SIGTERM.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(exc) if exc is not None else future.set_result(value)
+
+    def run() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, value, None)
+
+    threading.Thread(target=run, daemon=True, name="osa-lab-dashboard").start()
+    return await future
+
+
 # ---------------------------------------------------------------------------------------------
-# controls and shared per-session state
+# controls: everything on screen, mirrored in the URL
 # ---------------------------------------------------------------------------------------------
 
 
 class Controls(param.Parameterized):
-    """The sidebar settings of one session (primitive values only)."""
+    """The settings of one session: sizes, presets, the visible tab and every display option."""
 
     presets = param.ListSelector(default=["pure-ssa", "pure-osa"], objects=[], doc="Presets to compare (two or more).")
     depth = param.Integer(default=12, bounds=(1, 48), doc="Number of blocks.")
     tokens = param.Selector(default=32, objects=TOKENS, doc="Tokens N.")
     dim = param.Selector(default=32, objects=DIMS, doc="Width d.")
-    heads = param.Integer(default=2, bounds=(1, 16), doc="Attention heads (d must be divisible by heads).")
+    heads = param.Selector(default=PRESET_HEADS, objects=[PRESET_HEADS, *HEAD_CHOICES],
+                           doc="Attention heads: each preset's own count, or one count for all (divisors of d).")
     derived_alpha = param.Boolean(default=True, label="derived α₀ (OSA init)",
                                   doc="Use the derived OSA initialisation α₀ instead of the α slider.")
-    alpha = param.Number(default=0.05, bounds=(0.0, 2.0), step=0.005, label="α (OSA)",
-                         doc="OSA α when 'derived α₀' is off (SSA presets ignore it).")
+    alpha = param.Number(default=0.05, bounds=(0.0, 2.0), step=1e-5, label="α (OSA)",
+                         doc="OSA α when 'derived α₀' is off (SSA presets ignore it); shows α₀ while derived.")
     seeds = param.Integer(default=2, bounds=(1, 5), doc="Random seeds; plots show the mean and min–max band.")
-    metric = param.Selector(default="relative_residual", objects=[], doc="Depth-wise metric (DESIGN.md §4).")
+    metric = param.Selector(default="relative_residual", objects=METRIC_LABELS, doc="Depth-wise metric.")
+    view = param.Selector(default="rank", objects=VIEWS, doc="The visible tab.")
+    site = param.Selector(default="block", objects=SITE_LABELS, doc="Hidden state after the block or attention.")
+    scale = param.Selector(default="auto", objects=SCALE_LABELS, label="y scale", doc="Log y where values span decades.")
+    jacobian = param.Selector(default="auto", objects=JACOBIAN_LABELS, doc="Jacobian computation.")
+    scope = param.Selector(default="end_to_end", objects=SCOPE_LABELS, doc="κ of ∂X_l/∂X_0 or of block l alone.")
+    points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
+                           doc="Layers (evenly spaced, last included) at which κ is computed.")
 
     def __init__(self, **params):
-        presets, metrics = _preset_names(), _metric_names()
-        self.param.presets.objects = presets
-        self.param.metric.objects = metrics
+        self.param.presets.objects = _preset_names()
         super().__init__(**params)
+        self._sync_heads_choices()
+        self._show_derived_alpha()
+
+    # -- derived values -------------------------------------------------------------------
 
     @property
     def alpha_value(self) -> float | None:
         """α passed to the analyses: ``None`` for the derived initialisation."""
         return None if self.derived_alpha else float(self.alpha)
 
+    @property
+    def heads_value(self) -> int | None:
+        """Heads passed to the analyses: ``None`` for each preset's own count."""
+        return None if self.heads == PRESET_HEADS else int(self.heads)
+
+    def heads_of(self, preset: str) -> int:
+        """The head count ``preset`` runs with under the current settings."""
+        return preset_heads(preset) if self.heads == PRESET_HEADS else int(self.heads)
+
+    def check_heads(self) -> int:
+        """Heads of the OSA check: those of the first OSA preset shown (1 if none)."""
+        from osa_lab.presets import get_preset
+
+        for p in self.presets:
+            if get_preset(p).attention == "osa":
+                return self.heads_of(p)
+        return self.heads_value or 1
+
+    def derived_alpha0(self) -> float:
+        """The derived α₀ of the OSA check's heads at the current N and d."""
+        from osa_lab.layers import derived_alpha_init
+
+        heads = self.check_heads()
+        return derived_alpha_init(int(self.tokens), int(self.dim), int(self.dim) // heads)
+
+    @param.depends("dim", watch=True)
+    def _sync_heads_choices(self) -> None:
+        """Offer only head counts that divide d."""
+        valid = [h for h in HEAD_CHOICES if int(self.dim) % h == 0]
+        self.param.heads.objects = [PRESET_HEADS, *valid]
+        if self.heads != PRESET_HEADS and self.heads not in valid:
+            self.heads = PRESET_HEADS
+
+    @param.depends("derived_alpha", "tokens", "dim", "heads", "presets", watch=True)
+    def _show_derived_alpha(self) -> None:
+        """While 'derived α₀' is ticked the (disabled) α slider shows the value that is used."""
+        if self.derived_alpha:
+            try:
+                self.alpha = float(f"{self.derived_alpha0():.5g}")
+            except Exception:  # noqa: BLE001 - impossible sizes are reported by validate()
+                pass
+
     def config(self) -> dict[str, object]:
         """The primitive configuration the analyses are cached on."""
         return dict(presets=tuple(self.presets), depth=int(self.depth), tokens=int(self.tokens), dim=int(self.dim),
-                    heads=int(self.heads), alpha=self.alpha_value, seeds=int(self.seeds))
+                    heads=self.heads_value, alpha=self.alpha_value, seeds=int(self.seeds))
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` with a user-facing message for impossible settings."""
         if len(self.presets) < 2:
             raise ConfigurationError("choose at least two presets to compare")
-        if self.dim % self.heads:
-            divisors = [h for h in range(1, 17) if self.dim % h == 0]
-            raise ConfigurationError(
-                f"width d = {self.dim} is not divisible by heads = {self.heads}: each head gets d / heads "
-                f"value columns. Choose heads from {divisors} or change d."
+        for p in self.presets:
+            h = self.heads_of(p)
+            if int(self.dim) % h:
+                divisors = [x for x in HEAD_CHOICES if int(self.dim) % x == 0]
+                raise ConfigurationError(
+                    f"width d = {self.dim} is not divisible by heads = {h} ({p}): each head gets d / heads value "
+                    f"columns. Choose heads from {divisors} or change d."
+                )
+
+    def describe(self, cfg: Mapping[str, object] | None = None) -> str:
+        """The settings of ``cfg`` (default: the current ones) as a short line for figure titles."""
+        cfg = cfg or self.config()
+        heads = "preset heads" if cfg["heads"] is None else f"{cfg['heads']} heads"
+        alpha = "α₀ derived" if cfg["alpha"] is None else f"α = {cfg['alpha']:.4g}"
+        seeds = f"{cfg['seeds']} seed" + ("s" if cfg["seeds"] != 1 else "")
+        return f"depth {cfg['depth']}, N = {cfg['tokens']}, d = {cfg['dim']}, {heads}, {alpha}, {seeds}"
+
+    def notes(self) -> list[str]:
+        """Where the settings break an invariant the docs state (shown on the page)."""
+        out = []
+        if "pure-osa" in self.presets and self.heads != PRESET_HEADS and int(self.heads) > 1:
+            out.append(
+                f"pure-osa with {self.heads} heads is **not** spectrum preserving: only a single OSA head keeps every "
+                "singular value of X (docs/dashboard.md); the heads of a multi-head layer are rotated by "
+                "different matrices, so its stable rank and κ(X) drift. Choose *preset default* (1 head) for "
+                "the flat curve."
             )
+        return out
 
-    def panel(self) -> pn.Param:
-        """Widgets generated from the parameters; sliders act on release (``value_throttled``)."""
-        return pn.Param(
-            self.param,
-            parameters=["presets", "depth", "tokens", "dim", "heads", "derived_alpha", "alpha", "seeds", "metric"],
-            widgets={
-                "presets": {"type": pn.widgets.MultiChoice, "name": "presets"},
-                "depth": {"type": pn.widgets.IntSlider, "throttled": True},
-                "tokens": {"type": pn.widgets.DiscreteSlider, "throttled": True, "name": "tokens N"},
-                "dim": {"type": pn.widgets.DiscreteSlider, "throttled": True, "name": "width d"},
-                "heads": {"type": pn.widgets.IntSlider, "throttled": True},
-                "alpha": {"type": pn.widgets.FloatSlider, "throttled": True},
-                "seeds": {"type": pn.widgets.IntSlider, "throttled": True},
-            },
-            show_name=False,
-            sizing_mode="stretch_width",
-        )
+    # -- the URL ----------------------------------------------------------------------------
+
+    def to_query(self) -> dict[str, str]:
+        """The URL query of the current view (α only when it is not derived)."""
+        q: dict[str, str] = {}
+        for name in URL_PARAMETERS:
+            value = getattr(self, name)
+            if name == "alpha" and self.derived_alpha:
+                continue
+            if name == "presets":
+                q[name] = ",".join(value)
+            elif name == "derived_alpha":
+                q[name] = "true" if value else "false"
+            elif name == "heads":
+                q[name] = "preset" if value == PRESET_HEADS else str(value)
+            else:
+                q[name] = str(value)
+        return q
+
+    def apply_query(self, query: Mapping[str, str | list[str] | bytes | list[bytes]]) -> list[str]:
+        """Set the controls from URL query values; returns one message per value that was not used.
+
+        Accepts ``{name: "value"}`` or Bokeh's ``{name: [b"value"]}``. Every value is checked
+        before anything is set; bad values are named with the valid choices and left out.
+        """
+        errors: list[str] = []
+        updates: dict[str, object] = {}
+        for key, raw in query.items():
+            if isinstance(raw, list):
+                raw = raw[-1] if raw else ""
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8", "replace")
+            text = str(raw).strip()
+            if key not in URL_PARAMETERS:
+                errors.append(f"unknown URL parameter `{key}` (known: {', '.join(URL_PARAMETERS)})")
+                continue
+            try:
+                updates[key] = self._parse(key, text)
+            except ValueError as exc:
+                errors.append(f"`{key}={text}` was ignored: {exc}")
+        if "alpha" in updates and "derived_alpha" not in updates:
+            updates["derived_alpha"] = False  # an explicit α means: use it
+        if "dim" in updates or "heads" in updates:
+            dim = int(updates.get("dim", self.dim))
+            heads = updates.get("heads", self.heads)
+            if heads != PRESET_HEADS and dim % int(heads):
+                valid = [h for h in HEAD_CHOICES if dim % h == 0]
+                errors.append(f"`heads={heads}` was ignored: d = {dim} is not divisible by {heads}; valid: "
+                              f"preset, {', '.join(map(str, valid))}")
+                updates.pop("heads", None)
+        ordered = {k: updates[k] for k in ("dim", "derived_alpha", *URL_PARAMETERS) if k in updates}
+        self.param.update(**ordered)
+        return errors
+
+    def _parse(self, key: str, text: str) -> object:
+        p = self.param[key]
+        if key == "presets":
+            names = [x.strip() for x in text.split(",") if x.strip()]
+            unknown = [x for x in names if x not in p.objects]
+            if unknown:
+                raise ValueError(f"unknown preset(s) {', '.join(unknown)}; valid: {', '.join(p.objects)}")
+            if len(set(names)) < 2:
+                raise ValueError("choose at least two presets, comma separated (e.g. vit,pure-osa)")
+            return list(dict.fromkeys(names))
+        if key == "derived_alpha":
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError("use true or false")
+        if key == "heads":
+            if text.lower() in ("preset", "default", PRESET_HEADS):
+                return PRESET_HEADS
+            if text.isdigit() and int(text) in HEAD_CHOICES:
+                return int(text)
+            raise ValueError(f"use preset or one of {', '.join(map(str, HEAD_CHOICES))}")
+        if isinstance(p, param.Selector):
+            values = list(p.objects.values()) if isinstance(p.objects, dict) else list(p.objects)
+            for v in values:
+                if str(v) == text:
+                    return v
+            raise ValueError(f"valid values: {', '.join(map(str, values))}")
+        if isinstance(p, param.Integer):
+            if not text.lstrip("-").isdigit():
+                raise ValueError("not an integer")
+            value = int(text)
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError("not a number") from None
+        lo, hi = p.bounds
+        if value < lo or value > hi:
+            raise ValueError(f"outside {lo}…{hi}")
+        return value
 
 
-class _AsyncComputation(param.Parameterized):
+class Job(param.Parameterized):
     """Runs a computation off the event loop when served (synchronously otherwise), keeping the
     last good result on error and dropping results that a newer request has overtaken."""
 
@@ -240,36 +472,34 @@ class _AsyncComputation(param.Parameterized):
         super().__init__(**params)
         self._generation = 0
 
-    def _run(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
-        """Compute now (tests, scripts) or schedule it on the server's loop (served sessions)."""
-        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+    def run(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
+        """Compute now (tests, scripts) or in a daemon thread, applying on the server's loop."""
+        self._generation += 1
+        if _served():
+            generation = self._generation
 
             async def task() -> None:
-                await self._run_async(compute, apply)
+                await self._run_async(generation, compute, apply)
 
+            self.busy = True
             pn.state.execute(task)
         else:
             self._run_sync(compute, apply)
 
     def _run_sync(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
-        self._generation += 1
         start = time.perf_counter()
         try:
             value = compute()
+            self.seconds = time.perf_counter() - start
+            self.error = ""
+            apply(value)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
             self.error = _describe(exc)
-            return
-        self.seconds = time.perf_counter() - start
-        self.error = ""
-        apply(value)
 
-    async def _run_async(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
-        self._generation += 1
-        generation = self._generation
-        self.busy = True
+    async def _run_async(self, generation: int, compute, apply) -> None:
         start = time.perf_counter()
         try:
-            value = await asyncio.to_thread(compute)
+            value = await in_daemon_thread(compute)
         except Exception as exc:  # noqa: BLE001
             if generation == self._generation:
                 self.error = _describe(exc)
@@ -287,7 +517,7 @@ class _AsyncComputation(param.Parameterized):
             self.busy = False
 
 
-class SweepState(_AsyncComputation):
+class SweepState(Job):
     """The current sweep of one session: tidy metrics and spectra tables of the last good settings."""
 
     controls = param.ClassSelector(class_=Controls)
@@ -300,10 +530,18 @@ class SweepState(_AsyncComputation):
     def refresh(self) -> None:
         """Recompute for the current controls (cached); on error keep the tables and set ``error``."""
         controls = self.controls
+        try:
+            controls.validate()
+        except ConfigurationError as exc:
+            self._generation += 1  # drop any result still running for earlier settings
+            self.error = str(exc)
+            return
+        cfg = controls.config()
+        if cfg == self.config and self.metrics is not None and not self.busy:
+            self.error = ""
+            return  # e.g. the α slider following α₀ while derived
 
         def compute():
-            controls.validate()
-            cfg = controls.config()
             return cfg, compute_sweep(**cfg)
 
         def apply(value):
@@ -313,7 +551,7 @@ class SweepState(_AsyncComputation):
                 self.metrics = metrics
                 self.spectra = spectra
 
-        self._run(compute, apply)
+        self.run(compute, apply)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,91 +561,165 @@ class SweepState(_AsyncComputation):
 
 def _placeholder(text: str) -> hv.Curve:
     """An empty figure with ``text`` as its title (HoloViews panes need a HoloViews object)."""
-    return hv.Curve([]).opts(title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh")
+    return hv.Curve([]).opts(title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
+        title=text, xaxis=None, yaxis=None, backend="matplotlib")
 
 
 def _message_pane(*errors) -> pn.pane.Alert:
-    """An alert that shows whichever of the bound error strings is non-empty."""
+    """One alert showing the distinct non-empty bound messages (each message once)."""
 
     def text(*messages: str) -> str:
-        return "\n\n".join(m for m in messages if m)
+        return "\n\n".join(dict.fromkeys(m for m in messages if m))
 
     bound = pn.bind(text, *errors)
-    return pn.pane.Alert(bound, alert_type="warning", visible=pn.bind(lambda t: bool(t), bound),
-                         sizing_mode="stretch_width")
+    return pn.pane.Alert(bound, alert_type="warning", visible=pn.bind(bool, bound), sizing_mode="stretch_width")
 
 
-def _png_download(view: _FigureHolder, key: str, filename: str) -> pn.widgets.FileDownload:
-    def callback() -> io.BytesIO:
-        obj = view.figures.get(key)
-        if obj is None:
-            raise ConfigurationError("no figure to export yet")
-        return io.BytesIO(plots.png_bytes(obj))
+def _radio(parameter: param.Parameter, width: int) -> pn.widgets.RadioButtonGroup:
+    """A radio group whose selected option is filled in the accent colour (others outlined)."""
+    return pn.widgets.RadioButtonGroup.from_param(parameter, button_type="primary", button_style="outline",
+                                                  width=width, sizing_mode="fixed")
 
-    return pn.widgets.FileDownload(callback=callback, filename=filename, label=f"PNG: {filename}",
-                                   color="light", embed=False, width=260)
+
+def _digest(table: pd.DataFrame | None) -> str:
+    if table is None:
+        return ""
+    return hashlib.sha1(pd.util.hash_pandas_object(table, index=False).values.tobytes()).hexdigest()[:16]
 
 
 class _FigureHolder(pn.viewable.Viewer):
-    """Base of the views: the last good HoloViews figure per key and a message for failed redraws."""
+    """Base of the views: draws its figures only while ``active``; stale ones redraw when shown.
 
-    message = param.String(default="", doc="Why the last redraw failed ('' if it succeeded).")
+    ``figures[key]`` is always the object on screen in ``panes[key]`` (placeholders included),
+    so a PNG download is the figure shown (:meth:`png`).
+    """
+
+    controls = param.ClassSelector(class_=Controls)
+    active = param.Boolean(default=False, doc="The view's tab is visible.")
 
     def __init__(self, **params):
         super().__init__(**params)
         self.figures: dict[str, hv.core.Dimensioned] = {}
-        self.tables: dict[str, pd.DataFrame] = {}
+        self.tables: dict[str, pd.DataFrame | None] = {}
         self.panes: dict[str, pn.pane.HoloViews] = {}
+        self.job = Job()
+        self.stale = True
         self._layout: pn.viewable.Viewable | None = None
+
+    # subclasses: the figures to draw, {key: (cache key or None, builder -> (figure, table))}
+    def specs(self) -> dict[str, tuple[tuple | None, Callable[[], tuple[hv.core.Dimensioned, Any]]]]:
+        raise NotImplementedError
 
     def _build(self) -> pn.viewable.Viewable:
         raise NotImplementedError
 
     def __panel__(self) -> pn.viewable.Viewable:
-        """The view's layout, built once (its panes stay bound to the parameters)."""
+        """The view's layout, built once."""
         if self._layout is None:
             self._layout = self._build()
+            self.stale = True
+            self.redraw()
         return self._layout
 
-    def _draw(self, key: str, build: Callable[[], hv.core.Dimensioned]) -> hv.core.Dimensioned:
-        """Build figure ``key``; on failure keep the previous one and set :attr:`message`."""
-        try:
-            obj = build()
-        except Exception as exc:  # noqa: BLE001
-            self.message = _describe(exc)
-            return self.figures.get(key, _placeholder("No figure: see the message above"))
-        self.figures[key] = obj
-        self.message = ""
-        return obj
+    def _pane(self, key: str, **kwargs) -> pn.pane.HoloViews:
+        pane = pn.pane.HoloViews(_placeholder("Computing…"), backend="bokeh", sizing_mode="stretch_width",
+                                 loading=self.job.param.busy, **kwargs)
+        self.panes[key] = pane
+        self.figures[key] = pane.object
+        return pane
+
+    @param.depends("active", watch=True)
+    def _on_active(self) -> None:
+        if self.active and self.stale:
+            self._activated()
+
+    def _activated(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Build the figures of the current data and options (cached) and show them."""
+        if not self.active or not self.panes:
+            self.stale = True
+            return
+        self.stale = False
+        specs = self.specs()
+        if not specs:
+            return
+
+        def compute():
+            out = {}
+            for key, (cache_key, build) in specs.items():
+                hit = FIGURES.get(cache_key) if cache_key is not None else None
+                if hit is None:
+                    with FIGURE_LOCK:
+                        hit = build()
+                    if cache_key is not None:
+                        FIGURES.put(cache_key, hit)
+                out[key] = hit
+            return out
+
+        def apply(out):
+            for key, (obj, table) in out.items():
+                self.figures[key], self.tables[key] = obj, table
+                self.panes[key].object = obj
+
+        self.job.run(compute, apply)
+
+    def png(self, key: str) -> bytes:
+        """PNG of the figure on screen in pane ``key``; its title goes into the PNG's metadata."""
+        obj = self.figures.get(key)
+        if obj is None:
+            raise ConfigurationError("no figure to export yet")
+        meta = {"Title": plots.figure_title(obj), "Description": f"data {_digest(self.tables.get(key))}",
+                "Software": "osa_lab dashboard"}
+        return plots.png_bytes(obj, metadata=meta)
+
+    def _png_download(self, key: str, filename: str) -> pn.widgets.FileDownload:
+        """A PNG button of pane ``key`` (rendered off the event loop, with a loading indicator)."""
+        button = pn.widgets.FileDownload(filename=filename, label=f"PNG: {filename}", button_type="light",
+                                         embed=False, width=260)
+
+        async def callback() -> io.BytesIO:
+            button.loading = True
+            try:
+                return io.BytesIO(await in_daemon_thread(lambda: self.png(key)))
+            finally:
+                button.loading = False
+
+        button.callback = callback if _served() else (lambda: io.BytesIO(self.png(key)))
+        return button
 
 
 class RankCollapseView(_FigureHolder):
     """The chosen metric against layer, one curve per preset, min–max band over seeds."""
 
-    controls = param.ClassSelector(class_=Controls)
     state = param.ClassSelector(class_=SweepState)
-    site = param.Selector(default="block", objects=["block", "attention"],
-                          doc="Hidden state per layer: after the whole block or after attention.")
-    scale = param.Selector(default="auto", objects=["auto", "log", "linear"], label="y scale",
-                           doc="Log y where the metric spans decades ('auto').")
 
-    def figure(self, metrics: pd.DataFrame | None, metric: str, site: str, scale: str):
-        """The figure for these tables and options (also stores the reduced data in ``tables``)."""
+    @param.depends("state.metrics", "controls.metric", "controls.site", "controls.scale", watch=True)
+    def _changed(self) -> None:
+        self.redraw()
+
+    def specs(self):
+        metrics, c = self.state.metrics, self.controls
         if metrics is None:
-            return _placeholder("Computing…")
+            return {}
+        cfg, metric, site, scale = self.state.config, c.metric, c.site, c.scale
+        settings = c.describe(cfg)
 
         def build():
-            self.tables["metric"] = plots.metric_vs_depth_data(metrics, metric, site=site)
+            table = plots.metric_vs_depth_data(metrics, metric, site=site)
             logy = None if scale == "auto" else scale == "log"
-            return plots.metric_vs_depth(metrics, metric, site=site, logy=logy)
+            label = _label(METRIC_LABELS, metric)
+            where = "after each block" if site == "block" else "after attention"
+            title = f"{label} {where} · {settings}"
+            return plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title), table
 
-        return self._draw("metric", build)
+        return {"metric": (("metric", tuple(sorted(cfg.items())), metric, site, scale), build)}
 
     def _csv(self) -> io.BytesIO:
-        frames = [f for f in (self.state.metrics,) if f is not None]
-        if not frames:
+        if self.state.metrics is None:
             raise ConfigurationError("no sweep yet")
-        return io.BytesIO(frames[0].to_csv(index=False).encode())
+        return io.BytesIO(self.state.metrics.to_csv(index=False).encode())
 
     def _spectra_csv(self) -> io.BytesIO:
         if self.state.spectra is None:
@@ -415,29 +727,24 @@ class RankCollapseView(_FigureHolder):
         return io.BytesIO(self.state.spectra.to_csv(index=False).encode())
 
     def _build(self) -> pn.viewable.Viewable:
-        fig = pn.pane.HoloViews(
-            pn.bind(self.figure, self.state.param.metrics, self.controls.param.metric, self.param.site,
-                    self.param.scale),
-            backend="bokeh", sizing_mode="stretch_width", min_height=360, loading=self.state.param.busy,
-        )
+        fig = self._pane("metric", min_height=380)
         options = pn.Row(
-            pn.pane.Markdown("hidden state after", margin=(12, 5, 0, 10), sizing_mode="fixed", width=130),
-            pn.widgets.RadioButtonGroup.from_param(self.param.site, width=200, sizing_mode="fixed"),
-            pn.pane.Markdown("y scale", margin=(12, 5, 0, 30), sizing_mode="fixed", width=70),
-            pn.widgets.RadioButtonGroup.from_param(self.param.scale, width=220, sizing_mode="fixed"),
+            pn.pane.Markdown("hidden state after", margin=(12, 5, 0, 10), width=130, height=30, sizing_mode="fixed"),
+            _radio(self.controls.param.site, 280),
+            pn.pane.Markdown("y scale", margin=(12, 5, 0, 30), width=70, height=30, sizing_mode="fixed"),
+            _radio(self.controls.param.scale, 220),
             sizing_mode="stretch_width",
         )
-        self.panes["metric"] = fig
         downloads = pn.Row(
             pn.widgets.FileDownload(callback=self._csv, filename="osa_sweep_metrics.csv",
-                                    label="CSV: tidy metrics of this sweep", color="primary", embed=False,
+                                    label="CSV: tidy metrics of this sweep", button_type="primary", embed=False,
                                     width=260),
             pn.widgets.FileDownload(callback=self._spectra_csv, filename="osa_sweep_spectra.csv",
-                                    label="CSV: tidy spectra of this sweep", color="light", embed=False,
+                                    label="CSV: tidy spectra of this sweep", button_type="light", embed=False,
                                     width=260),
-            _png_download(self, "metric", "rank_collapse.png"),
+            self._png_download("metric", "rank_collapse.png"),
         )
-        return pn.Column(_message_pane(self.param.message), options, fig, downloads, sizing_mode="stretch_width",
+        return pn.Column(_message_pane(self.job.param.error), options, fig, downloads, sizing_mode="stretch_width",
                          name="Rank collapse")
 
 
@@ -458,97 +765,196 @@ class SpectraView(_FigureHolder):
         if kept != list(self.layers):
             self.layers = kept
 
-    def heatmaps(self, spectra: pd.DataFrame | None):
-        """Heatmaps of σᵢ/σ₁ (layer × normalised index), shared colour scale."""
+    @param.depends("state.spectra", "layers", "controls.site", watch=True)
+    def _changed(self) -> None:
+        self.redraw()
+
+    def specs(self):
+        spectra, c = self.state.spectra, self.controls
         if spectra is None:
-            return _placeholder("Computing…")
+            return {}
+        cfg, site, layers = self.state.config, c.site, tuple(sorted(self.layers))
+        n = len(cfg["presets"])
+        width, cols = (max(250, 1000 // n), n) if n <= 3 else (320, 3)
+        settings = c.describe(cfg)
+        where = "after each block" if site == "block" else "after attention"
+        key = tuple(sorted(cfg.items()))
 
-        def build():
-            self.tables["heatmaps"] = spectra
-            return plots.spectra_heatmaps(spectra)
+        def heat():
+            title = f"σᵢ/σ₁ across depth {where} · {settings}"
+            return plots.spectra_heatmaps(spectra, site=site, title=title, panel_width=width, cols=cols), None
 
-        return self._draw("heatmaps", build)
+        def lines():
+            title = f"normalised spectra of selected layers · {settings}"
+            return plots.spectra_lines(spectra, layers=list(layers) or None, site=site, title=title,
+                                       panel_width=width, cols=cols), None
 
-    def lines(self, spectra: pd.DataFrame | None, layers: list[int]):
-        """Normalised spectra of the selected layers."""
-        if spectra is None:
-            return _placeholder("Computing…")
-        return self._draw("lines", lambda: plots.spectra_lines(spectra, layers=sorted(layers) or None))
+        return {"heatmaps": (("heatmaps", key, site), heat), "lines": (("lines", key, site, layers), lines)}
 
     def _build(self) -> pn.viewable.Viewable:
-        heat = pn.pane.HoloViews(pn.bind(self.heatmaps, self.state.param.spectra), backend="bokeh",
-                                 sizing_mode="stretch_width", min_height=330, loading=self.state.param.busy)
-        lines = pn.pane.HoloViews(pn.bind(self.lines, self.state.param.spectra, self.param.layers), backend="bokeh",
-                                  sizing_mode="stretch_width", min_height=330, loading=self.state.param.busy)
-        self.panes.update(heatmaps=heat, lines=lines)
+        heat = self._pane("heatmaps", min_height=340)
+        lines = self._pane("lines", min_height=380)
         chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400)
-        downloads = pn.Row(_png_download(self, "heatmaps", "spectra_heatmaps.png"),
-                           _png_download(self, "lines", "spectra_lines.png"))
-        return pn.Column(_message_pane(self.param.message), heat, chooser, lines, downloads,
+        downloads = pn.Row(self._png_download("heatmaps", "spectra_heatmaps.png"),
+                           self._png_download("lines", "spectra_lines.png"))
+        return pn.Column(_message_pane(self.job.param.error), heat, chooser, lines, downloads,
                          sizing_mode="stretch_width", name="Spectra")
 
 
 class JacobianView(_FigureHolder):
     """κ of the Jacobian across depth and the end-to-end singular-value histogram.
 
-    Jacobians cost far more than the forward sweep, so this view computes only while ``active``
-    (its tab is open), at ``points`` layers and for ``seeds`` seeds. Inputs of up to
-    ``auto_limit`` entries (N·d) are computed as soon as the settings change; larger ones wait for
-    the *Compute* button and say so. ``method="auto"`` is exact where the Jacobian fits
-    (:data:`osa_lab.jacobian.MAX_EXACT_DIM` inputs) and matrix-free otherwise; the figure titles
-    and a badge say which ran. An exact Jacobian too large for memory gives a message.
+    Computed only while the tab is open, per preset × seed *unit* (cached process-wide, so the
+    modes share results: ``auto`` resolves to the cheaper of exact and matrix-free first). A
+    request estimated under :data:`AUTO_JACOBIAN_SECONDS` starts at once; longer ones show the
+    estimate and wait for *Compute Jacobians*. Served sessions compute in a worker process with
+    progress and a *Cancel* button; closing the tab cancels it too.
     """
 
-    controls = param.ClassSelector(class_=Controls)
-    method = param.Selector(default="auto", objects=["auto", "exact", "matrix-free"],
-                            doc="Jacobian computation: exact (torch.func) or matrix-free (svds on jvp/vjp).")
-    scope = param.Selector(default="end_to_end", objects=["end_to_end", "layer"],
-                           doc="κ of ∂X_l/∂X_0 (end_to_end) or of block l alone (layer).")
-    points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
-                           doc="Number of layers (evenly spaced, last included) at which κ is computed.")
     seeds = param.Integer(default=1, bounds=(1, 5), label="Jacobian seeds", doc="Seeds (capped by the sidebar).")
-    auto_limit = param.Integer(default=512, doc="Largest N·d computed without pressing Compute.")
     compute = param.Event(label="Compute Jacobians")
-    active = param.Boolean(default=False, doc="Compute only when True (the tab is visible).")
+    cancel = param.Event(label="Cancel")
+    running = param.Boolean(default=False, doc="A Jacobian job is running.")
     profile = param.DataFrame(default=None, allow_None=True)
     svals = param.DataFrame(default=None, allow_None=True)
-    notice = param.String(default="", doc="Why nothing was computed (e.g. waiting for Compute).")
+    notice = param.String(default="", doc="Estimate, progress, or why nothing was computed.")
+    shown = param.Dict(default={}, doc="Settings of the figures shown.")
 
     def __init__(self, **params):
         super().__init__(**params)
-        self.job = _AsyncComputation()
+        self._job: jobs.JacobianJob | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def units(self) -> tuple[list[jobs.Unit], str]:
+        """The units of the current settings and the method that runs."""
+        c = self.controls
+        c.validate()
+        cfg = c.config()
+        method = jobs.resolve_method(c.jacobian, cfg["tokens"], cfg["dim"], cfg["depth"], c.points)
+        layers = tuple(jacobian_layers(cfg["depth"], c.points))
+        seeds = min(int(self.seeds), int(cfg["seeds"]))
+        units = [jobs.Unit(p, cfg["depth"], cfg["tokens"], cfg["dim"], cfg["heads"], cfg["alpha"], s, method, layers)
+                 for p in cfg["presets"] for s in range(seeds)]
+        return units, method
 
     @param.depends("compute", watch=True)
     def _on_compute(self) -> None:
-        self.refresh(force=True)
+        self.request(force=True)
+
+    @param.depends("cancel", watch=True)
+    def _on_cancel(self) -> None:
+        self.stop("Cancelled: the figures below are from earlier settings.")
+
+    def stop(self, notice: str = "") -> None:
+        """Cancel a running job (its worker process is terminated)."""
+        if self._job is not None:
+            self._job.cancel()
+            self._job = None
+        if self.running:
+            self.running = False
+            self.notice = notice
 
     @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
-                   "controls.derived_alpha", "controls.alpha", "controls.seeds", "method", "points", "seeds",
-                   "active", watch=True)
-    def refresh(self, force: bool = False) -> None:
-        """Recompute for the current controls when active (cached); large inputs wait for ``compute``."""
-        if not self.active:
+                   "controls.derived_alpha", "controls.alpha", "controls.seeds", "controls.jacobian",
+                   "controls.points", "seeds", watch=True)
+    def _settings_changed(self) -> None:
+        self.request()
+
+    @param.depends("controls.scope", watch=True)
+    def _scope_changed(self) -> None:
+        self.redraw()
+
+    def _activated(self) -> None:  # the tab opened: compute (or draw) what is missing
+        self.request()
+
+    def request(self, force: bool = False) -> None:
+        """Show the current settings' Jacobians: from the cache, or computed (large ones on *Compute*)."""
+        if not self.active or not self.panes:
+            self.stale = True
             return
-        controls, method, points = self.controls, self.method, self.points
-        inputs = int(controls.tokens) * int(controls.dim)
-        if inputs > self.auto_limit and not force:
-            self.notice = (f"N·d = {inputs} inputs: Jacobians at this size can take minutes on a small machine. "
-                           "Press *Compute Jacobians* to run them (the figures below are from earlier settings).")
+        self.stale = False
+        self.stop()
+        try:
+            units, method = self.units()
+        except ConfigurationError as exc:
+            self.job.error = str(exc)
+            return
+        self.job.error = ""
+        missing = [u for u in units if u not in JACOBIANS]
+        if not missing:
+            self.notice = ""
+            self._show(units)
+            return
+        c = self.controls
+        eta = jobs.estimate_seconds(len(missing), method, int(c.tokens), int(c.dim), int(c.depth), int(c.points))
+        what = f"{len(missing)} {method} Jacobian profile{'s' if len(missing) > 1 else ''} (N·d = {c.tokens * c.dim})"
+        if eta > AUTO_JACOBIAN_SECONDS and not force:
+            self.notice = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute "
+                           "Jacobians** to run them (*Cancel* stops them); the figures below are from earlier "
+                           "settings.")
+            return
+        self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
+        if _served():
+            self._start(units, missing, eta)
+        else:
+            self._run_here(units, missing)
+
+    def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit]) -> None:
+        try:
+            for unit in missing:
+                JACOBIANS.put(unit, compute_unit(unit))
+        except Exception as exc:  # noqa: BLE001
+            self.job.error = _describe(exc)
+            self.notice = ""
             return
         self.notice = ""
+        self._show(units)
 
-        def compute():
-            controls.validate()
-            cfg = controls.config()
-            cfg["seeds"] = min(self.seeds, cfg["seeds"])
-            return compute_jacobian(**cfg, method=method, points=points)
+    def _start(self, units: list[jobs.Unit], missing: list[jobs.Unit], eta: float) -> None:
+        job = jobs.start_jacobian_job(missing)
+        self._job, self.running = job, True
+        SESSION_JOBS.add(job)
+        start, done = time.perf_counter(), 0
 
-        def apply(value):
-            profile, svals = value
-            with param.parameterized.batch_call_watchers(self):
-                self.profile, self.svals = profile, svals
+        async def follow() -> None:
+            nonlocal done
+            try:
+                while not job.finished:
+                    await asyncio.sleep(0.2)
+                    for kind, unit, result, _seconds in job.poll():
+                        if kind == "unit":
+                            JACOBIANS.put(unit, result)
+                            done += 1
+                        elif kind == "error":
+                            if self._job is job:
+                                self.job.error = _describe(result)
+                                self.notice = ""
+                    if self._job is job and not job.finished:
+                        elapsed = time.perf_counter() - start
+                        self.notice = (f"Computing Jacobians: {done}/{len(missing)} done, {elapsed:.0f} s elapsed "
+                                       f"(estimated {jobs.format_seconds(eta)}). *Cancel* stops them.")
+            finally:
+                SESSION_JOBS.discard(job)
+            if self._job is job:
+                self._job, self.running = None, False
+                if not job.cancelled and all(u in JACOBIANS for u in units):
+                    self.notice = ""
+                    self._show(units)
 
-        self.job._run(compute, apply)
+        pn.state.execute(follow)
+
+    def _show(self, units: list[jobs.Unit]) -> None:
+        results = [JACOBIANS.get(u) for u in units]
+        profile = pd.concat([r[0] for r in results], ignore_index=True)
+        svals = [r[1] for r in results if r[1] is not None]
+        with param.parameterized.batch_call_watchers(self):
+            self.shown = self.controls.config() | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units})}
+            self.profile = profile
+            self.svals = pd.concat(svals, ignore_index=True) if len(svals) == len(results) else None
+        self.redraw()
+
+    # -- figures ----------------------------------------------------------------------------
 
     def methods_used(self) -> str:
         """'exact', 'matrix-free' or both, from the ``method`` column of the current profile."""
@@ -556,24 +962,28 @@ class JacobianView(_FigureHolder):
             return ""
         return ", ".join(sorted({str(m) for m in self.profile["method"].unique()}))
 
-    def kappa(self, profile: pd.DataFrame | None, scope: str):
-        """κ across depth per preset."""
+    def specs(self):
+        profile, svals, scope = self.profile, self.svals, self.controls.scope
         if profile is None:
-            return _placeholder("Jacobians are computed while this tab is open")
+            return {}
+        shown = dict(self.shown)
+        method = self.methods_used()
+        settings = self.controls.describe({**shown, "seeds": shown.get("jseeds", 1)})
+        key = tuple(sorted((k, v) for k, v in shown.items()))
 
-        def build():
-            self.tables["kappa"] = plots.kappa_vs_depth_data(profile, scope=scope)
-            return plots.kappa_vs_depth(profile, scope=scope)
+        def kappa():
+            title = f"Jacobian κ across depth ({_label(SCOPE_LABELS, scope)}) [{method}] · {settings}"
+            return plots.kappa_vs_depth(profile, scope=scope, title=title), plots.kappa_vs_depth_data(profile,
+                                                                                                     scope=scope)
 
-        return self._draw("kappa", build)
+        def histogram():
+            if svals is None:
+                return _placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
+                                    f"(choose exact) · {settings}"), None
+            title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
+            return plots.jacobian_histogram(svals, title=title), plots.jacobian_histogram_data(svals)
 
-    def histogram(self, svals: pd.DataFrame | None, profile: pd.DataFrame | None):
-        """Histogram of the end-to-end Jacobian's singular values (exact method only)."""
-        if svals is None:
-            text = "Histogram needs the exact Jacobian (matrix-free gives only σ_max and σ_min)" if (
-                profile is not None) else ""
-            return _placeholder(text)
-        return self._draw("histogram", lambda: plots.jacobian_histogram(svals))
+        return {"kappa": (("kappa", key, scope), kappa), "histogram": (("histogram", key), histogram)}
 
     def badge(self, profile: pd.DataFrame | None) -> str:
         """Which computation produced the figures."""
@@ -585,28 +995,28 @@ class JacobianView(_FigureHolder):
         return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
 
     def _build(self) -> pn.viewable.Viewable:
-        kappa = pn.pane.HoloViews(pn.bind(self.kappa, self.param.profile, self.param.scope), backend="bokeh",
-                                  sizing_mode="stretch_width", min_height=360, loading=self.job.param.busy)
-        hist = pn.pane.HoloViews(pn.bind(self.histogram, self.param.svals, self.param.profile), backend="bokeh",
-                                 sizing_mode="stretch_width", min_height=360, loading=self.job.param.busy)
-        self.panes.update(kappa=kappa, histogram=hist)
-        options = pn.Row(
-            pn.widgets.RadioButtonGroup.from_param(self.param.method, width=300),
-            pn.widgets.RadioButtonGroup.from_param(self.param.scope, width=220),
-        )
+        kappa = self._pane("kappa", min_height=380)
+        hist = self._pane("histogram", min_height=360)
+        options = pn.Row(_radio(self.controls.param.jacobian, 330), _radio(self.controls.param.scope, 300))
         sizes = pn.Row(
-            pn.Param(self.param, parameters=["points", "seeds"], show_name=False, default_layout=pn.Row,
-                     widgets={"points": {"type": pn.widgets.IntSlider, "throttled": True, "width": 220},
-                              "seeds": {"type": pn.widgets.IntSlider, "throttled": True, "width": 180}}),
-            pn.widgets.Button.from_param(self.param.compute, color="primary", width=200),
+            _throttled(self.controls, "points", pn.widgets.IntSlider, name="layers evaluated", width=220),
+            _throttled(self, "seeds", pn.widgets.IntSlider, name="Jacobian seeds", width=180),
+            pn.widgets.Button.from_param(self.param.compute, button_type="primary", width=170,
+                                         disabled=self.param.running),
+            pn.widgets.Button.from_param(self.param.cancel, button_type="danger", width=100,
+                                         visible=self.param.running),
         )
         notice = pn.pane.Alert(self.param.notice, alert_type="info", visible=pn.bind(bool, self.param.notice),
                                sizing_mode="stretch_width")
-        downloads = pn.Row(_png_download(self, "kappa", "jacobian_kappa.png"),
-                           _png_download(self, "histogram", "jacobian_histogram.png"))
-        return pn.Column(_message_pane(self.job.param.error, self.param.message), notice, options, sizes,
+        downloads = pn.Row(self._png_download("kappa", "jacobian_kappa.png"),
+                           self._png_download("histogram", "jacobian_histogram.png"))
+        return pn.Column(_message_pane(self.job.param.error), notice, options, sizes,
                          pn.pane.Markdown(pn.bind(self.badge, self.param.profile)), kappa, hist, downloads,
                          sizing_mode="stretch_width", name="Jacobian")
+
+
+#: Jobs of all sessions (cancelled on server shutdown).
+SESSION_JOBS: set = pn.state.cache.setdefault("osa_lab.dashboard.jobs", set())
 
 
 class OSACheckView(pn.viewable.Viewer):
@@ -615,25 +1025,31 @@ class OSACheckView(pn.viewable.Viewer):
     controls = param.ClassSelector(class_=Controls)
     result = param.Dict(default=None, allow_None=True, doc="Last good osa_check result.")
 
-    def __init__(self, **params):
+    def __init__(self, compute_now: bool = True, **params):
         super().__init__(**params)
-        self.job = _AsyncComputation()
-        self.refresh()
+        self.job = Job()
+        if compute_now:
+            self.refresh()
 
     @param.depends("controls.tokens", "controls.dim", "controls.heads", "controls.derived_alpha", "controls.alpha",
-                   watch=True)
+                   "controls.presets", watch=True)
     def refresh(self) -> None:
-        """Run the (cached) check for the current sizes."""
+        """Run the (cached) check for the current sizes (impossible sizes: the page says so once)."""
         c = self.controls
+        try:
+            c.validate()
+            heads = c.check_heads()
+        except ConfigurationError:
+            return
+        args = (int(c.tokens), int(c.dim), heads, c.alpha_value)
 
         def compute():
-            c.validate()
-            return compute_osa_check(int(c.tokens), int(c.dim), int(c.heads), c.alpha_value)
+            return compute_osa_check(*args)
 
         def apply(value):
             self.result = value
 
-        self.job._run(compute, apply)
+        self.job.run(compute, apply)
 
     @staticmethod
     def badges_html(result: dict | None) -> str:
@@ -663,7 +1079,7 @@ class OSACheckView(pn.viewable.Viewer):
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(
             pn.pane.HTML(pn.bind(self.badges_html, self.param.result), sizing_mode="stretch_width",
-                         loading=self.job.param.busy),
+                         loading=self.job.param.busy, min_height=30),
             _message_pane(self.job.param.error),
             sizing_mode="stretch_width",
         )
@@ -674,10 +1090,31 @@ class OSACheckView(pn.viewable.Viewer):
 # ---------------------------------------------------------------------------------------------
 
 
+def _throttled(obj: param.Parameterized, pname: str, widget_type: type, **kwargs) -> pn.widgets.Widget:
+    """A slider for ``obj.<name>`` that sets the parameter when released (``value_throttled``)
+    and follows it when it changes elsewhere (URL, code)."""
+    name = pname
+    p = obj.param[name]
+    if widget_type is pn.widgets.DiscreteSlider:
+        widget = widget_type(options=list(p.objects), value=getattr(obj, name), **kwargs)
+    else:
+        lo, hi = p.bounds
+        widget = widget_type(start=lo, end=hi, value=getattr(obj, name), **kwargs)
+
+    def push(event) -> None:
+        if event.new is not None and event.new != getattr(obj, name):
+            setattr(obj, name, event.new)
+
+    widget.param.watch(push, "value_throttled" if widget_type is not pn.widgets.DiscreteSlider else "value")
+    obj.param.watch(lambda e: setattr(widget, "value", e.new), name)
+    return widget
+
+
 class Dashboard(pn.viewable.Viewer):
-    """One session's dashboard: controls, the shared sweep state and the four views."""
+    """One session's dashboard: controls, the shared sweep state and the views."""
 
     controls = param.ClassSelector(class_=Controls)
+    url_errors = param.List(default=[], doc="URL values that could not be used (shown as a message).")
 
     def __init__(self, compute_now: bool = True, **params):
         controls = params.pop("controls", None) or Controls(
@@ -685,20 +1122,56 @@ class Dashboard(pn.viewable.Viewer):
         )
         super().__init__(controls=controls, **params)
         self.state = SweepState(controls=controls)
-        self.check_view = OSACheckView(controls=controls)
+        self.check_view = OSACheckView(controls=controls, compute_now=compute_now)
         self.rank_view = RankCollapseView(controls=controls, state=self.state)
-        self.spectra_view = SpectraView(state=self.state)
+        self.spectra_view = SpectraView(controls=controls, state=self.state)
         self.jacobian_view = JacobianView(controls=controls)
+        self.views = {"rank": self.rank_view, "spectra": self.spectra_view, "jacobian": self.jacobian_view}
         self.tabs = pn.Tabs(
-            ("Rank collapse", self.rank_view), ("Spectra", self.spectra_view), ("Jacobian", self.jacobian_view),
-            dynamic=True, sizing_mode="stretch_width",
+            *((label, self.views[v]) for label, v in VIEW_LABELS.items()),
+            dynamic=True, sizing_mode="stretch_width", active=VIEWS.index(controls.view),
         )
-        self.tabs.param.watch(self._on_tab, "active")
+        self.tabs.param.watch(lambda e: setattr(self.controls, "view", VIEWS[e.new]), "active")
+        self._on_view()
         if compute_now:
             self.state.refresh()
 
-    def _on_tab(self, event) -> None:
-        self.jacobian_view.active = event.new == 2
+    @param.depends("controls.view", watch=True)
+    def _on_view(self) -> None:
+        index = VIEWS.index(self.controls.view)
+        if self.tabs.active != index:
+            self.tabs.active = index
+        for name, view in self.views.items():
+            view.active = name == self.controls.view
+
+    # -- the URL ----------------------------------------------------------------------------
+
+    def apply_url(self, query: Mapping[str, Any]) -> None:
+        """Set the controls from the page's query (bad values become :attr:`url_errors`)."""
+        self.url_errors = self.controls.apply_query(query)
+
+    def link_url(self, location) -> None:
+        """Keep ``location.search`` equal to the view on screen (replacing any bad value at once)."""
+
+        def write(*_events) -> None:
+            from urllib.parse import quote, urlencode
+
+            location.search = "?" + urlencode(self.controls.to_query(), quote_via=quote, safe=",")
+
+        self.controls.param.watch(write, list(URL_PARAMETERS))
+        write()
+
+    def _url_message(self, errors: list[str]) -> str:
+        if not errors:
+            return ""
+        return ("**This link had settings that could not be used** (the address bar now shows what is on "
+                "screen):\n\n" + "\n".join(f"- {e}" for e in errors))
+
+    def stop(self) -> None:
+        """Cancel this session's background work (the browser tab closed)."""
+        self.jacobian_view.stop()
+
+    # -- layout -----------------------------------------------------------------------------
 
     def _status(self, busy: bool, seconds: float, config: dict) -> str:
         if busy:
@@ -707,11 +1180,33 @@ class Dashboard(pn.viewable.Viewer):
             return ""
         return f"last sweep: {seconds:.2f} s · {len(config['presets'])} presets × {config['seeds']} seeds"
 
+    def _alpha_note(self, derived: bool, alpha: float, presets: list, tokens: int, dim: int, heads: object) -> str:
+        if not derived:
+            return ""
+        from osa_lab.layers import derived_alpha_init
+        from osa_lab.presets import get_preset
+
+        parts = []
+        for p in presets:
+            if get_preset(p).attention == "osa":
+                h = self.controls.heads_of(p)
+                if int(dim) % h == 0:
+                    parts.append(f"{p}: {derived_alpha_init(int(tokens), int(dim), int(dim) // h):.3g}")
+        return ("derived α₀ = c√r/(√N+√d)² per OSA preset: " + ", ".join(parts)) if parts else ""
+
     def main(self) -> pn.Column:
         """The main area (also usable without the template)."""
+        notes = pn.pane.Alert(pn.bind(lambda *_: "\n\n".join(self.controls.notes()), self.controls.param.presets,
+                                      self.controls.param.heads),
+                              alert_type="info", sizing_mode="stretch_width",
+                              visible=pn.bind(lambda *_: bool(self.controls.notes()), self.controls.param.presets,
+                                              self.controls.param.heads))
         return pn.Column(
+            pn.pane.Alert(pn.bind(self._url_message, self.param.url_errors), alert_type="danger",
+                          visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             _message_pane(self.state.param.error),
-            pn.pane.Markdown("### OSA check"),
+            notes,
+            pn.pane.Markdown("### OSA check", height=40),
             self.check_view,
             self.tabs,
             sizing_mode="stretch_width",
@@ -719,9 +1214,27 @@ class Dashboard(pn.viewable.Viewer):
 
     def sidebar(self) -> list:
         """The sidebar: controls and a status line."""
+        c = self.controls
         status = pn.pane.Markdown(pn.bind(self._status, self.state.param.busy, self.state.param.seconds,
                                           self.state.param.config))
-        return [self.controls.panel(), status]
+        alpha_note = pn.pane.Markdown(
+            pn.bind(self._alpha_note, c.param.derived_alpha, c.param.alpha, c.param.presets, c.param.tokens,
+                    c.param.dim, c.param.heads), styles={"font-size": "12px"})
+        widgets = pn.Column(
+            pn.widgets.MultiChoice.from_param(c.param.presets, name="presets"),
+            _throttled(c, "depth", pn.widgets.IntSlider, name="depth"),
+            _throttled(c, "tokens", pn.widgets.DiscreteSlider, name="tokens N"),
+            _throttled(c, "dim", pn.widgets.DiscreteSlider, name="width d"),
+            pn.widgets.Select.from_param(c.param.heads, name="heads"),
+            pn.widgets.Checkbox.from_param(c.param.derived_alpha),
+            _throttled(c, "alpha", pn.widgets.FloatSlider, name="α (OSA)", step=1e-5, format="0.[00000]",
+                       disabled=c.param.derived_alpha),
+            alpha_note,
+            _throttled(c, "seeds", pn.widgets.IntSlider, name="seeds"),
+            pn.widgets.Select.from_param(c.param.metric, name="metric"),
+            sizing_mode="stretch_width",
+        )
+        return [widgets, status]
 
     def template(self) -> pn.template.FastListTemplate:
         """The page: a FastListTemplate with the offline Fast design."""
@@ -761,16 +1274,50 @@ def limit_torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def prewarm() -> None:
+    """Fill the process-wide caches with the default view (first sweep and figure), once per process.
+
+    Runs when the server starts with ``panel serve --warm`` (or else in the first session), so
+    later first loads find the default settings computed.
+    """
+    if pn.state.cache.get("osa_lab.dashboard.warm"):
+        return
+    pn.state.cache["osa_lab.dashboard.warm"] = True
+    start = time.perf_counter()
+    app = Dashboard(compute_now=False)
+    app.controls.validate()
+    cfg = app.controls.config()
+    compute_sweep(**cfg)
+    compute_osa_check(int(app.controls.tokens), int(app.controls.dim), app.controls.check_heads(), None)
+    app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
+        config=v[0], metrics=v[1][0], spectra=v[1][1]))
+    app.rank_view.panes["metric"] = pn.pane.HoloViews(_placeholder(""), backend="bokeh")
+    app.rank_view.active = True
+    app.rank_view.redraw()
+    hv.render(app.rank_view.figures["metric"], backend="bokeh")
+    log.info("dashboard caches warmed in %.1f s", time.perf_counter() - start)
+
+
+def _shutdown_jobs() -> None:
+    jobs.cancel_all()
+
+
 if pn.state.served:
     limit_torch_threads()
     pn.extension(sizing_mode="stretch_width")
+    atexit.register(_shutdown_jobs)
+    prewarm()
     dashboard = Dashboard(compute_now=False)
-    if pn.state.location is not None:  # ?depth=6&tokens=16 … sets the controls and follows them
-        pn.state.location.sync(dashboard.controls, {k: k for k in URL_PARAMETERS})
+    if pn.state.session_args:
+        dashboard.apply_url(pn.state.session_args)
+    if pn.state.location is not None:
+        dashboard.link_url(pn.state.location)
+    pn.state.on_session_destroyed(lambda _ctx, d=dashboard: d.stop())
     dashboard.template().servable()
-    pn.state.onload(lambda: dashboard.state.refresh())
+    pn.state.onload(lambda: (dashboard.state.refresh(), dashboard.check_view.refresh()))
 
 __all__ = [
     "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast", "RankCollapseView", "SpectraView",
-    "SweepState", "build_app", "compute_jacobian", "limit_torch_threads", "compute_osa_check", "compute_sweep",
+    "SweepState", "build_app", "compute_osa_check", "compute_sweep", "compute_unit", "jacobian_layers",
+    "limit_torch_threads", "prewarm",
 ]

@@ -7,6 +7,7 @@ assert on the data behind each plot (the HoloViews objects held by the bound pan
 from __future__ import annotations
 
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ pn = pytest.importorskip("panel")
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboards" / "osa_dashboard.py"
-SMALL = dict(depth=3, tokens=8, dim=8, heads=2, seeds=2)
+SMALL = dict(depth=3, tokens=8, dim=8, seeds=2)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,7 @@ def dash():
 
 @pytest.fixture
 def app(dash):
+    dash.JACOBIANS.clear()
     a = dash.build_app(**SMALL)
     pn.panel(a)  # build every view's panes (as the server does)
     return a
@@ -55,24 +57,43 @@ def test_module_imports_without_serving(dash):
     assert hasattr(dash, "Dashboard") and not pn.state._servers
 
 
-def test_initial_build_draws_every_view(app):
+def test_initial_build_draws_the_visible_view(app):
     state = app.state
     assert state.error == ""
     assert set(state.metrics["preset"]) == {"pure-ssa", "pure-osa"}
-    assert state.config == dict(presets=("pure-ssa", "pure-osa"), depth=3, tokens=8, dim=8, heads=2, alpha=None,
+    assert state.config == dict(presets=("pure-ssa", "pure-osa"), depth=3, tokens=8, dim=8, heads=None, alpha=None,
                                 seeds=2)
     fig = _pane_data(app.rank_view, "metric")
     assert {el.label for el in fig} == {"pure-ssa", "pure-osa"}
     assert _layers(fig) == [0, 1, 2, 3]
     data = app.rank_view.tables["metric"]
     assert (data["n"] == 2).all()  # two seeds per point
+    # the hidden Spectra tab is not drawn until it is shown
+    assert app.spectra_view.stale and "Computing" in _title(_pane_data(app.spectra_view, "heatmaps"))
+    app.controls.view = "spectra"
+    assert app.tabs.active == 1
     heat = _pane_data(app.spectra_view, "heatmaps")
     assert [img.label for img in heat] == ["pure-ssa", "pure-osa"]
     assert heat.values()[0].dimension_values("layer", expanded=False).tolist() == [0, 1, 2, 3]
     assert len(_pane_data(app.spectra_view, "lines")) == 2
     check = app.check_view.result
     assert check["tokens"] == 8 and all(check["passed"].values())
+    assert check["heads"] == 1  # pure-osa's own head count
     assert 'data-check="orthogonality_error"' in app.check_view.badges_html(check)
+
+
+def _title(obj) -> str:
+    from osa_lab.plots.depth import figure_title
+
+    return figure_title(obj)
+
+
+def test_titles_state_the_settings_and_labels_are_human(app):
+    title = _title(_pane_data(app.rank_view, "metric"))
+    assert "relative residual" in title and "relative_residual" not in title
+    assert "depth 3, N = 8, d = 8, preset heads, α₀ derived, 2 seeds" in title
+    app.controls.heads = 2
+    assert "2 heads" in _title(_pane_data(app.rank_view, "metric"))
 
 
 def test_depth_change_updates_the_plotted_data(app):
@@ -83,7 +104,7 @@ def test_depth_change_updates_the_plotted_data(app):
     assert _layers(_pane_data(app.rank_view, "metric")) == list(range(6))
     after = app.rank_view.tables["metric"]
     assert len(after) == len(before) + 2 * 2
-    # the spectra heatmaps and the layer chooser follow
+    app.controls.view = "spectra"  # the spectra heatmaps and the layer chooser follow
     assert _pane_data(app.spectra_view, "heatmaps").values()[0].dimension_values("layer", expanded=False)[-1] == 5
     assert app.spectra_view.param.layers.objects == list(range(6))
 
@@ -95,29 +116,46 @@ def test_pure_ssa_collapses_and_pure_osa_does_not(app):
     assert data.loc[("pure-osa", 6), "mean"] > 0.1 * data.loc[("pure-osa", 0), "mean"]
 
 
+@pytest.mark.parametrize("metric", ["stable_rank", "condition_number"])
+def test_pure_osa_with_preset_default_heads_is_flat(dash, metric):
+    """Issue 15 item 2: the default heads are each preset's own (1 for pure-osa), which keeps every
+    singular value, so stable rank and κ(X) are flat across depth (they were not with 2 heads)."""
+    a = dash.build_app(presets=["pure-ssa", "pure-osa"], depth=12, tokens=16, dim=16, seeds=1, metric=metric)
+    pn.panel(a)
+    osa = a.rank_view.tables["metric"].set_index(["preset", "layer"]).loc["pure-osa", "mean"]
+    assert np.allclose(osa.to_numpy(), osa.iloc[0], rtol=1e-6, atol=0), osa.tolist()
+    a.controls.heads = 2  # several heads: the page says the invariant is broken, and the curve drifts
+    assert any("not** spectrum preserving" in n for n in a.controls.notes())
+    osa2 = a.rank_view.tables["metric"].set_index(["preset", "layer"]).loc["pure-osa", "mean"]
+    assert not np.allclose(osa2.to_numpy(), osa2.iloc[0], rtol=1e-6, atol=0)
+
+
 def test_metric_and_site_choices_change_the_figure(app):
     app.controls.metric = "stable_rank"
     fig = _pane_data(app.rank_view, "metric")
-    assert "stable rank" in fig.opts.get("plot", "bokeh").kwargs["title"]
+    assert "stable rank" in _title(fig)
     values = app.rank_view.tables["metric"]["mean"]
     assert ((values >= 1 - 1e-9) & (values <= 8 + 1e-9)).all()  # stable rank of an 8×8 matrix
-    app.rank_view.site = "attention"
+    app.controls.site = "attention"
     assert app.rank_view.tables["metric"]["layer"].min() == 1  # attention outputs start at layer 1
-    app.rank_view.scale = "linear"
+    app.controls.scale = "linear"
     assert _pane_data(app.rank_view, "metric").opts.get("plot", "bokeh").kwargs["logy"] is False
 
 
-def test_impossible_settings_keep_the_last_good_figures(app):
+def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, dash):
+    assert app.controls.param.heads.objects == [dash.PRESET_HEADS, 1, 2, 4, 8]
+    with pytest.raises(ValueError):
+        app.controls.heads = 3
+    app.controls.dim = 24
+    assert 16 not in app.controls.param.heads.objects and 8 in app.controls.param.heads.objects
+    app.controls.heads = 8
+    app.controls.dim = 4  # 8 no longer divides d: back to the preset default, not an error
+    assert app.controls.heads == dash.PRESET_HEADS and app.state.error == ""
     metrics, fig = app.state.metrics, _pane_data(app.rank_view, "metric")
-    app.controls.heads = 3  # 8 % 3 != 0
-    assert "not divisible by heads" in app.state.error
-    assert app.state.metrics is metrics and _pane_data(app.rank_view, "metric") is fig
-    assert "not divisible" in app.check_view.job.error
-    app.controls.heads = 2
-    assert app.state.error == "" and app.check_view.job.error == ""
     app.controls.presets = ["pure-osa"]
     assert "at least two presets" in app.state.error
-    assert app.state.metrics is metrics
+    assert app.state.metrics is metrics and _pane_data(app.rank_view, "metric") is fig
+    assert app.check_view.job.error == ""  # the message appears once (the sweep's), not per view
 
 
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, dash, monkeypatch):
@@ -132,6 +170,7 @@ def test_unexpected_failure_becomes_a_message_not_a_traceback(app, dash, monkeyp
 
 
 def test_layer_selection_draws_those_layers(app):
+    app.controls.view = "spectra"
     app.spectra_view.layers = [0, 3]
     lines = _pane_data(app.spectra_view, "lines")
     assert [c.label for c in lines.values()[0]] == ["layer 0", "layer 3"]
@@ -139,16 +178,68 @@ def test_layer_selection_draws_those_layers(app):
     assert app.spectra_view.layers == [0]
 
 
-def test_alpha_control_reaches_the_osa_preset(app):
+def test_alpha_control_reaches_the_osa_preset_and_shows_derived_value(app):
+    from osa_lab.layers import derived_alpha_init
+
+    assert app.controls.derived_alpha
+    assert app.controls.alpha == pytest.approx(derived_alpha_init(8, 8, 8), rel=1e-4)  # pure-osa: 1 head, r = 8
     app.controls.derived_alpha = False
     app.controls.alpha = 0.4
     m = app.state.metrics
     assert np.allclose(m[m["preset"] == "pure-osa"]["alpha"], 0.4)
     assert m[m["preset"] == "pure-ssa"]["alpha"].isna().all()
     assert app.check_view.result["alpha"] == pytest.approx(0.4)
+    sidebar = pn.Column(*app.sidebar())
+    slider = [w for w in sidebar.select(pn.widgets.FloatSlider)][0]
+    assert not slider.disabled
+    app.controls.derived_alpha = True
+    assert slider.disabled and slider.value == pytest.approx(app.controls.derived_alpha0(), rel=1e-4)
 
 
-def test_downloads_return_tidy_csv_and_png(app):
+def test_preset_colours_are_fixed_whatever_the_order(dash):
+    from osa_lab.plots import PRESET_COLOURS
+
+    def colours(presets):
+        a = dash.build_app(presets=presets, depth=2, tokens=8, dim=8, seeds=1)
+        pn.panel(a)
+        fig = _pane_data(a.rank_view, "metric")
+        return {el.label: el.opts.get("style", "bokeh").kwargs["color"] for el in fig if type(el).__name__ == "Curve"}
+
+    assert colours(["vit", "pure-osa"]) == {"vit": PRESET_COLOURS["vit"], "pure-osa": PRESET_COLOURS["pure-osa"]}
+    assert colours(["pure-osa", "skipless-ssa", "vit"])["vit"] == PRESET_COLOURS["vit"]
+
+
+def test_url_round_trip_restores_the_view(dash):
+    a = dash.build_app(presets=["vit", "pure-osa", "pure-ssa"], depth=4, tokens=16, dim=16, seeds=1)
+    a.controls.param.update(view="jacobian", site="attention", scale="log", metric="stable_rank",
+                            jacobian="matrix-free", scope="layer", heads=4)
+    query = a.controls.to_query()
+    assert query["presets"] == "vit,pure-osa,pure-ssa" and query["view"] == "jacobian"
+    b = dash.Dashboard(compute_now=False)
+    b.apply_url({k: [v.encode()] for k, v in query.items()})  # as Bokeh passes session_args
+    assert b.url_errors == []
+    names = ["presets", "view", "depth", "tokens", "dim", "heads", "seeds", "metric", "site", "scale", "jacobian",
+             "scope", "derived_alpha"]
+    assert {n: getattr(b.controls, n) for n in names} == {n: getattr(a.controls, n) for n in names}
+    c = dash.Dashboard(compute_now=False)
+    c.apply_url({"presets": "vit,pure-osa", "derived_alpha": "false", "alpha": "0.3"})
+    assert c.controls.presets == ["vit", "pure-osa"] and c.controls.alpha_value == 0.3
+
+
+def test_bad_url_values_are_named_and_not_used(dash):
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"presets": "vit,nope", "depth": "99", "heads": "3", "metric": "relative-residual", "dim": "16",
+                 "zoom": "2"})
+    text = " ".join(d.url_errors)
+    for bit in ("presets=vit,nope", "unknown preset(s) nope", "depth=99", "heads=3", "metric=relative-residual",
+                "unknown URL parameter `zoom`"):
+        assert bit in text, text
+    assert d.controls.presets == ["pure-ssa", "pure-osa"] and d.controls.depth == 12 and d.controls.dim == 16
+    assert "presets=pure-ssa,pure-osa" in "&".join(f"{k}={v}" for k, v in d.controls.to_query().items())
+    assert "could not be used" in d._url_message(d.url_errors)
+
+
+def test_downloads_return_tidy_csv_and_the_png_on_screen(app):
     csv = app.rank_view._csv().getvalue().decode()
     header = csv.splitlines()[0].split(",")
     assert header == ["preset", "depth", "tokens", "dim", "heads", "alpha", "seed", "layer", "site", "metric", "value"]
@@ -158,7 +249,15 @@ def test_downloads_return_tidy_csv_and_png(app):
     assert {"index", "sigma", "sigma_normalized"} <= set(spectra.columns)
     buttons = [w for w in app.rank_view.__panel__().select(pn.widgets.FileDownload)]
     png = [b for b in buttons if b.filename.endswith(".png")][0]
-    assert png.callback().getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = png.callback().getvalue()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _png_title(data) == _title(_pane_data(app.rank_view, "metric"))
+
+
+def _png_title(data: bytes) -> str:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).text.get("Title", "")
 
 
 def test_sessions_are_independent(dash):
@@ -170,39 +269,63 @@ def test_sessions_are_independent(dash):
     assert a.controls is not b.controls and a.state is not b.state
 
 
-def test_jacobian_view_computes_only_when_open(app, dash, monkeypatch):
-    calls = []
-    profile = pd.DataFrame(dict(preset=["pure-ssa", "pure-osa"] * 2, depth=3, tokens=8, dim=8, heads=2,
-                                alpha=np.nan, seed=0, layer=[1, 1, 2, 2], scope="end_to_end", method="exact",
-                                sigma_max=1.0, sigma_min=0.5, kappa=[2.0, 1.0, 4.0, 1.0]))
-    svals = pd.DataFrame(dict(preset=["pure-ssa"] * 3 + ["pure-osa"] * 3, method="exact",
-                              sigma=[1.0, 0.5, 0.1, 1.0, 1.0, 0.9]))
-
-    def fake(**kwargs):
-        calls.append(kwargs)
+def _fake_unit(calls):
+    def fake(unit):
+        calls.append(unit)
+        kappa = 2.0 ** unit.layers[-1] if unit.preset == "pure-ssa" else 1.0
+        profile = pd.DataFrame(dict(preset=unit.preset, depth=unit.depth, tokens=unit.tokens, dim=unit.dim, heads=1,
+                                    alpha=np.nan, seed=unit.seed, layer=list(unit.layers), scope="end_to_end",
+                                    method=unit.method, sigma_max=1.0, sigma_min=0.5,
+                                    kappa=[2.0**x if unit.preset == "pure-ssa" else 1.0 for x in unit.layers]))
+        svals = (pd.DataFrame(dict(preset=unit.preset, method="exact", sigma=[1.0, 0.5, kappa and 0.1]))
+                 if unit.method == "exact" else None)
         return profile, svals
 
-    monkeypatch.setattr(dash, "compute_jacobian", fake)
+    return fake
+
+
+def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dash, "compute_unit", _fake_unit(calls))
     app.controls.depth = 2
     assert calls == []  # tab closed: nothing computed
-    app.tabs.active = 2
-    assert len(calls) == 1 and calls[0]["method"] == "auto" and calls[0]["depth"] == 2
+    app.controls.view = "jacobian"
+    assert len(calls) == 2 and {u.method for u in calls} == {"exact"} and calls[0].depth == 2
     assert app.jacobian_view.methods_used() == "exact"
-    assert "exact" in app.jacobian_view.badge(profile)
+    assert "exact" in app.jacobian_view.badge(app.jacobian_view.profile)
     kappa = _pane_data(app.jacobian_view, "kappa")
-    assert "exact" in kappa.opts.get("plot", "bokeh").kwargs["title"]
+    assert "[exact]" in _title(kappa) and "depth 2" in _title(kappa)
     assert app.jacobian_view.tables["kappa"].set_index(["preset", "layer"]).loc[("pure-ssa", 2), "mean"] == 4.0
+    app.controls.jacobian = "exact"  # auto resolved to exact: the same results, nothing recomputed
+    assert len(calls) == 2
 
 
-def test_large_jacobian_waits_for_the_compute_button(app, dash, monkeypatch):
-    calls = []
-    monkeypatch.setattr(dash, "compute_jacobian", lambda **kw: calls.append(kw) or (None, None))
-    app.controls.tokens, app.controls.dim = 64, 64
-    app.tabs.active = 2
-    assert calls == [] and "Compute Jacobians" in app.jacobian_view.notice
+def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
+    """Issue 15 item 3: after exact → matrix-free the PNG is the figure on screen, not the old one."""
+    monkeypatch.setattr(dash, "compute_unit", _fake_unit([]))
+    app.controls.view = "jacobian"
+    exact_png = app.jacobian_view.png("histogram")
+    assert "[exact]" in _png_title(exact_png)
+    app.controls.jacobian = "matrix-free"
+    assert "Compute Jacobians" in app.jacobian_view.notice  # matrix-free is slow: it waits, figures unchanged
+    assert app.jacobian_view.png("histogram") == exact_png
     app.jacobian_view.param.trigger("compute")
-    assert len(calls) == 1 and calls[0]["tokens"] == 64 and app.jacobian_view.notice == ""
-    assert calls[0]["seeds"] == 1 and calls[0]["points"] == 6
+    shown = _pane_data(app.jacobian_view, "histogram")
+    mf_png = app.jacobian_view.png("histogram")
+    assert mf_png != exact_png
+    assert _png_title(mf_png) == _title(shown) and "matrix-free" in _png_title(mf_png)
+
+
+def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dash, "compute_unit", _fake_unit(calls))
+    app.controls.tokens, app.controls.dim = 64, 64
+    app.controls.view = "jacobian"
+    notice = app.jacobian_view.notice
+    assert calls == [] and "Compute Jacobians" in notice and "estimated ≈" in notice
+    app.jacobian_view.param.trigger("compute")
+    assert len(calls) == 2 and calls[0].tokens == 64 and app.jacobian_view.notice == ""
+    assert calls[0].method == "matrix-free" and calls[0].layers == (1, 2, 3)
 
 
 def test_jacobian_layers_are_spread_and_end_at_depth(dash):
@@ -213,9 +336,8 @@ def test_jacobian_layers_are_spread_and_end_at_depth(dash):
 
 def test_real_jacobian_tiny(app):
     """The real osa_lab.jacobian at a tiny size: exact method, κ per layer, full spectrum."""
-    app.controls.param.update(depth=2, tokens=4, dim=4, heads=1, seeds=1)
-    app.jacobian_view.points = 2
-    app.tabs.active = 2
+    app.controls.param.update(depth=2, tokens=4, dim=4, seeds=1, points=2)
+    app.controls.view = "jacobian"
     view = app.jacobian_view
     assert view.job.error == "", view.job.error
     assert view.methods_used() == "exact"
@@ -229,14 +351,29 @@ def test_real_jacobian_tiny(app):
 def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
     from osa_lab.errors import ConfigurationError
 
-    def too_big(**kwargs):
+    def too_big(unit):
         raise ConfigurationError("the exact Jacobian would be 4096×4096 (134 MB); use method='matrix-free'")
 
-    monkeypatch.setattr(dash, "compute_jacobian", too_big)
-    app.jacobian_view.method = "exact"
-    app.tabs.active = 2
+    monkeypatch.setattr(dash, "compute_unit", too_big)
+    app.controls.jacobian = "exact"
+    app.controls.view = "jacobian"
     assert "matrix-free" in app.jacobian_view.job.error
     assert app.jacobian_view.profile is None
+
+
+def test_jacobian_worker_process_can_be_cancelled():
+    """The served path: a worker process computing a long Jacobian stops at once when cancelled."""
+    import time
+
+    from osa_lab import dashboard_jobs as jobs
+
+    unit = jobs.Unit("pure-osa", 12, 32, 32, None, None, 0, "matrix-free", tuple(range(1, 13)))
+    job = jobs.start_jacobian_job([unit])
+    time.sleep(1.0)
+    assert job.process.is_alive() and job.poll() == []
+    start = time.perf_counter()
+    job.cancel()
+    assert time.perf_counter() - start < 3 and not job.process.is_alive() and job.finished
 
 
 def test_template_builds_offline_design(app, dash):

@@ -34,15 +34,19 @@ import numpy as np
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
+from osa_lab.plots import PRESET_COLOURS, colour_map
 
 __all__ = [
     "PALETTE",
+    "PRESET_COLOURS",
     "band_over_seeds",
     "jacobian_histogram",
     "jacobian_histogram_data",
     "kappa_vs_depth",
     "kappa_vs_depth_data",
     "kappa_vs_parameter",
+    "beyond_float64",
+    "figure_title",
     "metric_vs_depth",
     "metric_vs_depth_data",
     "png_bytes",
@@ -120,7 +124,8 @@ def _dual(obj, bokeh: dict, mpl: dict):
 
 
 def _colour_map(presets: Sequence[str]) -> dict[str, str]:
-    return {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(presets)}
+    """Fixed colours for preset names (:data:`osa_lab.plots.PRESET_COLOURS`), else in order."""
+    return colour_map(presets)
 
 
 def _presets_in_order(df: pd.DataFrame) -> list[str]:
@@ -204,8 +209,9 @@ def _curves_with_bands(
     group: str = "preset",
     width: int = 520,
     height: int = 340,
+    extra: Sequence[hv.Element] = (),
 ) -> hv.Overlay:
-    """One curve (mean) and one shaded band (min–max) per ``group`` value."""
+    """One curve (mean) and one shaded band (min–max) per ``group`` value (then ``extra`` elements)."""
     groups = list(dict.fromkeys(data[group].tolist()))
     colours = _colour_map(groups)
     elements = []
@@ -228,16 +234,17 @@ def _curves_with_bands(
             dict(color=colours[g], linewidth=2, marker="o"),
         )
         elements += [area, curve]
-    extra: dict[str, object] = {}
+    elements += list(extra)
+    lims: dict[str, object] = {}
     if logy:  # a log axis spanning exactly the data (HoloViews would pad down towards the band's base)
         vals = data[["mean", "lo", "hi"]].to_numpy(dtype=float).ravel()
         vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, LOG_CEILING)
         if vals.size:
-            extra["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
+            lims["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
     overlay = _dual(
         hv.Overlay(elements),
         dict(
-            **extra,
+            **lims,
             title=title,
             logy=logy,
             logx=logx,
@@ -246,7 +253,7 @@ def _curves_with_bands(
             height=height,
             show_grid=True,
         ),
-        dict(**extra, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
+        dict(**lims, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
              show_grid=True),
     )
     return overlay
@@ -332,12 +339,16 @@ def spectra_heatmaps(
     depth: int | None = None,
     cmap: str = "viridis",
     clim: tuple[float, float] | None = None,
+    title: str | None = None,
+    panel_width: int = 380,
+    cols: int | None = None,
 ) -> hv.Layout:
     """One heatmap per preset (layer × normalised index, log colour of ``σ_i/σ_1``), shared colour scale.
 
     The colour range is the same for every preset (``clim``, by default the positive range of
     all values, floored at :data:`LOG_FLOOR`), so the panels compare directly; hovering shows
-    layer, normalised index and ``σ_i/σ_1``.
+    layer, normalised index and ``σ_i/σ_1``. ``title`` heads the whole layout (e.g. the settings
+    it was computed with); ``panel_width`` and ``cols`` size the bokeh panels so a row fits.
     """
     grids = spectra_grid(spectra, site=site, depth=depth)
     if clim is None:
@@ -363,7 +374,7 @@ def spectra_heatmaps(
                 colorbar=True,
                 tools=["hover"],
                 title=str(preset),
-                width=380,
+                width=panel_width,
                 height=300,
                 invert_yaxis=True,
             ),
@@ -380,7 +391,9 @@ def spectra_heatmaps(
         )
         panels.append(img)
     layout = _dual(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
-    return layout.cols(max(len(panels), 1))
+    if title:
+        layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
+    return layout.cols(cols or max(len(panels), 1))
 
 
 def spectra_lines(
@@ -389,11 +402,17 @@ def spectra_lines(
     *,
     site: str | None = None,
     depth: int | None = None,
+    title: str | None = None,
+    panel_width: int = 380,
+    cols: int | None = None,
 ) -> hv.Layout:
     """Normalised spectra ``σ_i/σ_1`` against index for selected layers, one panel per preset (log y).
 
     ``layers=None`` picks the input, a quarter, the middle and the last layer. Curves are the
-    mean over seeds; the same layer has the same colour in every panel.
+    mean over seeds; the same layer has the same colour and dash in every panel, later layers
+    are drawn thinner on top so that coinciding spectra (e.g. an orthogonal stack, whose
+    spectrum does not change) stay visible. The y axis ends just above 1 (σᵢ/σ₁ ≤ 1) and the
+    legend sits below the axes, never over the curves.
     """
     grids = spectra_grid(spectra, site=site, depth=depth)
     all_layers = sorted({int(x) for g in grids.values() for x in g[0]})
@@ -408,6 +427,14 @@ def spectra_lines(
             f"layer(s) {unknown} not in the spectra table; layers are {all_layers[0]}…{all_layers[-1]}"
         )
     colours = {lay: PALETTE[i % len(PALETTE)] for i, lay in enumerate(layers)}
+    dashes = [("solid", "-"), ("dashed", "--"), ("dotted", ":"), ("dashdot", "-.")]
+    style = {lay: dashes[i % len(dashes)] for i, lay in enumerate(layers)}
+    widths = {lay: max(3.5 - 0.6 * i, 1.2) for i, lay in enumerate(layers)}
+    floor = LOG_FLOOR
+    mins = [np.nanmin(z) for _, _, z in grids.values() if np.isfinite(z).any()]
+    if mins:
+        floor = max(min(mins), LOG_FLOOR)
+    ylim = (floor / 3, 2.0)
     panels = []
     for preset, (lays, _frac, z) in grids.items():
         curves = []
@@ -423,17 +450,22 @@ def spectra_lines(
             curves.append(
                 _dual(
                     curve,
-                    dict(color=colours[lay], line_width=2, tools=["hover"]),
-                    dict(color=colours[lay], linewidth=1.5),
+                    dict(color=colours[lay], line_width=widths[lay], line_dash=style[lay][0], tools=["hover"]),
+                    dict(color=colours[lay], linewidth=widths[lay] * 0.7, linestyle=style[lay][1]),
                 )
             )
-        common = dict(title=str(preset), logy=True, legend_position="bottom_left", show_grid=True)
+        common = dict(title=str(preset), logy=True, show_grid=True, ylim=ylim)
         panels.append(
-            _dual(hv.Overlay(curves), dict(common, width=380, height=300), dict(common, fig_inches=(4, 3.2)))
+            _dual(
+                hv.Overlay(curves),
+                dict(common, width=panel_width, height=340, legend_position="bottom", legend_cols=2),
+                dict(common, fig_inches=(4, 3.6), legend_position="bottom", legend_cols=2),
+            )
         )
-    return _dual(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format="")).cols(
-        max(len(panels), 1)
-    )
+    layout = _dual(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format=""))
+    if title:
+        layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
+    return layout.cols(cols or max(len(panels), 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,12 +502,29 @@ def kappa_vs_depth_data(
     return band_over_seeds(df, "layer", "kappa")
 
 
+SCOPE_LABELS = {"end_to_end": "end-to-end ∂X_l/∂X_0", "layer": "single block ∂X_l/∂X_l−1"}
+
+
+def beyond_float64(kappa: pd.DataFrame | pd.Series | np.ndarray) -> np.ndarray:
+    """Mask of condition numbers that float64 cannot resolve: ``κ ≥ 1/ε`` (≈ 4.5e15) or infinite."""
+    v = np.asarray(kappa, dtype=float)
+    return np.isposinf(v) | (v >= LOG_CEILING)
+
+
 def kappa_vs_depth(
-    jacobian: pd.DataFrame, *, scope: str | None = None, depth: int | None = None, logy: bool | None = None
+    jacobian: pd.DataFrame,
+    *,
+    scope: str | None = None,
+    depth: int | None = None,
+    logy: bool | None = None,
+    title: str | None = None,
 ) -> hv.Overlay:
     """Condition number κ of the Jacobian against layer, one curve per preset, min–max band over seeds.
 
-    The title names the computation (``exact`` or ``matrix-free``) from the ``method`` column.
+    The title names the computation (``exact`` or ``matrix-free``) from the ``method`` column
+    (``title`` replaces it). Layers where some seed's κ is beyond float64's range (κ ≥ 1/ε or
+    infinite: the smallest singular value is rounding noise) are drawn at the ceiling
+    :data:`LOG_CEILING` with a black ✕ labelled as such, never silently clipped.
     """
     data = kappa_vs_depth_data(jacobian, scope=scope, depth=depth)
     if logy is None:
@@ -483,9 +532,20 @@ def kappa_vs_depth(
     method = _method_label(jacobian)
     scope_txt = ""
     if "scope" in jacobian.columns:
-        scope_txt = f" ({scope or jacobian['scope'].iloc[0]})"
-    title = f"Jacobian κ across depth{scope_txt}" + (f" [{method}]" if method else "")
-    return _curves_with_bands(data, "layer", "κ(J)", title, logy)
+        sc = scope or jacobian["scope"].iloc[0]
+        scope_txt = f" ({SCOPE_LABELS.get(sc, sc)})"
+    if title is None:
+        title = f"Jacobian κ across depth{scope_txt}" + (f" [{method}]" if method else "")
+    over = data[beyond_float64(data["hi"])]
+    marks = []
+    if len(over):
+        marks.append(_dual(
+            hv.Scatter((over["layer"], np.full(len(over), LOG_CEILING)), "layer", "mean",
+                       label="κ beyond float64 (≥ 1/ε)"),
+            dict(color="black", marker="x", size=12, line_width=2),
+            dict(color="black", marker="x", s=80, linewidth=2),
+        ))
+    return _curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks)
 
 
 def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> pd.DataFrame:
@@ -504,7 +564,9 @@ def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str =
     return pd.concat(rows, ignore_index=True)
 
 
-def jacobian_histogram(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> hv.Overlay:
+def jacobian_histogram(
+    svals: pd.DataFrame, *, bins: int = 30, group: str = "preset", title: str | None = None
+) -> hv.Overlay:
     """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset."""
     data = jacobian_histogram_data(svals, bins=bins, group=group)
     groups = list(dict.fromkeys(data[group].tolist()))
@@ -526,7 +588,8 @@ def jacobian_histogram(svals: pd.DataFrame, *, bins: int = 30, group: str = "pre
             )
         )
     method = _method_label(svals)
-    title = "Singular values of the end-to-end Jacobian" + (f" [{method}]" if method else "")
+    if title is None:
+        title = "Singular values of the end-to-end Jacobian" + (f" [{method}]" if method else "")
     return _dual(
         hv.Overlay(hists),
         dict(title=title, width=520, height=340, legend_position="right"),
@@ -567,11 +630,13 @@ def kappa_vs_parameter(
 # --------------------------------------------------------------------------------------------
 
 
-def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110) -> bytes:
+def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:
     """Render a HoloViews object with the matplotlib backend and return PNG bytes.
 
     Thread-safe (a module lock serialises matplotlib, whose HoloViews backend goes through
     pyplot internally); the figure is closed after saving, so nothing accumulates in a server.
+    ``metadata`` goes into the PNG's text chunks (e.g. ``{"Title": …}``, see
+    :func:`figure_title`), so a downloaded file names the figure it shows.
     """
     import matplotlib.pyplot as plt
 
@@ -579,7 +644,15 @@ def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110) -> bytes:
         fig = hv.render(obj, backend="matplotlib")
         try:
             buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+            fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=dict(metadata or {}))
         finally:
             plt.close(fig)
     return buf.getvalue()
+
+
+def figure_title(obj: hv.core.Dimensioned, backend: str = "bokeh") -> str:
+    """The title option of a HoloViews figure ('' when it has none)."""
+    try:
+        return str(obj.opts.get("plot", backend).kwargs.get("title", "") or "")
+    except Exception:  # noqa: BLE001 - objects without options
+        return ""
