@@ -82,7 +82,8 @@ class TritonConfig:
     dtype (half the tensor-core flops, errors of the order of the output's own rounding).
     ``num_warps``: warps of the reduce and forward apply kernels; ``bwd_warps`` those of the
     backward apply kernel (``None``: 8 when r or d_v > 64, else ``num_warps``, so its four
-    input tiles and accumulators fit in registers).
+    input tiles and accumulators fit in registers). ``chunk_cols``: output columns per step of
+    the apply kernels (power of two ≥ 16; a K × chunk piece of each small matrix is live at a time).
     ``core``: ``"adaptive"`` plans the core's exponential on the host from ‖S‖ (a few host
     synchronisations per call) and recomputes untrusted batch elements with the QR engine;
     ``"fixed"`` runs a fixed sequence of device operations (Taylor degree 16, per-matrix
@@ -100,6 +101,7 @@ class TritonConfig:
     num_warps: int = 4
     num_stages: int = 2
     bwd_warps: int | None = None
+    chunk_cols: int = 32
     core: str = "adaptive"
     max_squarings: int = 12
 
@@ -202,15 +204,16 @@ if HAVE_TRITON:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _wdot(x, w_ptr, s_wh, scale, K: tl.constexpr, NC: tl.constexpr, M: tl.constexpr,
+    def _wdot(x, w_ptr, s_wh, scale, c0, K: tl.constexpr, NC: tl.constexpr, M: tl.constexpr,
               SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-        """``scale · x W`` for a token tile ``x`` (BLOCK_N × K) and a packed small matrix ``W`` (K × NC).
+        """``scale · x W[:, c0:c0+NC]`` for a token tile ``x`` (BLOCK_N × K) and a packed small
+        matrix ``W`` (K × ·), one column chunk of it.
 
         ``W`` is stored zero-padded in an M × M slot; with ``SPLIT`` it is ``W_hi + W_lo``
         (two slots ``s_wh`` apart) in the input dtype, and the two dots add up.
         """
         offs_k = tl.arange(0, K)
-        offs_c = tl.arange(0, NC)
+        offs_c = c0 + tl.arange(0, NC)
         wp = w_ptr + offs_k[:, None] * M + offs_c[None, :]
         w = tl.load(wp)
         if CAST_F32:
@@ -230,32 +233,40 @@ if HAVE_TRITON:
         N, R, D,
         sqb, sqn, sqf, skb, skn, skf, svb, svn, svf, syb, syn,
         s_wb, s_ww, s_wh,
-        BLOCK_N: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, M: tl.constexpr,
+        BLOCK_N: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, M: tl.constexpr, CH: tl.constexpr,
         SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr, FIX_BF16: tl.constexpr,
     ):  # fmt: skip
-        """``Y = V + q C_q + k C_k`` for one token block (W slots: 0 = C_q, 1 = C_k)."""
+        """``Y = V + q C_q + k C_k`` for one token block (W slots: 0 = C_q, 1 = C_k).
+
+        The output columns go in chunks of ``CH`` (a loop, not unrolled): only a K × CH piece of
+        each small matrix and a BLOCK_N × CH accumulator are live at a time (no spills at
+        r = d = 128, issue 18); ``q`` and ``k`` are loaded once, ``v`` chunk by chunk.
+        """
         pid_b = tl.program_id(0).to(tl.int64)
         pid_n = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         on = offs_n.to(tl.int64)
         offs_r = tl.arange(0, RP)
-        offs_d = tl.arange(0, DP)
         n_mask = offs_n < N
         rm = n_mask[:, None] & (offs_r[None, :] < R)
-        dm = n_mask[:, None] & (offs_d[None, :] < D)
         q = tl.load(q_ptr + pid_b * sqb + on[:, None] * sqn + offs_r[None, :] * sqf, mask=rm, other=0.0)
         k = tl.load(k_ptr + pid_b * skb + on[:, None] * skn + offs_r[None, :] * skf, mask=rm, other=0.0)
-        v = tl.load(v_ptr + pid_b * svb + on[:, None] * svn + offs_d[None, :] * svf, mask=dm, other=0.0)
         wb = w_ptr + pid_b * s_wb
         sb = ws_ptr + pid_b * 2
-        acc = v.to(tl.float32)
-        acc += _wdot(q, wb, s_wh, tl.load(sb), RP, DP, M, SPLIT, CAST_F32, PRECISION)
-        acc += _wdot(k, wb + s_ww, s_wh, tl.load(sb + 1), RP, DP, M, SPLIT, CAST_F32, PRECISION)
-        if FIX_BF16:
-            acc = _rtne_bf16(acc)
-        tl.store(
-            y_ptr + pid_b * syb + on[:, None] * syn + offs_d[None, :], acc.to(y_ptr.dtype.element_ty), mask=dm
-        )
+        s_q = tl.load(sb)
+        s_k = tl.load(sb + 1)
+        for c0 in range(0, DP, CH):
+            offs_d = c0 + tl.arange(0, CH)
+            dm = n_mask[:, None] & (offs_d[None, :] < D)
+            v = tl.load(v_ptr + pid_b * svb + on[:, None] * svn + offs_d[None, :] * svf, mask=dm, other=0.0)
+            acc = v.to(tl.float32)
+            acc += _wdot(q, wb, s_wh, s_q, c0, RP, CH, M, SPLIT, CAST_F32, PRECISION)
+            acc += _wdot(k, wb + s_ww, s_wh, s_k, c0, RP, CH, M, SPLIT, CAST_F32, PRECISION)
+            if FIX_BF16:
+                acc = _rtne_bf16(acc)
+            tl.store(
+                y_ptr + pid_b * syb + on[:, None] * syn + offs_d[None, :], acc.to(y_ptr.dtype.element_ty), mask=dm
+            )
 
     @triton.jit
     def _bwd_apply_kernel(
@@ -264,12 +275,18 @@ if HAVE_TRITON:
         sqb, sqn, sqf, skb, skn, skf, svb, svn, svf, sgb, sgn, sgf, sob_r, son_r, sob_d, son_d,
         s_wb, s_ww, s_wh,
         BLOCK_N: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, M: tl.constexpr,
+        CHR: tl.constexpr, CHD: tl.constexpr, TWO_PHASE: tl.constexpr,
         SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr, FIX_BF16: tl.constexpr,
     ):  # fmt: skip
-        """``gq, gk, gv`` for one token block, reading q, k, v, gY once.
+        """``gq, gk, gv`` for one token block, reading q, k, v, gY from DRAM once.
 
         W slots: 0 C_qᵀ, 1 gP_qᵀ, 2 H_qq, 3 H_kq (→ gq); 4 C_kᵀ, 5 gP_kᵀ, 6 H_qk, 7 H_kk (→ gk);
-        8 gP_q, 9 gP_k (→ gv = gY + q gP_q + k gP_k).
+        8 gP_q, 9 gP_k (→ gv = gY + q gP_q + k gP_k). Output columns in chunks of ``CHR``
+        (gq, gk) and ``CHD`` (gv), as in the forward; the gY chunk added to gv is re-read
+        (from L1/L2: the block read it moments before). ``TWO_PHASE`` (float32 at width 128,
+        whose TF32 hi/lo operand splits would not fit four live tiles): gq, gk first get the
+        gY and V terms, are stored, and after a block barrier re-read (from L1/L2) to add the
+        q and k terms, so only two input tiles are live at a time; DRAM traffic is unchanged.
         """
         pid_b = tl.program_id(0).to(tl.int64)
         pid_n = tl.program_id(1)
@@ -280,34 +297,59 @@ if HAVE_TRITON:
         n_mask = offs_n < N
         rm = n_mask[:, None] & (offs_r[None, :] < R)
         dm = n_mask[:, None] & (offs_d[None, :] < D)
-        q = tl.load(q_ptr + pid_b * sqb + on[:, None] * sqn + offs_r[None, :] * sqf, mask=rm, other=0.0)
-        k = tl.load(k_ptr + pid_b * skb + on[:, None] * skn + offs_r[None, :] * skf, mask=rm, other=0.0)
-        v = tl.load(v_ptr + pid_b * svb + on[:, None] * svn + offs_d[None, :] * svf, mask=dm, other=0.0)
-        gy = tl.load(gy_ptr + pid_b * sgb + on[:, None] * sgn + offs_d[None, :] * sgf, mask=dm, other=0.0)
         wb = w_ptr + pid_b * s_wb
         sb = ws_ptr + pid_b * 10
-        r_off = on[:, None] * son_r + offs_r[None, :]
-        gq = _wdot(gy, wb, s_wh, tl.load(sb), DP, RP, M, SPLIT, CAST_F32, PRECISION)
-        gq += _wdot(v, wb + s_ww, s_wh, tl.load(sb + 1), DP, RP, M, SPLIT, CAST_F32, PRECISION)
-        gq += _wdot(q, wb + 2 * s_ww, s_wh, tl.load(sb + 2), RP, RP, M, SPLIT, CAST_F32, PRECISION)
-        gq += _wdot(k, wb + 3 * s_ww, s_wh, tl.load(sb + 3), RP, RP, M, SPLIT, CAST_F32, PRECISION)
-        if FIX_BF16:
-            gq = _rtne_bf16(gq)
-        tl.store(gq_ptr + pid_b * sob_r + r_off, gq.to(gq_ptr.dtype.element_ty), mask=rm)
-        gk = _wdot(gy, wb + 4 * s_ww, s_wh, tl.load(sb + 4), DP, RP, M, SPLIT, CAST_F32, PRECISION)
-        gk += _wdot(v, wb + 5 * s_ww, s_wh, tl.load(sb + 5), DP, RP, M, SPLIT, CAST_F32, PRECISION)
-        gk += _wdot(q, wb + 6 * s_ww, s_wh, tl.load(sb + 6), RP, RP, M, SPLIT, CAST_F32, PRECISION)
-        gk += _wdot(k, wb + 7 * s_ww, s_wh, tl.load(sb + 7), RP, RP, M, SPLIT, CAST_F32, PRECISION)
-        if FIX_BF16:
-            gk = _rtne_bf16(gk)
-        tl.store(gk_ptr + pid_b * sob_r + r_off, gk.to(gk_ptr.dtype.element_ty), mask=rm)
-        gv = gy.to(tl.float32)
-        gv += _wdot(q, wb + 8 * s_ww, s_wh, tl.load(sb + 8), RP, DP, M, SPLIT, CAST_F32, PRECISION)
-        gv += _wdot(k, wb + 9 * s_ww, s_wh, tl.load(sb + 9), RP, DP, M, SPLIT, CAST_F32, PRECISION)
-        if FIX_BF16:
-            gv = _rtne_bf16(gv)
-        d_off = on[:, None] * son_d + offs_d[None, :]
-        tl.store(gv_ptr + pid_b * sob_d + d_off, gv.to(gv_ptr.dtype.element_ty), mask=dm)
+        v = tl.load(v_ptr + pid_b * svb + on[:, None] * svn + offs_d[None, :] * svf, mask=dm, other=0.0)
+        gy = tl.load(gy_ptr + pid_b * sgb + on[:, None] * sgn + offs_d[None, :] * sgf, mask=dm, other=0.0)
+        if TWO_PHASE:
+            for c0 in range(0, RP, CHR):
+                offs_c = c0 + tl.arange(0, CHR)
+                cm = n_mask[:, None] & (offs_c[None, :] < R)
+                r_off = on[:, None] * son_r + offs_c[None, :]
+                gq = _wdot(gy, wb, s_wh, tl.load(sb), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+                gq += _wdot(v, wb + s_ww, s_wh, tl.load(sb + 1), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+                tl.store(gq_ptr + pid_b * sob_r + r_off, gq, mask=cm)
+                gk = _wdot(gy, wb + 4 * s_ww, s_wh, tl.load(sb + 4), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+                gk += _wdot(v, wb + 5 * s_ww, s_wh, tl.load(sb + 5), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+                tl.store(gk_ptr + pid_b * sob_r + r_off, gk, mask=cm)
+            tl.debug_barrier()  # the partial sums above are re-read by other threads of the block
+        q = tl.load(q_ptr + pid_b * sqb + on[:, None] * sqn + offs_r[None, :] * sqf, mask=rm, other=0.0)
+        k = tl.load(k_ptr + pid_b * skb + on[:, None] * skn + offs_r[None, :] * skf, mask=rm, other=0.0)
+        for c0 in range(0, RP, CHR):
+            offs_c = c0 + tl.arange(0, CHR)
+            cm = n_mask[:, None] & (offs_c[None, :] < R)
+            r_off = on[:, None] * son_r + offs_c[None, :]
+            if TWO_PHASE:
+                gq = tl.load(gq_ptr + pid_b * sob_r + r_off, mask=cm, other=0.0).to(tl.float32)
+            else:
+                gq = _wdot(gy, wb, s_wh, tl.load(sb), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+                gq += _wdot(v, wb + s_ww, s_wh, tl.load(sb + 1), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+            gq += _wdot(q, wb + 2 * s_ww, s_wh, tl.load(sb + 2), c0, RP, CHR, M, SPLIT, CAST_F32, PRECISION)
+            gq += _wdot(k, wb + 3 * s_ww, s_wh, tl.load(sb + 3), c0, RP, CHR, M, SPLIT, CAST_F32, PRECISION)
+            if FIX_BF16:
+                gq = _rtne_bf16(gq)
+            tl.store(gq_ptr + pid_b * sob_r + r_off, gq.to(gq_ptr.dtype.element_ty), mask=cm)
+            if TWO_PHASE:
+                gk = tl.load(gk_ptr + pid_b * sob_r + r_off, mask=cm, other=0.0).to(tl.float32)
+            else:
+                gk = _wdot(gy, wb + 4 * s_ww, s_wh, tl.load(sb + 4), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+                gk += _wdot(v, wb + 5 * s_ww, s_wh, tl.load(sb + 5), c0, DP, CHR, M, SPLIT, CAST_F32, PRECISION)
+            gk += _wdot(q, wb + 6 * s_ww, s_wh, tl.load(sb + 6), c0, RP, CHR, M, SPLIT, CAST_F32, PRECISION)
+            gk += _wdot(k, wb + 7 * s_ww, s_wh, tl.load(sb + 7), c0, RP, CHR, M, SPLIT, CAST_F32, PRECISION)
+            if FIX_BF16:
+                gk = _rtne_bf16(gk)
+            tl.store(gk_ptr + pid_b * sob_r + r_off, gk.to(gk_ptr.dtype.element_ty), mask=cm)
+        for c0 in range(0, DP, CHD):
+            offs_c = c0 + tl.arange(0, CHD)
+            cm = n_mask[:, None] & (offs_c[None, :] < D)
+            gyc = tl.load(gy_ptr + pid_b * sgb + on[:, None] * sgn + offs_c[None, :] * sgf, mask=cm, other=0.0)
+            gv = gyc.to(tl.float32)
+            gv += _wdot(q, wb + 8 * s_ww, s_wh, tl.load(sb + 8), c0, RP, CHD, M, SPLIT, CAST_F32, PRECISION)
+            gv += _wdot(k, wb + 9 * s_ww, s_wh, tl.load(sb + 9), c0, RP, CHD, M, SPLIT, CAST_F32, PRECISION)
+            if FIX_BF16:
+                gv = _rtne_bf16(gv)
+            d_off = on[:, None] * son_d + offs_c[None, :]
+            tl.store(gv_ptr + pid_b * sob_d + d_off, gv.to(gv_ptr.dtype.element_ty), mask=cm)
 
 
 # --------------------------------------------------------------------------------------
@@ -327,6 +369,12 @@ def _launch(kernel, grid: tuple, *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
 
 
+#: Software-pipelining stages of the apply kernels. They have no token loop, only the loop over
+#: output-column chunks: pipelining it would buffer every W chunk of all the dots in shared
+#: memory and registers (165 KB shared, spills at r = d = 128 bf16), for no gain.
+_APPLY_STAGES = 1
+
+
 @dataclass(frozen=True)
 class _Plan:
     r: int
@@ -344,6 +392,7 @@ class _Plan:
     num_warps: int
     num_stages: int
     bwd_warps: int
+    chunk_cols: int
     core: str
     max_squarings: int
 
@@ -373,6 +422,8 @@ def _validate_config(cfg: TritonConfig, rp: int, dp: int) -> None:
         val = getattr(cfg, name)
         if val is not None and not (_is_pow2(val) and val <= 16):
             raise OSAInputError(f"TritonConfig.{name} must be a power of two ≤ 16; got {val!r}")
+    if not (_is_pow2(cfg.chunk_cols) and cfg.chunk_cols >= 16):
+        raise OSAInputError(f"TritonConfig.chunk_cols must be a power of two ≥ 16; got {cfg.chunk_cols!r}")
     if not (isinstance(cfg.num_stages, int) and 1 <= cfg.num_stages <= 8):
         raise OSAInputError(f"TritonConfig.num_stages must be an int in [1, 8]; got {cfg.num_stages!r}")
     if cfg.core not in ("adaptive", "fixed"):
@@ -396,7 +447,12 @@ def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig, *, sm_count: int 
     d = v.shape[-1]
     rp, dp = _pow2(r), _pow2(d)
     _validate_config(cfg, rp, dp)
-    block_n = cfg.block_n or (32 if max(rp, dp) > 64 else 64)
+    # Token tiles of 64 × 64 (bf16/fp16), 32 × 128 (bf16/fp16), 64 × 32 and 16 × ≥64 (float32,
+    # whose TF32 hi/lo splits double the registers) keep the backward apply free of spills
+    # (ptxas -v, compile_check; docs/triton.md).
+    width_bytes = max(rp, dp) * q.element_size()
+    half_in = q.dtype in (torch.float16, torch.bfloat16)
+    block_n = cfg.block_n or (64 if width_bytes <= 128 else 32 if half_in and width_bytes <= 256 else 16)
     tile = cfg.tile or min(64, rp, dp)
     n_blocks = max(1, math.ceil(n / block_n))
     if n_blocks > _MAX_GRID_YZ:
@@ -421,7 +477,7 @@ def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig, *, sm_count: int 
         r=r, d=d, rp=rp, dp=dp, block_n=block_n, tile=tile, splits=splits, chunk=chunk,
         precision="ieee" if half else cfg.input_precision, half=half, split_w=half and cfg.hi_lo,
         cast_f32=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages, bwd_warps=bwd_warps,
-        core=cfg.core, max_squarings=cfg.max_squarings,
+        chunk_cols=cfg.chunk_cols, core=cfg.core, max_squarings=cfg.max_squarings,
     )  # fmt: skip
 
 
@@ -561,10 +617,10 @@ def _fwd_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
         n, plan.r, plan.d,
         *q.stride(), *k.stride(), *v.stride(), y.stride(0), y.stride(1),
         w.stride(0), w.stride(1), w.stride(2),
-        BLOCK_N=plan.block_n, RP=plan.rp, DP=plan.dp, M=plan.m,
+        BLOCK_N=plan.block_n, RP=plan.rp, DP=plan.dp, M=plan.m, CH=min(plan.chunk_cols, plan.dp),
         SPLIT=plan.split_w, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
         FIX_BF16=plan.cast_f32 and q.dtype == torch.bfloat16,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.num_warps, num_stages=_APPLY_STAGES,
     )  # fmt: skip
     return y
 
@@ -592,9 +648,11 @@ def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
         gq.stride(0), gq.stride(1), gv.stride(0), gv.stride(1),
         w.stride(0), w.stride(1), w.stride(2),
         BLOCK_N=plan.block_n, RP=plan.rp, DP=plan.dp, M=plan.m,
+        CHR=min(plan.chunk_cols, plan.rp), CHD=min(plan.chunk_cols, plan.dp),
+        TWO_PHASE=not plan.half and plan.m > 64,
         SPLIT=plan.split_w, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
         FIX_BF16=plan.cast_f32 and q.dtype == torch.bfloat16,
-        num_warps=plan.bwd_warps, num_stages=plan.num_stages,
+        num_warps=plan.bwd_warps, num_stages=_APPLY_STAGES,
     )  # fmt: skip
     return gq, gk, gv
 
