@@ -4,9 +4,11 @@ from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
     MethodUnavailableError,
+    OSAAccuracyWarning,
     OSADtypeError,
     OSAInputError,
     UnknownNameError,
+    UntrustedResultError,
 )
 from osa_lab.expm import (
     is_orthogonal,
@@ -43,6 +45,8 @@ __all__ = [
     "OrthogonalSelfAttention",
     "SoftmaxSelfAttention",
     "UnknownNameError",
+    "UntrustedResultError",
+    "OSAAccuracyWarning",
     "derived_alpha_init",
     "is_orthogonal",
     "lowrank_action",

@@ -69,3 +69,16 @@ class GridTaskFailedWarning(UserWarning):
 class OptionalDependencyError(ImportError):
     """An optional package that a feature needs (e.g. ``timm`` for ``osa_lab.integrations.timm``)
     is not installed; the message names the extra that installs it."""
+
+
+class UntrustedResultError(OSAInputError):
+    """A method chosen by name cannot compute this input to its accuracy budget, by its own error
+    or condition estimate (e.g. ``method="gram"`` on a rank-deficient ``[q k]``: N < 2r, k ∥ q,
+    q = 0); it refuses instead of returning a wrong result. The message names the methods that
+    handle the input (``"qr"``, ``"lowrank"``, ``"auto"``)."""
+
+
+class OSAAccuracyWarning(UserWarning):
+    """A result is computed but its accuracy is doubtful: ``‖S‖`` is so large that the working
+    precision's rounding error (about ``eps · ‖S‖``) is no longer small, or the output's column
+    norms drifted from those of ``v`` (``exp(S)`` is orthogonal, so they must match)."""

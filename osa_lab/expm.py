@@ -14,6 +14,8 @@ Two low-rank engines live here, both exact in exact arithmetic:
     passes over the tokens (``Uᵀ[U V]`` and ``V + U C``); the small problem runs in float64.
     Its rounding error grows like ``eps · ‖U‖ ‖C‖ / ‖V‖`` (≈ eps · cond(U)), so it needs a
     well-conditioned ``U``; an a-posteriori estimate of that bound is returned per matrix.
+    Used alone it raises :class:`~osa_lab.errors.UntrustedResultError` for any matrix whose
+    estimate is over the budget (issue 11: it returned O(1) errors and zero gradients there).
 ``"qr"``  (QR form, DESIGN.md §2). ``U = B R`` (Householder), ``M = R J Rᵀ``,
     ``exp(S) V = V + B (exp(M) − I)(Bᵀ V)``: backward stable for any ``U``, including rank
     deficient ones (``Q = K``, ``N < 2r``), at the price of a slower QR.
@@ -30,8 +32,8 @@ import threading
 
 import torch
 
-from osa_lab.errors import OSAInputError, unknown_name
-from osa_lab.validation import check_float_tensor
+from osa_lab.errors import OSAInputError, UntrustedResultError, unknown_name
+from osa_lab.validation import check_float_tensor, sum_is_finite
 
 #: Engines of :func:`lowrank_action` and :func:`blocked_action`.
 ENGINES = ("gram", "qr", "lowrank")
@@ -392,7 +394,14 @@ def osa_matrix(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1
     """The explicit N×N OSA matrix ``A = exp(α/√r (q kᵀ − k qᵀ))`` for analysis of small inputs.
 
     Orthogonal with det +1 (DESIGN.md §1). Costs O(N³): use :func:`osa_lab.osa` to apply it.
+    ``q`` and ``k`` must be real floating tensors of one shape ``(..., N, r)``.
     """
+    for name, x in (("q", q), ("k", k)):
+        check_float_tensor(name, x, allow_half_on_cpu=True)
+        if x.dim() < 2:
+            raise OSAInputError(f"`{name}` has shape {tuple(x.shape)}; osa_matrix needs (..., N, r)")
+    if q.shape != k.shape:
+        raise OSAInputError(f"`q` has shape {tuple(q.shape)} but `k` has shape {tuple(k.shape)}; they must match")
     return matrix_exp(skew_symmetric_from_qk(q, k, alpha))
 
 
@@ -682,8 +691,18 @@ def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine:
         raise OSAInputError(f"`j` must be ({u.shape[-1]}, {u.shape[-1]}) to match `u`; got {tuple(j.shape)}")
     if u.shape[-2] != v.shape[-2]:
         raise OSAInputError(f"`u` has N={u.shape[-2]} tokens but `v` has N={v.shape[-2]}")
-    batch = torch.broadcast_shapes(u.shape[:-2], j.shape[:-2], v.shape[:-2])
+    if u.shape[-2] == 0:
+        raise OSAInputError(f"`u` has N=0 tokens (shape {tuple(u.shape)}); lowrank_action needs at least one token")
+    try:
+        batch = torch.broadcast_shapes(u.shape[:-2], j.shape[:-2], v.shape[:-2])
+    except RuntimeError as exc:
+        raise OSAInputError(
+            f"leading dims of `u` {tuple(u.shape[:-2])}, `j` {tuple(j.shape[:-2])} and `v` "
+            f"{tuple(v.shape[:-2])} do not broadcast"
+        ) from exc
     n, m, d = u.shape[-2], u.shape[-1], v.shape[-1]
+    if math.prod(batch) == 0 or d == 0:  # nothing to transform: an empty result of the right shape
+        return v.expand(*batch, n, d).clone()
     u3 = u.expand(*batch, n, m).reshape(-1, n, m)
     j3 = j.expand(*batch, m, m).reshape(-1, m, m)
     v3 = v.expand(*batch, n, d).reshape(-1, n, d)
@@ -708,10 +727,45 @@ def blocked_action(
         return v.clone()
     y, est = gram_action(a, b, j, v, replaced=engine != "gram", osa_core=osa_core)
     if engine == "gram":
-        return y
+        return _refuse_untrusted_gram(a, b, v, y, est)
     bad = est > 1.0
     if bool(bad.any()):
         idx = bad.nonzero().squeeze(-1)
         u_bad = torch.cat([a[idx], b[idx]], -1)
         y = y.index_copy(0, idx, qr_action(u_bad, j[idx], v[idx]))
     return y
+
+
+def _refuse_untrusted_gram(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, y: torch.Tensor, est: torch.Tensor) -> torch.Tensor:
+    """The ``"gram"`` engine alone: return ``y`` only where its own estimate trusts it.
+
+    ``est`` is the Gram engine's error estimate over its budget, ``inf`` where the Cholesky
+    factorisation failed or the condition estimate of ``U = [a b]`` is over ``GRAM_MAX_COND``
+    (rank-deficient ``U``: N < 2r, k ∥ q, q = 0; there the result is wrong by O(1) and its
+    gradients are zero). Any untrusted matrix raises :class:`UntrustedResultError`, unless the
+    inputs hold NaN/Inf (the caller names those) or the estimate has no single value (under
+    ``torch.func.vmap``), where the untrusted rows become NaN instead of a wrong value.
+    """
+    bad = ~(est <= 1.0)  # NaN counts as untrusted
+    try:
+        any_bad = bool(bad.any())
+    except RuntimeError:  # under torch.func.vmap there is no single value: poison, don't raise
+        return torch.where(bad[..., None, None], torch.full_like(y, math.nan), y)
+    if not any_bad:
+        return y
+    if not all(sum_is_finite(t) for t in (a, b, v)):
+        return torch.where(bad[..., None, None], torch.full_like(y, math.nan), y)
+    count, n, width = int(bad.sum()), a.shape[-2], a.shape[-1] + b.shape[-1]
+    worst = float(est.max())
+    why = (
+        "its Cholesky factorisation failed or its condition estimate of U = [q k] is over the limit"
+        if not math.isfinite(worst)
+        else f"its error estimate is {worst:.3g}× the {v.dtype} accuracy budget"
+    )
+    raise UntrustedResultError(
+        f"method/engine 'gram' refuses {count} of {est.numel()} matrices (N={n}, 2r={width}): the "
+        f"Gram/Cholesky factorisation is not trustworthy for this input ({why}; [q k] is "
+        "rank-deficient or ill-conditioned, e.g. N < 2r, k parallel to q, or q = 0), so its result "
+        "and gradients would be wrong. Use method=\"qr\", \"lowrank\" or \"auto\" (engine \"qr\" or "
+        "\"lowrank\" for lowrank_action), which handle any q, k."
+    )

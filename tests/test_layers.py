@@ -77,3 +77,31 @@ def test_ssa_matches_explicit_softmax_attention():
     assert torch.allclose(a.sum(-1), torch.ones(2, 3, 7, dtype=torch.float64))
     _, _, v = layer._split(x)
     assert rel_err(layer.attend(x), a @ v) <= 1e-12
+
+
+def test_gram_layer_refuses_too_few_tokens_and_auto_learns_alpha():
+    """Issue 11: with N < 2r the "gram" layer gave zero gradients (α never changed); now it
+    refuses, and "auto" gives the float64 dense gradients for α."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)  # N = 5 tokens, r = 8: [q k] has rank ≤ 5 < 16
+    layer = osa_lab.OrthogonalSelfAttention(16, heads=2, alpha_init=0.5, method="gram").double()
+    with pytest.raises(osa_lab.UntrustedResultError, match="method=\"qr\", \"lowrank\" or \"auto\""):
+        layer(x)
+    weight = torch.randn(2, 5, 16, dtype=torch.float64)
+    grads = {}
+    for method in ("auto", "dense"):
+        layer.method = method
+        layer.zero_grad()
+        (layer(x) * weight).sum().backward()
+        grads[method] = layer.alpha.grad.clone()
+    assert float(grads["dense"].abs().min()) > 0
+    assert rel_err(grads["auto"], grads["dense"]) <= 1e-10
+
+
+def test_empty_batch_through_the_layer():
+    layer = osa_lab.OrthogonalSelfAttention(8, heads=2)
+    x = torch.randn(0, 5, 8, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (0, 5, 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -164,3 +165,100 @@ def test_short_taylor_path_matches_references(dtype, norm):
         assert torch.autograd.gradcheck(expm.matrix_exp, (leaf,), eps=1e-6, atol=1e-8)
     else:
         assert plan is not None  # float32 reaches its unit roundoff in ≤ 8 products up to ‖x‖₁ = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 11: a named method is right or refuses; dense stays accurate at large ‖S‖
+# ---------------------------------------------------------------------------------------------
+
+
+def _rank_deficient(kind: str, dtype=torch.float64):
+    """q, k, v for which [q k] has rank below 2r (issue 11, item 1)."""
+    g = torch.Generator().manual_seed(11)
+    r = 4
+    n = 6 if kind == "N<2r" else (1 if kind == "N=1" else 20)
+    q = torch.randn(2, n, r, dtype=torch.float64, generator=g)
+    k = torch.randn(2, n, r, dtype=torch.float64, generator=g)
+    v = torch.randn(2, n, 3, dtype=torch.float64, generator=g)
+    if kind == "q=k":
+        k = q.clone()
+    elif kind == "k=2q":
+        k = 2 * q
+    elif kind == "q=0":
+        q = torch.zeros_like(q)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+RANK_DEFICIENT = ["N<2r", "q=k", "k=2q", "q=0", "N=1"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kind", RANK_DEFICIENT)
+def test_gram_refuses_rank_deficient_qk(kind, dtype):
+    """Was: relative error 0.37–2.8 and zero gradients, silently. Now a typed refusal."""
+    q, k, v = _rank_deficient(kind, dtype)
+    with pytest.raises(osa_lab.UntrustedResultError, match=r"Gram/Cholesky.*not trustworthy.*\"qr\", \"lowrank\" or \"auto\""):
+        osa_lab.osa(q, k, v, 0.8, method="gram")
+    with pytest.raises(osa_lab.OSAInputError):  # the refusal is an OSAInputError too
+        osa_lab.osa(q, k, v, 0.8, method="gram")
+    u = torch.cat([q, k], -1)
+    j = expm.osa_skew_core(q.shape[-1], torch.tensor(0.4, dtype=torch.float64)).to(dtype)
+    with pytest.raises(osa_lab.UntrustedResultError):
+        osa_lab.lowrank_action(u, j, v, engine="gram")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kind", RANK_DEFICIENT)
+def test_fallback_methods_are_right_on_rank_deficient_qk(kind, dtype):
+    """lowrank / auto / qr on the inputs gram refuses: outputs against the float64 dense reference."""
+    q, k, v = _rank_deficient(kind, dtype)
+    ref = osa_lab.osa(q.double(), k.double(), v.double(), 0.8, method="dense")
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for method in ("lowrank", "auto", "qr"):
+        y = osa_lab.osa(q, k, v, 0.8, method=method)
+        assert y.shape == v.shape and y.dtype == dtype
+        assert rel_err(y, ref) <= tol, method
+
+
+def test_gram_still_runs_on_well_conditioned_qk():
+    q, k = make_qk("random", 200, 8, batch=(3,), seed=1)
+    v = torch.randn(3, 200, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ref = osa_lab.osa(q, k, v, 0.8, method="dense")
+    assert rel_err(osa_lab.osa(q, k, v, 0.8, method="gram"), ref) <= 1e-10
+    assert rel_err(osa_lab.osa(q.float(), k.float(), v.float(), 0.8, method="gram"), ref) <= 2e-6
+
+
+def test_gram_refusal_names_a_nan_input_first():
+    q, k, v = _rank_deficient("q=k")
+    q[0, 3, 1] = float("nan")
+    with pytest.raises(osa_lab.OSAInputError, match="`q` contains 1 NaN"):
+        osa_lab.osa(q, k, v, 0.8, method="gram")
+
+
+def test_dense_float32_is_accurate_at_large_alpha():
+    """Was: relative error 0.57 at α = 1e6 (‖S‖₂ ≈ 8.5e6) and an overflow error at 1e8."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, c, generator=g) for c in (4, 4, 3))
+    for alpha in (1e2, 1e4, 1e6, 1e8):
+        ref = osa_lab.osa(q.double(), k.double(), v.double(), alpha, method="dense")
+        assert rel_err(osa_lab.osa(q, k, v, alpha, method="dense"), ref) <= 1e-6, alpha
+
+
+def test_dense_warns_where_float64_rounding_spoils_the_result():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, c, dtype=torch.float64, generator=g) for c in (4, 4, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", osa_lab.OSAAccuracyWarning)
+        osa_lab.osa(q, k, v, 1e6, method="dense")  # ‖S‖₁ ≈ 1e7: accurate, no warning
+    with pytest.warns(osa_lab.OSAAccuracyWarning, match="float64 rounding"):
+        osa_lab.osa(q, k, v, 1e12, method="dense")
+
+
+def test_norm_drift_of_a_failing_method_warns(monkeypatch):
+    """The output check: exp(S) is orthogonal, so a method whose output norms drift is flagged."""
+    from osa_lab import functional
+
+    monkeypatch.setitem(functional.METHODS, "qr", lambda q, k, v, scale: 1.5 * v)
+    q, k, v = (torch.randn(6, 3) for _ in range(3))
+    with pytest.warns(osa_lab.OSAAccuracyWarning, match="norms differ"):
+        osa_lab.osa(q, k, v, 0.5, method="qr")

@@ -89,3 +89,44 @@ def test_torch_func_transforms(method, n):
     assert rel_err(j_fwd, expected) <= 1e-12 and rel_err(j_rev, expected) <= 1e-12
     vs = torch.randn(3, n, 4, dtype=torch.float64, generator=g)
     assert rel_err(vmap(f)(vs), torch.stack([f(x) for x in vs])) <= 1e-14
+
+
+# Issue 11: gram refuses rank-deficient [q k] (it returned zero gradients); the methods that
+# handle them must give the float64 dense gradients.
+def _rank_deficient(kind: str):
+    g = torch.Generator().manual_seed(21)
+    r = 3
+    n = 4 if kind == "N<2r" else (1 if kind == "N=1" else 12)
+    q, k = (torch.randn(2, n, r, dtype=torch.float64, generator=g) for _ in range(2))
+    v = torch.randn(2, n, 2, dtype=torch.float64, generator=g)
+    if kind == "q=k":
+        k = q.clone()
+    elif kind == "k=2q":
+        k = 2 * q
+    elif kind == "q=0":
+        q = torch.zeros_like(q)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("kind", ["N<2r", "q=k", "k=2q", "q=0", "N=1"])
+def test_rank_deficient_gradients_match_dense(kind, dtype):
+    q, k, v = _rank_deficient(kind)
+    alpha = torch.tensor([0.8, -0.5], dtype=torch.float64)
+    weight = torch.randn(v.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def grads(dtype, method):
+        leaves = [t.detach().to(dtype).clone().requires_grad_(True) for t in (q, k, v, alpha)]
+        y = osa_lab.osa(*leaves, method=method)
+        (y * weight.to(dtype)).sum().backward()
+        return [leaf.grad.double() for leaf in leaves]
+
+    ref = grads(torch.float64, "dense")
+    assert any(float(g.abs().max()) > 0 for g in ref[:2]) or kind == "N=1"  # 1×1 S = 0
+    tol = 1e-10 if dtype == torch.float64 else 2e-4
+    for method in ("lowrank", "auto", "qr"):
+        for name, a, b in zip("q k v alpha".split(), grads(dtype, method), ref, strict=True):
+            assert rel_err(a, b) <= tol, (method, name)
+    leaves = [t.to(dtype).clone().requires_grad_(True) for t in (q, k, v, alpha)]
+    with pytest.raises(osa_lab.UntrustedResultError):
+        osa_lab.osa(*leaves, method="gram")
