@@ -160,6 +160,7 @@ class Compiled:
     cached: bool
     ptx_cp_async: bool
     error: str | None = None
+    ptx: str = field(default="", repr=False)
 
     def line(self) -> str:
         if self.error:
@@ -238,7 +239,7 @@ def compile_cases(
         results[key] = Compiled(
             kernel.__name__, cex_s, secs, p["regs"], p["stack"], p["spill_st"], p["spill_ld"],
             int(getattr(ck.metadata, "shared", -1)), [current["case"]], cached=not log.strip(),
-            ptx_cp_async="cp.async" in ptx,
+            ptx_cp_async="cp.async" in ptx, ptx=ptx,
         )  # fmt: skip
         echo(results[key].line(), flush=True)
 
