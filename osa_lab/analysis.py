@@ -44,7 +44,9 @@ import hashlib
 import itertools
 import json
 import math
+import numbers
 import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,7 +56,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
+from osa_lab.cli import finite_float, positive_int
+from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
+from osa_lab.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
 from osa_lab.metrics import METRICS, all_metrics, singular_values
 from osa_lab.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
 from osa_lab.presets import PRESETS, get_preset, preset_names
@@ -64,6 +68,14 @@ METRIC_COLUMNS = [*KEY_COLUMNS, "layer", "site", "metric", "value"]
 SPECTRA_COLUMNS = [*KEY_COLUMNS, "layer", "site", "index", "sigma", "sigma_normalized"]
 SITES = ("block", "attention")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+#: Bounds of what :func:`sweep` runs without ``allow_large=True`` (``osa-lab sweep --allow-large``):
+#: beyond them a sweep takes hours or runs out of memory, which is almost always a typo.
+MAX_DEPTH = 1024
+MAX_WIDTH = 4096  # tokens N and width d
+MAX_BATCH = 1024
+MAX_MODELS = 10_000  # model runs: presets × N × d × heads × α × seeds
+MAX_HIDDEN_BYTES = 4 * 2**30  # hidden states of one model run (all layers and sites)
 
 
 @dataclass
@@ -87,6 +99,17 @@ class SweepResult:
     metrics: pd.DataFrame
     spectra: pd.DataFrame
     parameters: dict = field(default_factory=dict)
+    #: Jacobian κ across depth (``osa_lab.jacobian.KAPPA_COLUMNS``) when ``sweep(jacobian=…)``; else None
+    jacobian: pd.DataFrame | None = None
+    #: one row per grid task (its settings, ``kind``, status, error …; see :mod:`osa_lab.grid`)
+    tasks: pd.DataFrame | None = None
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        """The rows of :attr:`tasks` that failed (settings, ``error_type``, ``error``); empty if none."""
+        if self.tasks is None or self.tasks.empty:
+            return pd.DataFrame()
+        return self.tasks[self.tasks["status"] != "ok"].reset_index(drop=True)
 
     def summary(self) -> pd.DataFrame:
         """Mean, std, min and max over seeds of every metric (one row per preset/config/layer/site/metric)."""
@@ -149,7 +172,11 @@ def config_for(
     kw: dict[str, object] = {"depth": depth, "tokens": tokens, "dim": dim, "seed": seed, **overrides}
     if heads is not None:
         kw["heads"] = heads
-    if base.attention == "osa" and alpha is not None and not (isinstance(alpha, float) and math.isnan(alpha)):
+    if base.attention == "osa" and alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            raise ConfigurationError(
+                f"`alpha`={alpha!r}: give a finite number, or None for the derived initialisation"
+            )
         kw["alpha_init"] = float(alpha)
     return get_preset(preset, **kw)
 
@@ -304,6 +331,7 @@ def depth_profile(
         if name not in METRICS:
             raise unknown_name("metric", name, list(METRICS))
     sites = _resolve_sites(site)
+    _check_batch(batch)
     config: ModelConfig | None = None
     if isinstance(model_or_preset, str):
         config = config_for(
@@ -395,6 +423,58 @@ def _as_list(name: str, value: object) -> list:
     return out
 
 
+def _check_batch(batch: object) -> None:
+    if not isinstance(batch, numbers.Integral) or isinstance(batch, bool) or batch < 1:
+        raise ConfigurationError(f"`batch`={batch!r}: give the number of random inputs per model, an int ≥ 1")
+
+
+def _check_sweep_values(tokens_l: list, dims_l: list, heads_l: list, alphas_l: list, batch: object) -> None:
+    """Refuse values the models would misuse silently (before anything is built)."""
+    _check_batch(batch)
+    for name, values in (("tokens", tokens_l), ("dims", dims_l), ("heads", heads_l)):
+        for v in values:
+            if v is None and name == "heads":
+                continue
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+                raise ConfigurationError(f"`{name}` must be ints ≥ 1, got {v!r}")
+    for a in alphas_l:
+        if a is not None and not math.isfinite(a):
+            raise ConfigurationError(
+                f"`alphas` must be finite numbers (None for the derived initialisation), got {a!r}"
+            )
+
+
+def check_sweep_size(
+    units: Sequence[tuple], sites: Sequence[str], batch: int, dtype: torch.dtype, allow_large: bool = False
+) -> None:
+    """Refuse clearly unreasonable sweeps unless ``allow_large``: depth > :data:`MAX_DEPTH`, N or d >
+    :data:`MAX_WIDTH`, batch > :data:`MAX_BATCH`, more than :data:`MAX_MODELS` model runs, or hidden
+    states of one run over :data:`MAX_HIDDEN_BYTES`. ``units`` are the ``(preset, depth, N, d, heads,
+    α, seed)`` tuples of the sweep. Raises :class:`ConfigurationError` naming the override."""
+    if allow_large or not units:
+        return
+    hint = "pass allow_large=True (osa-lab sweep --allow-large) if you really mean it"
+    depth = max(u[1] for u in units)
+    n = max(u[2] for u in units)
+    d = max(u[3] for u in units)
+    if depth > MAX_DEPTH:
+        raise ConfigurationError(f"depth {depth} is over the limit of {MAX_DEPTH} layers; {hint}")
+    if max(n, d) > MAX_WIDTH:
+        raise ConfigurationError(f"tokens N = {n}, dim d = {d}: over the limit of {MAX_WIDTH}; {hint}")
+    if batch > MAX_BATCH:
+        raise ConfigurationError(f"batch {batch} is over the limit of {MAX_BATCH} inputs per model; {hint}")
+    if len(units) > MAX_MODELS:
+        raise ConfigurationError(f"the sweep runs {len(units)} models, over the limit of {MAX_MODELS}; {hint}")
+    itemsize = torch.finfo(dtype).bits // 8
+    need = max((u[1] + 1) * len(sites) * batch * u[2] * u[3] * itemsize for u in units)
+    if need > MAX_HIDDEN_BYTES:
+        raise ConfigurationError(
+            f"one model's hidden states would take {need / 2**30:.1f} GiB (depth {depth}, N = {n}, d = {d}, "
+            f"batch {batch}, {len(sites)} site(s)), over {MAX_HIDDEN_BYTES / 2**30:.0f} GiB; "
+            f"lower the depth, sizes or batch, or {hint}"
+        )
+
+
 def _seed_list(seeds: int | Sequence[int]) -> list[int]:
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         if seeds < 1:
@@ -447,6 +527,9 @@ def sweep(
     cache_dir: str | Path | None = None,
     progress: bool = True,
     threads: int | None = 1,
+    allow_large: bool = False,
+    jacobian: str = "none",
+    grid: GridOptions | None = None,
 ) -> SweepResult:
     """Depth profiles over presets × depths × tokens × dims × heads × α × seeds, as tidy tables.
 
@@ -465,29 +548,39 @@ def sweep(
         threads: torch intra-op threads while sweeping (default 1: the matrices are small and
             extra threads only contend, ~8× slower on a loaded 2-core machine); ``None`` keeps
             the current setting.
+        allow_large: run sweeps beyond the bounds of :func:`check_sweep_size` (depth > 1024, …).
+        jacobian: also compute Jacobian κ across depth per model (``"auto"``, ``"exact"``,
+            ``"matrix-free"``; :func:`osa_lab.jacobian.jacobian_depth_profile`) into ``.jacobian``.
+        grid: where the model runs go (:class:`osa_lab.grid.GridOptions`: in-process, a local
+            Dask cluster, or an existing one); default in-process with ``threads`` torch threads
+            and ``progress``. Each model run (and each Jacobian profile) is one task; with
+            ``cache_dir`` finished tasks are stored there and skipped on a rerun. A task that
+            fails is listed in ``.tasks``/``.failures`` (with a ``GridTaskFailedWarning``)
+            and the others finish. The tables do not depend on where the tasks ran.
 
     Returns:
         :class:`SweepResult` with ``.metrics`` and ``.spectra`` (schema in the module docstring).
 
     Raises:
         UnknownNameError: unknown preset, metric or site (lists the valid ones).
-        ConfigurationError: an impossible configuration (e.g. dim not divisible by heads), raised
-            before any computation.
+        ConfigurationError: an impossible configuration (e.g. dim not divisible by heads, batch < 1,
+            a non-finite α) or one over the bounds of :func:`check_sweep_size`, raised before any
+            computation.
     """
-    from tqdm.auto import tqdm
-
     presets_l = _as_list("presets", presets)
     for p in presets_l:
         if p not in PRESETS:
             raise unknown_name("preset", p, preset_names())
-    depths_l = [int(x) for x in _as_list("depths", depths)]
-    if any(x < 1 for x in depths_l):
+    depths_l = _as_list("depths", depths)
+    if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1 for x in depths_l):
         raise ConfigurationError(f"`depths` must be positive ints, got {depths_l}")
+    depths_l = [int(x) for x in depths_l]
     tokens_l = _as_list("tokens", tokens)
     dims_l = _as_list("dims", dims)
     heads_l = _as_list("heads", heads)
     alphas_l = [None if a is None else float(a) for a in _as_list("alphas", alphas)]
     seeds_l = _seed_list(seeds)
+    _check_sweep_values(tokens_l, dims_l, heads_l, alphas_l, batch)
     sites = _resolve_sites(site)
     metric_names = list(METRICS) if metrics is None else list(metrics)
     for name in metric_names:
@@ -496,29 +589,38 @@ def sweep(
     dtype_name = str(dtype).removeprefix("torch.")
     units = list(_units(presets_l, depths_l, tokens_l, dims_l, heads_l, alphas_l, seeds_l))
     # Validate every configuration before computing anything.
+    check_sweep_size(units, sites, batch, dtype, allow_large)
     for preset, max_depth, n, d, h, a, s in units:
         config_for(preset, depth=max_depth, tokens=n, dim=d, heads=h, alpha=a, seed=s)
     cache = Path(cache_dir) if cache_dir is not None else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-    metric_parts, spectra_parts = [], []
-    bar = tqdm(units, desc="sweep", unit="model", disable=not progress, file=sys.stderr)
-    with torch_threads(threads):
-        _run_units(
-            bar,
-            cache,
-            sites,
-            metric_names,
-            spectra,
-            batch,
-            dtype,
-            dtype_name,
-            depths_l,
-            metric_parts,
-            spectra_parts,
-        )
-    bar.close()
-    return _finish(
+    if jacobian != "none":
+        from osa_lab.jacobian import METHODS as JACOBIAN_METHODS
+
+        if jacobian not in JACOBIAN_METHODS:
+            raise unknown_name("Jacobian method", jacobian, [*JACOBIAN_METHODS, "none"])
+    options = grid if grid is not None else GridOptions.in_process(threads=threads, progress=progress)
+    tasks = _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian)
+    outcome = run_grid(tasks, options, store=cache, desc="sweep")
+    metric_parts, spectra_parts, jacobian_parts = [], [], []
+    for o in outcome.outcomes:
+        if not o.ok:
+            continue
+        if o.task.settings["kind"] == "jacobian":
+            jacobian_parts.append(o.value)
+            continue
+        prof_m, prof_s = o.value
+        for depth in sorted(set(depths_l)):
+            m = prof_m[prof_m["layer"] <= depth].copy()
+            m["depth"] = depth
+            metric_parts.append(m)
+            if spectra:
+                sp = prof_s[prof_s["layer"] <= depth].copy()
+                sp["depth"] = depth
+                spectra_parts.append(sp)
+    outcome.warn_failures("sweep")
+    result = _finish(
         metric_parts,
         spectra_parts,
         spectra,
@@ -533,27 +635,55 @@ def sweep(
         batch,
         dtype_name,
     )
+    result.tasks = outcome.table()
+    if jacobian != "none":
+        from osa_lab.jacobian import KAPPA_COLUMNS
+
+        result.jacobian = (
+            pd.concat(jacobian_parts, ignore_index=True) if jacobian_parts else pd.DataFrame(columns=KAPPA_COLUMNS)
+        )
+    return result
 
 
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Temporarily set ``torch.set_num_threads(n)`` (``None``: leave it)."""
-    if n is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+def _profile_task(
+    preset: str,
+    depth: int,
+    tokens: int,
+    dim: int,
+    heads: int | None,
+    alpha: float | None,
+    seed: int,
+    sites: list[str],
+    metrics: list[str],
+    spectra: bool,
+    batch: int,
+    dtype: torch.dtype,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One grid task of :func:`sweep`: the depth profile of one model (metrics and spectra tables)."""
+    prof = depth_profile(
+        preset,
+        depth=depth,
+        tokens=tokens,
+        dim=dim,
+        heads=heads,
+        alpha=alpha,
+        seed=seed,
+        batch=batch,
+        site=sites,
+        metrics=metrics,
+        spectra=spectra,
+        dtype=dtype,
+    )
+    return prof.metrics, prof.spectra
 
 
-def _run_units(
-    bar, cache, sites, metric_names, spectra, batch, dtype, dtype_name, depths_l, metric_parts, spectra_parts
-):
-    for preset, max_depth, n, d, h, a, s in bar:
-        bar.set_postfix_str(f"{preset} N={n} d={d} seed={s}", refresh=False)
+def _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian) -> list[Task]:
+    """The grid of a sweep: one task per model run (key = the cache key of earlier versions, so
+    old ``--cache-dir`` folders are reused) and, with ``jacobian``, one κ-profile task per model."""
+    tasks = []
+    for preset, max_depth, n, d, h, a, s in units:
+        settings = {"kind": "profile", "preset": preset, "depth": max_depth, "tokens": n, "dim": d,
+                    "heads": h, "alpha": a, "seed": s}  # fmt: skip
         params = {
             "preset": preset,
             "depth": max_depth,
@@ -568,37 +698,33 @@ def _run_units(
             "batch": batch,
             "dtype": dtype_name,
         }
-        path = cache / f"profile-{_cache_key(params)}.pkl" if cache is not None else None
-        if path is not None and path.exists():
-            prof_m, prof_s = pd.read_pickle(path)
-        else:
-            prof = depth_profile(
-                preset,
-                depth=max_depth,
-                tokens=n,
-                dim=d,
-                heads=h,
-                alpha=a,
-                seed=s,
-                batch=batch,
-                site=sites,
-                metrics=metric_names,
-                spectra=spectra,
-                dtype=dtype,
-            )
-            prof_m, prof_s = prof.metrics, prof.spectra
-            if path is not None:
-                tmp = path.with_suffix(".tmp")
-                pd.to_pickle((prof_m, prof_s), tmp)
-                tmp.replace(path)
-        for depth in sorted(set(depths_l)):
-            m = prof_m[prof_m["layer"] <= depth].copy()
-            m["depth"] = depth
-            metric_parts.append(m)
-            if spectra:
-                sp = prof_s[prof_s["layer"] <= depth].copy()
-                sp["depth"] = depth
-                spectra_parts.append(sp)
+        kwargs = {**params, "dtype": dtype}
+        tasks.append(Task(_profile_task, kwargs, settings, key=f"profile-{_cache_key(params)}"))
+    if jacobian != "none":
+        from osa_lab.jacobian import jacobian_depth_profile
+
+        for preset, max_depth, n, d, h, a, s in units:
+            settings = {"kind": "jacobian", "preset": preset, "depth": max_depth, "tokens": n, "dim": d,
+                        "heads": h, "alpha": a, "seed": s}  # fmt: skip
+            kwargs = {"preset": preset, "depth": max_depth, "tokens": n, "dim": d, "heads": h, "alpha": a,
+                      "seed": s, "method": jacobian}  # fmt: skip
+            key = f"jacobian-{_cache_key({**kwargs, 'kind': 'jacobian'})}"
+            tasks.append(Task(jacobian_depth_profile, kwargs, settings, key=key, progress_kwarg="progress"))
+    return tasks
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Temporarily set ``torch.set_num_threads(n)`` (``None``: leave it)."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def _finish(
@@ -616,7 +742,11 @@ def _finish(
     batch,
     dtype_name,
 ):
-    metrics_df = pd.concat(metric_parts, ignore_index=True)
+    metrics_df = (
+        pd.concat(metric_parts, ignore_index=True)
+        if metric_parts
+        else pd.DataFrame({c: pd.Series(dtype=_COLUMN_DTYPES.get(c, "float64")) for c in METRIC_COLUMNS})
+    )
     spectra_df = (
         pd.concat(spectra_parts, ignore_index=True)
         if spectra_parts
@@ -646,17 +776,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``osa-lab sweep``."""
     parser.add_argument("--presets", nargs="+", default=["pure-osa", "pure-ssa"], metavar="NAME",
                         help=f"presets to compare (from: {', '.join(preset_names())})")  # fmt: skip
-    parser.add_argument("--depth", nargs="+", type=int, default=[24], help="model depth(s)")
-    parser.add_argument("--tokens", nargs="+", type=int, default=[64], help="sequence length(s) N")
-    parser.add_argument("--dim", nargs="+", type=int, default=[64], help="width(s) d")
+    parser.add_argument("--depth", nargs="+", type=positive_int, default=[24], help="model depth(s)")
+    parser.add_argument("--tokens", nargs="+", type=positive_int, default=[64], help="sequence length(s) N")
+    parser.add_argument("--dim", nargs="+", type=positive_int, default=[64], help="width(s) d")
     parser.add_argument(
-        "--heads", nargs="+", type=int, default=None, help="head count(s) (default: each preset's)"
+        "--heads", nargs="+", type=positive_int, default=None, help="head count(s) (default: each preset's)"
     )
-    parser.add_argument("--alpha", nargs="+", type=float, default=None,
+    parser.add_argument("--alpha", nargs="+", type=finite_float, default=None,
                         help="OSA α value(s) (default: the derived init); ignored for SSA presets")  # fmt: skip
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0..n-1)")
+    parser.add_argument("--seeds", type=positive_int, default=3, help="number of seeds (0..n-1)")
     parser.add_argument("--site", choices=["block", "attention", "both"], default="block")
-    parser.add_argument("--batch", type=int, default=1, help="random inputs per model (metrics averaged)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="random inputs per model (metrics averaged)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     parser.add_argument(
         "--output", default="results.csv", help="metrics CSV (spectra go to <stem>_spectra.csv)"
@@ -665,67 +795,135 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-spectra", action="store_true", help="skip the spectra table")
     parser.add_argument("--jacobian", choices=["none", "auto", "exact", "matrix-free"], default="none",
                         help="also write Jacobian κ across depth to <stem>_jacobian.csv")  # fmt: skip
-    parser.add_argument("--cache-dir", default=None, help="reuse per-model results cached here")
+    parser.add_argument("--cache-dir", default=None,
+                        help="folder of finished task results, reused on a rerun (default: <stem>_tasks/ "
+                        "beside --output)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--allow-large", action="store_true",
+        help=f"run sweeps beyond the sanity bounds (depth > {MAX_DEPTH}, N or d > {MAX_WIDTH}, matrix-free "
+        f"Jacobians of more than {MAX_MATRIX_FREE_INPUTS} inputs, …)",
+    )
+    add_grid_arguments(parser)
+
+
+#: Largest N·d of a matrix-free Jacobian the CLI runs without ``--allow-large`` (4× the 16 384
+#: inputs of the BENCHMARKS.md case, which takes ≈ 25 s for 12 layers).
+MAX_MATRIX_FREE_INPUTS = 65_536
+
+
+def _check_jacobian_request(args: argparse.Namespace) -> None:
+    """Refuse a ``--jacobian`` run that cannot fit or would run for a very long time, before sweeping."""
+    if args.jacobian == "none":
+        return
+    from osa_lab.jacobian import MAX_EXACT_DIM, JacobianTooLargeError, default_max_bytes
+
+    n_inputs = max(args.tokens) * max(args.dim)
+    exact = args.jacobian == "exact" or (args.jacobian == "auto" and n_inputs <= MAX_EXACT_DIM)
+    if exact:
+        need, limit = n_inputs * n_inputs * 8, default_max_bytes()
+        if need > limit:
+            raise JacobianTooLargeError(
+                f"--jacobian exact: the Jacobian at N = {max(args.tokens)}, d = {max(args.dim)} is {n_inputs} × "
+                f"{n_inputs} float64 = {need / 2**30:.2f} GiB, over the limit of {limit / 2**30:.2f} GiB; use "
+                "--jacobian matrix-free (or auto)"
+            )
+    elif n_inputs > MAX_MATRIX_FREE_INPUTS and not args.allow_large:
+        raise ConfigurationError(
+            f"--jacobian {args.jacobian}: a matrix-free Jacobian of N·d = {n_inputs} inputs takes very long "
+            f"(limit {MAX_MATRIX_FREE_INPUTS}); use smaller --tokens/--dim or pass --allow-large"
+        )
+
+
+def _write_tables(tables: list[tuple[Path, pd.DataFrame]]) -> None:
+    """Write every CSV to a temporary file beside it, then move them all into place; on an error
+    nothing is left behind (no partial outputs)."""
+    written: list[Path] = []
+    try:
+        for path, df in tables:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            written.append(tmp)
+            df.to_csv(tmp, index=False)
+        for (path, _), tmp in zip(tables, written, strict=True):
+            tmp.replace(path)
+    finally:
+        for tmp in written:
+            tmp.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``osa-lab sweep``: writes the tidy CSV(s) and prints a short summary."""
-    from osa_lab.errors import UnknownNameError
+    from osa_lab.cli import check_output_dir, check_output_file, one_line
+    from osa_lab.errors import OutputPathError, UnknownNameError
+
+    # Every output path is checked before anything is computed.
+    out = check_output_file(args.output, "--output")
+    outputs: dict[str, Path] = {"--output": out}
+    if not args.no_spectra:
+        default_spectra = out.with_name(f"{out.stem}_spectra.csv")
+        outputs["--spectra-output"] = check_output_file(args.spectra_output or default_spectra, "--spectra-output")
+    if args.jacobian != "none":
+        outputs["the Jacobian table"] = check_output_file(out.with_name(f"{out.stem}_jacobian.csv"),
+                                                          "--output (its <stem>_jacobian.csv)")  # fmt: skip
+    outputs["the task table"] = check_output_file(out.with_name(f"{out.stem}_tasks.csv"),
+                                                  "--output (its <stem>_tasks.csv)")  # fmt: skip
+    resolved = [p.resolve() for p in outputs.values()]
+    if len(set(resolved)) < len(resolved):
+        raise OutputPathError(
+            f"output paths collide ({', '.join(f'{k} {v}' for k, v in outputs.items())}); give distinct files"
+        )
+    store = args.cache_dir if args.cache_dir is not None else out.with_name(f"{out.stem}_tasks")
+    check_output_dir(store, "--cache-dir")
+    _check_jacobian_request(args)
 
     try:
-        result = sweep(
-            args.presets,
-            args.depth,
-            args.tokens,
-            args.dim,
-            args.heads,
-            args.alpha,
-            args.seeds,
-            site=args.site,
-            spectra=not args.no_spectra,
-            batch=args.batch,
-            dtype=DTYPES[args.dtype],
-            cache_dir=args.cache_dir,
-            progress=not args.no_progress,
-        )
+        with warnings.catch_warnings():  # failed tasks are listed below, once
+            warnings.simplefilter("ignore", GridTaskFailedWarning)
+            result = sweep(
+                args.presets,
+                args.depth,
+                args.tokens,
+                args.dim,
+                args.heads,
+                args.alpha,
+                args.seeds,
+                site=args.site,
+                spectra=not args.no_spectra,
+                batch=args.batch,
+                dtype=DTYPES[args.dtype],
+                cache_dir=store,
+                allow_large=args.allow_large,
+                jacobian=args.jacobian,
+                grid=options_from_args(args, progress=not args.no_progress),
+            )
     except (UnknownNameError, ConfigurationError) as exc:
-        print(f"osa-lab sweep: error: {exc}", file=sys.stderr)
+        print(f"osa-lab sweep: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result.metrics.to_csv(out, index=False)
-    print(f"wrote {out} ({len(result.metrics)} rows)")
+    tables = [(out, result.metrics)]
     if not args.no_spectra:
-        spath = Path(args.spectra_output) if args.spectra_output else out.with_name(f"{out.stem}_spectra.csv")
-        result.spectra.to_csv(spath, index=False)
-        print(f"wrote {spath} ({len(result.spectra)} rows)")
+        tables.append((outputs["--spectra-output"], result.spectra))
     if args.jacobian != "none":
-        from osa_lab.jacobian import JacobianTooLargeError, jacobian_depth_profile
-
-        frames = []
-        try:
-            units = _units(
-                args.presets, args.depth, args.tokens, args.dim, _as_list("heads", args.heads),
-                [None] if args.alpha is None else args.alpha, list(range(args.seeds)),
-            )  # fmt: skip
-            for preset, max_depth, n, d, h, a, s in units:
-                frames.append(
-                    jacobian_depth_profile(
-                        preset, max_depth, n, d, h, a, s, method=args.jacobian, progress=False
-                    )
-                )
-        except JacobianTooLargeError as exc:
-            print(f"osa-lab sweep: error: {exc}", file=sys.stderr)
-            return 2
-        jpath = out.with_name(f"{out.stem}_jacobian.csv")
-        pd.concat(frames, ignore_index=True).to_csv(jpath, index=False)
-        print(f"wrote {jpath}")
+        tables.append((outputs["the Jacobian table"], result.jacobian))
+    tables.append((outputs["the task table"], result.tasks))
+    _write_tables(tables)
+    for path, df in tables:
+        print(f"wrote {path} ({len(df)} rows)")
     final = result.metrics[
         (result.metrics["layer"] == result.metrics["depth"]) & (result.metrics["site"] == "block")
     ]
-    table = final.groupby(["preset", "depth", "metric"])["value"].mean().unstack("metric")
-    with pd.option_context("display.width", 160, "display.float_format", "{:.4g}".format):
-        print("mean over seeds at the last layer:")
-        print(table.to_string())
+    if len(final):
+        table = final.groupby(["preset", "depth", "metric"])["value"].mean().unstack("metric")
+        with pd.option_context("display.width", 160, "display.float_format", "{:.4g}".format):
+            print("mean over seeds at the last layer:")
+            print(table.to_string())
+    failed = result.failures
+    if len(failed):
+        print(f"osa-lab sweep: {len(failed)} of {len(result.tasks)} tasks failed (the others finished; "
+              f"see {outputs['the task table']}):", file=sys.stderr)  # fmt: skip
+        for _, row in failed.iterrows():
+            settings = " ".join(f"{k}={row[k]}" for k in ("kind", "preset", "depth", "tokens", "dim", "heads",
+                                                            "alpha", "seed"))  # fmt: skip
+            print(f"  {settings}: {row['error_type']}: {one_line(row['error'])}", file=sys.stderr)
+        return 1
     return 0

@@ -33,16 +33,37 @@ def app_path() -> Path:
     return path
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: give an int from 0 to 65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: give an int from 0 (any free port) to 65535")
+    return value
+
+
+def address(text: str) -> str:
+    """argparse type: a non-empty host name or IP address without spaces."""
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}: give a host name or IP, e.g. localhost")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``osa-lab dashboard``."""
-    parser.add_argument("--port", type=int, default=5006, help="port to serve on (default 5006; 0 = any free port)")
-    parser.add_argument("--address", default="localhost", help="address to bind (default localhost)")
+    from osa_lab.cli import positive_int
+
+    parser.add_argument("--port", type=port_number, default=5006,
+                        help="port to serve on (default 5006; 0 = any free port)")  # fmt: skip
+    parser.add_argument("--address", type=address, default="localhost", help="address to bind (default localhost)")
     parser.add_argument("--show", action="store_true", help="open the page in a browser")
     parser.add_argument(
         "--allow-websocket-origin", action="append", default=None, metavar="HOST[:PORT]",
         help="extra websocket origin to allow (repeatable), e.g. for access through an SSH tunnel",
     )
-    parser.add_argument("--num-threads", type=int, default=None,
+    parser.add_argument("--num-threads", type=positive_int, default=None,
                         help="Panel thread pool size for callbacks (default: none; heavy work already runs in threads)")
     parser.add_argument("--dry-run", action="store_true", help="print the panel serve command and exit")
 
@@ -65,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cmd = build_command(args)
     except FileNotFoundError as exc:
-        print(f"osa-lab dashboard: {exc}", file=sys.stderr)
+        print(f"osa-lab dashboard: error: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(" ".join(cmd))

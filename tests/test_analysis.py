@@ -115,3 +115,112 @@ def test_cli_jacobian_too_large_names_size(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "GiB" in err and "matrix-free" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 11: no silent wrong answers, refusals before any work
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"batch": 0}, "batch"),  # was: a CSV of empty values, exit 0
+        ({"batch": -1}, "batch"),  # was: a RuntimeError from torch.randn
+        ({"batch": 1.5}, "batch"),
+        ({"alphas": [float("nan")]}, "finite"),  # was: silently the derived α
+        ({"alphas": [float("inf")]}, "finite"),
+        ({"tokens": [0]}, "tokens"),
+        ({"dims": [8.5]}, "dims"),
+    ],
+)
+def test_sweep_refuses_values_it_used_to_misuse(kwargs, match):
+    base = dict(tokens=8, dims=8, seeds=1, progress=False)
+    with pytest.raises(ConfigurationError, match=match):
+        sweep(["pure-osa"], 2, **{**base, **kwargs})
+
+
+def test_sweep_refuses_fractional_depth_instead_of_truncating():
+    with pytest.raises(ConfigurationError, match="depths"):  # was: depth 2.5 ran depth 2
+        sweep(["pure-osa"], [2.5], tokens=8, dims=8, seeds=1, progress=False)
+
+
+def test_config_for_and_depth_profile_refuse_nan_alpha_and_bad_batch():
+    from osa_lab.analysis import config_for
+
+    with pytest.raises(ConfigurationError, match="alpha"):
+        config_for("pure-osa", depth=2, tokens=8, dim=8, alpha=float("nan"))
+    assert config_for("pure-ssa", depth=2, tokens=8, dim=8, alpha=float("nan")).alpha_init is None  # SSA: ignored
+    with pytest.raises(ConfigurationError, match="batch"):
+        depth_profile("pure-osa", depth=2, tokens=8, dim=8, batch=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (dict(depths=[100_000]), "depth 100000"),
+        (dict(depths=[2], tokens=[8192]), "N = 8192"),
+        (dict(depths=[2], batch=5000), "batch 5000"),
+        (dict(depths=[2], seeds=20_000), "20000 models"),
+        (dict(depths=[1000], tokens=[1024], dims=[1024]), "GiB"),
+    ],
+)
+def test_sweep_bounds_unreasonable_sizes_and_names_the_override(args, match):
+    kw = {**dict(tokens=[8], dims=[8], seeds=1, progress=False), **{k: v for k, v in args.items() if k != "depths"}}
+    with pytest.raises(ConfigurationError, match=match) as info:
+        sweep(["pure-osa"], args["depths"], **kw)
+    assert "--allow-large" in str(info.value)
+
+
+def test_check_sweep_size_allow_large_lets_it_through():
+    from osa_lab.analysis import check_sweep_size
+
+    units = [("pure-osa", 100_000, 8, 8, None, None, 0)]
+    with pytest.raises(ConfigurationError):
+        check_sweep_size(units, ["block"], 1, torch.float64)
+    check_sweep_size(units, ["block"], 1, torch.float64, allow_large=True)
+
+
+def test_cli_sweep_output_checks_happen_before_computing(tmp_path, monkeypatch, capsys):
+    import osa_lab.analysis as analysis
+
+    calls = []
+    monkeypatch.setattr(analysis, "depth_profile", lambda *a, **k: calls.append(1))
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        ["--output", str(tmp_path)],  # a directory
+        ["--output", str(tmp_path / "afile" / "r.csv")],  # parent is a file
+        ["--output", str(tmp_path / "r.csv"), "--spectra-output", str(tmp_path / "afile" / "s.csv")],
+        ["--output", str(tmp_path / "r.csv"), "--cache-dir", str(tmp_path / "afile")],
+        ["--output", str(tmp_path / "r.csv"), "--spectra-output", str(tmp_path / "r.csv")],  # collide
+    ]
+    for extra in cases:
+        rc = main(["sweep", "--presets", "pure-osa", "--depth", "2", "--tokens", "8", "--dim", "8",
+                   "--seeds", "1", "--no-progress", *extra])  # fmt: skip
+        assert rc == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("osa-lab sweep: error: ") and "--" in err and err.count("\n") == 1, err
+    assert calls == []  # nothing was computed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_cli_sweep_missing_spectra_parent_is_created(tmp_path):
+    out, spectra = tmp_path / "r.csv", tmp_path / "new" / "deeper" / "s.csv"
+    rc = main(["sweep", "--presets", "pure-osa", "--depth", "2", "--tokens", "8", "--dim", "8", "--seeds", "1",
+               "--no-progress", "--serial", "--output", str(out), "--spectra-output", str(spectra)])  # fmt: skip
+    assert rc == 0 and out.is_file() and spectra.is_file()
+    assert list(pd.read_csv(spectra).columns) == SPECTRA_COLUMNS
+
+
+def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
+    from osa_lab.analysis import _write_tables
+
+    class Broken:
+        def to_csv(self, *a, **k):
+            raise OSError("disk full (simulated)")
+
+    good = pd.DataFrame({"a": [1]})
+    with pytest.raises(OSError, match="simulated"):
+        _write_tables([(tmp_path / "m.csv", good), (tmp_path / "sub" / "s.csv", Broken())])
+    assert not (tmp_path / "m.csv").exists()  # the first table is not moved into place alone
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

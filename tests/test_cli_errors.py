@@ -1,0 +1,195 @@
+"""Every sub-command refuses bad arguments cleanly: exit status 2, one line naming the problem,
+no traceback, no partial output files (issue 11).
+
+The rows run ``osa_lab.cli.main`` in-process through :func:`tests.helpers.assert_cli_user_error`
+(the ``train`` rows live in ``tests/test_train.py`` and use the same helper); a few run the
+console entry point in a subprocess to show what reaches a terminal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from osa_lab import cli
+from osa_lab.errors import OSAInputError
+from tests.helpers import assert_cli_user_error, assert_cli_user_error_subprocess
+
+#: A tiny sweep: if a check regressed, the row still finishes quickly.
+SWEEP = ["sweep", "--presets", "pure-osa", "--depth", "2", "--tokens", "8", "--dim", "8", "--seeds", "1",
+         "--no-progress", "--serial"]  # fmt: skip
+
+SWEEP_ROWS = [
+    # (extra arguments, regex the error line must match); {tmp} is the test's folder, {file} a file in it
+    (["--batch", "0"], r"--batch: must be an int ≥ 1"),  # was: CSV of empty values, exit 0
+    (["--batch", "-1"], r"--batch"),  # was: traceback
+    (["--alpha", "nan"], r"--alpha: must be a finite number"),  # was: the derived α, silently
+    (["--alpha", "inf"], r"--alpha"),
+    (["--depth", "100000"], r"depth 100000 .*--allow-large"),  # was: accepted, bar stuck at 0/1
+    (["--depth", "0"], r"--depth"),
+    (["--depth", "2.5"], r"--depth: invalid int"),
+    (["--tokens", "0"], r"--tokens"),
+    (["--dim", "-8"], r"--dim"),
+    (["--seeds", "0"], r"--seeds"),
+    (["--heads", "0"], r"--heads"),
+    (["--dim", "18", "--heads", "4"], r"not divisible"),
+    (["--presets", "nope"], r"valid presets"),
+    (["--site", "mlp"], r"--site: invalid choice"),
+    (["--tokens", "512", "--dim", "512", "--jacobian", "exact"], r"GiB.*matrix-free"),
+    (["--tokens", "512", "--dim", "512", "--jacobian", "matrix-free"], r"--allow-large"),
+    (["--output", "{tmp}"], r"--output .* is a directory"),  # was: traceback after the work
+    (["--output", "{file}/r.csv"], r"--output .*is a file, not a directory"),
+    (["--output", "{tmp}/r.csv", "--spectra-output", "{file}/s.csv"], r"--spectra-output"),
+    (["--output", "{tmp}/r.csv", "--spectra-output", "{tmp}"], r"--spectra-output .* is a directory"),
+    (["--output", "{tmp}/r.csv", "--cache-dir", "{file}"], r"--cache-dir .* is a file"),
+    (["--output", "{tmp}/r.csv", "--spectra-output", "{tmp}/r.csv"], r"output paths collide"),
+    (["--output", "/proc/osa-lab-test/r.csv"], r"--output .*cannot write in /proc"),  # read-only location
+    (["--bogus-flag"], r"unrecognized arguments: --bogus-flag"),
+]
+
+REPORT_ROWS = [
+    (["--cell-timeout", "0"], r"--cell-timeout: must be an int ≥ 1"),  # was: silently the default
+    (["--cell-timeout", "-5"], r"--cell-timeout"),  # was: passed on to papermill
+    (["--params", "{tmp}"], r"is a directory"),  # was: "does not exist"
+    (["--params", "{tmp}/missing.yaml"], r"does not exist"),
+    (["--params", "{yaml_depth}", "--only", "02"], r"parameter depth must be int .*2\.5"),  # was: ran depth 2
+    (["--params", "{yaml_unknown}", "--only", "02"], r"does not declare parameter\(s\) typo"),
+    (["--output", "{file}"], r"--output .* is a file"),  # was: traceback
+    (["--output", "{file}/reports"], r"--output .*is a file, not a directory"),
+    (["--output", "/proc/osa-lab-test-reports"], r"--output .*cannot write in /proc"),
+    (["--only", "99"], r"--only '99' matches none"),
+    (["--notebooks", "{tmp}/none"], r"notebook folder .* does not exist"),
+]
+
+BENCH_ROWS = [
+    (["--sizes", "0"], r"--sizes"),  # was: traceback
+    (["--sizes", "-5"], r"--sizes"),
+    (["--repeat", "0"], r"--repeat"),
+    (["--r", "0"], r"--r"),
+    (["--memory-sizes", "0"], r"--memory-sizes"),
+    (["--bh", "0"], r"--bh"),  # was: exit 0 with a meaningless row
+    (["--output", "{tmp}"], r"--output .* is a directory"),
+    (["--device", "tpu"], r"--device: invalid choice"),
+]
+
+DASHBOARD_ROWS = [
+    (["--port", "-1"], r"--port: invalid port"),
+    (["--port", "70000"], r"--port: invalid port"),
+    (["--port", "http"], r"--port: invalid port"),
+    (["--num-threads", "0"], r"--num-threads"),
+    (["--address", ""], r"--address: invalid address"),
+]
+
+
+@pytest.fixture
+def places(tmp_path):
+    """Fill the ``{tmp}``, ``{file}`` and parameter-file placeholders of a row."""
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "depth.yaml").write_text("02_rank_collapse:\n  depth: 2.5\n")
+    (tmp_path / "unknown.yaml").write_text("02_rank_collapse:\n  typo: 1\n")
+
+    def fill(args: list[str]) -> list[str]:
+        return [
+            a.format(tmp=tmp_path, file=tmp_path / "afile", yaml_depth=tmp_path / "depth.yaml",
+                     yaml_unknown=tmp_path / "unknown.yaml")  # fmt: skip
+            for a in args
+        ]
+
+    return fill
+
+
+@pytest.mark.parametrize(("extra", "match"), SWEEP_ROWS, ids=[" ".join(r[0]) for r in SWEEP_ROWS])
+def test_sweep_bad_arguments(tmp_path, places, monkeypatch, extra, match):
+    monkeypatch.chdir(tmp_path)  # the default --output results.csv lands in tmp_path
+    assert_cli_user_error([*SWEEP, *places(extra)], match, watch=[tmp_path])
+
+
+@pytest.mark.parametrize(("extra", "match"), REPORT_ROWS, ids=[" ".join(r[0]) for r in REPORT_ROWS])
+def test_report_bad_arguments(tmp_path, places, monkeypatch, extra, match):
+    monkeypatch.chdir(tmp_path)  # the default --output reports/ would land in tmp_path
+    assert_cli_user_error(["report", "--no-progress", *places(extra)], match, watch=[tmp_path])
+
+
+@pytest.mark.parametrize(("extra", "match"), BENCH_ROWS, ids=[" ".join(r[0]) for r in BENCH_ROWS])
+def test_bench_bad_arguments(tmp_path, places, monkeypatch, extra, match):
+    monkeypatch.chdir(tmp_path)
+    assert_cli_user_error(["bench", "--quick", "--memory-sizes", *places(extra)], match, watch=[tmp_path])
+
+
+@pytest.mark.parametrize(("extra", "match"), DASHBOARD_ROWS, ids=[" ".join(r[0]) for r in DASHBOARD_ROWS])
+def test_dashboard_dry_run_bad_arguments(tmp_path, places, extra, match):
+    assert_cli_user_error(["dashboard", "--dry-run", *places(extra)], match, watch=[tmp_path])
+
+
+def test_dashboard_missing_app_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("OSA_LAB_DASHBOARD", str(tmp_path / "nope.py"))
+    assert_cli_user_error(["dashboard", "--dry-run"], r"dashboard script not found", watch=[tmp_path])
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["swep", "--depth", "2"], ["--depth"]])
+def test_unknown_command(argv):
+    assert_cli_user_error(argv, r"unknown command")
+
+
+def test_help_returns_0_and_does_not_exit(capsys):
+    assert cli.main(["sweep", "--help"]) == 0
+    assert "--allow-large" in capsys.readouterr().out
+    assert cli.main(["--help"]) == 0
+
+
+def test_typed_error_from_any_subcommand_is_one_line_but_bugs_keep_tracebacks(monkeypatch):
+    import osa_lab.dashboard_cli as dashboard_cli
+
+    def typed(args):
+        raise OSAInputError("`x` is bad;\n  give a good one")
+
+    monkeypatch.setattr(dashboard_cli, "run", typed)
+    line = assert_cli_user_error(["dashboard", "--dry-run"], r"`x` is bad; give a good one")
+    assert line == "osa-lab dashboard: error: `x` is bad; give a good one"  # newlines folded
+
+    def bug(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(dashboard_cli, "run", bug)
+    with pytest.raises(ZeroDivisionError):  # a bug is not a user error: the traceback stays
+        cli.main(["dashboard", "--dry-run"])
+    monkeypatch.setattr(dashboard_cli, "run", typed)
+    monkeypatch.setenv("OSA_LAB_TRACEBACK", "1")
+    with pytest.raises(OSAInputError):
+        cli.main(["dashboard", "--dry-run"])
+
+
+def test_is_user_error_covers_the_typed_errors():
+    from osa_lab.data import MissingDataError
+    from osa_lab.errors import ConfigurationError, MethodUnavailableError, OutputPathError, UnknownNameError
+    from osa_lab.report import ReportError
+
+    for exc in (OSAInputError("x"), ConfigurationError("x"), UnknownNameError("x"), MethodUnavailableError("x"),
+                OutputPathError("x"), ReportError("x"), MissingDataError("x")):  # fmt: skip
+        assert cli.is_user_error(exc), type(exc)
+    for exc in (ValueError("x"), RuntimeError("x"), KeyError("x"), FileNotFoundError("x")):
+        assert not cli.is_user_error(exc), type(exc)
+
+
+# ---- in a subprocess: what a terminal shows ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["sweep", "--batch", "0", "--no-progress"], r"--batch"),
+        (["sweep", "--output", "{tmp}", "--depth", "2", "--tokens", "8", "--dim", "8", "--seeds", "1"],
+         r"is a directory"),
+        (["bench", "--sizes", "0"], r"--sizes"),
+        (["bogus"], r"unknown command"),
+    ],
+)
+def test_no_traceback_reaches_the_terminal(tmp_path, places, argv, match):
+    assert_cli_user_error_subprocess(places(argv), match, watch=[tmp_path], cwd=tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_typed_error_raised_inside_run_reaches_the_terminal_as_one_line(tmp_path):
+    # MethodUnavailableError is raised inside bench.run and formatted by cli.main
+    assert_cli_user_error_subprocess(["bench", "--device", "cuda", "--output", str(tmp_path / "c.csv")],
+                                     r"--device cuda: no CUDA device", watch=[tmp_path], cwd=tmp_path)  # fmt: skip
