@@ -953,6 +953,11 @@ def _compare_task(
         partial = Path(run_dir) / "metrics.csv" if run_dir else None
         frame = load_metrics(partial) if partial is not None and partial.exists() else None
         return {"status": "diverged", "metrics": frame, "params": None, "error": str(err)}
+    except USER_ERRORS as err:
+        # bad input or environment (a refused method, a busy folder, a damaged checkpoint …): not a
+        # result of the comparison; compare() raises it again as the same typed error
+        return {"status": "user_error", "metrics": None, "params": None, "error": str(err),
+                "error_type": type(err).__name__}  # fmt: skip
     n_params = sum(p.numel() for p in result.model.parameters())
     return {"status": "ok", "metrics": result.metrics, "params": n_params, "error": ""}
 
@@ -1005,7 +1010,12 @@ def compare(
                 tasks.append(Task(_compare_task, kwargs, {"preset": preset, "seed": int(seed)},
                                   progress_kwarg="progress"))  # fmt: skip
         options = grid_options or GridOptions.in_process(threads=None, progress=progress)
+        for preset in presets:  # impossible model settings fail here, before any run starts
+            model_config_for(dataclasses.replace(base, preset=preset), data)
         done = run_grid(tasks, options, desc="runs")
+        for o in done.outcomes:
+            if o.ok and o.value["status"] == "user_error":
+                raise _user_error(o.value["error_type"], o.value["error"])
         for o in done.outcomes:
             preset, seed = o.task.settings["preset"], o.task.settings["seed"]
             if o.ok:
@@ -1522,6 +1532,16 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     MethodUnavailableError,
     CausalMaskError,
 )
+
+
+def _user_error(name: str, message: str) -> Exception:
+    """The typed osa_lab error called ``name`` with ``message`` (a grid task returns names, not objects)."""
+    import osa_lab.errors as errors_module
+
+    cls = getattr(errors_module, name, None) or {"MissingDataError": MissingDataError}.get(name)
+    if isinstance(cls, type) and issubclass(cls, USER_ERRORS):
+        return cls(message)
+    return ConfigurationError(message)
 
 
 def _one_line(err: BaseException) -> str:
