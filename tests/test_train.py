@@ -564,3 +564,33 @@ def test_tune_chooses_on_validation_and_reports_test_of_the_choice_only(tmp_path
     assert "Verdict" in (tmp_path / "verdict.md").read_text()
     # no test-set number enters the choice: the tuning table has no test column
     assert not any("test" in c for c in tuning.columns)
+
+
+def test_resume_refuses_other_data_and_a_corrupt_checkpoint(tmp_path, data):
+    """Issue 11: resuming on other data trained the remaining epochs on it; a damaged checkpoint raised EOFError."""
+    other = load_synthetic(seed=5)
+
+    class StopError(Exception):
+        pass
+
+    def stop_after_one(epoch, _):
+        raise StopError
+
+    with pytest.raises(StopError):
+        train(tiny(), tmp_path, data=data, progress=False, on_epoch_end=stop_after_one)
+    with pytest.raises(ConfigurationError, match="other data"):
+        train(tiny(), tmp_path, data=other, progress=False)
+    ckpt = tmp_path / T.CHECKPOINT_NAME
+    ckpt.write_bytes(ckpt.read_bytes()[: len(ckpt.read_bytes()) // 2])
+    with pytest.raises(ConfigurationError, match="--no-resume"):
+        train(tiny(), tmp_path, data=data, progress=False)
+    assert train(tiny(), tmp_path, data=data, progress=False, resume=False).final() >= 0
+
+
+def test_negative_grad_clip_and_weight_decay_are_refused():
+    with pytest.raises(ConfigurationError, match="gradient ascent"):
+        TrainConfig(grad_clip=-1.0)
+    with pytest.raises(ConfigurationError, match="weight_decay"):
+        TrainConfig(weight_decay=-5.0)
+    with pytest.raises(ConfigurationError, match="patch_size"):
+        TrainConfig(patch_size=0)
