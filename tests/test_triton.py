@@ -54,7 +54,7 @@ def make_inputs(b, n, r, dv, dtype, *, alpha=0.5, seed=0, equal=False):
 
 
 def dense_reference(q, k, v, scale, gy):
-    """float64 dense exp(S) V and its gradients w.r.t. q, k, v, scale (DESIGN.md §2 reference)."""
+    """float64 dense exp(S) V and its gradients w.r.t. q, k, v, scale (the paper's definition, docs/triton.md)."""
     qd, kd, vd, sd = (x.detach().double().requires_grad_() for x in (q, k, v, scale))
     s = sd[:, None, None] * (qd @ kd.mT - kd @ qd.mT)
     y = torch.linalg.matrix_exp(s) @ vd

@@ -93,3 +93,29 @@ def count_syncs():
             yield counts
     finally:
         T._LAUNCH_HOOK = old
+
+
+def measure(core: str = "adaptive", b: int = 2, n: int = 256, r: int = 32, d: int = 32) -> dict[str, Counts]:
+    """Counts for one forward and one backward of ``osa_triton`` (float32, after a warm-up call)."""
+    import math
+
+    from osa_lab.kernels import triton_osa as T
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(b, n, r, generator=g).requires_grad_() for _ in range(2))
+    v = torch.randn(b, n, d, generator=g).requires_grad_()
+    scale = torch.full((b,), 1 / math.sqrt(r), dtype=torch.float64).requires_grad_()
+    cfg = T.TritonConfig(core=core)
+    T.osa_triton(q, k, v, scale, config=cfg)
+    with count_syncs() as fwd:
+        y = T.osa_triton(q, k, v, scale, config=cfg)
+    with count_syncs() as bwd:
+        torch.autograd.grad(y, (q, k, v, scale), torch.ones_like(y))
+    return {"forward": fwd, "backward": bwd}
+
+
+if __name__ == "__main__":  # TRITON_INTERPRET=1 python -m osa_lab.kernels.sync_count
+    for core in ("adaptive", "fixed"):
+        for phase, c in measure(core).items():
+            print(f"core={core:8s} {phase:8s} syncs={c.n_syncs} {dict(c.syncs)} aten_ops={c.ops} "
+                  f"launches={c.n_launches} {dict(c.launches)}")  # fmt: skip

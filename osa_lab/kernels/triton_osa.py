@@ -1,4 +1,4 @@
-"""Low-rank OSA ``exp(S) V`` in Triton, forward and backward (DESIGN.md §2, §7).
+"""Low-rank OSA ``exp(S) V`` in Triton, forward and backward (docs/triton.md).
 
 Zhang & Martens, "Orthogonal Self-Attention" (arXiv 2602.05996): ``S = U J Uᵀ`` with
 ``U = [q k]`` (N × 2r) and ``J = s [[0, I], [−I, 0]]``, ``s = α/√r``. The Gram form of
