@@ -82,3 +82,8 @@ class OSAAccuracyWarning(UserWarning):
     """A result is computed but its accuracy is doubtful: ``‖S‖`` is so large that the working
     precision's rounding error (about ``eps · ‖S‖``) is no longer small, or the output's column
     norms drifted from those of ``v`` (``exp(S)`` is orthogonal, so they must match)."""
+
+
+class ComputationCancelledError(RuntimeError):
+    """A long computation stopped early because its ``should_stop`` hook returned True (e.g. the
+    dashboard's cancel button or a closed session); no partial result is returned."""

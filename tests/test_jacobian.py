@@ -148,13 +148,177 @@ def test_matrix_free_non_convergence_is_flagged_not_silent():
     from osa_lab.jacobian import matrix_free_extremes
 
     fn, x = _ill_conditioned_diagonal()
+    # ncv=16: a small restarted basis (the default basis spans all 400 inputs and converges).
     with pytest.warns(SolverNotConvergedWarning, match="did not converge"):
-        smax, _ = matrix_free_extremes(fn, x, maxiter=3)
-    assert smax == pytest.approx(1000.0)
-    *_, converged = matrix_free_extremes(fn, x, maxiter=3, return_converged=True)
+        smax, smin = matrix_free_extremes(fn, x, maxiter=3, ncv=16)
+    assert smax == pytest.approx(1000.0) and np.isnan(smin)
+    *_, converged = matrix_free_extremes(fn, x, maxiter=3, ncv=16, return_converged=True)
     assert converged is False
     with warnings.catch_warnings():
         warnings.simplefilter("error", SolverNotConvergedWarning)
         smax, smin, converged = matrix_free_extremes(fn, x, return_converged=True)
     assert converged is True
     assert smin == pytest.approx(1e-3, rel=1e-4) and smax == pytest.approx(1000.0)
+
+
+# --------------------------------------------------------------------------------------
+# Issue 11 item 8: matrix-free σ_min across the documented κ range; progress, cancel, bounds,
+# cost model
+# --------------------------------------------------------------------------------------
+
+
+def _osa_case(tokens: int, dim: int, alpha: float, seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer = OrthogonalSelfAttention(dim, 1, alpha_init=alpha, tokens=tokens).double()
+        x = torch.randn(tokens, dim, dtype=torch.float64)
+    return layer, x
+
+
+@pytest.mark.parametrize(("tokens", "alpha"), [(16, 1.0), (12, 3.0)])
+def test_matrix_free_resolves_ill_conditioned_osa_layer(tokens, alpha):
+    """The README's N = d = 16, α = 1 (κ ≈ 1000) and N = d = 12, α = 3 (κ ≈ 3100): the old ARPACK
+    path returned σ_min = NaN and κ = inf after about a minute; now σ_min to 1e-8 relative."""
+    layer, x = _osa_case(tokens, tokens, alpha)
+    exact = jacobian_spectrum(layer, x, method="exact")
+    assert exact.kappa > 500
+    free = jacobian_spectrum(layer, x, method="matrix-free")
+    assert free.method == "matrix-free" and free.converged is True
+    assert free.sigma_max == pytest.approx(exact.sigma_max, rel=1e-8)
+    assert free.sigma_min == pytest.approx(exact.sigma_min, rel=1e-8)
+    assert free.kappa == pytest.approx(exact.kappa, rel=1e-7)
+    assert 0 < free.products <= 2 * x.numel()
+
+
+def test_matrix_free_with_krylov_space_much_smaller_than_the_input():
+    """N = d = 32 (1024 inputs), α = 0.1 (κ ≈ 44): a 64-vector basis (16× smaller), thick restarts."""
+    layer, x = _osa_case(32, 32, 0.1)
+    exact = jacobian_spectrum(layer, x, method="exact")
+    free = jacobian_spectrum(layer, x, method="matrix-free", ncv=64)
+    assert free.converged is True and exact.kappa > 20
+    assert free.products > 2 * 64  # it did restart
+    assert free.sigma_max == pytest.approx(exact.sigma_max, rel=1e-8)
+    assert free.sigma_min == pytest.approx(exact.sigma_min, rel=1e-6)
+
+
+def test_transposed_vjp_matvec_equals_jvp():
+    from osa_lab.jacobian import _operators
+    from osa_lab.models import functional_mode
+
+    layer, x = _osa_case(6, 4, 0.7)
+    v = torch.randn(x.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with functional_mode(layer):
+        fn = lambda z: layer(z[None])[0]  # noqa: E731
+        matvec, rmatvec, n_in, n_out = _operators(fn, x)
+        ref = torch.func.jvp(fn, (x,), (v.reshape(x.shape),))[1].reshape(-1)
+        jac = exact_jacobian(fn, x)
+    assert torch.allclose(matvec(v), ref, rtol=1e-12, atol=1e-13)
+    assert torch.allclose(rmatvec(v), jac.T @ v, rtol=1e-12, atol=1e-13)
+
+
+def _geometric_spectrum(n: int = 300, kappa: float = 1e4):
+    """A dense map with σ spread geometrically (no isolated σ_min: the hardest case for Krylov)."""
+    g = torch.Generator().manual_seed(1)
+    u, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g))
+    v, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g))
+    a = (u * torch.logspace(0, -np.log10(kappa), n, dtype=torch.float64)) @ v.T
+    return (lambda z: a @ z), torch.randn(n, dtype=torch.float64, generator=g)
+
+
+def test_unconverged_sigma_min_is_nan_with_flag_never_inf():
+    """κ of an unresolved σ_min is NaN (unknown), never inf (old: inf) — for every solver."""
+    import warnings
+
+    from osa_lab.jacobian import matrix_free_extremes
+
+    fn, x = _geometric_spectrum()
+    spec = jacobian_spectrum(fn, x, method="matrix-free", ncv=12, maxiter=4)
+    assert spec.converged is False and np.isnan(spec.sigma_min) and np.isnan(spec.kappa)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy's own lobpcg/ARPACK messages
+        for solver in ("arpack", "lobpcg"):
+            smax, smin, converged = matrix_free_extremes(
+                fn, x, solver=solver, maxiter=5, ncv=8, return_converged=True
+            )
+            assert converged is False and np.isnan(smin), solver
+
+
+def test_lobpcg_warning_is_not_reported_as_converged():
+    """lobpcg at κ ≈ 200 (N = d = 24, α = 0.3): scipy warned 'not reaching the requested
+    tolerance' and the old code returned a 0.7 %-off σ_min with converged=True."""
+    from osa_lab.jacobian import matrix_free_extremes
+    from osa_lab.models import functional_mode
+
+    layer, x = _osa_case(12, 12, 1.0)
+    with functional_mode(layer):
+        fn = lambda z: layer(z[None])[0]  # noqa: E731
+        smax, smin, converged = matrix_free_extremes(
+            fn, x, solver="lobpcg", tol=1e-12, maxiter=20, return_converged=True
+        )
+    assert converged is False and np.isnan(smin)
+
+
+def test_progress_callback_and_cancel_hook():
+    from osa_lab.errors import ComputationCancelledError
+    from osa_lab.jacobian import JacobianProgress
+
+    layer, x = _osa_case(8, 8, 1.0)
+    seen: list[JacobianProgress] = []
+    spec = jacobian_spectrum(layer, x, method="matrix-free", progress=seen.append)
+    assert spec.converged and seen and seen[-1].products == spec.products
+    assert all(0.0 <= p.fraction <= 1.0 for p in seen) and seen[0].method == "matrix-free"
+    calls = {"n": 0}
+
+    def stop_after_ten() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 10
+
+    with pytest.raises(ComputationCancelledError, match="cancelled"):
+        jacobian_spectrum(layer, x, method="matrix-free", should_stop=stop_after_ten)
+    assert calls["n"] == 11  # checked between products, stopped at once
+    calls["n"] = 5
+    with pytest.raises(ComputationCancelledError):  # between chunks of 8 rows (8 chunks)
+        jacobian_spectrum(layer, x, method="exact", chunk_size=8, should_stop=stop_after_ten)
+    assert calls["n"] == 11
+    profile_seen: list[JacobianProgress] = []
+    df = jacobian_depth_profile("pure-osa", 2, 4, 4, seed=0, method="matrix-free", progress=profile_seen.append)
+    assert len(df) == 4 and {p.tasks for p in profile_seen} == {4}
+    assert profile_seen[-1].fraction == 1.0
+    calls["n"] = 0
+    with pytest.raises(ComputationCancelledError):
+        jacobian_depth_profile("pure-osa", 2, 4, 4, method="exact", should_stop=stop_after_ten)
+
+
+def test_unreasonable_sizes_are_refused_with_the_override():
+    with pytest.raises(JacobianTooLargeError, match=r"262144 entries.*max_input_dim=262144"):
+        jacobian_depth_profile("pure-osa", 1, 512, 512, method="matrix-free")
+    with pytest.raises(JacobianTooLargeError, match="max_input_dim"):
+        jacobian_depth_profile("pure-osa", 1, 512, 512, method="auto")
+    layer, x = _osa_case(4, 4, 0.1)
+    with pytest.raises(JacobianTooLargeError, match="max_input_dim=16"):
+        jacobian_spectrum(layer, x, method="matrix-free", max_input_dim=8)
+    assert jacobian_spectrum(layer, x, method="matrix-free", max_input_dim=16).converged
+
+
+def test_cost_model_and_auto_resolution():
+    from osa_lab.errors import ConfigurationError
+    from osa_lab.jacobian import estimate_jacobian_seconds, resolve_method
+
+    small = {m: estimate_jacobian_seconds(16, 16, 8, 1, m) for m in ("exact", "matrix-free", "auto")}
+    assert 0 < small["exact"] < small["matrix-free"] and small["auto"] == small["exact"]
+    big = estimate_jacobian_seconds(64, 64, 8, 1, "exact")
+    assert big > small["exact"] and estimate_jacobian_seconds(16, 16, 8, 1, "exact", layers=[2]) < small["exact"]
+    assert resolve_method("auto", 16, 16, 8) == "exact"
+    assert resolve_method("auto", 256, 64, 12) == "matrix-free"  # above max_exact_dim
+    assert resolve_method("matrix-free", 4, 4) == "matrix-free"
+    with pytest.raises(UnknownNameError):
+        estimate_jacobian_seconds(16, 16, 8, 1, "fast")
+    with pytest.raises(ConfigurationError, match="tokens"):
+        estimate_jacobian_seconds(0, 16, 8)
+    # auto's result is the resolved method's result: a cache can key on the resolved mode.
+    kw = dict(seed=0, layers=[1, 2])
+    auto = jacobian_depth_profile("pure-osa", 2, 4, 4, method="auto", **kw)
+    resolved = resolve_method("auto", 4, 4, 2, layers=[1, 2])
+    assert set(auto["method"]) == {resolved}
+    same = jacobian_depth_profile("pure-osa", 2, 4, 4, method=resolved, **kw)
+    pd.testing.assert_frame_equal(auto, same)
