@@ -27,12 +27,17 @@ _DATA_DEPENDENT = {"nonzero", "masked_select", "unique", "_unique", "_unique2", 
                    "unique_consecutive", "repeat_interleave"}  # fmt: skip
 
 
+#: Ops that only make tensor metadata or allocate (no device kernel).
+_METADATA = {"detach", "empty", "empty_strided", "empty_like", "lift_fresh", "alias", "_unsafe_view"}
+
+
 @dataclass
 class Counts:
     """Per-call tally: ``syncs`` (by kind), ``ops`` (aten ops), ``launches`` (Triton kernels)."""
 
     syncs: Counter = field(default_factory=Counter)
     ops: int = 0
+    compute_ops: int = 0
     launches: Counter = field(default_factory=Counter)
 
     @property
@@ -53,6 +58,8 @@ class _Counter(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.counts.ops += 1
+        if not (getattr(func, "is_view", False) or name in _METADATA):
+            self.counts.compute_ops += 1  # ops that launch device work (views and allocations excluded)
         if name == "_local_scalar_dense":
             self.counts.syncs["item"] += 1
         elif name in _DATA_DEPENDENT and not (name == "repeat_interleave" and kwargs.get("output_size")):
@@ -118,4 +125,5 @@ if __name__ == "__main__":  # TRITON_INTERPRET=1 python -m osa_lab.kernels.sync_
     for core in ("adaptive", "fixed"):
         for phase, c in measure(core).items():
             print(f"core={core:8s} {phase:8s} syncs={c.n_syncs} {dict(c.syncs)} aten_ops={c.ops} "
+                  f"compute_ops={c.compute_ops} "
                   f"launches={c.n_launches} {dict(c.launches)}")  # fmt: skip

@@ -736,7 +736,12 @@ def fixed_gram_core(
     counts = counts.nan_to_num(nan=float(max_squarings))
     fits = torch.isfinite(rho) & (rho <= theta * 2.0**max_squarings)
     cm = counts[..., None, None]
-    e = expm._taylor_ps([None, m, m2, m3, m4], _FIXED_DEGREE, _FIXED_BLOCK, torch.pow(2.0, -cm), None)
+    # Powers of X = M/2^s directly (float coefficients in the polynomial: no per-coefficient
+    # tensor powers of the scaling).
+    h = torch.pow(2.0, -cm)
+    h2 = h * h
+    xs = [None, m * h, m2 * h2, m3 * (h2 * h), m4 * (h2 * h2)]
+    e = expm._taylor_ps(xs, _FIXED_DEGREE, _FIXED_BLOCK, 1.0, None)
     for step in range(max_squarings):
         e = torch.where(cm > step, e @ e, e)
     f = chol_inv.mT @ (e - eye) @ chol_inv
