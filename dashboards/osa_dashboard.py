@@ -349,7 +349,7 @@ class Controls(param.Parameterized):
         heads = "preset heads" if cfg["heads"] is None else f"{cfg['heads']} heads"
         alpha = "α₀ derived" if cfg["alpha"] is None else f"α = {cfg['alpha']:.4g}"
         seeds = f"{cfg['seeds']} seed" + ("s" if cfg["seeds"] != 1 else "")
-        return f"depth {cfg['depth']}, N = {cfg['tokens']}, d = {cfg['dim']}, {heads}, {alpha}, {seeds}"
+        return f"depth {cfg['depth']} · N {cfg['tokens']} · d {cfg['dim']} · {heads} · {alpha} · {seeds}"
 
     def notes(self) -> list[str]:
         """Where the settings break an invariant the docs state (shown on the page)."""
@@ -578,7 +578,12 @@ def _message_pane(*errors) -> pn.pane.Alert:
 def _radio(parameter: param.Parameter, width: int) -> pn.widgets.RadioButtonGroup:
     """A radio group whose selected option is filled in the accent colour (others outlined)."""
     return pn.widgets.RadioButtonGroup.from_param(parameter, button_type="primary", button_style="outline",
-                                                  width=width, sizing_mode="fixed")
+                                                  width=width, height=34, sizing_mode="fixed")
+
+
+def _small_title(obj: hv.core.Dimensioned) -> hv.core.Dimensioned:
+    """Titles that carry the settings are long: a smaller title font in the browser."""
+    return obj.opts(fontsize={"title": "10pt"}, backend="bokeh")
 
 
 def _digest(table: pd.DataFrame | None) -> str:
@@ -712,7 +717,7 @@ class RankCollapseView(_FigureHolder):
             label = _label(METRIC_LABELS, metric)
             where = "after each block" if site == "block" else "after attention"
             title = f"{label} {where} · {settings}"
-            return plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title), table
+            return _small_title(plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title)), table
 
         return {"metric": (("metric", tuple(sorted(cfg.items())), metric, site, scale), build)}
 
@@ -973,15 +978,15 @@ class JacobianView(_FigureHolder):
 
         def kappa():
             title = f"Jacobian κ across depth ({_label(SCOPE_LABELS, scope)}) [{method}] · {settings}"
-            return plots.kappa_vs_depth(profile, scope=scope, title=title), plots.kappa_vs_depth_data(profile,
-                                                                                                     scope=scope)
+            fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title))
+            return fig, plots.kappa_vs_depth_data(profile, scope=scope)
 
         def histogram():
             if svals is None:
                 return _placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
                                     f"(choose exact) · {settings}"), None
             title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
-            return plots.jacobian_histogram(svals, title=title), plots.jacobian_histogram_data(svals)
+            return _small_title(plots.jacobian_histogram(svals, title=title)), plots.jacobian_histogram_data(svals)
 
         return {"kappa": (("kappa", key, scope), kappa), "histogram": (("histogram", key), histogram)}
 
@@ -1291,30 +1296,31 @@ def prewarm() -> None:
     compute_osa_check(int(app.controls.tokens), int(app.controls.dim), app.controls.check_heads(), None)
     app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
-    app.rank_view.panes["metric"] = pn.pane.HoloViews(_placeholder(""), backend="bokeh")
-    app.rank_view.active = True
-    app.rank_view.redraw()
-    hv.render(app.rank_view.figures["metric"], backend="bokeh")
+    for cache_key, build in app.rank_view.specs().values():
+        with FIGURE_LOCK:
+            FIGURES.put(cache_key, build())
     log.info("dashboard caches warmed in %.1f s", time.perf_counter() - start)
-
-
-def _shutdown_jobs() -> None:
-    jobs.cancel_all()
 
 
 if pn.state.served:
     limit_torch_threads()
     pn.extension(sizing_mode="stretch_width")
-    atexit.register(_shutdown_jobs)
+    if not pn.state.cache.get("osa_lab.dashboard.atexit"):
+        pn.state.cache["osa_lab.dashboard.atexit"] = atexit.register(jobs.cancel_all)
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
         dashboard.apply_url(pn.state.session_args)
-    if pn.state.location is not None:
-        dashboard.link_url(pn.state.location)
     pn.state.on_session_destroyed(lambda _ctx, d=dashboard: d.stop())
     dashboard.template().servable()
-    pn.state.onload(lambda: (dashboard.state.refresh(), dashboard.check_view.refresh()))
+
+    def _on_load(d: Dashboard = dashboard) -> None:
+        if pn.state.location is not None:
+            d.link_url(pn.state.location)  # after the browser's own location has arrived
+        d.state.refresh()
+        d.check_view.refresh()
+
+    pn.state.onload(_on_load)
 
 __all__ = [
     "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast", "RankCollapseView", "SpectraView",

@@ -91,7 +91,7 @@ def _title(obj) -> str:
 def test_titles_state_the_settings_and_labels_are_human(app):
     title = _title(_pane_data(app.rank_view, "metric"))
     assert "relative residual" in title and "relative_residual" not in title
-    assert "depth 3, N = 8, d = 8, preset heads, α₀ derived, 2 seeds" in title
+    assert "depth 3 · N 8 · d 8 · preset heads · α₀ derived · 2 seeds" in title
     app.controls.heads = 2
     assert "2 heads" in _title(_pane_data(app.rank_view, "metric"))
 
