@@ -532,9 +532,34 @@ def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple
                 f"the Dask scheduler at {address!r} has no workers after {options.connect_timeout:g} s; "
                 f"start some with `dask worker {address}`"
             ) from None
-        yield client, client.dashboard_link
+        services = client.scheduler_info().get("services", {})
+        yield client, client.dashboard_link if "dashboard" in services else None
     finally:
         client.close()
+
+
+@contextmanager
+def shared_cluster(options: GridOptions | None) -> Iterator[GridOptions | None]:
+    """Start the local cluster of ``options`` once for several :func:`run_grid` calls.
+
+    Yields options that send every grid to that cluster (as if it were an external scheduler),
+    so a command made of several grids (``train --tune``: one comparison per learning rate)
+    pays the cluster start-up once. In-process and external-scheduler options are yielded
+    unchanged. The cluster is closed on exit.
+    """
+    if options is None or options.serial or options.workers == 1:
+        yield options
+        return
+    mode, where = options.plan(options.workers or _cpu_count())
+    if mode != "local":
+        yield options
+        return
+    with _client(options, mode, where) as (client, link):
+        if link:
+            print(f"local Dask cluster of {where} workers; dashboard: {link}", file=sys.stderr)
+        yield GridOptions(threads_per_worker=options.threads_per_worker, scheduler=client.scheduler.address,
+                          progress=options.progress, connect_timeout=options.connect_timeout,
+                          timeout=options.timeout)  # fmt: skip
 
 
 def _run_dask(tasks, todo, outcomes, options, store_dir, bar, mode, where, desc) -> str | None:
@@ -631,6 +656,7 @@ __all__: Sequence[str] = (
     "execute_task",
     "options_from_args",
     "run_grid",
+    "shared_cluster",
     "summary_lines",
     "task_key",
 )

@@ -76,7 +76,7 @@ from osa_lab.errors import (
     UnknownNameError,
     unknown_name,
 )
-from osa_lab.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
+from osa_lab.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid, shared_cluster
 from osa_lab.models import alpha_zeroed, mixing_table, osa_layers
 
 #: the presets of the paper's comparison (DESIGN.md §5; issue 7)
@@ -1571,9 +1571,10 @@ def run(args: argparse.Namespace) -> int:
             grid_options = dataclasses.replace(grid_options, threads_per_worker=args.threads)
         if args.tune:
             grid = TuneGrid(tuple(args.lr_grid), tuple(args.alpha_lr_mult_grid), tuple(args.tune_seeds))
-            result = tune(presets, args.seeds, base, args.output, grid=grid, resume=not args.no_resume,
-                          device=args.device, progress=not args.quiet, data_dir=args.data_dir,
-                          grid_options=grid_options)  # fmt: skip
+            with shared_cluster(grid_options) as shared:  # one cluster start for all of tune's grids
+                result = tune(presets, args.seeds, base, args.output, grid=grid, resume=not args.no_resume,
+                              device=args.device, progress=not args.quiet, data_dir=args.data_dir,
+                              grid_options=shared)  # fmt: skip
             with pd.option_context("display.width", 200, "display.max_columns", 20):
                 print(result.chosen.to_string(index=False))
                 print(format_summary(result.summary).to_string(index=False))

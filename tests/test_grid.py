@@ -339,3 +339,18 @@ def test_train_compare_on_two_local_workers_equals_in_process(tmp_path, capsys, 
     pd.testing.assert_frame_equal(sa[cols], sb[cols], check_exact=True)
     for d in (one, two):  # checkpoints of every run under the output folder
         assert len(list(d.glob("*/seed0/checkpoint.pt"))) == len(sa)
+
+
+@pytest.mark.slow
+def test_shared_cluster_serves_several_grids_with_one_start(tmp_path):
+    from osa_lab.grid import shared_cluster
+
+    with deadline(240), shared_cluster(GridOptions(workers=2, progress=False, dashboard_address=None)) as opts:
+        assert opts.scheduler and opts.scheduler.startswith("tcp://")
+        first = run_grid([Task(square, {"i": i}, {"i": i}) for i in range(3)], opts)
+        second = run_grid([Task(square, {"i": i}, {"i": i}) for i in range(3, 6)], opts)
+    assert [v["square"] for v in first.values() + second.values()] == [i * i for i in range(6)]
+    workers = {o.worker for o in first.outcomes + second.outcomes}
+    assert len(workers) <= 2 and all(w.startswith("tcp://") for w in workers)  # the same two workers
+    with shared_cluster(GridOptions(serial=True)) as same:
+        assert same == GridOptions(serial=True)
