@@ -8,6 +8,8 @@ of :mod:`osa_lab.analysis` and :mod:`osa_lab.jacobian` to the few numbers a read
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -81,45 +83,67 @@ def jacobian_sweep(
     *,
     histogram_seed: int = 0,
     method: str = "auto",
+    progress: bool | Callable = False,
+    should_stop: Callable[[], bool] | None = None,
+    max_input_dim: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """κ across depth for several presets and seeds, and the last layer's Jacobian singular values.
 
     Thin loop over :func:`osa_lab.jacobian.jacobian_depth_profile` (both scopes: end-to-end
     ``∂X_l/∂X_0`` and each block alone) and :func:`osa_lab.jacobian.jacobian_singular_values`
     (end-to-end Jacobian of the whole network, seed ``histogram_seed``). Returns
-    ``(kappa_table, singular_values)`` in that module's schemas.
+    ``(kappa_table, singular_values)`` in that module's schemas. ``progress`` (True for tqdm
+    bars, or a callback receiving :class:`osa_lab.jacobian.JacobianProgress` for each call),
+    ``should_stop`` (cancel hook) and ``max_input_dim`` are passed to every call.
     """
     from osa_lab import jacobian
 
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    hooks = dict(progress=progress, should_stop=should_stop, max_input_dim=max_input_dim)
     kappa = pd.concat(
         [
-            jacobian.jacobian_depth_profile(p, depth, tokens, dim, seed=s, method=method)
+            jacobian.jacobian_depth_profile(p, depth, tokens, dim, seed=s, method=method, **hooks)
             for p in presets
             for s in seed_list
         ],
         ignore_index=True,
     )
     sigmas = pd.concat(
-        [jacobian.jacobian_singular_values(p, depth, tokens, dim, seed=histogram_seed, method=method) for p in presets],
+        [
+            jacobian.jacobian_singular_values(p, depth, tokens, dim, seed=histogram_seed, method=method, **hooks)
+            for p in presets
+        ],
         ignore_index=True,
     )
     return kappa, sigmas
 
 
+def _geometric_mean(values: pd.Series) -> float:
+    """Geometric mean of the resolved values (NaN = a matrix-free σ_min that did not converge)."""
+    v = values.to_numpy(dtype=float)
+    v = v[~np.isnan(v)]
+    return float(np.exp(np.log(v).mean())) if v.size else float("nan")
+
+
 def kappa_table(kappa: pd.DataFrame) -> pd.DataFrame:
-    """κ of the end-to-end Jacobian at the first and the last layer per preset (geometric mean over seeds)."""
+    """κ of the end-to-end Jacobian at the first and the last layer per preset (geometric mean over seeds).
+
+    Unresolved κ (NaN: the matrix-free solver did not converge) are left out of the means and
+    counted in ``unresolved``; a mean over none is NaN.
+    """
     _require(kappa, ["preset", "layer", "scope", "kappa"], "Jacobian profile")
     df = kappa[kappa["scope"] == "end_to_end"] if "scope" in kappa.columns else kappa
     rows = []
     for preset, g in df.groupby("preset", sort=False):
         first, last = g["layer"].min(), g["layer"].max()
+        ends = g[g["layer"].isin([first, last])]
         rows.append(
             {
                 "preset": preset,
-                "kappa_first_layer": float(np.exp(np.log(g[g["layer"] == first]["kappa"]).mean())),
-                "kappa_last_layer": float(np.exp(np.log(g[g["layer"] == last]["kappa"]).mean())),
+                "kappa_first_layer": _geometric_mean(g[g["layer"] == first]["kappa"]),
+                "kappa_last_layer": _geometric_mean(g[g["layer"] == last]["kappa"]),
                 "last_layer": int(last),
+                "unresolved": int(ends["kappa"].isna().sum()),
             }
         )
     return pd.DataFrame(rows)

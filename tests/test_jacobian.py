@@ -322,3 +322,18 @@ def test_cost_model_and_auto_resolution():
     assert set(auto["method"]) == {resolved}
     same = jacobian_depth_profile("pure-osa", 2, 4, 4, method=resolved, **kw)
     pd.testing.assert_frame_equal(auto, same)
+
+
+def test_depth_facts_pass_hooks_and_skip_unresolved_kappa():
+    from osa_lab import depth_facts
+    from osa_lab.errors import ComputationCancelledError
+
+    with pytest.raises(ComputationCancelledError):
+        depth_facts.jacobian_sweep(["pure-osa"], 2, 4, 4, seeds=1, should_stop=lambda: True)
+    kappa = pd.DataFrame(
+        {"preset": "p", "layer": [1, 1, 2, 2], "scope": "end_to_end", "kappa": [2.0, 8.0, 10.0, np.nan]}
+    )
+    table = depth_facts.kappa_table(kappa)
+    assert table.loc[0, "kappa_first_layer"] == pytest.approx(4.0)
+    assert table.loc[0, "kappa_last_layer"] == pytest.approx(10.0)  # the unresolved seed is left out
+    assert table.loc[0, "unresolved"] == 1
