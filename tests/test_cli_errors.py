@@ -193,3 +193,9 @@ def test_typed_error_raised_inside_run_reaches_the_terminal_as_one_line(tmp_path
     # MethodUnavailableError is raised inside bench.run and formatted by cli.main
     assert_cli_user_error_subprocess(["bench", "--device", "cuda", "--output", str(tmp_path / "c.csv")],
                                      r"--device cuda: no CUDA device", watch=[tmp_path], cwd=tmp_path)  # fmt: skip
+
+
+def test_dashboard_dry_run_accepts_good_values(capsys):
+    assert cli.main(["dashboard", "--dry-run", "--port", "0", "--num-threads", "2", "--address", "0.0.0.0"]) == 0
+    out = capsys.readouterr().out
+    assert "panel serve" in out and "--port 0" in out and "--num-threads 2" in out
