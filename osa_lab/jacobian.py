@@ -1024,6 +1024,8 @@ def osa_layer_conditioning(
     method: str = "auto",
     max_exact_dim: int = MAX_EXACT_DIM,
     dtype: torch.dtype = torch.float64,
+    progress: ProgressCallback | None = None,
+    should_stop: StopHook | None = None,
 ) -> pd.DataFrame:
     """κ of one OSA layer's Jacobian against α, N and d, at X ~ N(0, 1) tokens.
 
@@ -1033,7 +1035,8 @@ def osa_layer_conditioning(
     :func:`~osa_lab.layers.derived_alpha_init` at that N, d. Seeds draw the weights and the input.
 
     Returns columns ``alpha, alpha_source ("given"|"derived"), alpha_over_derived, tokens, dim,
-    heads, seed, method, sigma_max, sigma_min, kappa``.
+    heads, seed, method, sigma_max, sigma_min, kappa, converged``. ``progress`` and
+    ``should_stop`` are passed to every :func:`jacobian_spectrum` call.
     """
     from osa_lab.analysis import _as_list, _seed_list
 
@@ -1055,7 +1058,10 @@ def osa_layer_conditioning(
                             with _default_dtype(dtype):
                                 layer = OrthogonalSelfAttention(d, h, alpha_init=value, tokens=n)
                             x = torch.randn(n, d, dtype=torch.float64).to(dtype)
-                        spec = jacobian_spectrum(layer, x, method=method, max_exact_dim=max_exact_dim)
+                        spec = jacobian_spectrum(
+                            layer, x, method=method, max_exact_dim=max_exact_dim, progress=progress,
+                            should_stop=should_stop,
+                        )  # fmt: skip
                         rows.append(
                             {
                                 "alpha": value,
@@ -1069,6 +1075,7 @@ def osa_layer_conditioning(
                                 "sigma_max": spec.sigma_max,
                                 "sigma_min": spec.sigma_min,
                                 "kappa": spec.kappa,
+                                "converged": spec.converged,
                             }
                         )
     return pd.DataFrame(rows)

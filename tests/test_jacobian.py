@@ -337,3 +337,11 @@ def test_depth_facts_pass_hooks_and_skip_unresolved_kappa():
     assert table.loc[0, "kappa_first_layer"] == pytest.approx(4.0)
     assert table.loc[0, "kappa_last_layer"] == pytest.approx(10.0)  # the unresolved seed is left out
     assert table.loc[0, "unresolved"] == 1
+
+
+def test_osa_layer_conditioning_issue_case_matrix_free():
+    """The issue's N = d = 12, α = 3 layer (κ ≈ 8,600): matrix-free agrees with exact and says so."""
+    exact = osa_layer_conditioning([3.0], [12], [12], seeds=[0], method="exact").iloc[0]
+    free = osa_layer_conditioning([3.0], [12], [12], seeds=[0], method="matrix-free").iloc[0]
+    assert exact["kappa"] > 5000 and bool(free["converged"]) is True
+    assert free["kappa"] == pytest.approx(exact["kappa"], rel=1e-7)
