@@ -850,12 +850,21 @@ def _depth_spectra(
     )  # fmt: skip
     if resolved == "matrix-free":
         _check_input_dim(n, max_input_dim)
-    callback = progress if callable(progress) else None
+    bar = tqdm(total=len(wanted) * len(scopes), desc=f"jacobian {preset}", disable=progress is not True, leave=False)
+    if callable(progress):
+        callback = progress
+    elif progress is True:  # progress inside a long solve: products so far on the bar
+
+        def callback(p: JacobianProgress) -> None:
+            est = "" if math.isnan(p.estimate) else f", σ_min ≈ {p.estimate:.3g}"
+            bar.set_postfix_str(f"{p.task.split(': ', 1)[-1]}: {p.products} products{est}", refresh=True)
+
+    else:
+        callback = None
     tasks = max(wanted) if resolved == "exact" else len(wanted) * len(scopes)
     monitor = _Monitor(callback, should_stop, resolved, tasks=tasks)
     monitor.check()
     inputs = _layer_inputs(model, x0)
-    bar = tqdm(total=len(wanted) * len(scopes), desc=f"jacobian {preset}", disable=progress is not True, leave=False)
     with functional_mode(model):
         if resolved == "exact":
             _check_size(n, n, dtype, max_bytes)
