@@ -1,6 +1,6 @@
 """Headline numbers of the depth analyses, as tidy tables for the reports (notebooks 2 and 3).
 
-DESIGN.md §4 lists facts the analysis must reproduce: a pure softmax-attention stack loses rank
+docs/analysis.md lists facts the analysis must reproduce: a pure softmax-attention stack loses rank
 doubly exponentially with depth (Dong et al. 2021) while skip connections prevent it, and a
 pure OSA stack keeps every singular value of its input. These helpers reduce the tidy tables
 of :mod:`osa_lab.analysis` and :mod:`osa_lab.jacobian` to the few numbers a reader checks.

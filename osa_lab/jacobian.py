@@ -1,8 +1,8 @@
 """Input–output Jacobians of layers, blocks and networks: singular values and condition numbers.
 
-Implements the Jacobian-conditioning row of DESIGN.md §4 (Ji et al. 2025, *Cutting the Skip*,
+Implements the Jacobian-conditioning analysis of docs/analysis.md (Ji et al. 2025, *Cutting the Skip*,
 arXiv 2510.00345, who measure κ of ``∂X_l/∂X_0``) and the OSA initialisation evidence of
-DESIGN.md §3 (Zhang & Martens 2026, arXiv 2602.05996: the OSA layer's Jacobian is
+docs/initialisation.md (Zhang & Martens 2026, arXiv 2602.05996: the OSA layer's Jacobian is
 well-conditioned at the right α).
 
 Two methods, one interface (:func:`jacobian_spectrum`):
@@ -1019,7 +1019,7 @@ def jacobian_singular_values(
 
 
 # --------------------------------------------------------------------------------------
-# The OSA layer against α, N and d (initialisation evidence, DESIGN.md §3)
+# The OSA layer against α, N and d (initialisation evidence, docs/initialisation.md)
 # --------------------------------------------------------------------------------------
 
 

@@ -92,7 +92,7 @@ def test_lobpcg_solver_agrees_with_exact():
 
 
 def test_osa_layer_kappa_at_default_init():
-    """The core's derived init keeps κ(J) ≤ 1.5 for N, d ∈ {8, 16, 32} (DESIGN.md §3)."""
+    """The core's derived init keeps κ(J) ≤ 1.5 for N, d ∈ {8, 16, 32} (docs/initialisation.md)."""
     df = osa_layer_conditioning(["derived"], tokens=[8, 16, 32], dims=[8, 16, 32], seeds=1, heads=[1, 2])
     assert len(df) == 3 * 3 * 2
     assert (df["method"] == "exact").all()
