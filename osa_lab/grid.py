@@ -133,8 +133,8 @@ class GridOptions:
             in-process too, so results do not depend on the placement; ``None`` leaves the
             thread count alone (in-process only). Dask itself runs one task at a time per worker.
         scheduler: address of an existing scheduler (``tcp://host:8786``).
-        serial: run in-process even if ``workers``/``scheduler`` say otherwise is an error;
-            ``serial=True`` is the same as ``workers=1``.
+        serial: run in-process, one task after the other (the same as ``workers=1``); giving
+            it together with ``scheduler`` is an error.
         progress: show the tqdm bar over tasks.
         dashboard_address: where the local cluster serves its dashboard (``":8787"``; ``None``: off).
         connect_timeout: seconds to wait for an external scheduler and its first worker.
