@@ -19,7 +19,8 @@ measurement that would start past ``--budget`` seconds is skipped):
 3. per-pass time of the memory-bound Triton passes (CUDA events) and their bandwidth as a
    fraction of the measured copy bandwidth (target ≥ 60 %; bytes per pass in docs/triton.md);
 4. that the fixed core plan runs forward and backward with no host synchronisation
-   (``torch.cuda.set_sync_debug_mode("error")``);
+   (``torch.cuda.set_sync_debug_mode("error")``), and its forward captured in a CUDA graph
+   (replay time, difference to eager);
 5. correctness against float64 (outputs and all gradients) with a verdict per row:
    ``err ≤ 1.25·round + 1e-4`` (``round`` = error of rounding the exact result to the dtype;
    the scale gradient ``≤ 1e-4``), as ``tests/test_triton.py::test_gpu_realistic_sizes``.
@@ -308,6 +309,29 @@ def sync_free(n: int, d: int) -> dict:
     return {"finite": bool(torch.isfinite(y).all())}
 
 
+def cuda_graph(n: int, d: int) -> dict:
+    """The fixed-plan forward captured in a CUDA graph and replayed: same output as eager, and
+    the replay time (no host work at all)."""
+    if DRY:
+        return {"status": "ok (not checked on the CPU)"}
+    q, k, v, scale = inputs(ARGS.bh, n, d, d, torch.bfloat16)
+    cfg = T.TritonConfig(core="fixed")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(2):
+            T.osa_triton(q, k, v, scale, config=cfg)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        y = T.osa_triton(q, k, v, scale, config=cfg)
+    graph.replay()
+    with torch.no_grad():
+        eager = T.osa_triton(q, k, v, scale, config=cfg)
+    t, _ = device_time(graph.replay)
+    return {"ms": 1e3 * t, "max_abs_diff": float((y.float() - eager.float()).abs().max()), "N": n, "d": d}
+
+
 # --------------------------------------------------------------------------------------
 # Correctness against float64, with a verdict
 # --------------------------------------------------------------------------------------
@@ -433,6 +457,7 @@ def main() -> int:
 
     # 3. Sync-free fixed plan.
     guarded("sync_free", lambda: sync_free(64 if DRY else 4096, 16 if DRY else 64), what="fixed core plan")
+    guarded("sync_free", lambda: cuda_graph(64 if DRY else 16384, 16 if DRY else 64), what="cuda graph (fwd)")
 
     # 4. Correctness with a verdict.
     if DRY:
