@@ -418,6 +418,12 @@ def _bidiag_extremes(
         for _ in range(2):
             r = r - Pj @ (Pj.T @ r)
         b = float(r.norm())
+        # The SVD of B costs O(j³): test every step while j ≤ 64, then every ~j/16 steps.
+        budget_left = max_products is None or products < max_products
+        if j > 64 and j % max(1, j // 16) and j < min(m, n) and math.isfinite(b) and b > 0 and budget_left:
+            monitor.tick(products)
+            P[:, j] = r / b
+            continue
         U, S, Vh = torch.linalg.svd(B[:j, :j])
         smax_r, smin_r = float(S[0]), float(S[-1])
         res_max, res_min = b * abs(float(U[-1, 0])), b * abs(float(U[-1, -1]))
