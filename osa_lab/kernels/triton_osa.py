@@ -120,13 +120,39 @@ def _pow2(x: int, lo: int = 16) -> int:
 if HAVE_TRITON:
 
     @triton.jit
+    def _reduce_block(acc, ss, start, N, a_base, a_sn, a_sf, b_base, b_sn, b_sf, offs_r, offs_c, r_mask, c_mask,
+                      BLOCK_N: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+        """One token block of the reduce pass: ``acc += A_tᵀ B_t``, ``ss += Σ B_t²`` over tokens
+        ``[start, start + BLOCK_N)``."""
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        on = offs_n.to(tl.int64)
+        a_t = tl.load(
+            a_base + offs_r[:, None] * a_sf + on[None, :] * a_sn,
+            mask=r_mask[:, None] & n_mask[None, :],
+            other=0.0,
+        )
+        b_t = tl.load(
+            b_base + on[:, None] * b_sn + offs_c[None, :] * b_sf,
+            mask=n_mask[:, None] & c_mask[None, :],
+            other=0.0,
+        )
+        if CAST_F32:
+            a_t = a_t.to(tl.float32)
+            b_t = b_t.to(tl.float32)
+        acc = tl.dot(a_t, b_t, acc, input_precision=PRECISION)
+        b32 = b_t.to(tl.float32)
+        ss += tl.sum(b32 * b32, axis=0)
+        return acc, ss
+
+    @triton.jit
     def _reduce_kernel(
         q_ptr, k_ptr, x_ptr, tiles_ptr, out_ptr, ss_ptr,
         N, R, D, CHUNK,
         sqb, sqn, sqf, skb, skn, skf, sxb, sxn, sxf,
         s_ob, s_os, s_or,
         BLOCK_N: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-        NUM_TILES: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr,
+        NUM_TILES: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr, INTERP_BLOCKS: tl.constexpr,
     ):  # fmt: skip
         """One (tile, split, b): ``out[b, split, rows, cols] = A_tileᵀ B_tile`` over the split's tokens.
 
@@ -134,7 +160,8 @@ if HAVE_TRITON:
         sources (0 = q, 1 = k, 2 = x, where x is v forward and gY backward). Row ``i`` of the
         output is ``row_src·RP + row_off + i``. ``ss`` gets Σ x² of the tile's columns (for ‖V‖).
         Split ``s`` covers tokens ``[s·CHUNK, (s+1)·CHUNK)``: ``CHUNK`` is a runtime argument, so
-        one compiled kernel serves every N and every split count.
+        one compiled kernel serves every N and every split count (``INTERP_BLOCKS`` is 0 on
+        the GPU; only the interpreter gets a constexpr bound).
         """
         # Tiles vary fastest so that the tiles of one token chunk run side by side (L2 reuse).
         pid_t = tl.program_id(0)
@@ -166,27 +193,17 @@ if HAVE_TRITON:
         acc = tl.zeros((BR, BC), dtype=tl.float32)
         ss = tl.zeros((BC,), dtype=tl.float32)
         n0 = pid_s * CHUNK
-        n_end = tl.minimum(n0 + CHUNK, N)
-        for start in range(n0, n_end, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < N
-            on = offs_n.to(tl.int64)
-            a_t = tl.load(
-                a_base + offs_r[:, None] * a_sf + on[None, :] * a_sn,
-                mask=r_mask[:, None] & n_mask[None, :],
-                other=0.0,
-            )
-            b_t = tl.load(
-                b_base + on[:, None] * b_sn + offs_c[None, :] * b_sf,
-                mask=n_mask[:, None] & c_mask[None, :],
-                other=0.0,
-            )
-            if CAST_F32:
-                a_t = a_t.to(tl.float32)
-                b_t = b_t.to(tl.float32)
-            acc = tl.dot(a_t, b_t, acc, input_precision=PRECISION)
-            b32 = b_t.to(tl.float32)
-            ss += tl.sum(b32 * b32, axis=0)
+        if INTERP_BLOCKS > 0:
+            # Interpreter only: triton 3.6's interpreter cannot run a loop bounded by a runtime
+            # value (NumPy ≥ 2.4), so there the loop bound is a constexpr (CHUNK / BLOCK_N).
+            for i in range(INTERP_BLOCKS):
+                acc, ss = _reduce_block(acc, ss, n0 + i * BLOCK_N, N, a_base, a_sn, a_sf, b_base, b_sn, b_sf,
+                                        offs_r, offs_c, r_mask, c_mask, BLOCK_N, CAST_F32, PRECISION)  # fmt: skip
+        else:
+            n_end = tl.minimum(n0 + CHUNK, N)
+            for start in range(n0, n_end, BLOCK_N):
+                acc, ss = _reduce_block(acc, ss, start, N, a_base, a_sn, a_sf, b_base, b_sn, b_sf,
+                                        offs_r, offs_c, r_mask, c_mask, BLOCK_N, CAST_F32, PRECISION)  # fmt: skip
         rows = row_src * RP + row_off + tl.arange(0, BR)
         cols = out_col + tl.arange(0, BC)
         o_base = out_ptr + pid_b * s_ob + pid_s.to(tl.int64) * s_os
@@ -550,6 +567,7 @@ def _reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, g
             oc.stride(0), oc.stride(1), oc.stride(2),
             BLOCK_N=plan.block_n, RP=plan.rp, BR=plan.tile, BC=plan.tile,
             NUM_TILES=n_tiles, CAST_F32=plan.cast_f32, PRECISION=plan.precision,
+            INTERP_BLOCKS=plan.chunk // plan.block_n if INTERPRET else 0,
             num_warps=plan.num_warps, num_stages=plan.num_stages,
         )  # fmt: skip
     total = out.sum(1, dtype=torch.float64)
