@@ -314,14 +314,15 @@ def exact_jacobian(
     if monitor.task == "":
         monitor.start("exact Jacobian", 0, n_out)
     step = n_out if chunk_size is None else max(int(chunk_size), 1)
-    rows = vjp_rows = torch.func.vmap(lambda u: vjp_fn(u.reshape(y.shape))[0].reshape(-1))
-    eye = torch.eye(n_out, dtype=y.dtype, device=y.device)
+    rows = torch.func.vmap(lambda u: vjp_fn(u.reshape(y.shape))[0].reshape(-1))
     parts = []
     for start in range(0, n_out, step):
         monitor.check()
-        parts.append(rows(eye[start : start + step]).detach())
-        monitor.report(min(start + step, n_out))
-    del vjp_rows
+        k = min(step, n_out - start)
+        basis = torch.zeros(k, n_out, dtype=y.dtype, device=y.device)
+        basis[torch.arange(k), torch.arange(start, start + k)] = 1.0
+        parts.append(rows(basis).detach())
+        monitor.report(start + k)
     return torch.cat(parts, dim=0) if parts else torch.zeros(0, x.numel(), dtype=x.dtype)
 
 
@@ -338,12 +339,12 @@ def _operators(fn: Callable, x: torch.Tensor):
     dtype = x.dtype
 
     def matvec(v: torch.Tensor) -> torch.Tensor:
-        (jv,) = transposed((v.to(dtype).reshape(x.shape),))
-        return jv.detach().reshape(-1).to(torch.float64)
+        (jv,) = transposed((v.to(device=x.device, dtype=dtype).reshape(x.shape),))
+        return jv.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
 
     def rmatvec(u: torch.Tensor) -> torch.Tensor:
-        (g,) = vjp_fn(u.to(dtype).reshape(y.shape))
-        return g.detach().reshape(-1).to(torch.float64)
+        (g,) = vjp_fn(u.to(device=y.device, dtype=dtype).reshape(y.shape))
+        return g.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
 
     return matvec, rmatvec, x.numel(), y.numel()
 
