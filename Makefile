@@ -18,8 +18,11 @@ test: setup
 bench: setup
 	.venv/bin/osa-lab bench
 
+# JupyterLab refuses to run as root without --allow-root (containers, CI images run as root).
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: setup
-	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter .venv/bin/jupyter lab notebooks/
+	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter .venv/bin/jupyter lab $(LAB_ROOT_FLAG) notebooks/
 
 dashboard: setup
 	.venv/bin/osa-lab dashboard
