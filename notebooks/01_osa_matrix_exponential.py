@@ -150,3 +150,6 @@ wide
 # only the dtype and ‖S‖₂ move the error. The low-rank path is the one to use beyond a few
 # hundred tokens: its time grows linearly in N while softmax attention grows quadratically,
 # so the ratio `sdpa / lowrank` grows roughly in proportion to N.
+
+# %%
+nb.closing()

@@ -130,3 +130,6 @@ nb.show(plots.spectra_lines(spectra).cols(4).opts(hspace=0.5, vspace=0.35, backe
 # initialisation that starts near the identity (Value-SkipInit) hold the collapse off. OSA's
 # attention matrix is orthogonal, so the attention-only OSA stack is an isometry of the tokens:
 # nothing collapses however deep it goes.
+
+# %%
+nb.closing()

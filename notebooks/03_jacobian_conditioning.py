@@ -131,3 +131,6 @@ sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99])
 # the initialisation the paper relies on to train without skips. Softmax attention without
 # skips multiplies ill-conditioned averaging matrices, and its Jacobian's κ grows with depth
 # much faster than that of the skipless OSA network.
+
+# %%
+nb.closing()

@@ -253,3 +253,6 @@ if (metrics["kind"] == "alpha").any():
     print(last.groupby(["preset", "layer"])["value"].agg(["mean", "min", "max"]).round(4))
 else:
     print("no OSA preset in this run")
+
+# %%
+nb.closing()

@@ -91,15 +91,27 @@ def parameters(namespace: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def opening(title: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """The first output of every report: set up the kernel and show the run's provenance.
+    """The first output of every report: set up the kernel and show a one-line provenance summary.
 
     ``namespace`` is the notebook's ``globals()`` right after its parameters cell; the
-    parameters found there (see :func:`parameters`) are shown with git revision, versions
-    and device, and returned as a dict.
+    parameters found there (see :func:`parameters`) are summarised with git revision, torch
+    and device in one line, and returned as a dict. :func:`closing` shows the full table,
+    collapsed, at the end of the report.
     """
     from osa_lab import provenance
 
     setup()
     params = parameters(namespace)
-    provenance.show({"notebook": title, **params})
+    global _PROVENANCE
+    _PROVENANCE = provenance.show({"notebook": title, **params}, full=False)
     return params
+
+
+_PROVENANCE: dict[str, Any] | None = None
+
+
+def closing() -> None:
+    """The last output of every report: the full provenance table of :func:`opening`, collapsed."""
+    from osa_lab import provenance
+
+    provenance.show_details(_PROVENANCE if _PROVENANCE is not None else provenance.collect())

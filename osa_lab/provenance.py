@@ -1,7 +1,7 @@
 """Provenance of a run: git revision, package versions, device and parameters.
 
 Every report's first output and every benchmark CSV carries these facts, so a number can be
-traced to the code and machine that produced it (DESIGN.md §6, after modded-nanogpt, whose
+traced to the code and machine that produced it (docs/reports.md, after modded-nanogpt, whose
 logs embed their source).
 
 * :func:`collect` returns a nested ``dict`` (JSON-serialisable);
@@ -198,19 +198,59 @@ def format_text(info: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def show(params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Print (or, in a notebook, display as a table) the provenance; return :func:`collect`'s dict."""
-    info = collect(params)
+def summary_line(info: Mapping[str, Any]) -> str:
+    """One line: run time, commit (clean or with uncommitted changes), torch, device, parameters."""
+    git, dev = info["git"], info["device"]
+    commit = str(git.get("commit") or "unknown")[:10]
+    state = "uncommitted changes" if git.get("dirty") else "clean"
+    device = dev.get("gpu") or f"CPU, {dev.get('cpu_count', '?')} cores"
+    params = ", ".join(f"{k}={v!r}" for k, v in info["params"].items() if k != "notebook")
+    when = str(info["time_utc"]).replace("T", " ").replace("+00:00", " UTC")
+    line = (f"Run {when} · git {commit} on {git.get('branch')} ({state}) · torch "
+            f"{info['packages'].get('torch', '?')} · {device}")
+    return line + (f" · {params}" if params else "")
+
+
+def details_html(info: Mapping[str, Any]) -> str:
+    """The full provenance table inside a collapsed ``<details>`` element (for the end of a report)."""
+    table = as_frame(info).to_html(index=False, border=0)
+    return (f"<details><summary><b>Provenance</b> ({len(as_frame(info))} entries: git, versions, device, "
+            f"parameters)</summary>{table}</details>")
+
+
+def _in_notebook() -> bool:
     try:
         from IPython import get_ipython
-        from IPython.display import Markdown, display
 
-        in_notebook = get_ipython() is not None and hasattr(get_ipython(), "kernel")
+        return get_ipython() is not None and hasattr(get_ipython(), "kernel")
     except ImportError:
-        in_notebook = False
-    if in_notebook:
-        display(Markdown("**Provenance**"))
-        display(as_frame(info).style.hide(axis="index"))
+        return False
+
+
+def show(params: Mapping[str, Any] | None = None, *, full: bool = True) -> dict[str, Any]:
+    """Print (or, in a notebook, display) the provenance; return :func:`collect`'s dict.
+
+    In a notebook ``full=False`` shows only :func:`summary_line` (the reports' opening; the
+    table follows collapsed at the end, :func:`show_details`), ``full=True`` the collapsed table too.
+    """
+    info = collect(params)
+    if _in_notebook():
+        from IPython.display import HTML, Markdown, display
+
+        more = "" if full else " — full provenance at the end of this report"
+        display(Markdown(f"<small>{summary_line(info)}{more}</small>"))
+        if full:
+            display(HTML(details_html(info)))
     else:
         print(format_text(info))
     return info
+
+
+def show_details(info: Mapping[str, Any]) -> None:
+    """Display the collapsed provenance table of ``info`` (notebook) or print it (elsewhere)."""
+    if _in_notebook():
+        from IPython.display import HTML, display
+
+        display(HTML(details_html(info)))
+    else:
+        print(format_text(info))

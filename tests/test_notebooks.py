@@ -132,3 +132,18 @@ def test_make_lab_runs_as_root():
 
     assert "jupyter lab" in out
     assert ("--allow-root" in out) == (os.geteuid() == 0)
+
+
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_provenance_is_one_line_at_the_top_and_a_collapsed_table_at_the_end(name):
+    """Issue 15 item 11: the reports open with a one-line summary, the full table closes them."""
+    from osa_lab import provenance
+
+    nb = jupytext.read(NOTEBOOKS[name])
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[-1].source.strip() == "nb.closing()", f"{name}: the last cell must show the provenance table"
+    info = provenance.collect({"notebook": name, "depth": 12})
+    line = provenance.summary_line(info)
+    assert "\n" not in line and "git " in line and "depth=12" in line and "notebook" not in line
+    html = provenance.details_html(info)
+    assert html.startswith("<details><summary>") and "<details open" not in html and "git.commit" in html
