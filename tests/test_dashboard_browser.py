@@ -307,7 +307,7 @@ def _png_title(data: bytes) -> str:
 
 def _download(page, label: str) -> bytes:
     with page.expect_download(timeout=120_000) as info:
-        page.get_by_text(label, exact=True).click()
+        page.get_by_role("button", name=label).click()
     return Path(info.value.path()).read_bytes()
 
 
@@ -321,8 +321,8 @@ def test_png_after_a_mode_switch_is_the_figure_on_screen(server, browser):
     assert _png_title(exact) in page.evaluate(JS_TITLES)
     page.get_by_text("matrix-free", exact=True).click()
     _wait_url(page, "jacobian=matrix-free")
-    if page.get_by_text("Compute Jacobians", exact=True).is_enabled():
-        page.get_by_text("Compute Jacobians", exact=True).click()
+    if page.get_by_role("button", name="Compute Jacobians").is_enabled():
+        page.get_by_role("button", name="Compute Jacobians").click()
     _wait_title(page, "No histogram: the matrix-free method", timeout=400)
     free = _download(page, "PNG: jacobian_histogram.png")
     assert free != exact
@@ -371,7 +371,7 @@ def test_cancel_stops_a_long_jacobian_and_other_sessions_stay_responsive(browser
         watch = _open(browser, f"{url}?{LONG}")
         page = watch.page
         page.get_by_text("estimated ≈").first.wait_for(timeout=90_000)  # an estimate before it starts
-        page.get_by_text("Compute Jacobians", exact=True).click()
+        page.get_by_role("button", name="Compute Jacobians").click()
         page.get_by_text("Computing Jacobians").first.wait_for(timeout=60_000)
         deadline = time.time() + 30
         while not _workers(proc.pid) and time.time() < deadline:
@@ -379,14 +379,14 @@ def test_cancel_stops_a_long_jacobian_and_other_sessions_stay_responsive(browser
         assert _workers(proc.pid), "no Jacobian worker process started"
         other = _open(browser, f"{url}?{QUERY}&depth=5")  # another session meanwhile
         assert _wait_layers(other.page, 5, timeout=90)
-        page.get_by_text("Cancel", exact=True).click()
+        page.get_by_role("button", name="Cancel").click()
         page.get_by_text("Cancelled").first.wait_for(timeout=15_000)
         deadline = time.time() + 5
         while _workers(proc.pid) and time.time() < deadline:
             time.sleep(0.1)
         assert _workers(proc.pid) == [], "the worker survived the cancel"
         # closing a tab stops its work too
-        page.get_by_text("Compute Jacobians", exact=True).click()
+        page.get_by_role("button", name="Compute Jacobians").click()
         page.get_by_text("Computing Jacobians").first.wait_for(timeout=60_000)
         page.context.close()
         deadline = time.time() + 30
@@ -417,7 +417,7 @@ def test_sigterm_stops_the_server_within_5_s(browser):
     try:
         watch = _open(browser, f"{url}?{LONG}")
         page = watch.page
-        page.get_by_text("Compute Jacobians", exact=True).click()
+        page.get_by_role("button", name="Compute Jacobians").click()
         page.get_by_text("Computing Jacobians").first.wait_for(timeout=60_000)
         other = _open(browser, f"{url}?{QUERY}&depth=24&tokens=64&dim=64&seeds=3")  # a sweep running too
         time.sleep(1.0)
