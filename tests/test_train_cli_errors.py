@@ -90,11 +90,14 @@ BAD_ARGS = [
 
 
 @pytest.mark.parametrize("extra,needle", BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
-def test_bad_argument_exits_2_with_one_line_and_no_output(tmp_path, capsys, extra, needle):
-    out = tmp_path / "out"
-    code, err = run_cli(synthetic_args(out, *extra), capsys)
-    assert_one_line_error(code, err, needle)
-    assert not out.exists()
+def test_bad_argument_exits_2_with_one_line_and_no_output(tmp_path, extra, needle):
+    """Through the shared CLI harness: exit 2, one error line, nothing created under tmp_path."""
+    import re
+
+    from tests.helpers import assert_cli_user_error
+
+    assert_cli_user_error(synthetic_args(tmp_path / "out", *extra), re.escape(needle), watch=[tmp_path])
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_limit_zero_is_refused_not_ignored(tmp_path, capsys):
