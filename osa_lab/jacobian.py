@@ -77,8 +77,12 @@ ARPACK_MAXITER = 50
 LANCZOS_NCV = 1024
 #: Memory for the Lanczos bases (both sides, float64).
 LANCZOS_BASIS_BYTES = 512 * 2**20
-#: Restarts of the Lanczos solver before it reports non-convergence (NaN, converged=False).
-LANCZOS_MAXITER = 100
+#: Jacobian products of one Lanczos solve before it reports non-convergence (NaN,
+#: converged=False) unless ``max_products`` says otherwise. Restarted solves of the issue's
+#: ill-conditioned layers with a 32-vector basis needed ≈ 3,700 (κ 1,000–3,100, N·d 144–256).
+LANCZOS_MAX_PRODUCTS = 8000
+#: Share of the basis kept (smallest Ritz triplets) at a thick restart.
+LANCZOS_KEEP = 0.5
 #: Inputs up to this many entries get the exact Jacobian under method="auto" (when the cost
 #: model also prefers it).
 MAX_EXACT_DIM = 2048
@@ -364,7 +368,7 @@ def _bidiag_extremes(
     *,
     tol: float,
     ncv: int,
-    maxiter: int,
+    maxiter: int | None,
     max_products: int | None,
     rng: np.random.Generator,
     monitor: _Monitor,
@@ -439,10 +443,10 @@ def _bidiag_extremes(
             return (smax_r if smax_ok else math.nan), math.nan, False, products
         P[:, j] = r / b
         if j == m:
-            if restarts >= maxiter:
+            if maxiter is not None and restarts >= maxiter:
                 return (smax_r if smax_ok else math.nan), math.nan, False, products
             restarts += 1
-            keep = torch.tensor(sorted({0, *range(max(1, m - max(1, m // 2 - 1)), m)}))
+            keep = torch.tensor(sorted({0, *range(max(1, m - max(1, int(LANCZOS_KEEP * m) - 1)), m)}))
             k = len(keep)
             P[:, :k] = P[:, :m] @ Vh[keep].T
             P[:, k] = r / b
@@ -472,7 +476,8 @@ def matrix_free_extremes(
     ``solver="lanczos"`` (default): Golub–Kahan–Lanczos bidiagonalisation of ``J`` with thick
     restarts (module docstring); ``ncv`` basis vectors (default: as many as fit
     :data:`LANCZOS_BASIS_BYTES`, at most :data:`LANCZOS_NCV` or the input size), at most
-    ``maxiter`` restarts and ``max_products`` products. ``tol`` bounds the relative error of
+    ``maxiter`` restarts (default unlimited) and ``max_products`` products (default
+    :data:`LANCZOS_MAX_PRODUCTS`). ``tol`` bounds the relative error of
     each σ (residual test ``‖Jᵀu − σv‖ ≤ tol·σ``). ``"arpack"``: ``svds(J, k=1)`` for σ_max and
     ``eigsh(JᵀJ, which="SA")`` for σ_min; ``"lobpcg"``: ``lobpcg`` on ``JᵀJ`` for both (both
     square κ, so σ_min is resolved only to ≈ √eps·σ_max).
@@ -495,7 +500,9 @@ def matrix_free_extremes(
     rng = np.random.default_rng(seed)
     if n_out < n_in:  # work on Jᵀ, whose σ are the same and whose Krylov side is the smaller one
         matvec, rmatvec, n_in, n_out = rmatvec, matvec, n_out, n_in
-    budget = max_products or (2 * _lanczos_ncv(n_in, n_out, ncv) * ((maxiter or LANCZOS_MAXITER) + 1))
+    if solver == "lanczos" and max_products is None:
+        max_products = LANCZOS_MAX_PRODUCTS
+    budget = max_products or 2 * ARPACK_NCV * ((maxiter or ARPACK_MAXITER) + 1)
     if monitor.task == "":
         monitor.start("matrix-free solve", 0, budget)
     converged = True
@@ -508,7 +515,7 @@ def matrix_free_extremes(
     elif solver == "lanczos":
         smax, smin, converged, products = _bidiag_extremes(
             matvec, rmatvec, n_in, n_out, tol=tol, ncv=_lanczos_ncv(n_in, n_out, ncv),
-            maxiter=LANCZOS_MAXITER if maxiter is None else maxiter, max_products=max_products, rng=rng,
+            maxiter=maxiter, max_products=max_products, rng=rng,
             monitor=monitor,
         )  # fmt: skip
     else:
@@ -523,7 +530,8 @@ def matrix_free_extremes(
     if not converged:
         warnings.warn(
             f"matrix-free σ_min did not converge ({solver}, tol={tol:g}, {products} products): σ_min and κ are "
-            "unknown (NaN); raise maxiter or ncv, or use the exact method for inputs up to a few thousand entries",
+            "unknown (NaN); raise max_products, maxiter or ncv, or use the exact method for inputs up to a few "
+            "thousand entries",
             SolverNotConvergedWarning,
             stacklevel=2,
         )
@@ -908,7 +916,7 @@ def _depth_spectra(
                         fn, at = _prefix_fn(model, l), x0
                     else:
                         fn, at = _block_fn(model.blocks[l - 1]), inputs[l - 1]
-                    budget = 2 * _lanczos_ncv(n, n, None) * (LANCZOS_MAXITER + 1) if solver == "lanczos" else 0
+                    budget = LANCZOS_MAX_PRODUCTS if solver == "lanczos" else 0
                     monitor.start(f"{preset}: layer {l} ({scope})", index, budget)
                     smax, smin, converged = matrix_free_extremes(
                         fn, at, solver=solver, tol=tol, seed=seed, return_converged=True,
