@@ -601,7 +601,7 @@ def sweep(
         if jacobian not in JACOBIAN_METHODS:
             raise unknown_name("Jacobian method", jacobian, [*JACOBIAN_METHODS, "none"])
     options = grid if grid is not None else GridOptions.in_process(threads=threads, progress=progress)
-    tasks = _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian)
+    tasks = _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian, allow_large)
     outcome = run_grid(tasks, options, store=cache, desc="sweep")
     metric_parts, spectra_parts, jacobian_parts = [], [], []
     for o in outcome.outcomes:
@@ -677,9 +677,12 @@ def _profile_task(
     return prof.metrics, prof.spectra
 
 
-def _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian) -> list[Task]:
+def _sweep_tasks(
+    units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian, allow_large=False
+) -> list[Task]:
     """The grid of a sweep: one task per model run (key = the cache key of earlier versions, so
-    old ``--cache-dir`` folders are reused) and, with ``jacobian``, one κ-profile task per model."""
+    old ``--cache-dir`` folders are reused) and, with ``jacobian``, one κ-profile task per model;
+    ``allow_large`` lifts the matrix-free Jacobian's input-size bound for exactly these sizes."""
     tasks = []
     for preset, max_depth, n, d, h, a, s in units:
         settings = {"kind": "profile", "preset": preset, "depth": max_depth, "tokens": n, "dim": d,
@@ -709,6 +712,8 @@ def _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, 
             kwargs = {"preset": preset, "depth": max_depth, "tokens": n, "dim": d, "heads": h, "alpha": a,
                       "seed": s, "method": jacobian}  # fmt: skip
             key = f"jacobian-{_cache_key({**kwargs, 'kind': 'jacobian'})}"
+            if allow_large:  # not part of the key: it changes whether a task runs, not its result
+                kwargs["max_input_dim"] = n * d
             tasks.append(Task(jacobian_depth_profile, kwargs, settings, key=key, progress_kwarg="progress"))
     return tasks
 

@@ -224,3 +224,17 @@ def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
         _write_tables([(tmp_path / "m.csv", good), (tmp_path / "sub" / "s.csv", Broken())])
     assert not (tmp_path / "m.csv").exists()  # the first table is not moved into place alone
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
+    """``allow_large`` must reach the Jacobian task: the library's own input-size bound would
+    otherwise refuse inside the task what the user explicitly allowed (issue 11)."""
+    import osa_lab.jacobian as jac
+    from osa_lab.errors import GridTaskFailedWarning
+
+    monkeypatch.setattr(jac, "MAX_INPUT_DIM", 8)  # N·d = 16 is now "too large"
+    kw = dict(depths=[1], tokens=4, dims=4, seeds=1, jacobian="matrix-free", spectra=False, progress=False)
+    with pytest.warns(GridTaskFailedWarning, match="JacobianTooLargeError"):
+        sweep(["pure-osa"], **kw)
+    res = sweep(["pure-osa"], allow_large=True, **kw)
+    assert res.jacobian["kappa"].notna().all()
