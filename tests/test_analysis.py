@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 import pytest
 import torch
@@ -236,5 +238,7 @@ def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
     kw = dict(depths=[1], tokens=4, dims=4, seeds=1, jacobian="matrix-free", spectra=False, progress=False)
     with pytest.warns(GridTaskFailedWarning, match="JacobianTooLargeError"):
         sweep(["pure-osa"], **kw)
-    res = sweep(["pure-osa"], allow_large=True, **kw)
-    assert res.jacobian["kappa"].notna().all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GridTaskFailedWarning)
+        res = sweep(["pure-osa"], allow_large=True, **kw)
+    assert len(res.jacobian) > 0 and res.jacobian["kappa"].notna().all()
