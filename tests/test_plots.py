@@ -240,3 +240,45 @@ def test_osa_check_refuses_impossible_configurations():
         osa_check(16, 10, heads=3)
     with pytest.raises(ConfigurationError, match="O\\(N³\\)"):
         osa_check(5000, 8)
+
+
+def test_spectra_lines_axis_ends_at_one_legend_below_and_styles_differ():
+    """Issue 15 item 10: σᵢ/σ₁ ≤ 1, so the y axis ends just above 1 (not 10¹); the legend sits
+    below the axes; coinciding curves stay visible (different dashes and widths)."""
+    layout = D.spectra_lines(_spectra(), layers=[0, 1, 5])
+    for backend in ("bokeh", "matplotlib"):
+        opts = hv.Store.lookup_options(backend, layout[0], "plot").kwargs
+        assert opts["ylim"][1] <= 2.0 and opts["legend_position"] == "bottom"
+    styles = [hv.Store.lookup_options("bokeh", c, "style").kwargs for c in layout[0]]
+    assert len({(s["line_dash"], s["line_width"]) for s in styles}) == 3
+    _renders_both(layout)
+
+
+def test_kappa_beyond_float64_is_marked_not_silently_clipped():
+    j = _jacobian()
+    j.loc[(j["preset"] == "pure-ssa") & (j["layer"] == j["layer"].max()), "kappa"] = np.inf
+    obj = D.kappa_vs_depth(j)
+    marks = [el for el in obj if type(el).__name__ == "Scatter"]
+    assert len(marks) == 1 and "beyond float64" in marks[0].label
+    assert marks[0].dimension_values(1).tolist() == [D.LOG_CEILING]
+    assert not [el for el in D.kappa_vs_depth(_jacobian()) if type(el).__name__ == "Scatter"]
+    _renders_both(obj)
+
+
+def test_preset_colours_are_fixed_across_figures_and_orders():
+    from osa_lab.plots import PRESET_COLOURS
+
+    m = _metrics()
+    fig = D.metric_vs_depth(m, "relative_residual")
+    rev = D.metric_vs_depth(m.iloc[::-1], "relative_residual")
+    for obj in (fig, rev):
+        for el in obj:
+            if type(el).__name__ == "Curve":
+                colour = hv.Store.lookup_options("bokeh", el, "style").kwargs["color"]
+                assert colour == PRESET_COLOURS[el.label]
+
+
+def test_time_plot_tick_labels_do_not_overlap():
+    from osa_lab.plots import expm as E
+
+    assert E._tick(16384) == "16k" and E._tick(32768) == "32k" and E._tick(512) == "512" and E._tick(0.5) == "0.5"

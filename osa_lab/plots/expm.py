@@ -91,10 +91,20 @@ def _no_minor_labels(plot: Any, element: Any) -> None:
     plot.handles["axis"].xaxis.set_minor_formatter(NullFormatter())
 
 
+def _tick(x: float) -> str:
+    """A short tick label: ``16k`` for 16384, ``0.5`` for 0.5, ``512`` for 512."""
+    x = float(x)
+    if x >= 4096 and x == int(x) and int(x) % 1024 == 0:
+        return f"{int(x) // 1024}k"
+    return f"{x:g}"
+
+
 def _layout_opts(
     obj: Any, title: str, xlabel: str, ylabel: str, logx: bool = True, xticks: list | None = None
 ) -> Any:
-    extra = {"xticks": [(float(x), f"{x:g}") for x in xticks]} if xticks else {}
+    extra: dict[str, Any] = {"xticks": [(float(x), _tick(x)) for x in xticks]} if xticks else {}
+    if xticks and len(xticks) > 6:  # dense log ticks (N = …, 16384, 32768) would overlap
+        extra["xrotation"] = 45
     return styled(
         obj,
         title=title,
