@@ -9,6 +9,9 @@ one 2r × 2r product, and the counted flops of the token passes at the machine's
 (``osa_lab.benchtools.time_interleaved``), medians reported.
 
 Run: ``.venv/bin/python benchmarks/core_breakdown.py [--rounds 9] [--output benchmarks/results/core_breakdown.csv]``.
+``--variants`` times the ideas of issue 16 against the current code instead (blocked one-pass
+``Uᵀ[U V]``, the output into a reused ``out=`` buffer, the page faults of a fresh result,
+``osa`` against ``gram_action``) → ``…_variants.csv``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from osa_lab import expm
 from osa_lab.bench import ALPHA, heads_for, lowrank_flops
 from osa_lab.benchtools import emit_table, machine_info, time_interleaved
+from osa_lab.functional import osa
 
 
 def stages(n: int, rounds: int) -> list[dict]:
@@ -62,13 +66,62 @@ def stages(n: int, rounds: int) -> list[dict]:
     return rows
 
 
+def _blocked_gram_projection(a, b, v, block: int):
+    """``Uᵀ[U V]`` in one pass over the tokens: per block of ``block`` tokens the five products
+    ``aᵀa, aᵀb, bᵀb, aᵀv, bᵀv`` of slices still hot in the cache (issue 16 idea 1)."""
+    bh, n, r = a.shape
+    d = v.shape[-1]
+    acc = [torch.zeros(bh, r, w) for w in (r, r, r, d, d)]
+    for s in range(0, n, block):
+        xa, xb, xv = a[:, s : s + block], b[:, s : s + block], v[:, s : s + block]
+        at, bt = xa.mT, xb.mT
+        for out, (x, y) in zip(acc, ((at, xa), (at, xb), (bt, xb), (at, xv), (bt, xv)), strict=True):
+            out.baddbmm_(x, y)
+    return acc
+
+
+def variants(n: int, rounds: int) -> list[dict]:
+    """Issue-16 ideas timed interleaved against the current code (ms; no asserts)."""
+    bh, r = heads_for(n), 64
+    gen = torch.Generator().manual_seed(0)
+    a, b, v = (torch.randn(bh, n, r, generator=gen) for _ in range(3))
+    c = torch.randn(bh, 2 * r, r, generator=gen) * 0.01
+    out = torch.empty_like(v)
+    j = expm.osa_skew_core(r, torch.full((bh,), ALPHA / r**0.5))
+
+    def cat_single():
+        w = torch.cat([a, b, v], -1)
+        return w[..., : 2 * r].mT @ w
+
+    fns = {
+        "Gram/projection: 5 products (current)": lambda: (expm._block_gram(a, b), torch.cat([a.mT @ v, b.mT @ v], -2)),
+        "Gram/projection: cat [q k v] + one product": cat_single,
+        "Gram/projection: blocked 256 tokens": lambda: _blocked_gram_projection(a, b, v, 256),
+        "Gram/projection: blocked 1024 tokens": lambda: _blocked_gram_projection(a, b, v, 1024),
+        "output: fresh result (current)": lambda: torch.baddbmm(v, a, c[:, :r]).baddbmm_(b, c[:, r:]),
+        "output: out= reused buffer": lambda: torch.baddbmm(v, a, c[:, :r], out=out).baddbmm_(b, c[:, r:]),
+        "fresh zeroed tensor like v (page faults)": lambda: torch.zeros_like(v),
+        "whole forward: gram_action": lambda: expm.gram_action(a, b, j, v, replaced=True, osa_core=True),
+        "whole forward: osa(method=auto)": lambda: osa(a, b, v, ALPHA),
+    }
+    with torch.no_grad():
+        t = time_interleaved(fns, repeat=rounds)
+    return [{"N": n, "bh": bh, "variant": name, "ms": 1e3 * sec} for name, sec in t.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--output", default="benchmarks/results/core_breakdown.csv")
+    parser.add_argument("--variants", action="store_true",
+                        help="time the issue-16 ideas (blocked Gram pass, out= output) instead of the stages")
     args = parser.parse_args()
     print(machine_info())
+    if args.variants:
+        rows = [row for n in args.sizes for row in variants(n, args.rounds)]
+        emit_table(rows, args.output.replace(".csv", "_variants.csv"), title="issue-16 variants (ms, interleaved)")
+        return
     rows = [row for n in args.sizes for row in stages(n, args.rounds)]
     emit_table(rows, args.output, title="low-rank OSA forward by stage (ms; products_2r = multiples of one 2r×2r float64 product)")
 

@@ -12,6 +12,15 @@ and reports the speed-up ratios, the achieved GFLOP/s of the low-rank path (coun
 ``U C``) next to the machine's matmul GFLOP/s measured in the same rounds, and the peak memory
 of forward+backward measured in a fresh subprocess per N. It prints a table and writes CSVs.
 Timings are medians; nothing here asserts on time.
+
+The roofline table (issue 16, ``<stem>_roofline.csv``, at ``--roofline-sizes``) measures this
+machine's limits in the same interleaved rounds: the float32 matmul rate (the larger of a
+2048² product and a pass-shaped ``[q k]ᵀ[q k v]`` product), the float64 rate of the core's
+2r × 2r products and the copy bandwidth (read + write of a buffer larger than the caches). For
+each pass of the Gram engine (Gram/projection products, float64 core, output ``V + q C_q +
+k C_k``), the whole low-rank forward and forward+backward it reports time, matmul flops
+(counted by PyTorch's flop formulas, per dtype), compulsory bytes, the roofline
+``max(f32 flops ÷ f32 rate + f64 flops ÷ f64 rate, bytes ÷ copy bandwidth)`` and time ÷ roofline.
 """
 
 from __future__ import annotations
@@ -25,13 +34,17 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from osa_lab import expm
 from osa_lab.benchtools import (
+    copy_probe,
+    count_matmul_flops,
     current_rss_bytes,
     emit_table,
     fresh_memory,
     machine_info,
     peak_rss_bytes,
     reset_peak_rss,
+    roofline_seconds,
     time_call,
     time_interleaved,
 )
@@ -41,6 +54,9 @@ from osa_lab.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
 DEFAULT_MEMORY_SIZES = (16384, 32768, 65536)
+DEFAULT_ROOFLINE_SIZES = (4096, 16384)
+#: Largest time ÷ roofline accepted by issue 16 (whole forward, forward+backward).
+ROOFLINE_TARGETS = {"whole forward": 1.5, "whole forward+backward": 2.0}
 ALPHA = 0.5
 
 
@@ -115,6 +131,108 @@ def time_row(n: int, r: int, d: int, device: str, dtype: torch.dtype, repeat: in
     return row
 
 
+def _no_grad(fn):
+    def run():
+        with torch.no_grad():
+            return fn()
+
+    return run
+
+
+def pass_bytes(bh: int, n: int, r: int, d: int, item: int = 4) -> dict[str, float]:
+    """Compulsory bytes of each token pass (float32: ``item`` = 4), counted as for the copy probe
+    (every tensor read or written once, as an ideal fused pass would):
+
+    * Gram/projection ``Uᵀ[U V]``: read q, k, v: ``bh·N·(2r + d)``;
+    * output ``V + q C_q + k C_k``: read q, k, v, write y: ``bh·N·(2r + 2d)``;
+    * backward: ``Uᵀ gY`` reads q, k, gY; the gradients read q, k, v, gY and write gq, gk, gv:
+      ``bh·N·(6r + 4d)``. The float64 core moves a few 2r × 2r matrices per head (counted too).
+    """
+    tok = bh * n * item
+    core = bh * 8 * (2 * r) * (2 * r + 2 * d) * 2  # read G, P; write C (float64)
+    fwd = {"Gram/projection": tok * (2 * r + d), "core": core, "output": tok * (2 * r + 2 * d)}
+    fwd["whole forward"] = sum(fwd.values())
+    fwd["whole forward+backward"] = fwd["whole forward"] + tok * (6 * r + 4 * d) + 2 * core
+    return fwd
+
+
+def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None) -> list[dict]:
+    """One roofline row per pass (and the probes) at sequence length ``n`` (bh from :func:`heads_for`).
+
+    Everything, the probes included, runs interleaved round by round, so the limits and the
+    passes are measured under the same conditions. ``sdpa``: the main table's row at this N
+    (its ``speedup_*_vs_sdpa`` go beside the whole forward and forward+backward).
+    """
+    bh = heads_for(n)
+    q, k, v = _inputs(bh, n, r, d, "cpu", torch.float32)
+    leaves = _inputs(bh, n, r, d, "cpu", torch.float32, grad=True)
+    j = expm.osa_skew_core(r, torch.full((bh,), ALPHA / r**0.5))
+    tol = expm.CORE_TOLERANCE[torch.float32]
+
+    def gram_projection():
+        return expm._block_gram(q, k), torch.cat([q.mT @ v, k.mT @ v], -2)
+
+    g, p = gram_projection()
+
+    def core():
+        chol_inv, e_minus_i, _, _ = expm._gram_core_parts(g, j, tol, True)
+        return (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).float()
+
+    c = core()
+    mm_n = 2048 if n >= 2048 else 256  # small N: the quick smoke test
+    mm_a, mm_b = torch.randn(mm_n, mm_n), torch.randn(mm_n, mm_n)
+    u_probe = torch.randn(bh, n, 2 * r)
+    w_probe = torch.randn(bh, n, 2 * r + d)
+    f64_a = torch.randn(bh, 2 * r, 2 * r, dtype=torch.float64)
+    copy_reused, copy_fresh, copy_bytes = copy_probe(bh * n * d * 4)
+    passes = {
+        "Gram/projection": gram_projection,
+        "core": core,
+        "output": lambda: torch.baddbmm(v, q, c[:, :r]).baddbmm_(k, c[:, r:]),
+        "whole forward": lambda: osa(q, k, v, ALPHA),
+    }
+    probes = {
+        f"probe: f32 matmul {mm_n}²": lambda: mm_a @ mm_b,
+        "probe: f32 matmul [q k]ᵀ[q k v]": lambda: u_probe.mT @ w_probe,
+        "probe: f64 matmul 2r×2r (core)": lambda: f64_a @ f64_a,
+        "probe: copy (reused buffer)": copy_reused,
+        "probe: copy (fresh memory)": copy_fresh,
+    }
+    fns = {name: _no_grad(fn) for name, fn in {**probes, **passes}.items()}
+    fns["whole forward+backward"] = _fwd_bwd(lambda x, y, z: osa(x, y, z, ALPHA), leaves)
+    t = time_interleaved(fns, repeat=repeat)
+    flops = {name: count_matmul_flops(fn) for name, fn in fns.items() if not name.startswith("probe: copy")}
+    rate32 = max(flops[name][torch.float32] / t[name] for name in (f"probe: f32 matmul {mm_n}²",
+                                                                  "probe: f32 matmul [q k]ᵀ[q k v]"))
+    rate64 = flops["probe: f64 matmul 2r×2r (core)"][torch.float64] / t["probe: f64 matmul 2r×2r (core)"]
+    bandwidth = copy_bytes / t["probe: copy (reused buffer)"]
+    nbytes = pass_bytes(bh, n, r, d)
+    nbytes.update({  # the probes' operands and results
+        f"probe: f32 matmul {mm_n}²": 3 * mm_n * mm_n * 4,
+        "probe: f32 matmul [q k]ᵀ[q k v]": (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4,
+        "probe: f64 matmul 2r×2r (core)": 3 * f64_a.numel() * 8,
+    })
+    common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
+              "copy_gbps": bandwidth / 1e9}
+    rows = []
+    for name in fns:
+        f32 = flops.get(name, {}).get(torch.float32, 0.0)
+        f64 = flops.get(name, {}).get(torch.float64, 0.0)
+        moved = copy_bytes if name.startswith("probe: copy") else nbytes.get(name, 0.0)
+        flop_s = f32 / rate32 + f64 / rate64
+        roof = roofline_seconds(flop_s, moved, bandwidth)
+        row = {**common, "pass": name, "ms": 1e3 * t[name], "gflop_f32": f32 / 1e9, "gflop_f64": f64 / 1e9,
+               "mbytes": moved / 1e6, "flop_ms": 1e3 * flop_s, "byte_ms": 1e3 * moved / bandwidth,
+               "roofline_ms": 1e3 * roof, "bound": "flops" if flop_s >= moved / bandwidth else "bytes",
+               "x_roofline": t[name] / roof, "target_x": ROOFLINE_TARGETS.get(name, float("nan"))}
+        if sdpa is not None and name == "whole forward":
+            row["speedup_vs_sdpa"] = sdpa["speedup_fwd_vs_sdpa"]
+        if sdpa is not None and name == "whole forward+backward":
+            row["speedup_vs_sdpa"] = sdpa["speedup_fwdbwd_vs_sdpa"]
+        rows.append(row)
+    return rows
+
+
 def memory_probe(n: int, r: int, d: int, bh: int) -> dict:
     """Peak memory of one low-rank forward+backward at sequence length n (run in a fresh process)."""
     leaves = _inputs(bh, n, r, d, "cpu", torch.float32, grad=True)
@@ -150,6 +268,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequence lengths N")
     parser.add_argument("--memory-sizes", type=positive_int, nargs="*", default=list(DEFAULT_MEMORY_SIZES),
                         help="N for the peak-memory measurement (bh = 8); empty to skip")
+    parser.add_argument("--roofline-sizes", type=positive_int, nargs="*", default=list(DEFAULT_ROOFLINE_SIZES),
+                        help="N for the per-pass roofline table (CPU only; empty to skip)")
     parser.add_argument("--r", type=positive_int, default=64, help="query/key width per head")
     parser.add_argument("--d", type=positive_int, default=64, help="value width per head")
     parser.add_argument("--bh", type=positive_int, default=8, help="batch·heads for the memory measurement")
@@ -173,9 +293,14 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise MethodUnavailableError("--device cuda: no CUDA device is available here; use --device cpu")
     sizes = [64, 256] if args.quick else args.sizes
-    mem_sizes = [4096, 8192] if args.quick else args.memory_sizes
+    mem_sizes = ([4096, 8192] if args.memory_sizes else []) if args.quick else args.memory_sizes
+    roof_sizes = ([256] if args.roofline_sizes else []) if args.quick else args.roofline_sizes
     out = check_output_file(args.output, "--output")
     mem_out = out.with_name(out.stem + "_memory.csv")
+    roof_out = out.with_name(out.stem + "_roofline.csv")
+    roofline = bool(roof_sizes) and args.device == "cpu"
+    if roofline:
+        check_output_file(roof_out, "--output (its <stem>_roofline.csv)")
     measure_memory = bool(mem_sizes) and args.device == "cpu"
     if measure_memory:
         check_output_file(mem_out, "--output (its <stem>_memory.csv)")
@@ -183,6 +308,12 @@ def run(args: argparse.Namespace) -> int:
     print("machine:", json.dumps(info))
     rows = [time_row(n, args.r, args.d, args.device, torch.float32, args.repeat) for n in tqdm(sizes, desc="bench")]
     emit_table(rows, out, title="OSA low-rank vs SDPA vs dense (times in seconds)")
+    if roofline:
+        by_n = {row["N"]: row for row in rows}
+        roof = [row for n in tqdm(roof_sizes, desc="roofline", leave=False)
+                for row in roofline_rows(n, args.r, args.d, args.repeat, by_n.get(n))]
+        emit_table(roof, roof_out, title="roofline per pass: time ÷ max(flops ÷ matmul rate, bytes ÷ copy "
+                   "bandwidth), limits measured in the same rounds (ms, GFLOP/s, GB/s)")
     if measure_memory:
         emit_table(memory_rows(mem_sizes, args.r, args.d, args.bh), mem_out,
                    title=f"peak memory of low-rank forward+backward (bh={args.bh}, r={args.r}, d_v={args.d})")

@@ -128,6 +128,8 @@ def machine_info() -> dict[str, object]:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+    if hasattr(os, "getloadavg"):  # the load of a shared machine distorts every timing: record it
+        info["loadavg_1m_5m_15m"] = [round(x, 2) for x in os.getloadavg()]
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -146,3 +148,62 @@ def emit_table(rows: list[dict] | pd.DataFrame, csv_path: str | Path | None, tit
         df.to_csv(path, index=False)
         print(f"wrote {path}")
     return df
+
+
+# ------------------------------------------------------------------------------------------------
+# Roofline: the machine's own limits, measured in the same run (issue 16)
+# ------------------------------------------------------------------------------------------------
+
+
+class _DtypeFlopCounter:
+    """Counts the matmul flops of every ``mm/bmm/addmm/baddbmm`` by the dtype of its first operand.
+
+    Uses PyTorch's flop formulas (:data:`torch.utils.flop_counter.flop_registry`), inside a
+    dispatch mode, so autograd's backward products are counted too. Factorisations
+    (Cholesky, triangular solves) are not counted: they are a few percent of the small core.
+    """
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.flop_counter import flop_registry
+
+        counts: dict[torch.dtype, float] = {}
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                packet = func._overloadpacket
+                if packet not in flop_registry and packet.__name__.endswith("_"):  # in-place: baddbmm_
+                    packet = getattr(torch.ops.aten, packet.__name__.rstrip("_"), packet)
+                if packet in flop_registry:
+                    dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor)), torch.float32)
+                    counts[dtype] = counts.get(dtype, 0.0) + float(flop_registry[packet](*args, **kwargs, out_val=out))
+                return out
+
+        self.counts = counts
+        self.mode = _Mode()
+
+
+def count_matmul_flops(fn: Callable[[], object]) -> dict[torch.dtype, float]:
+    """Matmul flops of one call of ``fn()`` per operand dtype (``{torch.float32: …, torch.float64: …}``)."""
+    counter = _DtypeFlopCounter()
+    with counter.mode:
+        fn()
+    return dict(counter.counts)
+
+
+def copy_probe(nbytes: int, *, device: str = "cpu") -> tuple[Callable[[], object], Callable[[], object], int]:
+    """``(copy into a reused buffer, copy into fresh memory, bytes moved per call)`` for a float32
+    tensor of about ``nbytes``. Bytes moved = read + write (2 × size), the convention of the pass
+    byte counts; "fresh memory" allocates the destination every call (page faults included)."""
+    numel = max(nbytes // 4, 1)
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault it in once
+    return (lambda: dst.copy_(src)), (lambda: src.clone()), 2 * numel * 4
+
+
+def roofline_seconds(flop_seconds: float, nbytes: float, bandwidth: float) -> float:
+    """The roofline time ``max(flop time, bytes ÷ bandwidth)`` (bandwidth in bytes per second)."""
+    return max(flop_seconds, nbytes / bandwidth)

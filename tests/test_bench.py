@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from osa_lab import bench
-from osa_lab.benchtools import time_interleaved
+from osa_lab.benchtools import count_matmul_flops, time_interleaved
 from tests.helpers import assert_cli_user_error
 
 
@@ -31,7 +31,62 @@ def test_bench_quick_writes_the_table(tmp_path, capsys):
     assert expected <= set(table.columns)
     assert list(table["N"]) == [64, 256]
     assert (table["lowrank_fwd_s"] > 0).all() and (table["matmul_gflops"] > 0).all()
-    assert "OSA low-rank vs SDPA" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "OSA low-rank vs SDPA" in printed and "roofline per pass" in printed
+    _check_roofline_table(pd.read_csv(tmp_path / "core_roofline.csv"), table)
+
+
+def _check_roofline_table(roof: pd.DataFrame, main: pd.DataFrame) -> None:
+    """The roofline CSV of issue 16: its columns, positive limits, and numbers consistent with each other."""
+    expected = {"N", "bh", "pass", "ms", "gflop_f32", "gflop_f64", "mbytes", "flop_ms", "byte_ms", "roofline_ms",
+                "bound", "x_roofline", "f32_gflops", "f64_gflops", "copy_gbps", "target_x", "speedup_vs_sdpa"}
+    assert expected <= set(roof.columns)
+    assert list(roof["N"].unique()) == [256]
+    passes = set(roof["pass"])
+    assert {"Gram/projection", "core", "output", "whole forward", "whole forward+backward"} <= passes
+    assert {"probe: copy (reused buffer)", "probe: f64 matmul 2r×2r (core)"} <= passes
+    for col in ("ms", "roofline_ms", "x_roofline", "f32_gflops", "f64_gflops", "copy_gbps", "mbytes"):
+        assert (roof[col] > 0).all(), col
+    # roofline = max(flop time, byte time); time ÷ roofline is exactly that ratio
+    assert roof["roofline_ms"].to_numpy() == pytest.approx(roof[["flop_ms", "byte_ms"]].max(axis=1).to_numpy())
+    assert roof["x_roofline"].to_numpy() == pytest.approx((roof["ms"] / roof["roofline_ms"]).to_numpy())
+    assert ((roof["bound"] == "flops") == (roof["flop_ms"] >= roof["byte_ms"])).all()
+    # flop and byte times follow from the counts and the limits measured in the same row
+    flop_ms = 1e3 * (roof["gflop_f32"] / roof["f32_gflops"] + roof["gflop_f64"] / roof["f64_gflops"])
+    assert roof["flop_ms"].to_numpy() == pytest.approx(flop_ms.to_numpy())
+    assert roof["byte_ms"].to_numpy() == pytest.approx((roof["mbytes"] / roof["copy_gbps"]).to_numpy())
+    row = roof.set_index("pass")
+    bh, n, r, d = 32, 256, 64, 64
+    assert row.loc["output", "gflop_f32"] * 1e9 == pytest.approx(2 * bh * n * 2 * r * d)  # U C
+    assert row.loc["Gram/projection", "gflop_f32"] * 1e9 == pytest.approx(2 * bh * n * (3 * r * r + 2 * r * d))
+    assert row.loc["core", "gflop_f32"] == 0 and row.loc["core", "gflop_f64"] > 0
+    assert row.loc["whole forward", "mbytes"] == pytest.approx(
+        row.loc[["Gram/projection", "core", "output"], "mbytes"].sum())
+    assert row.loc["whole forward+backward", "mbytes"] > row.loc["whole forward", "mbytes"]
+    assert row.loc["whole forward+backward", "gflop_f32"] > row.loc["whole forward", "gflop_f32"]
+    assert row.loc["whole forward", "target_x"] == 1.5 and row.loc["whole forward+backward", "target_x"] == 2.0
+    sdpa = main.set_index("N").loc[256]
+    assert row.loc["whole forward", "speedup_vs_sdpa"] == pytest.approx(sdpa["speedup_fwd_vs_sdpa"])
+    assert row.loc["whole forward+backward", "speedup_vs_sdpa"] == pytest.approx(sdpa["speedup_fwdbwd_vs_sdpa"])
+
+
+def test_count_matmul_flops_splits_by_dtype_and_counts_backward():
+    a = torch.randn(4, 10, 3, requires_grad=True)
+    c = torch.randn(4, 10, 5, dtype=torch.float64)
+    counts = count_matmul_flops(lambda: (a @ a.mT).double() @ c)
+    assert counts == {torch.float32: 2 * 4 * 10 * 10 * 3, torch.float64: 2 * 4 * 10 * 10 * 5}
+    fwd_bwd = count_matmul_flops(lambda: (a @ a.mT).sum().backward())
+    assert fwd_bwd[torch.float32] == 3 * 2 * 4 * 10 * 10 * 3  # forward + two backward products
+    y = torch.zeros(4, 10, 10)
+    assert count_matmul_flops(lambda: y.baddbmm_(a.detach(), a.detach().mT)) == {torch.float32: 2 * 4 * 10 * 10 * 3}
+
+
+def test_pass_bytes_counts_each_tensor_once():
+    by = bench.pass_bytes(2, 100, 8, 4)
+    assert by["Gram/projection"] == 2 * 100 * (16 + 4) * 4  # read q, k, v
+    assert by["output"] == 2 * 100 * (16 + 8) * 4  # read q, k, v, write y
+    assert by["whole forward"] == by["Gram/projection"] + by["core"] + by["output"]
+    assert by["whole forward+backward"] == by["whole forward"] + 2 * 100 * (6 * 8 + 4 * 4) * 4 + 2 * by["core"]
 
 
 @pytest.mark.parametrize(
