@@ -72,12 +72,13 @@ def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
         return time.perf_counter() - start
 
     uncached, cached = [], []
-    for i in range(repeat):
+    for _ in range(repeat):
         dash.compute_sweep.clear()
         dash.compute_osa_check.clear()
         dash.FIGURES.clear()
-        uncached.append(update(depths[(i + 1) % 2]))
-        cached.append(update(depths[i % 2]))  # back to the previous settings
+        update(depths[1])  # computed now (uncached), revisited below
+        uncached.append(update(depths[0]))
+        cached.append(update(depths[1]))  # back to settings computed a moment ago
     n = len(presets)
     rows.append({"measure": f"uncached_update_{n}", "presets": n, "seconds": statistics.median(uncached)})
     rows.append({"measure": "cached_update", "presets": n, "seconds": statistics.median(cached)})
@@ -129,9 +130,7 @@ def served(repeat: int) -> list[dict]:
                 time.sleep(0.3)
         rows.append({"measure": "server_start_with_warm", "presets": 2, "seconds": time.perf_counter() - start})
         url = f"http://127.0.0.1:{port}/osa_dashboard"
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox",
-                                                                           "--disable-gpu"])
+        if True:  # each measurement drives its own browser (a fresh session, like a new user)
 
             def first_plot(results: list, index: int) -> None:
                 with sync_playwright() as pw2:  # one driver per thread
@@ -159,7 +158,6 @@ def served(repeat: int) -> list[dict]:
             for t in threads:
                 t.join()
             rows.append({"measure": "first_plot_3_concurrent_max", "presets": 2, "seconds": max(out)})
-            browser.close()
     finally:
         proc.terminate()
         try:
