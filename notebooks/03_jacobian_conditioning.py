@@ -73,7 +73,7 @@ nb.show(
 )
 
 # %% [markdown]
-# ## 1 · The OSA layer against N and d
+# ## 2 · The OSA layer against N and d
 #
 # At the derived α₀ (left) κ should stay within about 1.1–1.5 on the whole grid; at a fixed
 # α = `contrast_alpha` (right) it grows with N and d, because `‖X‖²` does.
@@ -95,7 +95,7 @@ nb.show(
 )
 
 # %% [markdown]
-# ## 2 · κ across depth
+# ## 3 · κ across depth
 #
 # Exact Jacobians of `presets` at depth `depth` (N = `tokens`, d = `dim`), `depth_seeds` seeds.
 # End to end, κ(∂X_l/∂X_0) of skipless softmax attention grows by orders of magnitude with l;
@@ -114,7 +114,7 @@ nb.show(plots.kappa_vs_depth(kappa, scope="end_to_end"))
 nb.show(plots.kappa_vs_depth(kappa, scope="layer"))
 
 # %% [markdown]
-# ## 3 · Singular values of the whole network's Jacobian
+# ## 4 · Singular values of the whole network's Jacobian
 #
 # All `N·d` singular values of `∂X_L/∂X_0` (seed 0), log scale: a narrow histogram is a
 # well-conditioned network; a spread over many decades is an ill-conditioned one.
