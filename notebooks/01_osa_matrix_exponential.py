@@ -15,12 +15,12 @@
 # # 1 · OSA and the matrix exponential: accuracy and cost
 #
 # Orthogonal self-attention applies `A = exp(S)` with the skew-symmetric
-# `S = α/√r (Q Kᵀ − K Qᵀ)` to the values (DESIGN.md §1). This report compares the two ways
+# `S = α/√r (Q Kᵀ − K Qᵀ)` to the values (docs/design.md §1). This report compares the two ways
 # osa_lab computes `A V`:
 #
 # * **dense** — `torch.linalg.matrix_exp` of the N×N matrix, O(N³): the reference;
 # * **low-rank** — the rank-2r form `V + U F (Uᵀ V)` (Gram/Cholesky with a QR fallback),
-#   O(N r²), never forming an N×N matrix (DESIGN.md §2).
+#   O(N r²), never forming an N×N matrix (docs/design.md §2).
 #
 # It shows (1) their error against an independent float64 reference (`scipy.linalg.expm`)
 # as N, α and the dtype vary, (2) how far the matrix each one applies is from orthogonal,

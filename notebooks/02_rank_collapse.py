@@ -15,7 +15,7 @@
 # # 2 · Rank collapse across depth: OSA against softmax attention
 #
 # Random Gaussian tokens `X₀ ∈ R^{N×d}` go through freshly initialised networks (no training)
-# and every hidden state `X_l` is scored with the metrics of DESIGN.md §4: relative residual
+# and every hidden state `X_l` is scored with the metrics of docs/design.md §4: relative residual
 # (Dong et al. 2021), token cosine (Noci et al. 2022), stable rank, effective rank (Roy &
 # Vetterli 2007) and condition number (Ji et al. 2025), plus the full singular-value spectrum.
 #

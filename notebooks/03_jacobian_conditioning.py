@@ -20,7 +20,7 @@
 #
 # 1. **One OSA layer against α, N and d.** With `A` fixed the layer's Jacobian is `W_Vᵀ ⊗ A`,
 #    perfectly conditioned for orthogonal `W_V`; the dependence of `A` on `X` adds a term of
-#    size about `α ‖X‖²/√r` (DESIGN.md §3). κ should be 1 at α = 0 and grow quickly with α, while
+#    size about `α ‖X‖²/√r` (docs/design.md §3). κ should be 1 at α = 0 and grow quickly with α, while
 #    the derived initialisation `α₀ = c √r / (√N + √d)²` keeps κ near 1 for every N and d.
 # 2. **κ across depth** for skipless OSA, skipless softmax attention and a skip-connected ViT:
 #    of `∂X_l/∂X_0` (end to end) and of each block alone.
@@ -56,7 +56,7 @@ from osa_lab.plots import depth as plots
 # ## 1 · The OSA layer against α
 #
 # One OSA layer (one head, Gaussian `W_Q`, `W_K` of variance 1/d, orthogonal `W_V`, `W_O`) at
-# `N = alpha_tokens`, `d = alpha_dim`, input `X ~ N(0, 1)`. DESIGN.md §3 quotes, for N = d = 16:
+# `N = alpha_tokens`, `d = alpha_dim`, input `X ~ N(0, 1)`. docs/design.md §3 quotes, for N = d = 16:
 # κ = 1.0 at α = 0, 14 at 0.1, 94 at 0.3, ~980 at 1 (one seed). The last row is the derived α₀.
 
 # %%

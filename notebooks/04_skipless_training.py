@@ -17,7 +17,7 @@
 # Zhang & Martens (arXiv 2602.05996) train a ViT on MNIST with softmax attention replaced by
 # orthogonal self-attention and **no skip connections and no LayerNorm**. Third-party
 # summaries report 97.2 % test accuracy for the skip-connected ViT, 94.6 % for the skipless
-# softmax ViT, and skipless OSA comparable to the former (DESIGN.md §5).
+# softmax ViT, and skipless OSA comparable to the former (docs/design.md §5).
 #
 # This report reruns that comparison with osa_lab's presets and the same budget for each:
 #

@@ -1,6 +1,6 @@
 """Rank collapse and singular-value spectra across depth: depth profiles, sweeps, the ``sweep`` CLI.
 
-Implements the measurements of DESIGN.md §4 on the models of :mod:`osa_lab.models`: the tokens
+Implements the measurements of docs/design.md §4 on the models of :mod:`osa_lab.models`: the tokens
 after every block (and every attention sub-layer) are scored by the metrics of
 :mod:`osa_lab.metrics` and their full singular-value spectra are recorded.
 
@@ -305,7 +305,7 @@ def depth_profile(
     label: str | None = None,
     **overrides: object,
 ) -> DepthProfile:
-    """Every metric of DESIGN.md §4 and the singular-value spectrum after every layer.
+    """Every metric of docs/design.md §4 and the singular-value spectrum after every layer.
 
     Args:
         model_or_preset: a preset name (built at ``depth``, ``tokens``, ``dim``, ``heads``,

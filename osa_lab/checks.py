@@ -2,18 +2,18 @@
 
 For tokens ``X ∈ R^{N×d}`` (standard normal), per head Gaussian ``W_Q, W_K`` with variance
 ``1/d`` and an orthogonal ``W_V`` (the initialisation of :class:`osa_lab.OrthogonalSelfAttention`,
-DESIGN.md §3), it measures:
+docs/design.md §3), it measures:
 
 ``orthogonality_error``
-    ``max |AᵀA − I|`` of the explicit OSA matrix ``A = exp(S)`` (DESIGN.md §1) in the working
+    ``max |AᵀA − I|`` of the explicit OSA matrix ``A = exp(S)`` (docs/design.md §1) in the working
     dtype, worst head.
 ``dense_vs_lowrank``
     ``‖osa(method="lowrank") − osa(method="dense")‖_F / ‖osa(method="dense")‖_F``: the linear-time
-    path (DESIGN.md §2) against the O(N³) reference, both in the working dtype.
+    path (docs/design.md §2) against the O(N³) reference, both in the working dtype.
 ``lowrank_vs_float64``
     the same low-rank output against a float64 dense reference (the error a user actually gets).
 ``norm_preservation``
-    ``max_j | ‖y_j‖ / ‖v_j‖ − 1 |`` over value columns: OSA is norm preserving (DESIGN.md §1).
+    ``max_j | ‖y_j‖ / ‖v_j‖ − 1 |`` over value columns: OSA is norm preserving (docs/design.md §1).
 
 The dashboard shows these as badges; :func:`osa_check_table` gives the tidy form.
 """

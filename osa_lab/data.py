@@ -1,4 +1,4 @@
-"""Image-classification data for the skipless-training experiment (DESIGN.md §5).
+"""Image-classification data for the skipless-training experiment (docs/design.md §5).
 
 Zhang & Martens (arXiv 2602.05996) train a ViT on MNIST with softmax attention replaced by
 OSA and skips/LayerNorm removed. We offer these data sets, selected by name:

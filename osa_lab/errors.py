@@ -1,7 +1,7 @@
 """Typed exceptions raised by osa_lab.
 
 Every error names the argument, what it got and what it needs, following geotorch's
-practice of typed, explanatory exceptions (DESIGN.md §6).
+practice of typed, explanatory exceptions (docs/design.md §6).
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@
   independent float64 reference (``scipy.linalg.expm``), and the orthogonality error
   ``max |AᵀA − I|`` of the matrix each method applies, over N, α, dtype and seeds.
 * :func:`timing_table` — median wall time against N of dense OSA (``torch.linalg.matrix_exp``
-  of the N×N matrix, O(N³)), low-rank OSA (O(N r²), DESIGN.md §2) and softmax attention
+  of the N×N matrix, O(N³)), low-rank OSA (O(N r²), docs/design.md §2) and softmax attention
   (``F.scaled_dot_product_attention``, O(N² r)).
 * :func:`fit_slopes` — least-squares slope of log time against log N per method
   (expected ≈ 3, ≈ 1 and ≈ 2 once N is large enough for the leading term to dominate).
 
-All three return long-format ``pandas.DataFrame`` rows keyed by every parameter (DESIGN.md §6).
+All three return long-format ``pandas.DataFrame`` rows keyed by every parameter (docs/design.md §6).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def skew_norm(q: torch.Tensor, k: torch.Tensor, alpha: float) -> float:
     """Spectral norm of ``S = α/√r (q kᵀ − k qᵀ)`` from a 2r×2r problem (no N×N SVD).
 
     ``S = U J Uᵀ`` with ``U = [q k]`` is normal, so ``‖S‖₂`` is its largest eigenvalue modulus,
-    and the non-zero eigenvalues of ``U J Uᵀ`` are those of ``J UᵀU`` (DESIGN.md §2).
+    and the non-zero eigenvalues of ``U J Uᵀ`` are those of ``J UᵀU`` (docs/design.md §2).
     """
     r = q.shape[-1]
     u = torch.cat([q, k], dim=-1).double()

@@ -1,4 +1,4 @@
-"""Rank-collapse and conditioning metrics of token matrices (DESIGN.md §4).
+"""Rank-collapse and conditioning metrics of token matrices (docs/design.md §4).
 
 Every function takes ``x`` of shape ``(..., N, d)`` — N tokens of width d, any leading batch
 dims — and returns a float64 tensor over the leading dims. Computation is in float64 (the

@@ -27,7 +27,7 @@ Initialisation schemes (``ModelConfig.init``):
     variance-preserving gain on the second layer (:meth:`MLP.init_orthogonal`).
 ``"cutting-skip"`` (SSA only)
     Ji et al. 2025, *Cutting the Skip: Training Residual-Free Transformers* (arXiv 2510.00345),
-    DESIGN.md §3: per head ``W_Q^h W_K^hᵀ ≈ a Z + b I`` with ``Z_ij ~ N(0, 1/d)`` (rank-r truncated
+    docs/design.md §3: per head ``W_Q^h W_K^hᵀ ≈ a Z + b I`` with ``Z_ij ~ N(0, 1/d)`` (rank-r truncated
     SVD, the mimetic construction of Trockman & Kolter 2023), ``W_V W_O = c·(orthogonal)`` (κ = 1),
     a = 2, b = 0.6, c = 3 (their ViT-B values; :data:`CUTTING_SKIP_ABC`). MLP: PyTorch default.
 ``"value-skipinit"`` (SSA only)
@@ -65,7 +65,7 @@ INPUTS = ("tokens", "patches", "sequence")
 #: ``"transformer"``: the ViT-style encoder; ``"mlp"`` and ``"cnn1d"``: the non-attention baselines
 #: of Greydanus & Kobak's MNIST-1D table (:class:`MLPClassifier`, :class:`CNN1dClassifier`)
 BACKBONES = ("transformer", "mlp", "cnn1d")
-#: (a, b, c) of the Cutting-the-Skip initialisation (Ji et al. 2025, ViT-B values; DESIGN.md §3).
+#: (a, b, c) of the Cutting-the-Skip initialisation (Ji et al. 2025, ViT-B values; docs/design.md §3).
 CUTTING_SKIP_ABC = (2.0, 0.6, 3.0)
 
 

@@ -86,7 +86,7 @@ PRESETS: dict[str, Preset] = {
             ModelConfig(attention="osa", skip=False, norm="none", mlp_ratio=0.0, init="default", heads=1),
             "attention-only OSA stack (no skip, norm or MLP) with orthogonal W_V, W_O: each head keeps the "
             "singular values of its input (exactly the whole layer's with heads=1)",
-            "Zhang & Martens 2026, Orthogonal Self-Attention (arXiv 2602.05996), DESIGN.md §1",
+            "Zhang & Martens 2026, Orthogonal Self-Attention (arXiv 2602.05996), docs/design.md §1",
         ),
         Preset(
             "ssa-cutting-skip",

@@ -1,7 +1,7 @@
 """``osa-lab report``: execute the report notebooks with papermill and export them to HTML.
 
 The notebook sources in ``notebooks/`` are jupytext ``py:percent`` scripts with one cell
-tagged ``parameters`` (DESIGN.md §6). For each selected notebook this module
+tagged ``parameters`` (docs/design.md §6). For each selected notebook this module
 
 1. converts the source to ``.ipynb`` (jupytext) and checks every parameter it is given against
    the ones the notebook declares (``papermill.inspect_notebook``; papermill itself only warns);

@@ -1,4 +1,4 @@
-"""Training of (skipless) ViT presets: the experiment of Zhang & Martens (arXiv 2602.05996, DESIGN.md §5).
+"""Training of (skipless) ViT presets: the experiment of Zhang & Martens (arXiv 2602.05996, docs/design.md §5).
 
 The paper trains a ViT on MNIST with softmax attention replaced by OSA and the skip
 connections and LayerNorm removed, and reports (third-party summaries) 97.2 % test accuracy
@@ -13,7 +13,7 @@ comparable to the former. This module reruns that comparison on our presets:
   :func:`summarise` (mean ± std of final test accuracy, time per epoch).
 * ``osa-lab train`` — the command line (:func:`add_arguments`, :func:`run`).
 
-The metrics table is long-format (DESIGN.md §6): one row per observation with columns
+The metrics table is long-format (docs/design.md §6): one row per observation with columns
 ``preset, data, seed, epoch, step, kind, metric, layer, head, value``. ``kind`` is
 
 * ``"train"``: ``train_loss`` and ``train_accuracy`` (running means over the epoch's
@@ -22,7 +22,7 @@ The metrics table is long-format (DESIGN.md §6): one row per observation with c
 * ``"alpha"``: every OSA layer's α per head (``layer`` = index of the OSA layer in block
   order, ``head``);
 * ``"hidden"``: the rank-collapse and conditioning metrics of ``osa_lab.metrics.METRICS``
-  (DESIGN.md §4: relative residual of Dong et al. 2021, token cosine of Noci et al. 2022,
+  (docs/design.md §4: relative residual of Dong et al. 2021, token cosine of Noci et al. 2022,
   stable rank, effective rank of Roy & Vetterli 2007, condition number of Ji et al. 2025) of
   each layer's hidden states (``layer`` 0 = the embedded input) on a fixed batch of test
   images, every ``diag_every`` steps (and at step 0 and the last step);
@@ -79,7 +79,7 @@ from osa_lab.errors import (
 from osa_lab.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid, shared_cluster
 from osa_lab.models import alpha_zeroed, mixing_table, osa_layers
 
-#: the presets of the paper's comparison (DESIGN.md §5; issue 7)
+#: the presets of the paper's comparison (docs/design.md §5; issue 7)
 DEFAULT_COMPARISON: tuple[str, ...] = ("vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip")
 
 #: columns of the tidy metrics table, in order
@@ -370,7 +370,7 @@ def alpha_values(model: nn.Module) -> list[tuple[int, int, float]]:
 def hidden_diagnostics(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str, float]]:
     """``(layer, metric, value)`` for each hidden state of ``model`` on ``x`` and each metric of ``METRICS``.
 
-    The metrics (DESIGN.md §4, :mod:`osa_lab.metrics`) are computed per image in float64 and
+    The metrics (docs/design.md §4, :mod:`osa_lab.metrics`) are computed per image in float64 and
     summarised by the **median** over the batch (a single rank-deficient image would make the
     mean condition number infinite). Non-finite hidden states raise the encoder's
     ``NonFiniteHiddenStateError`` naming the first bad layer.
@@ -1112,7 +1112,7 @@ def format_summary(summary: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- fair tuning (issue 13)
 
-#: the paper's MNIST figures as reported by third-party summaries (DESIGN.md §5 of the design notes;
+#: the paper's MNIST figures as reported by third-party summaries (docs/design.md §5;
 #: Zhang & Martens 2026 do not give their architecture or budget), quoted by :func:`verdict`
 PAPER_MNIST = {"vit": 0.972, "skipless-ssa": 0.946}
 

@@ -1,7 +1,7 @@
 """Pytest setup shared by all tests.
 
 Triton's CPU interpreter must be chosen before triton is imported anywhere in the process
-(DESIGN.md §7): without a CUDA device, the Triton kernel tests run in the interpreter. The
+(docs/design.md §7): without a CUDA device, the Triton kernel tests run in the interpreter. The
 variable only changes how Triton kernels execute; nothing else reads it.
 """
 

@@ -1,4 +1,4 @@
-"""Metrics of DESIGN.md §4 against values computed by hand on small matrices."""
+"""Metrics of docs/design.md §4 against values computed by hand on small matrices."""
 
 from __future__ import annotations
 

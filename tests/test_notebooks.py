@@ -1,6 +1,6 @@
 """Static checks of the report notebook sources and their parameter files (no kernel started).
 
-DESIGN.md §6: py:percent sources with one cell tagged ``parameters``; every key of every
+docs/design.md §6: py:percent sources with one cell tagged ``parameters``; every key of every
 parameter file must be declared by its notebook (papermill only warns about unknown keys).
 """
 

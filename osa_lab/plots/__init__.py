@@ -1,6 +1,6 @@
 """Shared plot builders: HoloViews objects built from osa_lab's tidy tables.
 
-Notebooks and the dashboard draw only through these builders (DESIGN.md §6). Each module
+Notebooks and the dashboard draw only through these builders (docs/design.md §6). Each module
 takes the long-format DataFrames that the analyses return:
 
 * :mod:`osa_lab.plots.depth`: rank collapse, spectra and Jacobian conditioning across depth.

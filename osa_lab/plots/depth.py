@@ -1,7 +1,7 @@
 """Plot builders for rank collapse, singular-value spectra and Jacobian conditioning across depth.
 
 Shared by the Panel dashboard (``dashboards/osa_dashboard.py``, bokeh backend, hover tools) and
-the report notebooks (matplotlib backend, static PNG), following DESIGN.md §6 ("tidy tables
+the report notebooks (matplotlib backend, static PNG), following docs/design.md §6 ("tidy tables
 first, plots second"). Every builder takes one of the long-format tables of
 :mod:`osa_lab.analysis` / :mod:`osa_lab.jacobian` and returns a HoloViews object with options
 set for **both** backends, so the same object renders with::
@@ -286,7 +286,7 @@ def metric_vs_depth(
     logy: bool | None = None,
     title: str | None = None,
 ) -> hv.Overlay:
-    """A depth-wise metric (DESIGN.md §4) against layer: one curve per preset, min–max band over seeds.
+    """A depth-wise metric (docs/design.md §4) against layer: one curve per preset, min–max band over seeds.
 
     Args:
         metrics: tidy metrics table of :func:`osa_lab.analysis.sweep`.

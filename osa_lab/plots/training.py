@@ -2,12 +2,12 @@
 
 They draw from the tidy metrics table of :func:`osa_lab.train.train` / :func:`osa_lab.train.compare`
 (columns ``preset, data, seed, epoch, step, kind, metric, layer, head, value``) and the summary
-table of :func:`osa_lab.train.summarise` (DESIGN.md §6, "tidy tables first, plots second").
+table of :func:`osa_lab.train.summarise` (docs/design.md §6, "tidy tables first, plots second").
 Every builder returns a HoloViews object with options for both backends (bokeh for the
 dashboard, matplotlib for the report notebooks) and reduces over seeds itself (mean line,
 min–max band); the ``*_data`` helpers return exactly the reduced table a plot draws.
 
-The question these figures answer (Zhang & Martens 2026, DESIGN.md §5): does a skipless,
+The question these figures answer (Zhang & Martens 2026, docs/design.md §5): does a skipless,
 normless transformer with OSA train like a skip-connected ViT, and does the rank of its hidden
 states stay put during training while skipless softmax attention's collapses (Dong et al. 2021)?
 """
@@ -170,7 +170,7 @@ def diagnostics_over_training(
     logy: bool | None = None,
     title: str | None = None,
 ) -> hv.Overlay:
-    """A rank-collapse/conditioning metric (DESIGN.md §4) of the last (or ``layer``-th) hidden state vs step."""
+    """A rank-collapse/conditioning metric (docs/design.md §4) of the last (or ``layer``-th) hidden state vs step."""
     data = diagnostics_over_training_data(metrics, metric, layer)
     where = "last layer" if layer is None else f"layer {layer}"
     label = _label(metric)
