@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -214,6 +215,8 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     })
     common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
               "copy_gbps": bandwidth / 1e9}
+    if hasattr(os, "getloadavg"):  # a loaded shared machine distorts the ratios: say so in every row
+        common["load_1m"] = round(os.getloadavg()[0], 2)
     rows = []
     for name in fns:
         f32 = flops.get(name, {}).get(torch.float32, 0.0)
