@@ -98,6 +98,7 @@ def test_pass_bytes_counts_each_tensor_once():
         (["--r", "0"], "--r"),
         (["--d", "0"], "--d"),
         (["--memory-sizes", "0"], "--memory-sizes"),
+        (["--roofline-sizes", "0"], "--roofline-sizes"),
         (["--bh", "0"], "--bh"),  # was: exit 0 with a meaningless row
     ],
 )
