@@ -1,6 +1,6 @@
 """Matrix exponentials of skew-symmetric matrices: dense references and low-rank actions.
 
-Implements DESIGN.md §1–§2 (Zhang & Martens, "Orthogonal Self-Attention", arXiv 2602.05996):
+Implements docs/design.md §1–§2 (Zhang & Martens, "Orthogonal Self-Attention", arXiv 2602.05996):
 
 * ``S = (α/√r)(Q Kᵀ − K Qᵀ) = U J Uᵀ`` with ``U = [Q K]`` and ``J = (α/√r)[[0, I], [−I, 0]]``;
 * the OSA matrix ``A = exp(S)`` is orthogonal with determinant +1;
@@ -16,7 +16,7 @@ Two low-rank engines live here, both exact in exact arithmetic:
     well-conditioned ``U``; an a-posteriori estimate of that bound is returned per matrix.
     Used alone it raises :class:`~osa_lab.errors.UntrustedResultError` for any matrix whose
     estimate is over the budget (issue 11: it returned O(1) errors and zero gradients there).
-``"qr"``  (QR form, DESIGN.md §2). ``U = B R`` (Householder), ``M = R J Rᵀ``,
+``"qr"``  (QR form, docs/design.md §2). ``U = B R`` (Householder), ``M = R J Rᵀ``,
     ``exp(S) V = V + B (exp(M) − I)(Bᵀ V)``: backward stable for any ``U``, including rank
     deficient ones (``Q = K``, ``N < 2r``), at the price of a slower QR.
 
@@ -52,7 +52,7 @@ CORE_TOLERANCE = {torch.float64: None, torch.float32: 1e-10}
 
 
 def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
-    """Return ``S = α/√r · (q kᵀ − k qᵀ)`` (DESIGN.md §1), shape ``(..., N, N)``.
+    """Return ``S = α/√r · (q kᵀ − k qᵀ)`` (docs/design.md §1), shape ``(..., N, N)``.
 
     ``alpha`` is a float or a tensor broadcasting over the leading dims of ``q``.
     """
@@ -111,7 +111,7 @@ def matrix_exp(x: torch.Tensor) -> torch.Tensor:
       matrix products forward and twice that backward, where PyTorch always evaluates degree 18
       and its backward exponentiates a 2n×2n block matrix.
     * Otherwise PyTorch's batched algorithm. For a single matrix (or a batch of one) PyTorch
-      picks a norm-dependent Taylor degree whose degree-8 branch is inaccurate (DESIGN.md §2):
+      picks a norm-dependent Taylor degree whose degree-8 branch is inaccurate (docs/design.md §2):
       we measured float64 errors up to 2.4e-10 against ``scipy.linalg.expm`` versus 1e-13 for
       the batched path (degree 18 with scaling and squaring); a zero matrix is stacked on to
       force that path.
@@ -226,7 +226,7 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     ``M`` is normal, so ``‖M‖₂ = ρ(M) ≤ ‖M^p‖₁^{1/p}`` for every p, and the 2-norm error of
     the Taylor polynomial ``T_m`` is ``max_j |e^{iθ_j} − T_m(iθ_j)| ≤ θ^{m+1}/(m+1)!/(1 − θ/(m+2))``
     over the eigenvalues ``±iθ_j``: at most ``tol`` (default: the unit roundoff of ``M``'s dtype)
-    when ``ρ(M)/2^s ≤ θ_m``. For OSA's ``M`` (DESIGN.md §2: ``‖M‖₂ = ‖S‖₂``, often hundreds)
+    when ``ρ(M)/2^s ≤ θ_m``. For OSA's ``M`` (docs/design.md §2: ``‖M‖₂ = ‖S‖₂``, often hundreds)
     the bound from ``M²`` and ``M⁴`` is within ≈ 1.3× of ``‖M‖₂`` where ``‖M‖₁`` (PyTorch's
     choice) is ≈ 2.5× above it, and degree 16 costs 6 products: at ``‖S‖₂ ≈ 300`` 15 products
     (14 with the float32-input tolerance 1e-10) where PyTorch's takes the time of ≈ 25
@@ -393,7 +393,7 @@ def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
 def osa_matrix(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
     """The explicit N×N OSA matrix ``A = exp(α/√r (q kᵀ − k qᵀ))`` for analysis of small inputs.
 
-    Orthogonal with det +1 (DESIGN.md §1). Costs O(N³): use :func:`osa_lab.osa` to apply it.
+    Orthogonal with det +1 (docs/design.md §1). Costs O(N³): use :func:`osa_lab.osa` to apply it.
     ``q`` and ``k`` must be real floating tensors of one shape ``(..., N, r)``.
     """
     for name, x in (("q", q), ("k", k)):
@@ -637,7 +637,7 @@ def gram_action(
 
 
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``exp(U J Uᵀ) V`` by the QR form ``V + B (exp(R J Rᵀ) − I)(Bᵀ V)`` (DESIGN.md §2).
+    """``exp(U J Uᵀ) V`` by the QR form ``V + B (exp(R J Rᵀ) − I)(Bᵀ V)`` (docs/design.md §2).
 
     Householder QR keeps ``B`` orthonormal to working precision for any ``U``, including
     rank-deficient ones; the small exponential runs in float64. Differentiable by autograd.

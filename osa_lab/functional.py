@@ -2,7 +2,7 @@
 
 ``osa(q, k, v, alpha)`` returns ``exp(S) v`` with ``S = α/√r (q kᵀ − k qᵀ)``: orthogonal
 self-attention of Zhang & Martens (arXiv 2602.05996, the definition restated in
-DESIGN.md §1), computed by a method chosen by name (DESIGN.md §6, as geotorch selects maps).
+docs/design.md §1), computed by a method chosen by name (docs/design.md §6, as geotorch selects maps).
 """
 
 from __future__ import annotations

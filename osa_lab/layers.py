@@ -1,6 +1,6 @@
 """Multi-head attention layers with one interface: ``(batch, tokens, dim)`` in and out.
 
-``OrthogonalSelfAttention`` implements OSA (Zhang & Martens, arXiv 2602.05996; DESIGN.md §1)
+``OrthogonalSelfAttention`` implements OSA (Zhang & Martens, arXiv 2602.05996; docs/design.md §1)
 with the initialisation derived in ``docs/initialisation.md`` (summary below);
 ``SoftmaxSelfAttention`` is the SSA baseline on ``F.scaled_dot_product_attention``.
 
@@ -89,14 +89,14 @@ class _MultiHead(nn.Module):
         return self.to_out(y.transpose(1, 2).reshape(b, n, self.dim))
 
     def init_gaussian_qk(self) -> None:
-        """W_Q, W_K ~ N(0, 1/dim) (DESIGN.md §3)."""
+        """W_Q, W_K ~ N(0, 1/dim) (docs/design.md §3)."""
         for lin in (self.to_q, self.to_k):
             nn.init.normal_(lin.weight, std=1.0 / math.sqrt(self.dim))
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
     def init_orthogonal_vo(self, gain: float = 1.0) -> None:
-        """Orthogonal W_V and W_O: the fixed-A Jacobian then has κ = 1 (DESIGN.md §3)."""
+        """Orthogonal W_V and W_O: the fixed-A Jacobian then has κ = 1 (docs/design.md §3)."""
         for lin in (self.to_v, self.to_out):
             nn.init.orthogonal_(lin.weight, gain=gain)
             if lin.bias is not None:
@@ -104,7 +104,7 @@ class _MultiHead(nn.Module):
 
 
 class OrthogonalSelfAttention(_MultiHead):
-    """Multi-head orthogonal self-attention: ``concat_h(exp(S_h) X W_V^h) W_O`` (DESIGN.md §1).
+    """Multi-head orthogonal self-attention: ``concat_h(exp(S_h) X W_V^h) W_O`` (docs/design.md §1).
 
     Args:
         dim: model width d.

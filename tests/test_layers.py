@@ -60,7 +60,7 @@ def test_derived_init_keeps_layer_jacobian_well_conditioned(n, d):
 
 
 def test_large_alpha_breaks_conditioning():
-    """The check above can fail: α = 1 gives an ill-conditioned Jacobian (DESIGN.md §3)."""
+    """The check above can fail: α = 1 gives an ill-conditioned Jacobian (docs/design.md §3)."""
     torch.manual_seed(0)
     n = d = 16
     layer = osa_lab.OrthogonalSelfAttention(d, heads=1, alpha_init=1.0).double()

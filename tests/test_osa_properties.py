@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) for the invariants of DESIGN.md §1."""
+"""Property tests (hypothesis) for the invariants of docs/design.md §1."""
 
 from __future__ import annotations
 

@@ -95,3 +95,22 @@ def test_readme_example_runs():
     v = namespace["v"]
     # the example's output is orthogonal attention applied to v: column norms are kept
     assert (y.norm(dim=-2) - v.norm(dim=-2)).abs().max() < 1e-3
+
+
+def test_nothing_cites_notes_outside_the_repository():
+    """Code, notebooks and docs cite docs/design.md, never design notes a clone does not have."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    suffixes = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg"}
+    offenders = []
+    for name in tracked.split():
+        path = ROOT / name
+        if path.suffix not in suffixes or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for pattern in ("DESIGN.md", "../shared"):
+            if pattern in text and path.name != "test_packaging.py":
+                offenders.append(f"{name}: {pattern}")
+    assert not offenders, offenders
+    assert (ROOT / "docs" / "design.md").is_file()

@@ -127,7 +127,7 @@ def test_skew_matrix_exp_rejects_a_bad_tolerance():
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(2, 40), norm2=st.floats(0.0, 200.0), seed=st.integers(0, 2**16))
 def test_skew_matrix_exp_is_orthogonal_with_det_one(n, norm2, seed):
-    """DESIGN.md §1: exp of a skew-symmetric matrix is orthogonal with determinant +1."""
+    """docs/design.md §1: exp of a skew-symmetric matrix is orthogonal with determinant +1."""
     e = expm.skew_matrix_exp(_skew_batch(n, norm2, batch=2, seed=seed))
     assert float(expm.orthogonality_error(e).max()) <= 1e-12 * max(1.0, norm2)
     assert torch.allclose(torch.linalg.det(e), torch.ones(2, dtype=torch.float64), atol=1e-10)
