@@ -227,7 +227,8 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         row = {**common, "pass": name, "ms": 1e3 * t[name], "gflop_f32": f32 / 1e9, "gflop_f64": f64 / 1e9,
                "mbytes": moved / 1e6, "flop_ms": 1e3 * flop_s, "byte_ms": 1e3 * moved / bandwidth,
                "roofline_ms": 1e3 * roof, "bound": "flops" if flop_s >= moved / bandwidth else "bytes",
-               "x_roofline": t[name] / roof, "target_x": ROOFLINE_TARGETS.get(name, float("nan"))}
+               "x_roofline": t[name] / roof, "target_x": ROOFLINE_TARGETS.get(name, float("nan")),
+               "speedup_vs_sdpa": float("nan")}  # filled below where the main table has this N
         if sdpa is not None and name == "whole forward":
             row["speedup_vs_sdpa"] = sdpa["speedup_fwd_vs_sdpa"]
         if sdpa is not None and name == "whole forward+backward":
