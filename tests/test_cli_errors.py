@@ -45,6 +45,14 @@ SWEEP_ROWS = [
     (["--output", "{tmp}/r.csv", "--spectra-output", "{tmp}/r.csv"], r"output paths collide"),
     (["--output", "/proc/osa-lab-test/r.csv"], r"--output .*cannot write in /proc"),  # read-only location
     (["--bogus-flag"], r"unrecognized arguments: --bogus-flag"),
+    # adversarial review (issue 11): more bounds and grid options, all refused before any work
+    (["--workers", "0"], r"--workers: expected a positive integer"),
+    (["--threads-per-worker", "0"], r"--threads-per-worker"),
+    (["--seeds", "100000"], r"100000 models.*--allow-large"),
+    (["--batch", "100000000"], r"batch 100000000 .*--allow-large"),
+    (["--tokens", "5000"], r"N = 5000.*--allow-large"),
+    (["--presets"], r"--presets: expected at least one argument"),
+    (["--heads", "3"], r"not divisible"),
 ]
 
 REPORT_ROWS = [
@@ -59,6 +67,9 @@ REPORT_ROWS = [
     (["--output", "/proc/osa-lab-test-reports"], r"--output .*cannot write in /proc"),
     (["--only", "99"], r"--only '99' matches none"),
     (["--notebooks", "{tmp}/none"], r"notebook folder .* does not exist"),
+    (["--params", "{yaml_list}"], r"must map notebook names to parameter mappings"),
+    (["--params", "{yaml_bool}", "--only", "02"], r"parameter depth must be int .*True \(bool\)"),
+    (["--only", "0"], r"--only '0' is ambiguous"),
 ]
 
 BENCH_ROWS = [
@@ -70,6 +81,10 @@ BENCH_ROWS = [
     (["--bh", "0"], r"--bh"),  # was: exit 0 with a meaningless row
     (["--output", "{tmp}"], r"--output .* is a directory"),
     (["--device", "tpu"], r"--device: invalid choice"),
+    (["--d", "0"], r"--d: must be an int ≥ 1"),
+    (["--sizes", "8.5"], r"--sizes: invalid int"),
+    (["--output", "{file}/b.csv"], r"--output .*is a file, not a directory"),
+    (["--output", "/proc/osa-lab-test/b.csv"], r"--output .*cannot write in /proc"),
 ]
 
 DASHBOARD_ROWS = [
@@ -78,6 +93,8 @@ DASHBOARD_ROWS = [
     (["--port", "http"], r"--port: invalid port"),
     (["--num-threads", "0"], r"--num-threads"),
     (["--address", ""], r"--address: invalid address"),
+    (["--address", "bad host name"], r"--address: invalid address"),
+    (["--num-threads", "-3"], r"--num-threads"),
 ]
 
 
@@ -87,11 +104,14 @@ def places(tmp_path):
     (tmp_path / "afile").write_text("not a folder")
     (tmp_path / "depth.yaml").write_text("02_rank_collapse:\n  depth: 2.5\n")
     (tmp_path / "unknown.yaml").write_text("02_rank_collapse:\n  typo: 1\n")
+    (tmp_path / "list.yaml").write_text("02_rank_collapse: [1, 2]\n")
+    (tmp_path / "bool.yaml").write_text("02_rank_collapse:\n  depth: true\n")
 
     def fill(args: list[str]) -> list[str]:
         return [
             a.format(tmp=tmp_path, file=tmp_path / "afile", yaml_depth=tmp_path / "depth.yaml",
-                     yaml_unknown=tmp_path / "unknown.yaml")  # fmt: skip
+                     yaml_unknown=tmp_path / "unknown.yaml", yaml_list=tmp_path / "list.yaml",
+                     yaml_bool=tmp_path / "bool.yaml")  # fmt: skip
             for a in args
         ]
 
