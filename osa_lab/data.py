@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from osa_lab.errors import OSAInputError, unknown_name
+from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
 
 #: data-set names accepted by :func:`load_data`
 DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic", "mnist1d", "mnist1d-large", "mnist1d-shuffle")
@@ -220,6 +220,33 @@ def _limit(x: np.ndarray, y: np.ndarray, limit: int | None, seed: int) -> tuple[
     return x[idx], y[idx]
 
 
+def check_val_fraction(n_train: int, num_classes: int, fraction: float) -> int:
+    """The number of validation samples ``fraction`` of ``n_train`` training samples gives.
+
+    Refuses (:class:`~osa_lab.errors.ConfigurationError`) a ``fraction`` outside [0, 1) and one
+    that leaves the training or the validation part with fewer than ``num_classes`` samples
+    (a stratified split needs one sample of each class on both sides). 0 means no validation
+    split and returns 0. Called before any run starts, so nothing is written for a bad fraction.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+        raise ConfigurationError(f"`val_fraction` must lie in [0, 1) (0: no validation split), got {fraction!r}")
+    if fraction == 0:
+        return 0
+    n_val = int(round(fraction * n_train))
+    if min(n_val, n_train - n_val) < num_classes:
+        lo = num_classes / n_train
+        hint = (
+            f"choose a value in [{lo:.3g}, {1 - lo:.3g}]"
+            if 2 * num_classes <= n_train
+            else "use more training data or --val-fraction 0"
+        )
+        raise ConfigurationError(
+            f"`val_fraction` {fraction:g} of {n_train} training samples leaves {n_train - n_val} for training and "
+            f"{n_val} for validation; each needs at least {num_classes} (one per class): {hint}"
+        )
+    return n_val
+
+
 def split_validation(data: ImageDataset, fraction: float = 0.1, seed: int = SPLIT_SEED) -> ImageDataset:
     """Hold out a fixed stratified ``fraction`` of the *training* data as a validation split.
 
@@ -227,7 +254,8 @@ def split_validation(data: ImageDataset, fraction: float = 0.1, seed: int = SPLI
     remaining training data partition the original training data. The split depends on
     ``seed`` (default :data:`SPLIT_SEED`), not on the training seed, so every preset and seed
     of a comparison sees the same split. Inputs keep the standardisation of the full training
-    set (one scalar mean and std).
+    set (one scalar mean and std). A fraction that leaves either part with fewer samples than
+    classes is refused (:func:`check_val_fraction`).
     """
     if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
         raise OSAInputError(f"validation `fraction` must lie in (0, 1), got {fraction!r}")
@@ -235,11 +263,7 @@ def split_validation(data: ImageDataset, fraction: float = 0.1, seed: int = SPLI
 
     y = data.y_train.numpy()
     n = len(y)
-    n_val = int(round(fraction * n))
-    if n_val < 1 or n - n_val < 1:
-        raise OSAInputError(
-            f"validation fraction {fraction} of {n} training samples leaves an empty split; choose another fraction"
-        )
+    n_val = check_val_fraction(n, data.num_classes, fraction)
     counts = np.bincount(y, minlength=data.num_classes)
     stratify = y if counts[counts > 0].min() >= 2 and n_val >= (counts > 0).sum() else None
     tr, va = train_test_split(np.arange(n), test_size=n_val, random_state=seed, stratify=stratify)

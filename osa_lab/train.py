@@ -61,6 +61,7 @@ from osa_lab.data import (
     DATASETS,
     ImageDataset,
     MissingDataError,
+    check_val_fraction,
     data_fingerprint,
     load_data,
     split_validation,
@@ -457,19 +458,13 @@ def check_output_dir(path: str | os.PathLike) -> Path:
     """``path`` as a ``Path`` after checking a run folder can be made there, before any work starts.
 
     Raises :class:`~osa_lab.errors.OutputPathError` when ``path`` is a file, when an existing
-    parent is a file, or when the nearest existing parent is not writable.
+    parent is a file, or when no file can be created in the nearest existing parent. Uses the
+    CLI's real write probe (:func:`osa_lab.cli.check_output_dir`): ``os.access`` is wrong for
+    root, read-only or special file systems (``/proc``) and ACLs. Creates nothing.
     """
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise OutputPathError(f"output {p} is a file, not a folder; pass a folder path to --output")
-    parent = p
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputPathError(f"cannot create output folder {p}: {parent} is a file; choose another --output")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"cannot write to {parent} (read-only or no permission); choose another --output")
-    return p
+    from osa_lab.cli import check_output_dir as _check_dir
+
+    return _check_dir(path, "--output")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -512,7 +507,12 @@ class RunLock:
         return info if isinstance(info, dict) else None
 
     def acquire(self) -> RunLock:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputPathError(
+                f"cannot create output folder {self.folder} ({exc.strerror or exc}); choose another --output"
+            ) from None
         for _ in range(50):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -538,6 +538,10 @@ class RunLock:
                     f"output folder {self.folder} is in use by process {pid} on host {host} "
                     f"(started {info.get('started', '?')}: {info.get('command', '?')}); wait for it to finish "
                     f"or choose another --output" + ("" if same_host else f" (if that process is gone, delete {self.path})")
+                ) from None
+            except OSError as exc:  # read-only or special file system: a user error, not a crash
+                raise OutputPathError(
+                    f"cannot create {self.path} ({exc.strerror or exc}); choose a writable --output"
                 ) from None
             with os.fdopen(fd, "w") as fh:
                 json.dump(self.owner, fh)
@@ -995,6 +999,8 @@ def compare(
     out = check_output_dir(output_dir) if output_dir is not None else None
     data = load_data(base.data, data_dir=data_dir, **base.data_options)
     check_dataset(data)
+    if data.x_val is None:  # before any run starts: a bad fraction must not leave runs.csv behind
+        check_val_fraction(len(data.y_train), data.num_classes, base.val_fraction)
     _DATA_CACHE.clear()  # in-process runs use this copy; worker processes load their own
     _DATA_CACHE[_data_key(base.data, data_dir, base.data_options)] = data
     with RunLock(out) if out is not None else contextlib.nullcontext():

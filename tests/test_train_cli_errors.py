@@ -129,7 +129,7 @@ def test_read_only_output_parent(tmp_path, capsys):
     ro.chmod(0o500)
     try:
         code, err = run_cli(synthetic_args(ro / "out"), capsys)
-        assert_one_line_error(code, err, "read-only")
+        assert_one_line_error(code, err, "cannot write")
     finally:
         ro.chmod(0o700)
 
@@ -325,3 +325,38 @@ def test_gzip_error_names_the_file_in_the_library(tmp_path):
     path.write_bytes(path.read_bytes()[:15])
     with pytest.raises(OSAInputError, match="x.gz"):
         read_idx(path)
+
+
+# --------------------------------------------------------------------------- QA follow-ups (issue 11)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_output_on_a_special_file_system_is_probed_not_trusted(tmp_path, monkeypatch):
+    """`--output /proc/o`: os.access says yes (as root), mkdir fails; a real probe refuses it (exit 2)."""
+    from tests.helpers import assert_cli_user_error
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: True)  # what root sees, for any user
+    args = ["train", "--data", "digits", "--epochs", "1", *TINY_ARGS, "--serial", "--output", "/proc/osa-lab-o"]
+    assert_cli_user_error(args, r"/proc", watch=[tmp_path])
+    assert not os.path.exists("/proc/osa-lab-o")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_run_lock_mkdir_failure_is_an_output_path_error():
+    """RunLock.acquire turns an OSError from creating the folder into OutputPathError (no raw OSError)."""
+    from osa_lab.errors import OutputPathError
+
+    with pytest.raises(OutputPathError, match="cannot create output folder /proc/osa-lab-o"):
+        T.RunLock("/proc/osa-lab-o").acquire()
+
+
+@pytest.mark.parametrize("fraction", ["0.999", "0.001"])
+def test_val_fraction_leaving_a_part_with_too_few_samples_is_refused_before_any_run(tmp_path, fraction):
+    """digits has 1437 training samples and 10 classes: 0.999 leaves 1 for training, 0.001 1 for
+    validation. One line naming val_fraction, exit 2, no metrics.csv/runs.csv/summary.csv."""
+    from tests.helpers import assert_cli_user_error
+
+    args = ["train", "--data", "digits", "--epochs", "1", *TINY_ARGS, "--serial", "--val-fraction", fraction,
+            "--output", str(tmp_path / "out")]  # fmt: skip
+    assert_cli_user_error(args, r"val_fraction.*at least 10", watch=[tmp_path])
+    assert not (tmp_path / "out").exists()
