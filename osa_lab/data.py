@@ -442,6 +442,11 @@ def load_mnist(
                 f"MNIST {split} images have shape {x.shape} and labels {y.shape}; expected "
                 "(n, size, size) images and n labels"
             )
+        if len(x) == 0:  # before standardising: the mean/std of no images is NaN (issue 11)
+            raise OSAInputError(
+                f"MNIST {split} split has 0 images in {source}; the file is empty or truncated — "
+                "download MNIST again"
+            )
         check_finite_inputs(x, f"MNIST {split} images in {source}")
         checked[split] = check_labels(y, MNIST_CLASSES, f"MNIST {split} labels in {source}")
     y_tr, y_te = checked["train"], checked["test"]

@@ -186,3 +186,20 @@ def test_fingerprint_follows_contents_only():
     a, b = load_synthetic(), load_synthetic()
     assert data_fingerprint(a) == data_fingerprint(b)
     assert data_fingerprint(load_synthetic(seed=1)) != data_fingerprint(a)
+
+
+@pytest.mark.parametrize("empty", ["train", "test"])
+def test_empty_mnist_split_is_refused_before_standardising(tmp_path, empty):
+    """An .npz with 0 training (or test) images: one clear OSAInputError naming the split, and no
+    NumPy RuntimeWarning from the mean/std of nothing (issue 11)."""
+    import warnings
+
+    x = np.random.default_rng(0).integers(0, 256, (10, 28, 28), dtype=np.uint8)
+    y = np.arange(10, dtype=np.uint8)
+    arrays = {"x_train": x, "y_train": y, "x_test": x, "y_test": y}
+    arrays[f"x_{empty}"], arrays[f"y_{empty}"] = x[:0], y[:0]
+    np.savez(tmp_path / "mnist.npz", **arrays)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would surface as an error here
+        with pytest.raises(OSAInputError, match=f"{empty} split has 0 images"):
+            load_mnist(tmp_path)
