@@ -325,6 +325,7 @@ def depth_profile(
 
     Raises:
         NonFiniteHiddenStateError: a hidden state is NaN/Inf; the message names the first layer.
+        ConfigurationError: fewer than 2 tokens (the metrics compare tokens), before the model runs.
     """
     metric_names = list(METRICS) if metrics is None else list(metrics)
     for name in metric_names:
@@ -334,6 +335,7 @@ def depth_profile(
     _check_batch(batch)
     config: ModelConfig | None = None
     if isinstance(model_or_preset, str):
+        _check_tokens(tokens)
         config = config_for(
             model_or_preset,
             depth=depth,
@@ -379,9 +381,12 @@ def depth_profile(
                 batch, c.channels, c.image_size, c.image_size, generator=gen, dtype=torch.float64
             )
         else:
+            _check_tokens(config.tokens)
             inputs = _gaussian_tokens(batch, config.tokens, config.dim, seed, torch.float64)
     elif not isinstance(inputs, torch.Tensor):
         raise OSAInputError(f"`inputs` must be a torch.Tensor, got {type(inputs).__name__}")
+    elif not isinstance(model, ViTClassifier) and inputs.dim() >= 2:
+        _check_tokens(int(inputs.shape[-2]), "inputs.shape[-2] (tokens)")
     inputs = inputs.to(mdtype)
     hidden = hidden_states(model, inputs)
     n_tokens, width = hidden.blocks[0].shape[-2], hidden.blocks[0].shape[-1]
@@ -428,6 +433,30 @@ def _check_batch(batch: object) -> None:
         raise ConfigurationError(f"`batch`={batch!r}: give the number of random inputs per model, an int ≥ 1")
 
 
+#: Fewest tokens a depth profile takes: the rank-collapse metrics compare tokens with each other
+#: (token cosine, distance to rank one), so a single token has nothing to compare.
+MIN_TOKENS = 2
+
+
+def _check_tokens(n: object, name: str = "tokens") -> None:
+    """Refuse N < :data:`MIN_TOKENS` up front (not as a failed metric after the model ran)."""
+    if isinstance(n, numbers.Integral) and not isinstance(n, bool) and 1 <= n < MIN_TOKENS:
+        raise ConfigurationError(
+            f"`{name}` must be ≥ {MIN_TOKENS}, got {n}: the metrics compare tokens with each other "
+            "(token cosine, rank collapse), so one token has nothing to compare"
+        )
+
+
+def token_count(text: str) -> int:
+    """argparse type of ``--tokens``: an int ≥ :data:`MIN_TOKENS` (the metrics compare tokens)."""
+    value = positive_int(text)
+    if value < MIN_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be an int ≥ {MIN_TOKENS} (the metrics compare tokens with each other), got {text!r}"
+        )
+    return value
+
+
 def _check_sweep_values(tokens_l: list, dims_l: list, heads_l: list, alphas_l: list, batch: object) -> None:
     """Refuse values the models would misuse silently (before anything is built)."""
     _check_batch(batch)
@@ -437,6 +466,8 @@ def _check_sweep_values(tokens_l: list, dims_l: list, heads_l: list, alphas_l: l
                 continue
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
                 raise ConfigurationError(f"`{name}` must be ints ≥ 1, got {v!r}")
+    for n in tokens_l:
+        _check_tokens(n)
     for a in alphas_l:
         if a is not None and not math.isfinite(a):
             raise ConfigurationError(
@@ -593,8 +624,10 @@ def sweep(
     for preset, max_depth, n, d, h, a, s in units:
         config_for(preset, depth=max_depth, tokens=n, dim=d, heads=h, alpha=a, seed=s)
     cache = Path(cache_dir) if cache_dir is not None else None
-    if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)
+    # The task store is created by run_grid with the first finished task, not here: a sweep that
+    # fails before any task finishes (an unreachable scheduler) leaves no empty folder behind.
+    if cache is not None and cache.exists() and not cache.is_dir():
+        raise ConfigurationError(f"`cache_dir` {str(cache)!r} is a file; give a folder")
     if jacobian != "none":
         from osa_lab.jacobian import METHODS as JACOBIAN_METHODS
 
@@ -782,7 +815,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presets", nargs="+", default=["pure-osa", "pure-ssa"], metavar="NAME",
                         help=f"presets to compare (from: {', '.join(preset_names())})")  # fmt: skip
     parser.add_argument("--depth", nargs="+", type=positive_int, default=[24], help="model depth(s)")
-    parser.add_argument("--tokens", nargs="+", type=positive_int, default=[64], help="sequence length(s) N")
+    parser.add_argument("--tokens", nargs="+", type=token_count, default=[64], help="sequence length(s) N (≥ 2)")
     parser.add_argument("--dim", nargs="+", type=positive_int, default=[64], help="width(s) d")
     parser.add_argument(
         "--heads", nargs="+", type=positive_int, default=None, help="head count(s) (default: each preset's)"

@@ -408,7 +408,9 @@ def run_grid(
         tasks: the grid; keys must be unique.
         options: where to run (default: in-process, one torch thread per task).
         store: folder of finished results (``<key>.pkl``): those are loaded instead of run, and
-            each new result is written there as soon as it arrives.
+            each new result is written there as soon as it arrives. The folder is created with
+            the first result, so a grid that fails before any task finishes (e.g. the scheduler
+            cannot be reached) leaves no empty store behind.
         desc: label of the progress bar and of the Dask task names.
 
     Returns:
@@ -518,6 +520,11 @@ def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple
     address = str(where)
     try:
         client = Client(address, timeout=options.connect_timeout)
+    except ValueError as err:  # "missing port number", "unknown address scheme", a bad port, …
+        raise SchedulerConnectionError(
+            f"invalid Dask scheduler address {address!r} ({_first_line(str(err) or type(err).__name__)}); "
+            f"give one like tcp://host:8786 to --scheduler (or ${ENV_SCHEDULER})"
+        ) from None
     except (OSError, TimeoutError) as err:
         raise SchedulerConnectionError(
             f"cannot reach the Dask scheduler at {address!r} ({_first_line(str(err) or type(err).__name__)}); "

@@ -242,3 +242,13 @@ def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
         warnings.simplefilter("error", GridTaskFailedWarning)
         res = sweep(["pure-osa"], allow_large=True, **kw)
     assert len(res.jacobian) > 0 and res.jacobian["kappa"].notna().all()
+
+
+def test_one_token_is_refused_up_front():
+    # issue 11: N = 1 used to run the models and fail every task in token_cosine (empty CSVs)
+    with pytest.raises(ConfigurationError, match=r"`tokens` must be ≥ 2.*compare tokens"):
+        sweep(["pure-osa"], [2], [8, 1], [8], seeds=1, progress=False)
+    with pytest.raises(ConfigurationError, match=r"`tokens` must be ≥ 2"):
+        depth_profile("pure-osa", depth=2, tokens=1, dim=8)
+    with pytest.raises(ConfigurationError, match=r"tokens.*must be ≥ 2"):
+        depth_profile("pure-osa", torch.randn(1, 1, 8, dtype=torch.float64), depth=2, tokens=4, dim=8)

@@ -53,6 +53,8 @@ SWEEP_ROWS = [
     (["--tokens", "5000"], r"N = 5000.*--allow-large"),
     (["--presets"], r"--presets: expected at least one argument"),
     (["--heads", "3"], r"not divisible"),
+    (["--tokens", "1"], r"--tokens: must be an int ≥ 2 .*compare tokens"),  # was: failed tasks, empty CSVs, exit 1
+    (["--tokens", "8", "1"], r"--tokens: must be an int ≥ 2"),
 ]
 
 REPORT_ROWS = [
@@ -122,6 +124,46 @@ def places(tmp_path):
 def test_sweep_bad_arguments(tmp_path, places, monkeypatch, extra, match):
     monkeypatch.chdir(tmp_path)  # the default --output results.csv lands in tmp_path
     assert_cli_user_error([*SWEEP, *places(extra)], match, watch=[tmp_path])
+
+
+#: A tiny sweep for an external scheduler (no --serial: that and --scheduler exclude each other).
+SWEEP_REMOTE = [a for a in SWEEP if a != "--serial"]
+
+
+@pytest.mark.parametrize(
+    ("address", "match"),
+    [
+        ("notanaddress", r"invalid Dask scheduler address 'notanaddress'.*tcp://host:8786"),  # was: traceback
+        ("foo://bar:1", r"invalid Dask scheduler address"),
+        ("tcp://127.0.0.1:1", r"cannot reach the Dask scheduler"),  # was: exit 2 but r_tasks/ left behind
+    ],
+)
+def test_sweep_bad_scheduler_is_one_line_and_leaves_no_task_store(tmp_path, monkeypatch, address, match):
+    import dataclasses
+
+    from osa_lab import analysis
+    from osa_lab.grid import ENV_SCHEDULER
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_SCHEDULER, raising=False)
+    # a short connection timeout keeps the unreachable row quick (the default waits 30 s)
+    options = analysis.options_from_args
+    monkeypatch.setattr(analysis, "options_from_args",
+                        lambda args, **kw: dataclasses.replace(options(args, **kw), connect_timeout=1))  # fmt: skip
+    assert_cli_user_error([*SWEEP_REMOTE, "--scheduler", address, "--output", "r.csv"], match, watch=[tmp_path])
+
+
+def test_sweep_bad_scheduler_keeps_an_existing_task_store(tmp_path, monkeypatch):
+    from osa_lab.grid import ENV_SCHEDULER
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_SCHEDULER, raising=False)
+    store = tmp_path / "r_tasks"
+    store.mkdir()
+    (store / "earlier.pkl").write_bytes(b"x")
+    assert_cli_user_error([*SWEEP_REMOTE, "--scheduler", "notanaddress", "--output", "r.csv"],
+                          r"invalid Dask scheduler address", watch=[tmp_path])  # fmt: skip
+    assert (store / "earlier.pkl").read_bytes() == b"x"
 
 
 @pytest.mark.parametrize(("extra", "match"), REPORT_ROWS, ids=[" ".join(r[0]) for r in REPORT_ROWS])
