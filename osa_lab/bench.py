@@ -50,7 +50,7 @@ from osa_lab.benchtools import (
     time_interleaved,
 )
 from osa_lab.cli import check_output_file, positive_int
-from osa_lab.errors import MethodUnavailableError
+from osa_lab.errors import ConfigurationError, MethodUnavailableError
 from osa_lab.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
@@ -69,6 +69,82 @@ def heads_for(n: int) -> int:
 def lowrank_flops(bh: int, n: int, r: int, d_v: int) -> float:
     """Counted forward flops of the low-rank path: 2·bh·N·(2r·2r + 2·2r·d_v)."""
     return 2.0 * bh * n * (2 * r * 2 * r + 2 * 2 * r * d_v)
+
+
+#: Largest share of the available memory (RAM, or free GPU memory for ``--device cuda``) one row
+#: of the benchmark may need before ``osa-lab bench`` refuses it (``--allow-large`` overrides).
+MEMORY_FRACTION = 0.5
+
+
+def row_memory_bytes(n: int, r: int, d: int, bh: int, *, dense: bool = False, item: int = 4) -> int:
+    """Estimated peak bytes of one benchmark row at sequence length ``n`` (an upper-side estimate,
+    checked before anything is allocated).
+
+    * token tensors: q, k, v, the leaves with their gradients, outputs and the low-rank path's
+      intermediates: ``4·bh·N·(2r + d) + 4·bh·N·d`` items (the measured extra peak of the
+      forward+backward is ≈ 2.3× its inputs, BENCHMARKS.md);
+    * the float64 core: a few ``m × m`` matrices per head, ``m = N`` on the direct path
+      (``auto`` picks it for N ≤ 4r) and ``2r`` on the low-rank path: ``8·bh·m²`` float64;
+    * dense OSA (run at N ≤ 1024): ``matrix_exp`` of ``bh`` N × N matrices, ≈ 8 of them;
+    * SDPA runs the fused (flash) kernels, which keep O(N) memory (no N × N matrix), so it is
+      covered by the token term; the 2048² matmul probe adds 3·2048² floats.
+    """
+    tokens = bh * n * item
+    m = n if n <= 4 * r else 2 * r
+    total = 4 * tokens * (2 * r + d) + 4 * tokens * d + 8 * bh * m * m * 8 + 3 * 2048 * 2048 * 4
+    if dense:
+        total += 8 * bh * n * n * item
+    return int(total)
+
+
+def available_memory_bytes(device: str = "cpu") -> int | None:
+    """Memory a benchmark may use: free GPU memory for ``"cuda"``; else available RAM (psutil if
+    installed, else ``MemAvailable`` of /proc/meminfo); ``None`` where it cannot be read."""
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(args: argparse.Namespace, sizes, mem_sizes, roof_sizes) -> None:
+    """Refuse (before anything is allocated) a run whose largest row needs more than
+    :data:`MEMORY_FRACTION` of the available memory, naming the row and ``--allow-large``."""
+    if getattr(args, "allow_large", False):
+        return
+    need = []  # (bytes, what, device)
+    for n in sizes:
+        need.append((row_memory_bytes(n, args.r, args.d, heads_for(n), dense=n <= 1024),
+                     f"--sizes {n} (bh = {heads_for(n)})", args.device))  # fmt: skip
+    for n in roof_sizes:  # the roofline rows add the probes' [q k] / [q k v] operands and the copy buffers
+        probes = 2 * heads_for(n) * n * (4 * args.r + 2 * args.d) * 4
+        need.append((row_memory_bytes(n, args.r, args.d, heads_for(n)) + probes,
+                     f"--roofline-sizes {n} (bh = {heads_for(n)})", "cpu"))  # fmt: skip
+    for n in mem_sizes:
+        need.append((row_memory_bytes(n, args.r, args.d, args.bh), f"--memory-sizes {n} (bh = {args.bh})", "cpu"))
+    budgets: dict[str, int | None] = {}
+    for nbytes, what, device in sorted(need, reverse=True):
+        if device not in budgets:
+            budgets[device] = available_memory_bytes(device)
+        budget = budgets[device]
+        if budget is not None and nbytes > MEMORY_FRACTION * budget:
+            where = "free GPU memory" if device == "cuda" else "available RAM"
+            raise ConfigurationError(
+                f"{what}, r = {args.r}, d_v = {args.d} needs ≈ {nbytes / 2**30:.1f} GiB, over "
+                f"{MEMORY_FRACTION:.0%} of the {budget / 2**30:.1f} GiB of {where}; use smaller sizes or widths, "
+                "or pass --allow-large if you really mean it"
+            )
 
 
 def _inputs(bh: int, n: int, r: int, d: int, device: str, dtype: torch.dtype, grad: bool = False):
@@ -281,6 +357,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", default="bench_results/core.csv", help="CSV of the timing table")
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
+    parser.add_argument("--allow-large", action="store_true",
+                        help=f"run rows that need more than {MEMORY_FRACTION:.0%} of the available memory "
+                        "(estimated before anything is allocated)")  # fmt: skip
     parser.add_argument("--memory-probe", type=positive_int, default=None, help=argparse.SUPPRESS)
 
 
@@ -289,7 +368,9 @@ def run(args: argparse.Namespace) -> int:
 
     Raises (before anything is timed): :class:`~osa_lab.errors.MethodUnavailableError` for
     ``--device cuda`` without a CUDA device, :class:`~osa_lab.errors.OutputPathError` for an
-    output CSV that cannot be written. Sizes, rounds and widths are checked by argparse (ints ≥ 1).
+    output CSV that cannot be written, :class:`~osa_lab.errors.ConfigurationError` for a row
+    that needs more than :data:`MEMORY_FRACTION` of the available memory (:func:`check_memory`;
+    ``--allow-large`` overrides). Sizes, rounds and widths are checked by argparse (ints ≥ 1).
     """
     if args.memory_probe is not None:
         print(json.dumps(memory_probe(args.memory_probe, args.r, args.d, args.bh)))
@@ -308,6 +389,7 @@ def run(args: argparse.Namespace) -> int:
     measure_memory = bool(mem_sizes) and args.device == "cpu"
     if measure_memory:
         check_output_file(mem_out, "--output (its <stem>_memory.csv)")
+    check_memory(args, sizes, mem_sizes if measure_memory else [], roof_sizes if roofline else [])
     info = machine_info()
     print("machine:", json.dumps(info))
     rows = [time_row(n, args.r, args.d, args.device, torch.float32, args.repeat) for n in tqdm(sizes, desc="bench")]

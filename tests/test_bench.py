@@ -115,3 +115,52 @@ def test_bench_unwritable_output_is_refused_before_timing(tmp_path, monkeypatch)
     if not torch.cuda.is_available():
         assert_cli_user_error(["bench", "--device", "cuda", "--output", str(tmp_path / "c.csv")], "CUDA",
                               watch=[tmp_path])  # fmt: skip
+
+
+# issue 11: no size bound — `bench --sizes 10000000` was OOM-killed, `bench --r 100000` a traceback
+MEMORY_ROWS = [
+    (["--sizes", "10000000"], r"--sizes 10000000 \(bh = 8\).*GiB.*--allow-large"),
+    (["--sizes", "256", "--r", "100000"], r"--sizes 256 \(bh = 32\), r = 100000.*--allow-large"),
+    (["--sizes", "64", "--memory-sizes", "100000000"], r"--memory-sizes 100000000 \(bh = 8\).*--allow-large"),
+    (["--sizes", "64", "--roofline-sizes", "10000000"], r"--roofline-sizes 10000000.*--allow-large"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), MEMORY_ROWS, ids=[" ".join(r[0]) for r in MEMORY_ROWS])
+def test_bench_refuses_rows_over_the_memory_bound(tmp_path, monkeypatch, extra, match):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "available_memory_bytes", lambda device="cpu": 16 * 2**30)
+    argv = ["bench", "--memory-sizes", "--roofline-sizes", *extra, "--output", str(tmp_path / "b.csv")]
+    assert_cli_user_error(argv, match, watch=[tmp_path])
+
+
+def test_memory_bound_uses_the_machine_and_allow_large_lifts_it(monkeypatch):
+    import argparse
+
+    args = argparse.Namespace(r=64, d=64, bh=8, device="cpu", allow_large=False)
+    with pytest.raises(bench.ConfigurationError, match=r"available RAM"):
+        bench.check_memory(args, [10_000_000], [], [])  # ≈ 300 GiB: over half of any machine here
+    bench.check_memory(args, list(bench.DEFAULT_SIZES), [], [])  # the defaults fit (< 2 GiB a row)
+    args.allow_large = True
+    bench.check_memory(args, [10_000_000], [], [])
+    assert bench.available_memory_bytes() > 0
+    monkeypatch.setattr("builtins.__import__", _no_psutil(__import__))
+    assert bench.available_memory_bytes() > 0  # /proc/meminfo
+
+
+def _no_psutil(real_import):
+    def fake(name, *args, **kwargs):
+        if name == "psutil":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    return fake
+
+
+def test_memory_estimate_covers_the_measured_peak():
+    # one low-rank forward+backward in a fresh process (bench.memory_rows) against the estimate
+    n, bh = 8192, 8
+    row = bench.memory_rows([n], 64, 64, bh)[0]
+    measured = row["extra_bytes"] + row["input_bytes"]
+    estimate = bench.row_memory_bytes(n, 64, 64, bh)
+    assert measured <= estimate <= 20 * measured, (measured, estimate)
