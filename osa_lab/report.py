@@ -108,11 +108,19 @@ def discover(notebook_dir: str | Path = NOTEBOOK_DIR) -> dict[str, Path]:
 
 
 def select(notebooks: Mapping[str, Path], only: Sequence[str] | None) -> dict[str, Path]:
-    """Notebooks named by ``only`` (exact stem, or a unique prefix such as ``"02"``); all if empty."""
+    """Notebooks named by ``only`` (exact stem, or a unique prefix such as ``"02"``); all if
+    ``only`` is ``None`` or ``[]``. Names that are all blank (``--only ""``) are refused: they
+    would select nothing and still rewrite the index."""
     if not only:
         return dict(notebooks)
+    items = [part.strip() for entry in only for part in entry.split(",")]
+    if not any(items):
+        raise ReportError(
+            f"--only {only[0]!r} names no notebook; give a stem or a unique prefix such as 02 "
+            f"(notebooks are: {', '.join(notebooks)}), or drop --only to run them all"
+        )
     chosen: dict[str, Path] = {}
-    for item in (part.strip() for entry in only for part in entry.split(",")):
+    for item in items:
         if not item:
             continue
         matches = [s for s in notebooks if s == item] or [s for s in notebooks if s.startswith(item)]

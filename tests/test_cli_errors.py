@@ -72,6 +72,8 @@ REPORT_ROWS = [
     (["--params", "{yaml_list}"], r"must map notebook names to parameter mappings"),
     (["--params", "{yaml_bool}", "--only", "02"], r"parameter depth must be int .*True \(bool\)"),
     (["--only", "0"], r"--only '0' is ambiguous"),
+    (["--only", ""], r"--only '' names no notebook"),  # was: ran nothing, exit 0, rewrote index.html
+    (["--only", " , "], r"names no notebook"),
 ]
 
 BENCH_ROWS = [

@@ -345,3 +345,21 @@ def test_report_params_directory_and_unwritable_output(tmp_path, capsys):
     with pytest.raises(report.ReportError, match="cell_timeout"):
         report.run_reports({"01_typed": src / "01_typed.py"}, {}, tmp_path / "o", cell_timeout=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "nbs"]
+
+
+def test_blank_only_is_refused_and_keeps_an_existing_index(tmp_path):
+    # issue 11: `report --only ""` ran nothing, exited 0 and rewrote index.html / summary.json
+    from tests.helpers import assert_cli_user_error
+
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _write(src, "01_only", '# %% tags=["parameters"]\nn: int = 1\n\n# %%\nprint(n)\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "index.html").write_text("earlier index")
+    for only in ["", "  ", ","]:
+        assert_cli_user_error(["report", "--notebooks", str(src), "--output", str(out), "--only", only,
+                               "--no-progress"], r"--only .* names no notebook", watch=[tmp_path])  # fmt: skip
+    assert (out / "index.html").read_text() == "earlier index"
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"]
+    assert list(report.select({"01_a": Path("a")}, ["01_a, "])) == ["01_a"]  # a blank part beside a name is fine
