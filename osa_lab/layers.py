@@ -41,6 +41,20 @@ def derived_alpha_init(tokens: int, dim: int, head_dim: int, c: float = ALPHA_IN
     return c * math.sqrt(head_dim) / (math.sqrt(tokens) + math.sqrt(dim)) ** 2
 
 
+def _check_alpha_init(value: object) -> float:
+    """``value`` as a float after checking it is a finite real number (a bad α₀ must be refused
+    at construction, not at the first forward): :class:`ConfigurationError` otherwise."""
+    if isinstance(value, (bool, str, bytes)) or (isinstance(value, torch.Tensor) and value.numel() != 1):
+        raise ConfigurationError(f"`alpha_init` must be a finite real number or None, got {value!r}")
+    try:
+        alpha = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"`alpha_init` must be a finite real number or None, got {value!r}") from None
+    if not math.isfinite(alpha):
+        raise ConfigurationError(f"`alpha_init` must be finite, got {value!r}")
+    return alpha
+
+
 def _check_dims(dim: int, heads: int, head_dim: int | None) -> int:
     for name, val in (("dim", dim), ("heads", heads)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
@@ -137,7 +151,7 @@ class OrthogonalSelfAttention(_MultiHead):
             raise ConfigurationError(f"`tokens` must be a positive int (the sequence length), got {tokens!r}")
         if alpha_init is None:
             alpha_init = derived_alpha_init(tokens, dim, self.head_dim)
-        alpha = torch.full((heads, 1), float(alpha_init))
+        alpha = torch.full((heads, 1), _check_alpha_init(alpha_init))
         if learn_alpha:
             self.alpha = nn.Parameter(alpha)
         else:

@@ -56,7 +56,12 @@ import torch
 from torch import nn
 
 from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
-from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+from osa_lab.layers import (
+    OrthogonalSelfAttention,
+    SoftmaxSelfAttention,
+    _check_alpha_init,
+    derived_alpha_init,
+)
 
 ATTENTIONS = ("osa", "ssa", "none")
 NORMS = ("none", "layernorm")
@@ -142,9 +147,12 @@ class ModelConfig:
         if (
             not isinstance(self.mlp_ratio, (int, float))
             or isinstance(self.mlp_ratio, bool)
+            or not math.isfinite(self.mlp_ratio)  # NaN passed `< 0` and silently built no MLP
             or self.mlp_ratio < 0
         ):
-            raise ConfigurationError(f"`mlp_ratio` must be a number ≥ 0 (0 = no MLP), got {self.mlp_ratio!r}")
+            raise ConfigurationError(
+                f"`mlp_ratio` must be a finite number ≥ 0 (0 = no MLP), got {self.mlp_ratio!r}"
+            )
         if self.mlp_ratio > 0 and round(self.dim * self.mlp_ratio) < 1:
             raise ConfigurationError(
                 f"`mlp_ratio`={self.mlp_ratio} gives an MLP of width 0 at dim={self.dim}"
@@ -168,8 +176,7 @@ class ModelConfig:
                     f"`alpha_init`={self.alpha_init!r} only applies to attention='osa' (got "
                     f"attention={self.attention!r}); leave it None"
                 )
-            if not math.isfinite(float(self.alpha_init)):
-                raise ConfigurationError(f"`alpha_init` must be finite, got {self.alpha_init!r}")
+            _check_alpha_init(self.alpha_init)
         if self.seed is not None and (
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
         ):

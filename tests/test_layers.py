@@ -105,3 +105,21 @@ def test_empty_batch_through_the_layer():
     assert y.shape == (0, 5, 8)
     y.sum().backward()
     assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), "0.1"])
+def test_osa_layer_refuses_bad_alpha_init_when_built(value):
+    """Issue 11: a non-finite α₀ used to pass construction and fail only at the first forward."""
+    from osa_lab.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="alpha_init"):
+        osa_lab.OrthogonalSelfAttention(8, heads=2, alpha_init=value, tokens=4)
+
+
+def test_osa_layer_accepts_finite_alpha_init_kinds():
+    """Ints, floats, NumPy scalars and 0-d tensors still give α = alpha_init for every head."""
+    import numpy as np
+
+    for value in (1, 0.25, np.float32(0.25), torch.tensor(0.25, dtype=torch.float64)):
+        layer = osa_lab.OrthogonalSelfAttention(8, heads=2, alpha_init=value, tokens=4)
+        assert torch.equal(layer.alpha.detach(), torch.full((2, 1), float(value)))

@@ -62,6 +62,32 @@ def test_impossible_configs(kwargs, match):
         ModelConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mlp_ratio": math.nan}, "mlp_ratio.*finite"),
+        ({"mlp_ratio": math.inf}, "mlp_ratio.*finite"),
+        ({"alpha_init": math.nan}, "alpha_init.*finite"),
+        ({"alpha_init": -math.inf}, "alpha_init.*finite"),
+        ({"alpha_init": "0.5"}, "alpha_init.*real number"),
+        ({"alpha_init": True}, "alpha_init.*real number"),
+    ],
+    ids=["mlp-nan", "mlp-inf", "alpha-nan", "alpha-minus-inf", "alpha-str", "alpha-bool"],
+)
+def test_non_finite_float_fields_are_refused(kwargs, match):
+    """Issue 11: mlp_ratio=nan passed `< 0` and built a model with no MLP; every float field of
+    ModelConfig must be a finite number (typed ConfigurationError, never a silent default)."""
+    with pytest.raises(ConfigurationError, match=match):
+        ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_layer_refuses_non_finite_alpha_init_at_construction(value):
+    """OrthogonalSelfAttention(alpha_init=nan/inf) fails when built, with ModelConfig's error type."""
+    with pytest.raises(ConfigurationError, match="alpha_init.*finite"):
+        OrthogonalSelfAttention(8, 2, alpha_init=value, tokens=4)
+
+
 @pytest.mark.parametrize("field", ["attention", "norm", "init", "input"])
 def test_unknown_names_list_valid_ones(field):
     with pytest.raises(UnknownNameError, match="valid"):
