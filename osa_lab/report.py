@@ -257,9 +257,38 @@ def _has_type(value: Any, name: str) -> bool:
     return True  # a type we cannot check (e.g. a class): papermill passes the value as is
 
 
+_BOUND = re.compile(r"\s*(≥|≤|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:,|and)?")
+_COMPARE = {"≥": float.__ge__, ">": float.__gt__, "≤": float.__le__, "<": float.__lt__}
+
+
+def declared_bounds(declaration: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """Bounds a notebook declares for a number (or each number of a list) at the start of the
+    parameter's trailing comment: ``depth: int = 24  # ≥ 1``, ``frac: float = 0.1  # > 0, ≤ 1: …``
+    (``≥ > ≤ <``; not ``>=``/``<=``: papermill skips a line with a second ``=``). ``[]`` when the
+    comment starts with anything else."""
+    text, bounds = str(declaration.get("help") or ""), []
+    while m := _BOUND.match(text):
+        bounds.append((m.group(1), float(m.group(2))))
+        text = text[m.end() :]
+    return bounds
+
+
+def _out_of_bounds(value: Any, bounds: list[tuple[str, float]]) -> str | None:
+    """The first bound a number (or an element of a list of numbers) breaks, as ``"≥ 1"``."""
+    values = value if isinstance(value, list | tuple) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        for op, limit in bounds:
+            if not _COMPARE[op](float(v), limit):
+                return f"{op} {limit:g}"
+    return None
+
+
 def check_params(name: str, params: Mapping[str, Any], declared: Mapping[str, Any], origin: str = "") -> None:
-    """Refuse parameters the notebook does not declare (papermill would only warn) and values whose
-    type differs from the declared one (``depth: 2.5`` for ``depth: int = 24`` would run depth 2)."""
+    """Refuse parameters the notebook does not declare (papermill would only warn), values whose
+    type differs from the declared one (``depth: 2.5`` for ``depth: int = 24`` would run depth 2)
+    and numbers outside the bounds the notebook declares (:func:`declared_bounds`)."""
     where = f" (from {origin})" if origin else ""
     unknown = sorted(set(params) - set(declared))
     if unknown:
@@ -278,6 +307,13 @@ def check_params(name: str, params: Mapping[str, Any], declared: Mapping[str, An
             f"notebook {name}: parameter {key} must be {type_name}{' or null' if optional else ''} "
             f"(default {declared[key].get('default')}), got {value!r} ({type(value).__name__}){where}"
         )
+    for key, value in params.items():
+        broken = _out_of_bounds(value, declared_bounds(declared[key]))
+        if broken is not None:
+            raise ReportError(
+                f"notebook {name}: parameter {key} must be {broken} (declared by the notebook; default "
+                f"{declared[key].get('default')}), got {value!r}{where}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -685,7 +721,8 @@ def run(args: argparse.Namespace) -> int:
                 declared = declared_parameters(path)
                 print(f"{name}  ({path})")
                 for p in declared.values():
-                    print(f"    {p['name']}: {p['inferred_type_name']} = {p['default']}")
+                    note = f"  # {p['help']}" if declared_bounds(p) else ""
+                    print(f"    {p['name']}: {p['inferred_type_name']} = {p['default']}{note}")
             return 0
         layers = []
         if args.quick:

@@ -363,3 +363,55 @@ def test_blank_only_is_refused_and_keeps_an_existing_index(tmp_path):
     assert (out / "index.html").read_text() == "earlier index"
     assert sorted(p.name for p in out.iterdir()) == ["index.html"]
     assert list(report.select({"01_a": Path("a")}, ["01_a, "])) == ["01_a"]  # a blank part beside a name is fine
+
+
+BOUNDED_NOTEBOOK = '''
+# %% tags=["parameters"]
+depth: int = 24  # ≥ 1
+frac: float = 0.1  # > 0, ≤ 1: share held out
+sizes: list = [8, 16]  # ≥ 2
+alpha: float = -0.5  # any sign
+note: str = "x"  # ≥ 1 is ignored for strings
+
+# %%
+print(depth)
+'''
+
+
+@pytest.mark.parametrize(
+    ("params", "broken"),
+    [
+        ({"depth": -3}, "≥ 1"),  # was: passed the type check, then the notebook failed leaving html/ipynb
+        ({"depth": 0}, "≥ 1"),
+        ({"depth": 1}, None),
+        ({"frac": 0}, "> 0"),
+        ({"frac": 1.5}, "≤ 1"),
+        ({"frac": 1}, None),
+        ({"sizes": [8, 1]}, "≥ 2"),
+        ({"sizes": [2]}, None),
+        ({"alpha": -7.0}, None),  # no bound declared
+        ({"note": "y"}, None),
+    ],
+)
+def test_check_params_refuses_values_outside_declared_bounds(tmp_path, params, broken):
+    src = _write(tmp_path, "01_bounded", BOUNDED_NOTEBOOK)
+    declared = report.declared_parameters(src)
+    if broken is None:
+        report.check_params("01_bounded", params, declared)
+    else:
+        key = next(iter(params))
+        with pytest.raises(report.ReportError, match=rf"parameter {key} must be {re.escape(broken)} "):
+            report.check_params("01_bounded", params, declared, origin="p.yaml")
+
+
+def test_report_out_of_bounds_param_exits_2_and_creates_nothing(tmp_path):
+    from tests.helpers import assert_cli_user_error
+
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _write(src, "01_bounded", BOUNDED_NOTEBOOK)
+    params = tmp_path / "p.yaml"
+    params.write_text("01_bounded:\n  depth: -3\n")
+    assert_cli_user_error(["report", "--notebooks", str(src), "--output", str(tmp_path / "out"), "--params",
+                           str(params), "--no-progress"], r"parameter depth must be ≥ 1 .*got -3",
+                          watch=[tmp_path])  # fmt: skip
