@@ -368,26 +368,36 @@ def _save(path: Path, value: Any) -> None:
 
 
 class _Bar:
-    """One tqdm bar over tasks; the postfix shows running and failed counts."""
+    """One tqdm bar over tasks; the postfix shows running and failed counts.
+
+    The bar is drawn on the first :meth:`status` (or :meth:`show`), not when it is made: a grid
+    that fails before its first task (e.g. an unreachable scheduler) prints no empty 0 % bar
+    above its one-line error."""
 
     def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
-        from tqdm.auto import tqdm
-
         self.failed = 0
-        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="task", disable=not enabled,
-                        file=sys.stderr, dynamic_ncols=True)  # fmt: skip
-        self.status(0)
+        self._args = {"total": total, "initial": initial, "desc": desc, "disable": not enabled}
+        self.bar = None
+
+    def show(self) -> None:
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(**self._args, unit="task", file=sys.stderr, dynamic_ncols=True)
 
     def status(self, running: int) -> None:
+        self.show()
         self.bar.set_postfix_str(f"running={running} failed={self.failed}", refresh=True)
 
     def done(self, ok: bool, running: int) -> None:
         self.failed += not ok
+        self.show()
         self.bar.update(1)
         self.status(running)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 # --------------------------------------------------------------------------------------
@@ -451,6 +461,7 @@ def run_grid(
             _run_serial(tasks, todo, outcomes, options, store_dir, bar)
         else:
             link = _run_dask(tasks, todo, outcomes, options, store_dir, bar, mode, where, desc)
+        bar.status(0)  # a grid of stored results only still shows its full bar
     finally:
         bar.close()
     result = GridResult([o for o in outcomes if o is not None], mode, link, time.perf_counter() - t_start)

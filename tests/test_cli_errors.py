@@ -168,6 +168,16 @@ def test_sweep_bad_scheduler_keeps_an_existing_task_store(tmp_path, monkeypatch)
     assert (store / "earlier.pkl").read_bytes() == b"x"
 
 
+def test_sweep_bad_scheduler_with_progress_bar_is_still_one_line(tmp_path, monkeypatch):
+    # the progress bar used to be drawn (0/N) before the connection failed: two lines on stderr
+    from osa_lab.grid import ENV_SCHEDULER
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ENV_SCHEDULER, raising=False)
+    argv = [a for a in SWEEP_REMOTE if a != "--no-progress"]
+    assert_cli_user_error([*argv, "--scheduler", "notanaddress"], r"invalid Dask scheduler address", watch=[tmp_path])
+
+
 @pytest.mark.parametrize(("extra", "match"), REPORT_ROWS, ids=[" ".join(r[0]) for r in REPORT_ROWS])
 def test_report_bad_arguments(tmp_path, places, monkeypatch, extra, match):
     monkeypatch.chdir(tmp_path)  # the default --output reports/ would land in tmp_path
