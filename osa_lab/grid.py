@@ -496,6 +496,18 @@ def _run_serial(tasks, todo, outcomes, options, store_dir, bar) -> None:
         bar.done(outcomes[i].ok, 1 if n + 1 < len(todo) else 0)
 
 
+def _check_address(address: str) -> None:
+    """Raise ``ValueError`` for an address Dask cannot parse (no port, unknown scheme, a port
+    that is not a number), without connecting or starting an event loop."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    scheme, location = parse_address(address)
+    get_backend(scheme)
+    if scheme in ("tcp", "tls", "ws", "wss"):
+        parse_host_port(location)
+
+
 @contextmanager
 def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple[Any, str | None]]:
     """A connected ``distributed.Client`` (and the dashboard link) for ``mode``; closed afterwards."""
@@ -530,6 +542,7 @@ def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple
         return
     address = str(where)
     try:
+        _check_address(address)  # before Client starts its event loop
         client = Client(address, timeout=options.connect_timeout)
     except ValueError as err:  # "missing port number", "unknown address scheme", a bad port, …
         raise SchedulerConnectionError(

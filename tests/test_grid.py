@@ -283,6 +283,15 @@ def test_unreachable_scheduler_is_a_one_line_error(tmp_path):
         run_grid(tasks, GridOptions(scheduler=address, connect_timeout=2, progress=False))
 
 
+@pytest.mark.parametrize("address", ["notanaddress", "foo://bar:1", "tcp://127.0.0.1:port"])
+def test_malformed_scheduler_address_is_a_connection_error_and_creates_no_store(tmp_path, address):
+    # issue 11: was ValueError "missing port number" (a traceback from the CLI), and the store was made first
+    tasks = [Task(square, {"i": i}, {"i": i}) for i in range(2)]
+    with pytest.raises(SchedulerConnectionError, match=r"invalid Dask scheduler address .*tcp://host:8786"):
+        run_grid(tasks, GridOptions(scheduler=address, progress=False), store=tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
 @pytest.mark.slow
 def test_sweep_through_a_separately_started_scheduler_and_worker(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(ENV_SCHEDULER, raising=False)
