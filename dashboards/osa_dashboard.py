@@ -33,6 +33,7 @@ import collections
 import hashlib
 import io
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -1307,6 +1308,10 @@ if pn.state.served:
     pn.extension(sizing_mode="stretch_width")
     if not pn.state.cache.get("osa_lab.dashboard.atexit"):
         pn.state.cache["osa_lab.dashboard.atexit"] = atexit.register(jobs.cancel_all)
+    # SIGTERM: stop the workers and exit at once. Checked per session because the Bokeh server
+    # installs its own (graceful, slow under load) handler after a --warm run of this script.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not jobs.exit_now:
+        signal.signal(signal.SIGTERM, jobs.exit_now)
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
