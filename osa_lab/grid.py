@@ -508,6 +508,22 @@ def _check_address(address: str) -> None:
         parse_host_port(location)
 
 
+def _worker_environ() -> dict[str, Any]:
+    """Environment of the local cluster's worker processes (set before they start).
+
+    Dask's default also sets ``MALLOC_TRIM_THRESHOLD_=65536``; setting any glibc malloc tunable
+    freezes the dynamic mmap threshold at 128 KiB, so every tensor larger than that is a fresh
+    ``mmap`` whose pages are faulted in again on each allocation. With it, one exact-κ task took
+    1.2–1.4× longer in a worker than in a plain process (BENCHMARKS.md, "Grids on Dask"). Keep
+    the one-thread BLAS settings, drop the malloc tunable.
+    """
+    import dask
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    return environ
+
+
 @contextmanager
 def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple[Any, str | None]]:
     """A connected ``distributed.Client`` (and the dashboard link) for ``mode``; closed afterwards."""
@@ -518,7 +534,9 @@ def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple
         # One task at a time per worker process; tasks wait on the scheduler (not pre-assigned to
         # a worker), so a lost worker takes at most its one running task with it, which is
         # retried once (allowed-failures = 1).
-        with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}), warnings.catch_warnings():
+        with dask.config.set({"distributed.scheduler.worker-saturation": 1.0,
+                              "distributed.nanny.pre-spawn-environ": _worker_environ()}), \
+                warnings.catch_warnings():
             # "Port 8787 is already in use ... Hosting the HTTP server on port N instead": the link
             # printed below names the port actually used.
             warnings.filterwarnings("ignore", message=r"(?s).*already in use", category=UserWarning)
