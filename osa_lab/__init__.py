@@ -1,5 +1,6 @@
 """osa_lab: Orthogonal Self-Attention (Zhang & Martens, arXiv 2602.05996) against softmax attention."""
 
+from osa_lab import compat
 from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
@@ -10,7 +11,10 @@ from osa_lab.errors import (
     UnknownNameError,
     UntrustedResultError,
 )
-from osa_lab.expm import (
+from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+from osa_lab.nn.models import ModelConfig, NonFiniteHiddenStateError, build_classifier, build_model
+from osa_lab.nn.presets import PRESETS, get_preset, preset_names
+from osa_lab.ops.expm import (
     is_orthogonal,
     lowrank_action,
     orthogonality_error,
@@ -19,11 +23,11 @@ from osa_lab.expm import (
     skew_matrix_exp,
     skew_symmetric_from_qk,
 )
-from osa_lab.functional import METHODS, osa
-from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
-from osa_lab.metrics import METRICS
-from osa_lab.models import ModelConfig, NonFiniteHiddenStateError, build_classifier, build_model
-from osa_lab.presets import PRESETS, get_preset, preset_names
+from osa_lab.ops.functional import METHODS, osa
+from osa_lab.studies.metrics import METRICS
+
+# ``import osa_lab.analysis`` and the other pre-regrouping module paths keep working
+compat.install()
 
 __version__ = "0.1.0"
 
@@ -57,3 +61,11 @@ __all__ = [
     "skew_matrix_exp",
     "skew_symmetric_from_qk",
 ]
+
+
+def __getattr__(name: str):
+    """``osa_lab.analysis`` etc. (old module paths) without an import statement."""
+    module = compat.moved_module(name)
+    if module is None:
+        raise AttributeError(f"module 'osa_lab' has no attribute {name!r}")
+    return module

@@ -31,11 +31,11 @@ from osa_lab.errors import OutputPathError
 
 #: sub-command → (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("osa_lab.bench", "CPU/GPU speed and memory benchmark of OSA vs SDPA (table + CSV)"),
-    "sweep": ("osa_lab.analysis", "rank-collapse / spectrum sweep across depth (tidy CSV)"),
-    "report": ("osa_lab.report", "execute the report notebooks with papermill into reports/"),
+    "bench": ("osa_lab.benchmarking.runner", "CPU/GPU speed and memory benchmark of OSA vs SDPA (table + CSV)"),
+    "sweep": ("osa_lab.studies.depth", "rank-collapse / spectrum sweep across depth (tidy CSV)"),
+    "report": ("osa_lab.reporting.runner", "execute the report notebooks with papermill into reports/"),
     "dashboard": ("osa_lab.dashboard_cli", "serve the Panel dashboard"),
-    "train": ("osa_lab.train", "train a (skipless) ViT preset on digits / MNIST / synthetic data"),
+    "train": ("osa_lab.studies.training", "train a (skipless) ViT preset on digits / MNIST / synthetic data"),
 }
 
 #: Exit status of a user error (bad arguments, impossible configuration, unwritable output).

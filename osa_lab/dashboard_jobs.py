@@ -53,7 +53,7 @@ def resolve_method(method: str, tokens: int, dim: int, depth: int = 12, points: 
     """
     if method != "auto":
         return method
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
     if estimate is not None:
@@ -76,7 +76,7 @@ _EXACT_PER_UNIT, _MF_PER_SOLVE = 2.8, 13.0
 
 def estimate_seconds(unit_count: int, method: str, tokens: int, dim: int, depth: int, points: int) -> float:
     """A rough wall-time estimate of ``unit_count`` units, shown before a job starts."""
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
     if estimate is not None:
@@ -94,7 +94,7 @@ def estimate_seconds(unit_count: int, method: str, tokens: int, dim: int, depth:
 
 def compute_unit(unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """κ profile (both scopes) and, for exact Jacobians, the last layer's singular values."""
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     prof = jacobian.jacobian_depth_profile(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads, unit.alpha,
                                            unit.seed, method=unit.method, layers=list(unit.layers))

@@ -63,9 +63,9 @@ from osa_lab.errors import (
     OSAInputError,
     unknown_name,
 )
-from osa_lab.functional import METHODS, osa
-from osa_lab.layers import derived_alpha_init
-from osa_lab.validation import refuse_masks
+from osa_lab.ops.functional import METHODS, osa
+from osa_lab.nn.attention import derived_alpha_init
+from osa_lab.ops.guards import refuse_masks
 
 #: The timm releases this integration supports (the ``timm`` extra of pyproject.toml).
 TIMM_SPEC = "timm>=1.0.20,<1.1"
@@ -237,7 +237,7 @@ def init_mlp_orthogonal(mlp: nn.Module) -> None:
     ``fc2`` orthogonal with gain ``1/√E[φ(z)²]``, zero biases, so a skipless stack neither grows
     nor shrinks unit-variance tokens at initialisation.
     """
-    from osa_lab.models import activation_second_moment
+    from osa_lab.nn.models import activation_second_moment
 
     fc1, fc2 = getattr(mlp, "fc1", None), getattr(mlp, "fc2", None)
     if not isinstance(fc1, nn.Linear) or not isinstance(fc2, nn.Linear):
@@ -732,7 +732,7 @@ def create_osa_vit(
     if normless and "final_norm" not in kwargs and "fc_norm" not in kwargs:
         if _accepts(vit.VisionTransformer.__init__, "final_norm"):
             kwargs["final_norm"] = False
-    from osa_lab.models import _default_dtype
+    from osa_lab.nn.models import _default_dtype
 
     with _default_dtype(dtype):
         if isinstance(name_or_config, str):
@@ -894,7 +894,7 @@ def timm_hidden_states(model: nn.Module, images: torch.Tensor, *, check_finite: 
     :class:`SkiplessBlock` (empty for other block types). A NaN/Inf state raises
     :class:`~osa_lab.models.NonFiniteHiddenStateError` naming the first layer where it appears.
     """
-    from osa_lab.models import HiddenStates, _check_finite
+    from osa_lab.nn.models import HiddenStates, _check_finite
 
     x = embed_tokens(model, images)
     hidden = HiddenStates()
@@ -974,8 +974,8 @@ def timm_depth_profile(
     The ``preset`` column holds ``label`` (default: the timm architecture name). Run in the
     model's dtype (``model.double()`` for float64); the metrics are computed in float64.
     """
-    from osa_lab.analysis import DepthProfile, _profile_tables, _resolve_sites
-    from osa_lab.metrics import METRICS
+    from osa_lab.studies.depth import DepthProfile, _profile_tables, _resolve_sites
+    from osa_lab.studies.metrics import METRICS
 
     metric_names = list(METRICS) if metrics is None else list(metrics)
     for name in metric_names:
@@ -1042,7 +1042,7 @@ def timm_jacobian_profile(
     values by ARPACK/lobpcg from jvp/vjp products; ``"auto"`` is exact up to ``max_exact_dim``
     input entries (N·d). Returns the columns :data:`osa_lab.jacobian.KAPPA_COLUMNS`.
     """
-    from osa_lab import jacobian as jac
+    from osa_lab.studies import jacobian as jac
 
     jac._check_method(method)
     for s in scopes:

@@ -40,7 +40,7 @@ PACKAGES: tuple[str, ...] = (
     "triton",
 )
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

@@ -1,6 +1,6 @@
 """Speed and memory benchmark of low-rank OSA against SDPA and dense OSA (issue 2).
 
-``osa-lab bench`` (or ``python -m osa_lab.bench``) times, side by side in one process and
+``osa-lab bench`` (or ``python -m osa_lab.benchmarking.runner``) times, side by side in one process and
 for r = d_v = 64 in float32:
 
 * low-rank OSA (``method="auto"``) forward and forward+backward,
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from osa_lab import expm
-from osa_lab.benchtools import (
+from osa_lab.ops import expm
+from osa_lab.benchmarking.timing import (
     copy_probe,
     count_matmul_flops,
     current_rss_bytes,
@@ -51,7 +51,7 @@ from osa_lab.benchtools import (
 )
 from osa_lab.cli import check_output_file, positive_int
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
-from osa_lab.functional import osa
+from osa_lab.ops.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
 DEFAULT_MEMORY_SIZES = (16384, 32768, 65536)
@@ -330,7 +330,7 @@ def memory_rows(sizes, r: int, d: int, bh: int) -> list[dict]:
     """Run :func:`memory_probe` in a subprocess per N; adds the growth ratio between sizes."""
     rows = []
     for n in tqdm(sizes, desc="memory", leave=False):
-        cmd = [sys.executable, "-m", "osa_lab.bench", "--memory-probe", str(n), "--r", str(r), "--d", str(d),
+        cmd = [sys.executable, "-m", "osa_lab.benchmarking.runner", "--memory-probe", str(n), "--r", str(r), "--d", str(d),
                "--bh", str(bh)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -407,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m osa_lab.bench``: the same as ``osa-lab bench`` (user errors: one line, exit 2)."""
+    """``python -m osa_lab.benchmarking.runner``: the same as ``osa-lab bench`` (user errors: one line, exit 2)."""
     from osa_lab.cli import main as cli_main
 
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -98,7 +98,7 @@ def opening(title: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     and device in one line, and returned as a dict. :func:`closing` shows the full table,
     collapsed, at the end of the report.
     """
-    from osa_lab import provenance
+    from osa_lab.reporting import provenance
 
     setup()
     params = parameters(namespace)
@@ -112,6 +112,6 @@ _PROVENANCE: dict[str, Any] | None = None
 
 def closing() -> None:
     """The last output of every report: the full provenance table of :func:`opening`, collapsed."""
-    from osa_lab import provenance
+    from osa_lab.reporting import provenance
 
     provenance.show_details(_PROVENANCE if _PROVENANCE is not None else provenance.collect())

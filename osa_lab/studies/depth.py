@@ -58,10 +58,10 @@ from torch import nn
 
 from osa_lab.cli import finite_float, positive_int
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
-from osa_lab.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
-from osa_lab.metrics import METRICS, all_metrics, singular_values
-from osa_lab.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
-from osa_lab.presets import PRESETS, get_preset, preset_names
+from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
+from osa_lab.studies.metrics import METRICS, all_metrics, singular_values
+from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
+from osa_lab.nn.presets import PRESETS, get_preset, preset_names
 
 KEY_COLUMNS = ["preset", "depth", "tokens", "dim", "heads", "alpha", "seed"]
 METRIC_COLUMNS = [*KEY_COLUMNS, "layer", "site", "metric", "value"]
@@ -629,7 +629,7 @@ def sweep(
     if cache is not None and cache.exists() and not cache.is_dir():
         raise ConfigurationError(f"`cache_dir` {str(cache)!r} is a file; give a folder")
     if jacobian != "none":
-        from osa_lab.jacobian import METHODS as JACOBIAN_METHODS
+        from osa_lab.studies.jacobian import METHODS as JACOBIAN_METHODS
 
         if jacobian not in JACOBIAN_METHODS:
             raise unknown_name("Jacobian method", jacobian, [*JACOBIAN_METHODS, "none"])
@@ -670,7 +670,7 @@ def sweep(
     )
     result.tasks = outcome.table()
     if jacobian != "none":
-        from osa_lab.jacobian import KAPPA_COLUMNS
+        from osa_lab.studies.jacobian import KAPPA_COLUMNS
 
         result.jacobian = (
             pd.concat(jacobian_parts, ignore_index=True) if jacobian_parts else pd.DataFrame(columns=KAPPA_COLUMNS)
@@ -737,7 +737,7 @@ def _sweep_tasks(
         kwargs = {**params, "dtype": dtype}
         tasks.append(Task(_profile_task, kwargs, settings, key=f"profile-{_cache_key(params)}"))
     if jacobian != "none":
-        from osa_lab.jacobian import jacobian_depth_profile
+        from osa_lab.studies.jacobian import jacobian_depth_profile
 
         for preset, max_depth, n, d, h, a, s in units:
             settings = {"kind": "jacobian", "preset": preset, "depth": max_depth, "tokens": n, "dim": d,
@@ -854,7 +854,7 @@ def _check_jacobian_request(args: argparse.Namespace) -> None:
     """Refuse a ``--jacobian`` run that cannot fit or would run for a very long time, before sweeping."""
     if args.jacobian == "none":
         return
-    from osa_lab.jacobian import MAX_EXACT_DIM, JacobianTooLargeError, default_max_bytes
+    from osa_lab.studies.jacobian import MAX_EXACT_DIM, JacobianTooLargeError, default_max_bytes
 
     n_inputs = max(args.tokens) * max(args.dim)
     exact = args.jacobian == "exact" or (args.jacobian == "auto" and n_inputs <= MAX_EXACT_DIM)

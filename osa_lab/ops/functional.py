@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from osa_lab import expm
+from osa_lab.ops import expm
 from osa_lab.errors import (
     MethodUnavailableError,
     OSAAccuracyWarning,
@@ -23,7 +23,7 @@ from osa_lab.errors import (
     OSAInputError,
     unknown_name,
 )
-from osa_lab.validation import check_float_tensor, check_qkv, refuse_masks
+from osa_lab.ops.guards import check_float_tensor, check_qkv, refuse_masks
 
 #: ``eps · ‖S‖₁`` of the working precision above which ``"dense"`` warns: rounding S's entries
 #: already moves ``exp(S) v`` by about this much (measured float64 errors against a 60-digit
@@ -65,7 +65,7 @@ def _engine(name: str) -> Callable:
 
 
 def _triton(q, k, v, scale):
-    from osa_lab.kernels import triton_osa
+    from osa_lab.ops.triton import kernels as triton_osa
 
     return triton_osa.osa_triton(q, k, v, scale)
 
@@ -96,7 +96,7 @@ def resolve_method(method: str, q: torch.Tensor, d_v: int | None = None) -> str:
         return method
     n, r = q.shape[-2], q.shape[-1]
     if q.device.type == "cuda":
-        from osa_lab.kernels import triton_available
+        from osa_lab.ops.triton import triton_available
 
         # The Triton kernels take float32/bf16/fp16 with head widths up to 128.
         if triton_available() and q.dtype != torch.float64 and r <= 128 and d_v <= 128:

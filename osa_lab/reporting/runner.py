@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 #: Folder of the notebook sources (the repository's ``notebooks/``).
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 #: Tiny parameters used by ``--quick``.
 QUICK_PARAMS = "ci_params.yaml"
 #: Kernel name the notebooks run on; :func:`ensure_kernel` points it at ``sys.executable``.
@@ -581,7 +581,7 @@ def write_index(
     listed, marked with the time and commit of the run that made them, as long as their files
     are still there (``summary.json`` keeps them under ``"earlier"``).
     """
-    from osa_lab import provenance
+    from osa_lab.reporting import provenance
 
     output = Path(output)
     info = provenance.collect({"mode": label} if label else None)
@@ -765,7 +765,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":  # python -m osa_lab.report
+if __name__ == "__main__":  # python -m osa_lab.reporting.runner
     from osa_lab.cli import main as _main
 
     sys.exit(_main(["report", *sys.argv[1:]]))

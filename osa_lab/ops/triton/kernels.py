@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from osa_lab import expm
+from osa_lab.ops import expm
 from osa_lab.errors import MethodUnavailableError, OSADtypeError, OSAInputError
 
 try:  # Triton is optional on the CPU.

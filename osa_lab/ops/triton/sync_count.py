@@ -84,7 +84,7 @@ def _to_host(args, kwargs) -> bool:
 @contextmanager
 def count_syncs():
     """``with count_syncs() as c: ...`` — tally of the host code run inside (see module doc)."""
-    from osa_lab.kernels import triton_osa as T
+    from osa_lab.ops.triton import kernels as T
 
     counts = Counts()
     old = T._LAUNCH_HOOK
@@ -106,7 +106,7 @@ def measure(core: str = "adaptive", b: int = 2, n: int = 256, r: int = 32, d: in
     """Counts for one forward and one backward of ``osa_triton`` (float32, after a warm-up call)."""
     import math
 
-    from osa_lab.kernels import triton_osa as T
+    from osa_lab.ops.triton import kernels as T
 
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(b, n, r, generator=g).requires_grad_() for _ in range(2))
@@ -121,7 +121,7 @@ def measure(core: str = "adaptive", b: int = 2, n: int = 256, r: int = 32, d: in
     return {"forward": fwd, "backward": bwd}
 
 
-if __name__ == "__main__":  # TRITON_INTERPRET=1 python -m osa_lab.kernels.sync_count
+if __name__ == "__main__":  # TRITON_INTERPRET=1 python -m osa_lab.ops.triton.sync_count
     for core in ("adaptive", "fixed"):
         for phase, c in measure(core).items():
             print(f"core={core:8s} {phase:8s} syncs={c.n_syncs} {dict(c.syncs)} aten_ops={c.ops} "

@@ -23,10 +23,10 @@ import scipy.linalg
 import torch
 import torch.nn.functional as F
 
-from osa_lab.benchtools import time_call
+from osa_lab.benchmarking.timing import time_call
 from osa_lab.errors import OSAInputError, unknown_name
-from osa_lab.expm import orthogonality_error, skew_symmetric_from_qk
-from osa_lab.functional import METHODS, osa
+from osa_lab.ops.expm import orthogonality_error, skew_symmetric_from_qk
+from osa_lab.ops.functional import METHODS, osa
 
 #: dtype names accepted by the study.
 DTYPES: dict[str, torch.dtype] = {

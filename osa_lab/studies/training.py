@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osa_lab.data import (
+from osa_lab.studies.data import (
     DATASETS,
     ImageDataset,
     MissingDataError,
@@ -77,8 +77,8 @@ from osa_lab.errors import (
     UnknownNameError,
     unknown_name,
 )
-from osa_lab.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid, shared_cluster
-from osa_lab.models import alpha_zeroed, mixing_table, osa_layers
+from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid, shared_cluster
+from osa_lab.nn.models import alpha_zeroed, mixing_table, osa_layers
 
 #: the presets of the paper's comparison (docs/design.md §5; issue 7)
 DEFAULT_COMPARISON: tuple[str, ...] = ("vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip")
@@ -253,7 +253,7 @@ def final_value(metrics: pd.DataFrame, metric: str = "test_accuracy") -> float:
 
 
 def _presets():
-    from osa_lab import presets
+    from osa_lab.nn import presets
 
     return presets
 
@@ -270,7 +270,7 @@ def check_names(presets: Sequence[str], data: str) -> None:
 
 def comparison_presets(data: str) -> list[str]:
     """The presets of ``--compare``: the paper's four, the mixing controls, and ``cnn1d`` on 1-D data."""
-    from osa_lab.data import MNIST1D_VARIANTS
+    from osa_lab.studies.data import MNIST1D_VARIANTS
 
     extra = ["cnn1d"] if data in MNIST1D_VARIANTS else []
     return [*DEFAULT_COMPARISON, *CONTROLS, *extra]
@@ -311,7 +311,7 @@ def model_config_for(config: TrainConfig, data: ImageDataset):
 
 def build_model(model_config) -> nn.Module:
     """``osa_lab.models.build_classifier`` (indirected so tests can substitute a model)."""
-    from osa_lab.models import build_classifier
+    from osa_lab.nn.models import build_classifier
 
     return build_classifier(model_config)
 
@@ -358,7 +358,7 @@ def _param_groups(
 
 def alpha_values(model: nn.Module) -> list[tuple[int, int, float]]:
     """``(osa_layer_index, head, α)`` for every OSA layer of ``model``, in module order."""
-    from osa_lab.layers import OrthogonalSelfAttention
+    from osa_lab.nn.attention import OrthogonalSelfAttention
 
     out = []
     layers = [m for m in model.modules() if isinstance(m, OrthogonalSelfAttention)]
@@ -376,7 +376,7 @@ def hidden_diagnostics(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str
     mean condition number infinite). Non-finite hidden states raise the encoder's
     ``NonFiniteHiddenStateError`` naming the first bad layer.
     """
-    from osa_lab.metrics import all_metrics
+    from osa_lab.studies.metrics import all_metrics
 
     was_training = model.training
     model.eval()
@@ -1239,7 +1239,7 @@ def verdict(
     within ±``margin`` (default 1 point). The text says what this run did and did not show; it
     never adjusts anything toward the paper's numbers.
     """
-    from osa_lab.data import MNIST1D_VARIANTS
+    from osa_lab.studies.data import MNIST1D_VARIANTS
 
     by = paired.set_index("preset") if len(paired) else pd.DataFrame()
 
@@ -1482,7 +1482,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` (preset and seed filled in later) that the CLI arguments describe."""
     model = {k: getattr(args, k) for k in ("depth", "dim", "heads") if getattr(args, k) is not None}
     if args.osa_method:
-        from osa_lab.functional import METHODS
+        from osa_lab.ops.functional import METHODS
 
         if args.osa_method not in (*METHODS, "auto"):
             raise unknown_name("OSA method", args.osa_method, [*METHODS, "auto"])

@@ -61,8 +61,8 @@ from osa_lab.errors import (
     SolverNotConvergedWarning,
     unknown_name,
 )
-from osa_lab.layers import OrthogonalSelfAttention, derived_alpha_init
-from osa_lab.models import Encoder, build_model, functional_mode
+from osa_lab.nn.attention import OrthogonalSelfAttention, derived_alpha_init
+from osa_lab.nn.models import Encoder, build_model, functional_mode
 
 METHODS = ("auto", "exact", "matrix-free")
 SOLVERS = ("lanczos", "arpack", "lobpcg")
@@ -786,7 +786,7 @@ def resolve_method(
 
 
 def _build(preset: str, depth: int, tokens: int, dim: int, heads, alpha, seed: int, dtype):
-    from osa_lab.analysis import _alpha_of, _gaussian_tokens, config_for
+    from osa_lab.studies.depth import _alpha_of, _gaussian_tokens, config_for
 
     config = config_for(preset, depth=depth, tokens=tokens, dim=dim, heads=heads, alpha=alpha, seed=seed)
     model = build_model(config, dtype=dtype).eval()
@@ -1062,7 +1062,7 @@ def osa_layer_conditioning(
     heads, seed, method, sigma_max, sigma_min, kappa, converged``. ``progress`` and
     ``should_stop`` are passed to every :func:`jacobian_spectrum` call.
     """
-    from osa_lab.analysis import _as_list, _seed_list
+    from osa_lab.studies.depth import _as_list, _seed_list
 
     seeds_l = _seed_list(seeds)
     rows = []
@@ -1106,6 +1106,6 @@ def osa_layer_conditioning(
 
 
 def _default_dtype(dtype: torch.dtype):
-    from osa_lab.models import _default_dtype as ctx
+    from osa_lab.nn.models import _default_dtype as ctx
 
     return ctx(dtype)

@@ -33,7 +33,7 @@ import threading
 import torch
 
 from osa_lab.errors import OSAInputError, UntrustedResultError, unknown_name
-from osa_lab.validation import check_float_tensor, sum_is_finite
+from osa_lab.ops.guards import check_float_tensor, sum_is_finite
 
 #: Engines of :func:`lowrank_action` and :func:`blocked_action`.
 ENGINES = ("gram", "qr", "lowrank")

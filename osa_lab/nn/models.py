@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
-from osa_lab.layers import (
+from osa_lab.nn.attention import (
     OrthogonalSelfAttention,
     SoftmaxSelfAttention,
     _check_alpha_init,

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from osa_lab.errors import ConfigurationError, unknown_name
-from osa_lab.models import ModelConfig
+from osa_lab.nn.models import ModelConfig
 
 
 @dataclass(frozen=True)

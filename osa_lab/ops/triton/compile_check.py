@@ -1,6 +1,6 @@
 """Compile the Triton OSA kernels for a CUDA target without a GPU (issue 18).
 
-    python -m osa_lab.kernels.compile_check [--arch 90] [--cache-dir DIR] [--max-variants K]
+    python -m osa_lab.ops.triton.compile_check [--arch 90] [--cache-dir DIR] [--max-variants K]
 
 compiles every kernel variant that ``benchmarks/gpu_check.py`` launches (the shapes, dtypes and
 configurations are defined here, :data:`GPU_CHECK`, and the GPU script reads them from here)
@@ -88,7 +88,7 @@ def launch_case(case: Case, device: str = "meta", sm_count: int | None = H200_SM
     ``triton_osa._launch``, so whatever hook is installed sees exactly the GPU run's launches)."""
     import torch
 
-    from osa_lab.kernels import triton_osa as T
+    from osa_lab.ops.triton import kernels as T
 
     dtype = _torch_dtype(case.dtype)
     b, n, r, d = case.b, case.n, case.r, case.d
@@ -197,10 +197,10 @@ def compile_cases(
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
-    from osa_lab.kernels import triton_osa as T
+    from osa_lab.ops.triton import kernels as T
 
     if T.INTERPRET:
-        raise RuntimeError("osa_lab.kernels.triton_osa was imported under TRITON_INTERPRET=1")
+        raise RuntimeError("osa_lab.ops.triton.kernels was imported under TRITON_INTERPRET=1")
     knobs.cache.dir = cache_dir
     target = GPUTarget("cuda", arch, 32)
     results: dict[int, Compiled] = {}

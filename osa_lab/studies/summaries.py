@@ -96,7 +96,7 @@ def jacobian_sweep(
     bars, or a callback receiving :class:`osa_lab.jacobian.JacobianProgress` for each call),
     ``should_stop`` (cancel hook) and ``max_input_dim`` are passed to every call.
     """
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     hooks = dict(progress=progress, should_stop=should_stop, max_input_dim=max_input_dim)

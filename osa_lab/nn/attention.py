@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from osa_lab.errors import ConfigurationError, unknown_name
-from osa_lab.functional import METHODS, osa
-from osa_lab.validation import check_float_tensor, refuse_masks
+from osa_lab.ops.functional import METHODS, osa
+from osa_lab.ops.guards import check_float_tensor, refuse_masks
 
 #: δ target in the derived initialisation α₀ = c √r / (√N + √d)².
 ALPHA_INIT_C = 0.05

@@ -1,0 +1,6 @@
+"""Speed and memory measurement.
+
+* :mod:`osa_lab.benchmarking.runner`: ``osa-lab bench`` (OSA vs SDPA table + CSV).
+* :mod:`osa_lab.benchmarking.timing`: timing helpers shared by the runner, the studies and
+  ``benchmarks/`` (interleaved timing, machine information, table output).
+"""
