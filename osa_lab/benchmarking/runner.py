@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from osa_lab.ops import expm
 from osa_lab.benchmarking.timing import (
     copy_probe,
     count_matmul_flops,
@@ -51,6 +50,7 @@ from osa_lab.benchmarking.timing import (
 )
 from osa_lab.cli import check_output_file, positive_int
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
+from osa_lab.ops import expm
 from osa_lab.ops.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)

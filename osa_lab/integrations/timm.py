@@ -63,8 +63,8 @@ from osa_lab.errors import (
     OSAInputError,
     unknown_name,
 )
-from osa_lab.ops.functional import METHODS, osa
 from osa_lab.nn.attention import derived_alpha_init
+from osa_lab.ops.functional import METHODS, osa
 from osa_lab.ops.guards import refuse_masks
 
 #: The timm releases this integration supports (the ``timm`` extra of pyproject.toml).

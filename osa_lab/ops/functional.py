@@ -15,7 +15,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from osa_lab.ops import expm
 from osa_lab.errors import (
     MethodUnavailableError,
     OSAAccuracyWarning,
@@ -23,6 +22,7 @@ from osa_lab.errors import (
     OSAInputError,
     unknown_name,
 )
+from osa_lab.ops import expm
 from osa_lab.ops.guards import check_float_tensor, check_qkv, refuse_masks
 
 #: ``eps · ‖S‖₁`` of the working precision above which ``"dense"`` warns: rounding S's entries

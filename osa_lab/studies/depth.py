@@ -58,10 +58,10 @@ from torch import nn
 
 from osa_lab.cli import finite_float, positive_int
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
-from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
-from osa_lab.studies.metrics import METRICS, all_metrics, singular_values
 from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
 from osa_lab.nn.presets import PRESETS, get_preset, preset_names
+from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
+from osa_lab.studies.metrics import METRICS, all_metrics, singular_values
 
 KEY_COLUMNS = ["preset", "depth", "tokens", "dim", "heads", "alpha", "seed"]
 METRIC_COLUMNS = [*KEY_COLUMNS, "layer", "site", "metric", "value"]

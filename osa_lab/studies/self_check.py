@@ -27,9 +27,9 @@ import pandas as pd
 import torch
 
 from osa_lab.errors import ConfigurationError, OSADtypeError
+from osa_lab.nn.attention import derived_alpha_init
 from osa_lab.ops.expm import orthogonality_error, osa_matrix
 from osa_lab.ops.functional import osa, resolve_method
-from osa_lab.nn.attention import derived_alpha_init
 
 #: Largest N for which the check forms the dense N×N reference (O(N³) per head).
 MAX_DENSE_TOKENS = 1024

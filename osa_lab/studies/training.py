@@ -57,15 +57,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osa_lab.studies.data import (
-    DATASETS,
-    ImageDataset,
-    MissingDataError,
-    check_val_fraction,
-    data_fingerprint,
-    load_data,
-    split_validation,
-)
 from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
@@ -77,8 +68,24 @@ from osa_lab.errors import (
     UnknownNameError,
     unknown_name,
 )
-from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid, shared_cluster
 from osa_lab.nn.models import alpha_zeroed, mixing_table, osa_layers
+from osa_lab.studies.data import (
+    DATASETS,
+    ImageDataset,
+    MissingDataError,
+    check_val_fraction,
+    data_fingerprint,
+    load_data,
+    split_validation,
+)
+from osa_lab.studies.grid import (
+    GridOptions,
+    Task,
+    add_grid_arguments,
+    options_from_args,
+    run_grid,
+    shared_cluster,
+)
 
 #: the presets of the paper's comparison (docs/design.md §5; issue 7)
 DEFAULT_COMPARISON: tuple[str, ...] = ("vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip")

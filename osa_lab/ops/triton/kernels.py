@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
-from osa_lab.ops import expm
 from osa_lab.errors import MethodUnavailableError, OSADtypeError, OSAInputError
+from osa_lab.ops import expm
 
 try:  # Triton is optional on the CPU.
     import triton
