@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from osa_lab.analysis import sweep
-from osa_lab.benchtools import emit_table, machine_info
-from osa_lab.jacobian import _build, _prefix_fn, exact_jacobian, matrix_free_extremes
-from osa_lab.models import functional_mode
+from osa_lab.benchmarking.timing import emit_table, machine_info
+from osa_lab.nn.models import functional_mode
+from osa_lab.studies.depth import sweep
+from osa_lab.studies.jacobian import _build, _prefix_fn, exact_jacobian, matrix_free_extremes
 
 
 def _timed(fn):

@@ -20,10 +20,10 @@ import argparse
 
 import torch
 
-from osa_lab import expm
-from osa_lab.bench import ALPHA, heads_for, lowrank_flops
-from osa_lab.benchtools import emit_table, machine_info, time_interleaved
-from osa_lab.functional import osa
+from osa_lab.benchmarking.runner import ALPHA, heads_for, lowrank_flops
+from osa_lab.benchmarking.timing import emit_table, machine_info, time_interleaved
+from osa_lab.ops import expm
+from osa_lab.ops.functional import osa
 
 
 def stages(n: int, rounds: int) -> list[dict]:

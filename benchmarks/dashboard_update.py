@@ -37,7 +37,7 @@ from pathlib import Path
 import holoviews as hv
 import torch
 
-from osa_lab.benchtools import emit_table, machine_info
+from osa_lab.benchmarking.timing import emit_table, machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("OSA_LAB_CHROMIUM", "/usr/bin/chromium")

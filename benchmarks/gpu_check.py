@@ -77,11 +77,11 @@ if ARGS.cache_dir:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from osa_lab import expm  # noqa: E402
-from osa_lab.benchtools import emit_table, machine_info  # noqa: E402
-from osa_lab.functional import osa  # noqa: E402
-from osa_lab.kernels import compile_check as CC  # noqa: E402
-from osa_lab.kernels import triton_osa as T  # noqa: E402
+from osa_lab.benchmarking.timing import emit_table, machine_info  # noqa: E402
+from osa_lab.ops import expm  # noqa: E402
+from osa_lab.ops.functional import osa  # noqa: E402
+from osa_lab.ops.triton import compile_check as CC  # noqa: E402
+from osa_lab.ops.triton import kernels as T  # noqa: E402
 
 START = time.perf_counter()
 DRY = ARGS.dry_run

@@ -24,8 +24,8 @@ import time
 
 import pandas as pd
 
-from osa_lab.benchtools import emit_table, machine_info
-from osa_lab.grid import GridOptions, Task, _client, run_grid
+from osa_lab.benchmarking.timing import emit_table, machine_info
+from osa_lab.studies.grid import GridOptions, Task, _client, run_grid
 
 
 def identity(i: int) -> int:
@@ -34,7 +34,7 @@ def identity(i: int) -> int:
 
 
 def jacobian_tasks(seeds: int, depth: int, tokens: int, dim: int) -> list[Task]:
-    from osa_lab.jacobian import jacobian_depth_profile
+    from osa_lab.studies.jacobian import jacobian_depth_profile
 
     return [
         Task(jacobian_depth_profile,
@@ -46,7 +46,7 @@ def jacobian_tasks(seeds: int, depth: int, tokens: int, dim: int) -> list[Task]:
 
 
 def train_tasks(seeds: int, epochs: int) -> list[Task]:
-    from osa_lab.train import TrainConfig, _compare_task
+    from osa_lab.studies.training import TrainConfig, _compare_task
 
     base = TrainConfig(data="digits", epochs=epochs, diag_every=0, diag_samples=16,
                        model={"depth": 2, "dim": 32, "heads": 2})  # fmt: skip

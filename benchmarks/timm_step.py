@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from osa_lab.benchtools import emit_table, machine_info, time_interleaved
+from osa_lab.benchmarking.timing import emit_table, machine_info, time_interleaved
 
 
 def step_fn(model: torch.nn.Module, batch: int, seed: int = 0):
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(report.__str__().splitlines()[0])
     try:
-        from osa_lab.provenance import csv_columns
+        from osa_lab.reporting.provenance import csv_columns
 
         prov = csv_columns(vars(args))
     except ImportError:  # pragma: no cover

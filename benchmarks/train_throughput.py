@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from osa_lab.benchtools import emit_table, machine_info, time_call
-from osa_lab.models import build_classifier
-from osa_lab.presets import get_preset
+from osa_lab.benchmarking.timing import emit_table, machine_info, time_call
+from osa_lab.nn.models import build_classifier
+from osa_lab.nn.presets import get_preset
 
 #: (name, image_size or sequence length, patch_size, 1-D?): digits (16 tokens), MNIST-1D (40 steps,
 #: 2 per token → 20 tokens) and MNIST (49 tokens); issue 13 asks for ≤ 1.5× at N = 20–49
@@ -69,7 +69,7 @@ def step_fn(preset: str, image_size: int, patch: int, batch: int, model_override
 @contextlib.contextmanager
 def exp_skipped():
     """Inside the block every OSA layer returns its values unmixed (exp(S) replaced by I, not computed)."""
-    from osa_lab.layers import OrthogonalSelfAttention
+    from osa_lab.nn.attention import OrthogonalSelfAttention
 
     original = OrthogonalSelfAttention.attend
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
     try:
-        from osa_lab.provenance import csv_columns
+        from osa_lab.reporting.provenance import csv_columns
 
         prov = csv_columns(vars(args))
     except ImportError:  # pragma: no cover

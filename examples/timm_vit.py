@@ -53,9 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from osa_lab.data import load_data
     from osa_lab.errors import OptionalDependencyError
     from osa_lab.integrations.timm import create_osa_vit, timm_depth_profile
+    from osa_lab.studies.data import load_data
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

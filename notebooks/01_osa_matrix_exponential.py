@@ -47,15 +47,15 @@ repeat: int = 5
 fit_points: int = 3
 
 # %%
-from osa_lab import notebook as nb
+from osa_lab.reporting import kernel_setup as nb
 
 params = nb.opening("01_osa_matrix_exponential", globals())
 
 # %%
 import pandas as pd
 
-from osa_lab import expm_study
 from osa_lab.plots import expm as plots
+from osa_lab.studies import expm_accuracy as expm_study
 
 # %% [markdown]
 # ## Error against the float64 reference

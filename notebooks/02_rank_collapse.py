@@ -47,17 +47,18 @@ seeds: int = 3
 cache_dir: str = ""
 
 # %%
-from osa_lab import notebook as nb
+from osa_lab.reporting import kernel_setup as nb
 
 params = nb.opening("02_rank_collapse", globals())
 
 # %%
 import pandas as pd
 
-from osa_lab import analysis, depth_facts
-from osa_lab.metrics import METRIC_DESCRIPTIONS, METRICS
+from osa_lab.nn.presets import describe
 from osa_lab.plots import depth as plots
-from osa_lab.presets import describe
+from osa_lab.studies import depth as analysis
+from osa_lab.studies import summaries as depth_facts
+from osa_lab.studies.metrics import METRIC_DESCRIPTIONS, METRICS
 
 # %% [markdown]
 # ## The presets

@@ -43,14 +43,15 @@ dim: int = 16
 depth_seeds: int = 2
 
 # %%
-from osa_lab import notebook as nb
+from osa_lab.reporting import kernel_setup as nb
 
 params = nb.opening("03_jacobian_conditioning", globals())
 
 # %%
 
-from osa_lab import depth_facts, jacobian
 from osa_lab.plots import depth as plots
+from osa_lab.studies import jacobian
+from osa_lab.studies import summaries as depth_facts
 
 # %% [markdown]
 # ## 1 · The OSA layer against α

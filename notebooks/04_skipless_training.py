@@ -71,7 +71,7 @@ runs_dir: str = "reports/train_runs"
 results_dir: str = ""
 
 # %%
-from osa_lab import notebook as nb
+from osa_lab.reporting import kernel_setup as nb
 
 params = nb.opening("04_skipless_training", globals())
 
@@ -82,8 +82,8 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-from osa_lab import train as T
 from osa_lab.plots import training as plots
+from osa_lab.studies import training as T
 
 torch.set_num_threads(threads)
 
@@ -102,7 +102,7 @@ if results_dir:
     summary = T.summarise(metrics, runs, order=list(dict.fromkeys(metrics["preset"])))
     print(f"loaded {source}: {metrics['preset'].nunique()} presets, seeds {sorted(int(s) for s in metrics['seed'].unique())}")
 else:
-    from osa_lab.data import MNIST1D_VARIANTS
+    from osa_lab.studies.data import MNIST1D_VARIANTS
 
     if data not in MNIST1D_VARIANTS:
         presets = [p for p in presets if p != "cnn1d"]  # the 1-D CNN needs sequences

@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 import torch
 
-from osa_lab.analysis import METRIC_COLUMNS, SPECTRA_COLUMNS, depth_profile, sweep
 from osa_lab.cli import main
 from osa_lab.errors import ConfigurationError, UnknownNameError
-from osa_lab.layers import derived_alpha_init
-from osa_lab.metrics import METRICS
-from osa_lab.models import NonFiniteHiddenStateError, build_model
-from osa_lab.presets import get_preset
+from osa_lab.nn.attention import derived_alpha_init
+from osa_lab.nn.models import NonFiniteHiddenStateError, build_model
+from osa_lab.nn.presets import get_preset
+from osa_lab.studies.depth import METRIC_COLUMNS, SPECTRA_COLUMNS, depth_profile, sweep
+from osa_lab.studies.metrics import METRICS
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +148,7 @@ def test_sweep_refuses_fractional_depth_instead_of_truncating():
 
 
 def test_config_for_and_depth_profile_refuse_nan_alpha_and_bad_batch():
-    from osa_lab.analysis import config_for
+    from osa_lab.studies.depth import config_for
 
     with pytest.raises(ConfigurationError, match="alpha"):
         config_for("pure-osa", depth=2, tokens=8, dim=8, alpha=float("nan"))
@@ -175,7 +175,7 @@ def test_sweep_bounds_unreasonable_sizes_and_names_the_override(args, match):
 
 
 def test_check_sweep_size_allow_large_lets_it_through():
-    from osa_lab.analysis import check_sweep_size
+    from osa_lab.studies.depth import check_sweep_size
 
     units = [("pure-osa", 100_000, 8, 8, None, None, 0)]
     with pytest.raises(ConfigurationError):
@@ -184,7 +184,7 @@ def test_check_sweep_size_allow_large_lets_it_through():
 
 
 def test_cli_sweep_output_checks_happen_before_computing(tmp_path, monkeypatch, capsys):
-    import osa_lab.analysis as analysis
+    import osa_lab.studies.depth as analysis
 
     calls = []
     monkeypatch.setattr(analysis, "depth_profile", lambda *a, **k: calls.append(1))
@@ -215,7 +215,7 @@ def test_cli_sweep_missing_spectra_parent_is_created(tmp_path):
 
 
 def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
-    from osa_lab.analysis import _write_tables
+    from osa_lab.studies.depth import _write_tables
 
     class Broken:
         def to_csv(self, *a, **k):
@@ -231,7 +231,7 @@ def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
 def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
     """``allow_large`` must reach the Jacobian task: the library's own input-size bound would
     otherwise refuse inside the task what the user explicitly allowed (issue 11)."""
-    import osa_lab.jacobian as jac
+    import osa_lab.studies.jacobian as jac
     from osa_lab.errors import GridTaskFailedWarning
 
     monkeypatch.setattr(jac, "MAX_INPUT_DIM", 8)  # N·d = 16 is now "too large"

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from osa_lab import bench
-from osa_lab.benchtools import count_matmul_flops, time_interleaved
+from osa_lab.benchmarking import runner as bench
+from osa_lab.benchmarking.timing import count_matmul_flops, time_interleaved
 from tests.helpers import assert_cli_user_error
 
 

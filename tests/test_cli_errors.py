@@ -143,8 +143,8 @@ SWEEP_REMOTE = [a for a in SWEEP if a != "--serial"]
 def test_sweep_bad_scheduler_is_one_line_and_leaves_no_task_store(tmp_path, monkeypatch, address, match):
     import dataclasses
 
-    from osa_lab import analysis
-    from osa_lab.grid import ENV_SCHEDULER
+    from osa_lab.studies import depth as analysis
+    from osa_lab.studies.grid import ENV_SCHEDULER
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV_SCHEDULER, raising=False)
@@ -156,7 +156,7 @@ def test_sweep_bad_scheduler_is_one_line_and_leaves_no_task_store(tmp_path, monk
 
 
 def test_sweep_bad_scheduler_keeps_an_existing_task_store(tmp_path, monkeypatch):
-    from osa_lab.grid import ENV_SCHEDULER
+    from osa_lab.studies.grid import ENV_SCHEDULER
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV_SCHEDULER, raising=False)
@@ -170,7 +170,7 @@ def test_sweep_bad_scheduler_keeps_an_existing_task_store(tmp_path, monkeypatch)
 
 def test_sweep_bad_scheduler_with_progress_bar_is_still_one_line(tmp_path, monkeypatch):
     # the progress bar used to be drawn (0/N) before the connection failed: two lines on stderr
-    from osa_lab.grid import ENV_SCHEDULER
+    from osa_lab.studies.grid import ENV_SCHEDULER
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(ENV_SCHEDULER, raising=False)
@@ -234,9 +234,9 @@ def test_typed_error_from_any_subcommand_is_one_line_but_bugs_keep_tracebacks(mo
 
 
 def test_is_user_error_covers_the_typed_errors():
-    from osa_lab.data import MissingDataError
     from osa_lab.errors import ConfigurationError, MethodUnavailableError, OutputPathError, UnknownNameError
-    from osa_lab.report import ReportError
+    from osa_lab.reporting.runner import ReportError
+    from osa_lab.studies.data import MissingDataError
 
     for exc in (OSAInputError("x"), ConfigurationError("x"), UnknownNameError("x"), MethodUnavailableError("x"),
                 OutputPathError("x"), ReportError("x"), MissingDataError("x")):  # fmt: skip

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from osa_lab.data import (
+from osa_lab.errors import OSAInputError, UnknownNameError
+from osa_lab.studies.data import (
     DATASETS,
     MissingDataError,
     load_data,
@@ -18,7 +19,6 @@ from osa_lab.data import (
     read_idx,
     write_idx,
 )
-from osa_lab.errors import OSAInputError, UnknownNameError
 
 
 def test_digits_split_is_fixed_stratified_and_standardised():
@@ -181,7 +181,7 @@ def test_nan_pixels_are_a_data_error(tmp_path):
 
 
 def test_fingerprint_follows_contents_only():
-    from osa_lab.data import data_fingerprint
+    from osa_lab.studies.data import data_fingerprint
 
     a, b = load_synthetic(), load_synthetic()
     assert data_fingerprint(a) == data_fingerprint(b)

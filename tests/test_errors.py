@@ -133,7 +133,7 @@ def test_layer_constructor_checks():
 
 
 def test_metrics_refuse_nan():
-    from osa_lab.metrics import METRICS
+    from osa_lab.studies.metrics import METRICS
 
     with pytest.raises(osa_lab.OSAInputError, match="NaN"):
         METRICS["stable_rank"](torch.full((4, 3), float("nan")))

@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from osa_lab import expm_study
 from osa_lab.errors import UnknownNameError
-from osa_lab.expm import skew_symmetric_from_qk
+from osa_lab.ops.expm import skew_symmetric_from_qk
 from osa_lab.plots import expm as plots
 from osa_lab.plots.depth import png_bytes
+from osa_lab.studies import expm_accuracy as expm_study
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ import pandas as pd
 import pytest
 import torch
 
-import osa_lab.analysis as A
+import osa_lab.studies.depth as A
 from osa_lab.cli import main as cli_main
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, SchedulerConnectionError
-from osa_lab.grid import ENV_SCHEDULER, GridOptions, Task, run_grid, task_key
+from osa_lab.studies.grid import ENV_SCHEDULER, GridOptions, Task, run_grid, task_key
 
 # Workers receive this module's task functions by value (they need not import tests/).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -352,7 +352,7 @@ def test_train_compare_on_two_local_workers_equals_in_process(tmp_path, capsys, 
 
 @pytest.mark.slow
 def test_shared_cluster_serves_several_grids_with_one_start(tmp_path):
-    from osa_lab.grid import shared_cluster
+    from osa_lab.studies.grid import shared_cluster
 
     with deadline(240), shared_cluster(GridOptions(workers=2, progress=False, dashboard_address=None)) as opts:
         assert opts.scheduler and opts.scheduler.startswith("tcp://")

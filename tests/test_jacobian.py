@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from osa_lab.errors import UnknownNameError
-from osa_lab.jacobian import (
+from osa_lab.nn.attention import OrthogonalSelfAttention
+from osa_lab.nn.models import build_model
+from osa_lab.nn.presets import get_preset
+from osa_lab.studies.jacobian import (
     KAPPA_COLUMNS,
     SIGMA_COLUMNS,
     JacobianTooLargeError,
@@ -18,9 +21,6 @@ from osa_lab.jacobian import (
     jacobian_spectrum,
     osa_layer_conditioning,
 )
-from osa_lab.layers import OrthogonalSelfAttention
-from osa_lab.models import build_model
-from osa_lab.presets import get_preset
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +42,7 @@ def test_exact_jacobian_of_linear_map_and_finite_differences():
     model = build_model(
         get_preset("skipless-ssa", depth=2, dim=8, heads=2, tokens=4, seed=0), dtype=torch.float64
     )
-    from osa_lab.models import functional_mode
+    from osa_lab.nn.models import functional_mode
 
     x = torch.randn(4, 8, dtype=torch.float64, generator=g)
     with functional_mode(model):
@@ -80,8 +80,8 @@ def test_lobpcg_solver_agrees_with_exact():
     free = jacobian_spectrum(layer, x, method="matrix-free")
     assert free.sigma_max == pytest.approx(exact.sigma_max, rel=1e-2)
     assert free.sigma_min == pytest.approx(exact.sigma_min, rel=1e-2)
-    from osa_lab.jacobian import _as_function, matrix_free_extremes
-    from osa_lab.models import functional_mode
+    from osa_lab.nn.models import functional_mode
+    from osa_lab.studies.jacobian import _as_function, matrix_free_extremes
 
     with functional_mode(layer):
         fn, at = _as_function(layer, x)
@@ -145,7 +145,7 @@ def test_matrix_free_non_convergence_is_flagged_not_silent():
     import warnings
 
     from osa_lab.errors import SolverNotConvergedWarning
-    from osa_lab.jacobian import matrix_free_extremes
+    from osa_lab.studies.jacobian import matrix_free_extremes
 
     fn, x = _ill_conditioned_diagonal()
     # ncv=16: a small restarted basis (the default basis spans all 400 inputs and converges).
@@ -202,8 +202,8 @@ def test_matrix_free_with_krylov_space_much_smaller_than_the_input():
 
 
 def test_transposed_vjp_matvec_equals_jvp():
-    from osa_lab.jacobian import _operators
-    from osa_lab.models import functional_mode
+    from osa_lab.nn.models import functional_mode
+    from osa_lab.studies.jacobian import _operators
 
     layer, x = _osa_case(6, 4, 0.7)
     v = torch.randn(x.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -229,7 +229,7 @@ def test_unconverged_sigma_min_is_nan_with_flag_never_inf():
     """κ of an unresolved σ_min is NaN (unknown), never inf (old: inf) — for every solver."""
     import warnings
 
-    from osa_lab.jacobian import matrix_free_extremes
+    from osa_lab.studies.jacobian import matrix_free_extremes
 
     fn, x = _geometric_spectrum()
     spec = jacobian_spectrum(fn, x, method="matrix-free", ncv=12, maxiter=4)
@@ -246,8 +246,8 @@ def test_unconverged_sigma_min_is_nan_with_flag_never_inf():
 def test_lobpcg_warning_is_not_reported_as_converged():
     """lobpcg at κ ≈ 200 (N = d = 24, α = 0.3): scipy warned 'not reaching the requested
     tolerance' and the old code returned a 0.7 %-off σ_min with converged=True."""
-    from osa_lab.jacobian import matrix_free_extremes
-    from osa_lab.models import functional_mode
+    from osa_lab.nn.models import functional_mode
+    from osa_lab.studies.jacobian import matrix_free_extremes
 
     layer, x = _osa_case(12, 12, 1.0)
     with functional_mode(layer):
@@ -260,7 +260,7 @@ def test_lobpcg_warning_is_not_reported_as_converged():
 
 def test_progress_callback_and_cancel_hook():
     from osa_lab.errors import ComputationCancelledError
-    from osa_lab.jacobian import JacobianProgress
+    from osa_lab.studies.jacobian import JacobianProgress
 
     layer, x = _osa_case(8, 8, 1.0)
     seen: list[JacobianProgress] = []
@@ -302,7 +302,7 @@ def test_unreasonable_sizes_are_refused_with_the_override():
 
 def test_cost_model_and_auto_resolution():
     from osa_lab.errors import ConfigurationError
-    from osa_lab.jacobian import estimate_jacobian_seconds, resolve_method
+    from osa_lab.studies.jacobian import estimate_jacobian_seconds, resolve_method
 
     small = {m: estimate_jacobian_seconds(16, 16, 8, 1, m) for m in ("exact", "matrix-free", "auto")}
     assert 0 < small["exact"] < small["matrix-free"] and small["auto"] == small["exact"]
@@ -325,8 +325,8 @@ def test_cost_model_and_auto_resolution():
 
 
 def test_depth_facts_pass_hooks_and_skip_unresolved_kappa():
-    from osa_lab import depth_facts
     from osa_lab.errors import ComputationCancelledError
+    from osa_lab.studies import summaries as depth_facts
 
     with pytest.raises(ComputationCancelledError):
         depth_facts.jacobian_sweep(["pure-osa"], 2, 4, 4, seeds=1, should_stop=lambda: True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from osa_lab.errors import OSAInputError, UnknownNameError
-from osa_lab.metrics import (
+from osa_lab.studies.metrics import (
     METRICS,
     all_metrics,
     composite_norm,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from osa_lab.data import MNIST1D_VARIANTS, load_data, load_mnist1d, mnist1d_args, split_validation
+from osa_lab.studies.data import MNIST1D_VARIANTS, load_data, load_mnist1d, mnist1d_args, split_validation
 
 
 class NetworkUsedError(AssertionError):
@@ -119,8 +119,8 @@ def test_validation_split_of_mnist1d_never_touches_test(offline, tmp_path):
 
 
 def test_sequences_become_patch_tokens():
-    from osa_lab.data import load_mnist1d as _  # noqa: F401
-    from osa_lab.train import TrainConfig, model_config_for
+    from osa_lab.studies.data import load_mnist1d as _  # noqa: F401
+    from osa_lab.studies.training import TrainConfig, model_config_for
 
     class Fake:
         image_size, channels, num_classes, sequence = 40, 1, 10, True

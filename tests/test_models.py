@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
-from osa_lab.layers import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
-from osa_lab.metrics import relative_residual
-from osa_lab.models import (
+from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+from osa_lab.nn.models import (
     CUTTING_SKIP_ABC,
     ModelConfig,
     NonFiniteHiddenStateError,
@@ -18,7 +17,8 @@ from osa_lab.models import (
     build_classifier,
     build_model,
 )
-from osa_lab.presets import PRESETS, describe, get_preset, preset_names
+from osa_lab.nn.presets import PRESETS, describe, get_preset, preset_names
+from osa_lab.studies.metrics import relative_residual
 
 EXPECTED_PRESETS = [
     "vit",
@@ -267,8 +267,8 @@ def test_concurrent_builds_get_their_own_dtype():
     (the dashboard's workers) are serialised so neither sees the other's dtype."""
     import threading
 
-    from osa_lab.models import build_model
-    from osa_lab.presets import get_preset
+    from osa_lab.nn.models import build_model
+    from osa_lab.nn.presets import get_preset
 
     config = get_preset("skipless-osa", depth=2, tokens=8, dim=16, heads=2)
     seen: dict[str, set] = {"float64": set(), "default": set()}
@@ -291,7 +291,7 @@ def test_concurrent_builds_get_their_own_dtype():
 
 
 def test_training_presets_are_separate_from_the_sweep_presets():
-    from osa_lab.presets import TRAINING_PRESETS
+    from osa_lab.nn.presets import TRAINING_PRESETS
 
     assert preset_names() == EXPECTED_PRESETS
     assert preset_names(training=True) == [*EXPECTED_PRESETS, *TRAINING_PRESETS]
@@ -303,7 +303,7 @@ def test_training_presets_are_separate_from_the_sweep_presets():
 
 @pytest.mark.parametrize("name", ["vit", "skipless-osa", "skipless-osa-alpha0", "vit-no-attn", "mlp", "cnn1d"])
 def test_sequence_classifiers(name):
-    from osa_lab.models import build_classifier
+    from osa_lab.nn.models import build_classifier
 
     cfg = get_preset(name, input="sequence", image_size=40, patch_size=2, seed=0,
                      **({"depth": 2, "dim": 16, "heads": 2} if name not in ("mlp", "cnn1d") else {}))  # fmt: skip
@@ -318,7 +318,7 @@ def test_sequence_classifiers(name):
 
 
 def test_baselines_follow_the_mnist1d_table_sizes():
-    from osa_lab.models import CNN1dClassifier, MLPClassifier, build_classifier
+    from osa_lab.nn.models import CNN1dClassifier, MLPClassifier, build_classifier
 
     mlp = build_classifier(get_preset("mlp", input="sequence", image_size=40, patch_size=2))
     assert isinstance(mlp, MLPClassifier)

@@ -13,7 +13,7 @@ import jupytext
 import pytest
 import yaml
 
-from osa_lab import report
+from osa_lab.reporting import runner as report
 
 NOTEBOOKS = report.discover(report.NOTEBOOK_DIR)
 PARAM_FILES = sorted(report.NOTEBOOK_DIR.glob("*.yaml"))
@@ -137,7 +137,7 @@ def test_make_lab_runs_as_root():
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
 def test_provenance_is_one_line_at_the_top_and_a_collapsed_table_at_the_end(name):
     """Issue 15 item 11: the reports open with a one-line summary, the full table closes them."""
-    from osa_lab import provenance
+    from osa_lab.reporting import provenance
 
     nb = jupytext.read(NOTEBOOKS[name])
     code = [c for c in nb.cells if c.cell_type == "code"]

@@ -12,7 +12,7 @@ import scipy.sparse.linalg
 import torch
 
 import osa_lab
-from osa_lab import expm
+from osa_lab.ops import expm
 from tests.helpers import make_qk, rel_err
 
 LOWRANK_METHODS = ["lowrank", "qr"]
@@ -256,7 +256,7 @@ def test_dense_warns_where_float64_rounding_spoils_the_result():
 
 def test_norm_drift_of_a_failing_method_warns(monkeypatch):
     """The output check: exp(S) is orthogonal, so a method whose output norms drift is flagged."""
-    from osa_lab import functional
+    from osa_lab.ops import functional
 
     monkeypatch.setitem(functional.METHODS, "qr", lambda q, k, v, scale: 1.5 * v)
     q, k, v = (torch.randn(6, 3) for _ in range(3))

@@ -210,7 +210,7 @@ def test_kappa_vs_parameter_groups_and_log_x():
 
 
 def test_osa_check_passes_at_init_and_reports_method():
-    from osa_lab.checks import osa_check, osa_check_table
+    from osa_lab.studies.self_check import osa_check, osa_check_table
 
     res = osa_check(16, 8, heads=2, alpha=None, seed=0)
     # auto exponentiates S directly through the QR engine for N ≤ 4r (here 16 ≤ 16)
@@ -225,7 +225,7 @@ def test_osa_check_passes_at_init_and_reports_method():
 
 
 def test_osa_check_float64_is_tight_and_rank_deficient_uses_qr():
-    from osa_lab.checks import osa_check
+    from osa_lab.studies.self_check import osa_check
 
     res = osa_check(6, 8, heads=1, alpha=0.5, dtype=torch.float64)  # N < 2r → QR path
     assert res["method"] == "qr"
@@ -234,7 +234,7 @@ def test_osa_check_float64_is_tight_and_rank_deficient_uses_qr():
 
 
 def test_osa_check_refuses_impossible_configurations():
-    from osa_lab.checks import osa_check
+    from osa_lab.studies.self_check import osa_check
 
     with pytest.raises(ConfigurationError, match="not divisible"):
         osa_check(16, 10, heads=3)

@@ -18,7 +18,8 @@ import nbformat
 import pytest
 import yaml
 
-from osa_lab import cli, report
+from osa_lab import cli
+from osa_lab.reporting import runner as report
 
 OK_NOTEBOOK = '''
 # %% [markdown]
@@ -29,7 +30,7 @@ sizes: list = [1, 2]
 label: str = "default"
 
 # %%
-from osa_lab import notebook as nb
+from osa_lab.reporting import kernel_setup as nb
 
 params = nb.opening("01_ok", globals())
 
@@ -234,7 +235,7 @@ def test_kernel_spec_shadows_foreign_python3(tmp_path, monkeypatch):
 
 
 def test_provenance_fields():
-    from osa_lab import provenance
+    from osa_lab.reporting import provenance
 
     info = provenance.collect({"ns": [1, 2], "obj": object()})
     assert len(info["git"]["commit"]) in (40, 7) or info["git"]["commit"] == "unknown"

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import osa_lab
-from osa_lab import expm
+from osa_lab.ops import expm
 from tests.helpers import rel_err
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from osa_lab.errors import CausalMaskError, ConfigurationError, UnknownNameError
-from osa_lab.layers import derived_alpha_init
+from osa_lab.nn.attention import derived_alpha_init
 
 ot = pytest.importorskip("osa_lab.integrations.timm")
 try:
@@ -329,8 +329,8 @@ def test_skipless_normless_osa_vit_tiny_keeps_rank_at_depth_12_while_softmax_col
     rank 192; softmax effective rank 1.000, relative residual 6.6e-16 (collapsed from layer 4 on),
     numerical rank 1. Input (layer 0) effective rank 150.7 for both.
     """
-    from osa_lab.analysis import depth_profile
-    from osa_lab.metrics import normalized_spectrum
+    from osa_lab.studies.depth import depth_profile
+    from osa_lab.studies.metrics import normalized_spectrum
 
     images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     results = {}
@@ -356,7 +356,7 @@ def test_skipless_normless_osa_vit_tiny_keeps_rank_at_depth_12_while_softmax_col
 
 
 def test_depth_profile_and_hidden_states_of_a_timm_vit():
-    from osa_lab.analysis import depth_profile, hidden_states
+    from osa_lab.studies.depth import depth_profile, hidden_states
 
     torch.manual_seed(0)
     model = ot.create_osa_vit("vit_tiny_patch16_224", img_size=32, depth=3, dtype=torch.float64)
@@ -381,7 +381,7 @@ def test_depth_profile_and_hidden_states_of_a_timm_vit():
 
 
 def test_jacobian_kappa_of_a_timm_vit_exact_and_matrix_free_agree():
-    from osa_lab.jacobian import KAPPA_COLUMNS
+    from osa_lab.studies.jacobian import KAPPA_COLUMNS
 
     torch.manual_seed(0)
     model = ot.create_osa_vit(

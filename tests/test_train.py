@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-import osa_lab.train as T
+import osa_lab.studies.training as T
 from osa_lab.cli import main as cli_main
-from osa_lab.data import load_synthetic
 from osa_lab.errors import ConfigurationError, UnknownNameError
-from osa_lab.train import TrainConfig, TrainingDivergedError, compare, summarise, train
+from osa_lab.studies.data import load_synthetic
+from osa_lab.studies.training import TrainConfig, TrainingDivergedError, compare, summarise, train
 
 TINY = {"depth": 2, "dim": 16, "heads": 2}
 
@@ -61,7 +61,7 @@ def test_two_runs_give_identical_metrics_and_weights(data):
 
 
 def test_metrics_table_is_tidy_and_complete(data):
-    from osa_lab.metrics import METRICS
+    from osa_lab.studies.metrics import METRICS
 
     cfg = tiny()
     m = train(cfg, data=data, progress=False).metrics
@@ -372,8 +372,8 @@ def test_cli_trains_on_local_mnist_idx_files(tmp_path, capsys):
 
 
 def test_alpha_has_its_own_group_without_decay_and_with_the_multiplier():
-    from osa_lab.models import build_classifier
-    from osa_lab.presets import get_preset
+    from osa_lab.nn.models import build_classifier
+    from osa_lab.nn.presets import get_preset
 
     cfg = get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, **TINY)
     model = build_classifier(cfg)
@@ -405,7 +405,7 @@ def test_alpha_has_its_own_group_without_decay_and_with_the_multiplier():
 
 
 def test_validation_split_partitions_training_data_and_never_overlaps_test(data):
-    from osa_lab.data import split_validation
+    from osa_lab.studies.data import split_validation
 
     v = split_validation(data, 0.25)
     assert len(v.y_val) == 64 and len(v.y_train) == 192
@@ -436,7 +436,7 @@ def test_training_with_validation_logs_val_metrics_and_mixing(data):
 
 
 def test_mixing_metric_against_a_hand_computed_rotation():
-    from osa_lab.models import mixing_stats
+    from osa_lab.nn.models import mixing_stats
 
     # N = 2, r = 1: S = α [[0, 1], [−1, 0]], exp(S) a rotation by α; v = e₁ moves by 2 sin(α/2)
     q = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
@@ -455,8 +455,8 @@ def test_mixing_metric_against_a_hand_computed_rotation():
 
 
 def test_mixing_table_matches_a_direct_float64_computation():
-    from osa_lab.models import build_classifier, mixing_table
-    from osa_lab.presets import get_preset
+    from osa_lab.nn.models import build_classifier, mixing_table
+    from osa_lab.nn.presets import get_preset
 
     cfg = get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, alpha_init=0.3, **TINY)
     model = build_classifier(cfg).eval()
@@ -479,9 +479,9 @@ def test_mixing_table_matches_a_direct_float64_computation():
 
 
 def test_alpha_zero_control_leaves_exp_s_the_identity(data):
-    from osa_lab.functional import osa
-    from osa_lab.models import build_classifier, mixing_stats
-    from osa_lab.presets import get_preset
+    from osa_lab.nn.models import build_classifier, mixing_stats
+    from osa_lab.nn.presets import get_preset
+    from osa_lab.ops.functional import osa
 
     cfg = get_preset("skipless-osa-alpha0", input="patches", image_size=8, patch_size=4, seed=0, **TINY)
     model = build_classifier(cfg)
@@ -502,8 +502,8 @@ def test_alpha_zero_control_leaves_exp_s_the_identity(data):
 
 
 def test_alpha_zeroed_restores_alpha():
-    from osa_lab.models import alpha_zeroed, build_classifier
-    from osa_lab.presets import get_preset
+    from osa_lab.nn.models import alpha_zeroed, build_classifier
+    from osa_lab.nn.presets import get_preset
 
     model = build_classifier(get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, **TINY))
     before = [a for _, _, a in T.alpha_values(model)]
@@ -513,8 +513,8 @@ def test_alpha_zeroed_restores_alpha():
 
 
 def test_vit_without_attention_is_token_wise():
-    from osa_lab.models import build_classifier
-    from osa_lab.presets import get_preset
+    from osa_lab.nn.models import build_classifier
+    from osa_lab.nn.presets import get_preset
 
     model = build_classifier(get_preset("vit-no-attn", input="patches", image_size=8, patch_size=4, seed=0, **TINY))
     assert all(b.attn is None for b in model.encoder.blocks)

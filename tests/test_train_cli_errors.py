@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch import nn
 
-import osa_lab.train as T
+import osa_lab.studies.training as T
 from osa_lab.cli import main as cli_main
-from osa_lab.data import write_idx
 from osa_lab.errors import OSAInputError
+from osa_lab.studies.data import write_idx
 
 TINY_ARGS = ["--depth", "1", "--dim", "16", "--heads", "2", "--diag-every", "0", "--quiet"]
 
@@ -298,8 +298,8 @@ def test_second_writer_is_refused_naming_the_owner(tmp_path, capsys):
 
 def test_run_folder_lock_is_held_during_training(tmp_path):
     """While train() runs, its folder holds a lock naming this process; a second train() is refused."""
-    from osa_lab.data import load_synthetic
     from osa_lab.errors import RunLockedError
+    from osa_lab.studies.data import load_synthetic
 
     cfg = T.TrainConfig(preset="skipless-osa", data="synthetic", epochs=2, patch_size=4, diag_every=0,
                         model={"depth": 1, "dim": 16, "heads": 2})  # fmt: skip
@@ -317,7 +317,7 @@ def test_run_folder_lock_is_held_during_training(tmp_path):
 
 
 def test_gzip_error_names_the_file_in_the_library(tmp_path):
-    from osa_lab.data import read_idx
+    from osa_lab.studies.data import read_idx
 
     path = tmp_path / "x.gz"
     with gzip.open(path, "wb") as fh:

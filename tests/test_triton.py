@@ -274,7 +274,7 @@ def test_reduce_pass_ptx_uses_cp_async(tmp_path):
     and no cp.async). Compiled for real (no interpreter) in a subprocess, no GPU needed."""
     code = f"""
 import sys
-from osa_lab.kernels import compile_check as CC
+from osa_lab.ops.triton import compile_check as CC
 res = CC.compile_cases([CC.Case("t", 2, 256, 64, 64, "bfloat16", False)], cache_dir={str(tmp_path)!r},
                        max_variants=1, echo=lambda *a, **k: None)
 red = [c for c in res if c.kernel == "_reduce_kernel"]
@@ -465,7 +465,7 @@ def test_fixed_core_plan_end_to_end_and_sync_free():
     synchronisations per forward and per backward and two Triton launches each (counted on the
     CPU by a dispatch-mode counter, osa_lab.kernels.sync_count); the adaptive core's forward
     needs ≤ 5 (its plan), the old code 6 incl. a boolean-mask index."""
-    from osa_lab.kernels.sync_count import count_syncs
+    from osa_lab.ops.triton.sync_count import count_syncs
 
     q, k, v, scale = make_inputs(2, 70, 8, 12, torch.float32)
     cfg = T.TritonConfig(core="fixed")
