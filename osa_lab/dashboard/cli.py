@@ -1,8 +1,12 @@
-"""``osa-lab dashboard``: serve the Panel dashboard (``dashboards/osa_dashboard.py``).
+"""``osa-lab dashboard``: serve the Panel dashboard from the installed package.
 
-Equivalent to ``panel serve dashboards/osa_dashboard.py [--show] --port PORT --address ADDRESS``,
-run with this Python so the same environment (and osa_lab) is used. The page works offline:
-Panel serves every script and stylesheet itself (see ``docs/dashboard.md``).
+Runs ``panel serve <osa_lab/dashboard/osa_dashboard.py> --warm [--show] --port PORT --address
+ADDRESS`` with this Python, so the same environment (and osa_lab) is used. The entry script ships
+inside the package, so this works from a wheel install as well as from a source checkout
+(``panel serve dashboards/osa_dashboard.py`` is the same app). ``--warm`` computes the default
+view at server start; the short unused-session settings make a closed tab's Jacobian worker stop
+within about 2 s. The page works offline: Panel serves every script and stylesheet itself
+(see ``docs/dashboard.md``).
 """
 
 from __future__ import annotations
@@ -13,22 +17,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: The served app, relative to the repository root.
-APP_RELATIVE = Path("dashboards") / "osa_dashboard.py"
+#: The served entry script, shipped inside this package (the page's path is its stem).
+APP_SCRIPT = Path(__file__).with_name("osa_dashboard.py")
+
+#: Bokeh destroys a session this long after its browser tab closed (ms), checking this often;
+#: destroying it stops the session's Jacobian worker (Bokeh's defaults: 15 s and 17 s).
+UNUSED_SESSION_LIFETIME_MS = 1000
+CHECK_UNUSED_SESSIONS_MS = 500
 
 
 def app_path() -> Path:
-    """Path of the dashboard script (next to the ``osa_lab`` package in a source checkout).
+    """Path of the dashboard entry script inside the installed package.
 
-    ``OSA_LAB_DASHBOARD`` overrides it. Raises ``FileNotFoundError`` with a hint when absent
-    (e.g. a wheel install, which does not ship ``dashboards/``).
+    ``OSA_LAB_DASHBOARD`` overrides it. Raises ``FileNotFoundError`` with a hint when absent.
     """
     override = os.environ.get("OSA_LAB_DASHBOARD")
-    path = Path(override) if override else Path(__file__).resolve().parents[1] / APP_RELATIVE
+    path = Path(override) if override else APP_SCRIPT
     if not path.is_file():
         raise FileNotFoundError(
-            f"dashboard script not found at {path}; run from a source checkout of osa_lab "
-            "(pip install -e '.[dashboard]') or set OSA_LAB_DASHBOARD to the path of osa_dashboard.py"
+            f"dashboard script not found at {path}; reinstall osa_lab with its dashboard extra "
+            "(pip install 'osa_lab[dashboard]') or set OSA_LAB_DASHBOARD to the path of osa_dashboard.py"
         )
     return path
 
@@ -71,7 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_command(args: argparse.Namespace) -> list[str]:
     """The ``panel serve`` command line for ``args``."""
     cmd = [sys.executable, "-m", "panel", "serve", str(app_path()), "--port", str(args.port),
-           "--address", args.address]
+           "--address", args.address, "--warm",
+           "--unused-session-lifetime", str(UNUSED_SESSION_LIFETIME_MS),
+           "--check-unused-sessions", str(CHECK_UNUSED_SESSIONS_MS)]
     if args.show:
         cmd.append("--show")
     for origin in args.allow_websocket_origin or []:

@@ -1,6 +1,6 @@
 """Jacobian jobs of the dashboard, run in a worker process that can be stopped at any time.
 
-Jacobians of deep models take seconds to minutes. The dashboard (``dashboards/osa_dashboard.py``)
+Jacobians of deep models take seconds to minutes. The dashboard (:mod:`osa_lab.dashboard.views`)
 runs each job in a separate process started by :func:`start_jacobian_job`, so that
 
 * a *Cancel* button, a closed browser tab or the server's SIGTERM stops the work at once
@@ -134,7 +134,7 @@ def _context():
     with _CTX_LOCK:
         try:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["osa_lab.dashboard_jobs", "osa_lab.jacobian"])
+            ctx.set_forkserver_preload(["osa_lab.dashboard.jobs", "osa_lab.jacobian"])
         except ValueError:  # pragma: no cover - platforms without forkserver
             ctx = mp.get_context("spawn")
         return ctx
