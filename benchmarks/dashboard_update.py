@@ -17,14 +17,17 @@ Medians of ``--repeat`` runs; no assertion on time (shared machines are noisy); 
 printed and written to ``--csv``.
 
     python benchmarks/dashboard_update.py [--repeat 3] [--threads 1] [--no-browser]
-        [--csv bench_results/dashboard_update.csv]
+        [--sessions 5 [--only-sessions]] [--csv bench_results/dashboard_update.csv]
+
+``--sessions 5`` adds 5 sessions making an uncached update at the same moment (in process,
+one thread per session, as the server's sweeps run): the case that shows whether sessions
+compute concurrently.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import os
 import socket
 import statistics
@@ -45,14 +48,20 @@ FIVE = ["pure-ssa", "pure-osa", "vit", "skipless-ssa", "skipless-osa"]
 TARGETS = {"first_plot": 3.0, "cached_update": 0.5, "uncached_update_5": 3.0}
 
 
-def load_dashboard():
-    """Import dashboards/osa_dashboard.py as a module (it is a script, not part of the package)."""
-    name = "osa_dashboard_bench"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "dashboards" / "osa_dashboard.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+class _Dashboard:
+    """The dashboard's modules under one name (caches live in :mod:`osa_lab.dashboard.state`)."""
+
+    def __init__(self) -> None:
+        from osa_lab.dashboard import app, state
+
+        self.build_app = app.build_app
+        self.compute_sweep, self.compute_osa_check, self.FIGURES = state.compute_sweep, state.compute_osa_check, \
+            state.FIGURES
+
+
+def load_dashboard() -> _Dashboard:
+    """The package's dashboard (``osa_lab.dashboard``)."""
+    return _Dashboard()
 
 
 def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
@@ -83,6 +92,50 @@ def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
     rows.append({"measure": f"uncached_update_{n}", "presets": n, "seconds": statistics.median(uncached)})
     rows.append({"measure": "cached_update", "presets": n, "seconds": statistics.median(cached)})
     return rows
+
+
+def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
+    """``sessions`` apps (default presets) each make an uncached depth change at the same time.
+
+    Each session runs in its own thread, as the server runs each session's sweep in its own
+    daemon thread; rendering to Bokeh models is serialised (the server does it on its one event
+    loop). Reports the median over sessions and the slowest session, median over ``repeat``.
+    """
+    import panel as pn
+
+    apps = [dash.build_app() for _ in range(sessions)]
+    for a in apps:
+        pn.panel(a)
+    render_lock = threading.Lock()
+    medians, slowest = [], []
+    for r in range(repeat):
+        dash.compute_sweep.clear()
+        dash.compute_osa_check.clear()
+        dash.FIGURES.clear()
+        times = [0.0] * sessions
+        barrier = threading.Barrier(sessions)
+
+        def one(i: int, r: int = r, barrier: threading.Barrier = barrier, times: list = times) -> None:
+            app = apps[i]
+            barrier.wait()
+            start = time.perf_counter()
+            app.controls.depth = 20 - i - sessions * (r % 2)  # distinct settings: every sweep is uncached
+            with render_lock:
+                hv.render(app.rank_view.panes["metric"].object, backend="bokeh")
+            times[i] = time.perf_counter() - start
+            assert app.state.error == "", app.state.error
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(sessions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        medians.append(statistics.median(times))
+        slowest.append(max(times))
+    return [
+        {"measure": f"concurrent_{sessions}_sessions_median", "presets": 2, "seconds": statistics.median(medians)},
+        {"measure": f"concurrent_{sessions}_sessions_slowest", "presets": 2, "seconds": statistics.median(slowest)},
+    ]
 
 
 def _free_port() -> int:
@@ -174,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads, as the served dashboard uses (OSA_DASHBOARD_TORCH_THREADS)")
     parser.add_argument("--no-browser", action="store_true", help="in-process measurements only")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="also measure this many sessions making an uncached update at once (in process)")
+    parser.add_argument("--only-sessions", action="store_true",
+                        help="measure only the concurrent sessions (with --sessions)")
     parser.add_argument("--csv", default="bench_results/dashboard_update.csv")
     args = parser.parse_args(argv)
 
@@ -182,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     print("machine:", machine_info())
     print("load average:", os.getloadavg())
     dash = load_dashboard()
-    rows = in_process(dash, ["pure-ssa", "pure-osa"], args.repeat) + in_process(dash, FIVE, args.repeat)
-    if not args.no_browser:
+    rows = []
+    if not args.only_sessions:
+        rows += in_process(dash, ["pure-ssa", "pure-osa"], args.repeat) + in_process(dash, FIVE, args.repeat)
+    if args.sessions:
+        rows += concurrent_sessions(dash, args.sessions, args.repeat)
+    if not args.no_browser and not args.only_sessions:
         rows += served(args.repeat)
     for row in rows:
         row["target_s"] = TARGETS.get(row["measure"])

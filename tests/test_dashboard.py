@@ -1,4 +1,4 @@
-"""Logic tests of the Panel dashboard (dashboards/osa_dashboard.py), without a server or browser.
+"""Logic tests of the Panel dashboard (osa_lab.dashboard), without a server or browser.
 
 The app object is built with small sizes; parameters are changed as a user would, and the tests
 assert on the data behind each plot (the HoloViews objects held by the bound panes).
@@ -18,20 +18,71 @@ import pytest
 pn = pytest.importorskip("panel")
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from osa_lab.dashboard import views as dash_views  # noqa: E402 - after the panel importorskip
+
 APP = ROOT / "dashboards" / "osa_dashboard.py"
 SMALL = dict(depth=3, tokens=8, dim=8, seeds=2)
 
 
 @pytest.fixture(scope="module")
 def dash():
-    """The dashboard module, imported the way ``panel serve`` would not (so nothing is served)."""
-    name = "osa_dashboard_under_test"
-    spec = importlib.util.spec_from_file_location(name, APP)
+    """The dashboard's app module (importing it serves nothing)."""
+    from osa_lab.dashboard import app
+
+    return app
+
+
+def _load_script(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pn.cache looks the defining module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(name, None)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(name, None)
+    return module
+
+
+@pytest.mark.parametrize("script", [APP, ROOT / "osa_lab" / "dashboard" / "osa_dashboard.py"])
+def test_entry_scripts_are_thin_and_build_from_the_package(script):
+    """Issue 12: ``dashboards/osa_dashboard.py`` (and the packaged copy ``osa-lab dashboard``
+    serves) define no app code of their own: every class comes from ``osa_lab.dashboard``."""
+    import ast
+
+    tree = ast.parse(script.read_text())
+    assert not [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
+    module = _load_script(script, "osa_dashboard_entry_under_test")
+    assert not pn.state.served and not pn.state._servers
+    from osa_lab.dashboard import app
+
+    assert module.serve_session is app.serve_session
+
+
+def test_cli_serves_the_script_inside_the_package(monkeypatch):
+    """``osa-lab dashboard`` serves the entry script shipped in the package (no path search, so a
+    wheel install works) with --warm and short unused-session settings."""
+    import argparse
+
+    import osa_lab
+    from osa_lab.dashboard import cli
+
+    monkeypatch.delenv("OSA_LAB_DASHBOARD", raising=False)
+    path = cli.app_path()
+    assert path.parent == Path(osa_lab.__file__).parent / "dashboard" and path.name == "osa_dashboard.py"
+    args = argparse.Namespace(port=0, address="127.0.0.1", show=False, allow_websocket_origin=None, num_threads=None)
+    cmd = cli.build_command(args)
+    assert cmd[3:5] == ["serve", str(path)] and "--warm" in cmd
+    assert cmd[cmd.index("--unused-session-lifetime") + 1] == str(cli.UNUSED_SESSION_LIFETIME_MS)
+
+
+def test_old_module_names_are_aliases():
+    import osa_lab.dashboard.cli
+    import osa_lab.dashboard.jobs
+    import osa_lab.dashboard_cli
+    import osa_lab.dashboard_jobs
+
+    assert osa_lab.dashboard_jobs is osa_lab.dashboard.jobs and osa_lab.dashboard_cli is osa_lab.dashboard.cli
 
 
 @pytest.fixture
@@ -158,11 +209,13 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
     assert app.check_view.job.error == ""  # the message appears once (the sweep's), not per view
 
 
-def test_unexpected_failure_becomes_a_message_not_a_traceback(app, dash, monkeypatch):
+def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
+    from osa_lab.dashboard import state
+
     def boom(**kwargs):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(dash, "compute_sweep", boom)
+    monkeypatch.setattr(state, "compute_sweep", boom)
     metrics = app.state.metrics
     app.controls.depth = 2
     assert "simulated failure" in app.state.error and "Traceback" not in app.state.error
@@ -286,7 +339,7 @@ def _fake_unit(calls):
 
 def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash, monkeypatch):
     calls = []
-    monkeypatch.setattr(dash, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
     app.controls.depth = 2
     assert calls == []  # tab closed: nothing computed
     app.controls.view = "jacobian"
@@ -302,7 +355,7 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
 
 def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     """Issue 15 item 3: after exact → matrix-free the PNG is the figure on screen, not the old one."""
-    monkeypatch.setattr(dash, "compute_unit", _fake_unit([]))
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit([]))
     app.controls.view = "jacobian"
     exact_png = app.jacobian_view.png("histogram")
     assert "[exact]" in _png_title(exact_png)
@@ -318,7 +371,7 @@ def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
 
 def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monkeypatch):
     calls = []
-    monkeypatch.setattr(dash, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
     app.controls.tokens, app.controls.dim = 64, 64
     app.controls.view = "jacobian"
     notice = app.jacobian_view.notice
@@ -354,7 +407,7 @@ def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
     def too_big(unit):
         raise ConfigurationError("the exact Jacobian would be 4096×4096 (134 MB); use method='matrix-free'")
 
-    monkeypatch.setattr(dash, "compute_unit", too_big)
+    monkeypatch.setattr(dash_views, "compute_unit", too_big)
     app.controls.jacobian = "exact"
     app.controls.view = "jacobian"
     assert "matrix-free" in app.jacobian_view.job.error

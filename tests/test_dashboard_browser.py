@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -65,14 +64,22 @@ def _free_port() -> int:
 
 
 def start_server():
-    """Start ``panel serve dashboards/osa_dashboard.py --warm`` on a free port: (process, url, log path)."""
+    """Start ``dashboards/osa_dashboard.py`` on a free port with the ``panel serve`` command that
+    ``osa-lab dashboard`` runs (``--warm``, short unused-session settings): (process, url, log path)."""
+    import argparse
+
+    from osa_lab.dashboard.cli import build_command
+
     port = _free_port()
     OUTPUT.mkdir(exist_ok=True)
     log_path = OUTPUT / f"panel_serve_{port}.log"  # one per server (pytest-xdist workers run their own)
     log = open(log_path, "w")
+    args = argparse.Namespace(port=port, address="127.0.0.1", show=False, num_threads=None,
+                              allow_websocket_origin=[f"127.0.0.1:{port}"])
+    cmd = build_command(args)
+    cmd[cmd.index("serve") + 1] = str(APP)  # the repository's entry script (same app as the packaged one)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "panel", "serve", str(APP), "--port", str(port), "--address", "127.0.0.1",
-         "--allow-websocket-origin", f"127.0.0.1:{port}", "--warm"],
+        cmd,
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"},
     )

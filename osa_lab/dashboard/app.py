@@ -1,0 +1,319 @@
+"""osa_lab dashboard: rank collapse, singular-value spectra and Jacobian conditioning, OSA vs SSA.
+
+Serve it with::
+
+    panel serve dashboards/osa_dashboard.py --warm --show      # or: osa-lab dashboard
+
+Layout (docs/dashboard.md): a :class:`~panel.template.FastListTemplate` whose sidebar holds the
+:class:`~osa_lab.dashboard.state.Controls` (presets, depth, tokens N, width d, heads, α, seeds,
+metric) and whose main area holds the OSA-check badges and one tab per view
+(:mod:`osa_lab.dashboard.views`). Everything on screen is mirrored in the page URL; a copied
+link restores the view. The page loads no resource from the internet (:class:`OfflineFast`).
+
+The served entry scripts (``dashboards/osa_dashboard.py`` and the copy inside this package that
+``osa-lab dashboard`` serves) only call :func:`serve_session`; all code lives in this package,
+whose module state (caches, the warm flag, running Jacobian jobs) lives once per server process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import panel as pn
+import param
+from panel.io.resources import CDN_DIST
+from panel.theme.fast import Fast
+
+from osa_lab.dashboard import jobs
+from osa_lab.dashboard.state import (
+    FIGURE_LOCK,
+    FIGURES,
+    JACOBIANS,
+    PRESET_HEADS,
+    URL_PARAMETERS,
+    VIEW_LABELS,
+    VIEWS,
+    Controls,
+    SweepState,
+    compute_osa_check,
+    compute_sweep,
+    compute_unit,
+    jacobian_layers,
+)
+from osa_lab.dashboard.views import (
+    JacobianView,
+    OSACheckView,
+    RankCollapseView,
+    SpectraView,
+    message_pane,
+    throttled,
+)
+
+log = logging.getLogger("osa_lab.dashboard")
+
+_WARM = False
+_WARM_LOCK = threading.Lock()
+
+
+class OfflineFast(Fast):
+    """The Fast design without its Google Fonts stylesheet, every script served by the app.
+
+    ``Fast`` lists ``fonts.googleapis.com/css?family=Open+Sans``; offline that request fails.
+    The text falls back to the system sans-serif font. The design's own module is pointed at
+    Panel's bundled copy (a subclass would otherwise look for it under its own name).
+    """
+
+    _resources = {
+        **Fast._resources,
+        "font": {},
+        "js_modules": {
+            **Fast._resources["js_modules"],
+            "fast-design": f"{CDN_DIST}bundled/fast/js/fast_design.js",
+        },
+    }
+
+
+
+class Dashboard(pn.viewable.Viewer):
+    """One session's dashboard: controls, the shared sweep state and the views."""
+
+    controls = param.ClassSelector(class_=Controls)
+    url_errors = param.List(default=[], doc="URL values that could not be used (shown as a message).")
+
+    def __init__(self, compute_now: bool = True, **params):
+        controls = params.pop("controls", None) or Controls(
+            **{k: params.pop(k) for k in list(params) if k in Controls.param and k != "name"}
+        )
+        super().__init__(controls=controls, **params)
+        self.state = SweepState(controls=controls)
+        self.check_view = OSACheckView(controls=controls, compute_now=compute_now)
+        self.rank_view = RankCollapseView(controls=controls, state=self.state)
+        self.spectra_view = SpectraView(controls=controls, state=self.state)
+        self.jacobian_view = JacobianView(controls=controls)
+        self.views = {"rank": self.rank_view, "spectra": self.spectra_view, "jacobian": self.jacobian_view}
+        self.tabs = pn.Tabs(
+            *((label, self.views[v]) for label, v in VIEW_LABELS.items()),
+            dynamic=True, sizing_mode="stretch_width", active=VIEWS.index(controls.view),
+        )
+        self.tabs.param.watch(lambda e: setattr(self.controls, "view", VIEWS[e.new]), "active")
+        self._on_view()
+        if compute_now:
+            self.state.refresh()
+
+    @param.depends("controls.view", watch=True)
+    def _on_view(self) -> None:
+        index = VIEWS.index(self.controls.view)
+        if self.tabs.active != index:
+            self.tabs.active = index
+        for name, view in self.views.items():
+            view.active = name == self.controls.view
+
+    # -- the URL ----------------------------------------------------------------------------
+
+    def apply_url(self, query: Mapping[str, Any]) -> None:
+        """Set the controls from the page's query (bad values become :attr:`url_errors`)."""
+        self.url_errors = self.controls.apply_query(query)
+
+    def link_url(self, location) -> None:
+        """Keep ``location.search`` equal to the view on screen (replacing any bad value at once)."""
+
+        def write(*_events) -> None:
+            from urllib.parse import quote, urlencode
+
+            location.search = "?" + urlencode(self.controls.to_query(), quote_via=quote, safe=",")
+
+        self.controls.param.watch(write, list(URL_PARAMETERS))
+        write()
+
+    def _url_message(self, errors: list[str]) -> str:
+        if not errors:
+            return ""
+        return ("**This link had settings that could not be used** (the address bar now shows what is on "
+                "screen):\n\n" + "\n".join(f"- {e}" for e in errors))
+
+    def stop(self) -> None:
+        """Cancel this session's background work (the browser tab closed)."""
+        self.jacobian_view.stop()
+
+    # -- layout -----------------------------------------------------------------------------
+
+    def _status(self, busy: bool, seconds: float, config: dict) -> str:
+        if busy:
+            return "⏳ computing…"
+        if not config:
+            return ""
+        return f"last sweep: {seconds:.2f} s · {len(config['presets'])} presets × {config['seeds']} seeds"
+
+    def _alpha_note(self, derived: bool, alpha: float, presets: list, tokens: int, dim: int, heads: object) -> str:
+        if not derived:
+            return ""
+        from osa_lab.layers import derived_alpha_init
+        from osa_lab.presets import get_preset
+
+        parts = []
+        for p in presets:
+            if get_preset(p).attention == "osa":
+                h = self.controls.heads_of(p)
+                if int(dim) % h == 0:
+                    parts.append(f"{p}: {derived_alpha_init(int(tokens), int(dim), int(dim) // h):.3g}")
+        return ("derived α₀ = c√r/(√N+√d)² per OSA preset: " + ", ".join(parts)) if parts else ""
+
+    def main(self) -> pn.Column:
+        """The main area (also usable without the template)."""
+        notes = pn.pane.Alert(pn.bind(lambda *_: "\n\n".join(self.controls.notes()), self.controls.param.presets,
+                                      self.controls.param.heads),
+                              alert_type="info", sizing_mode="stretch_width",
+                              visible=pn.bind(lambda *_: bool(self.controls.notes()), self.controls.param.presets,
+                                              self.controls.param.heads))
+        return pn.Column(
+            pn.pane.Alert(pn.bind(self._url_message, self.param.url_errors), alert_type="danger",
+                          visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
+            message_pane(self.state.param.error),
+            notes,
+            pn.pane.Markdown("### OSA check", height=40),
+            self.check_view,
+            self.tabs,
+            sizing_mode="stretch_width",
+        )
+
+    def sidebar(self) -> list:
+        """The sidebar: controls and a status line."""
+        c = self.controls
+        status = pn.pane.Markdown(pn.bind(self._status, self.state.param.busy, self.state.param.seconds,
+                                          self.state.param.config))
+        alpha_note = pn.pane.Markdown(
+            pn.bind(self._alpha_note, c.param.derived_alpha, c.param.alpha, c.param.presets, c.param.tokens,
+                    c.param.dim, c.param.heads), styles={"font-size": "12px"})
+        widgets = pn.Column(
+            pn.widgets.MultiChoice.from_param(c.param.presets, name="presets"),
+            throttled(c, "depth", pn.widgets.IntSlider, name="depth"),
+            throttled(c, "tokens", pn.widgets.DiscreteSlider, name="tokens N"),
+            throttled(c, "dim", pn.widgets.DiscreteSlider, name="width d"),
+            pn.widgets.Select.from_param(c.param.heads, name="heads"),
+            pn.widgets.Checkbox.from_param(c.param.derived_alpha),
+            throttled(c, "alpha", pn.widgets.FloatSlider, name="α (OSA)", step=1e-5, format="0.[00000]",
+                       disabled=c.param.derived_alpha),
+            alpha_note,
+            throttled(c, "seeds", pn.widgets.IntSlider, name="seeds"),
+            pn.widgets.Select.from_param(c.param.metric, name="metric"),
+            sizing_mode="stretch_width",
+        )
+        return [widgets, status]
+
+    def template(self) -> pn.template.FastListTemplate:
+        """The page: a FastListTemplate with the offline Fast design."""
+        return pn.template.FastListTemplate(
+            title="osa_lab · Orthogonal vs softmax self-attention across depth",
+            sidebar=self.sidebar(),
+            main=[self.main()],
+            design=OfflineFast,
+            font_url="",
+            font="system-ui, 'DejaVu Sans', sans-serif",
+            accent="#0072B2",
+            sidebar_width=330,
+        )
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Row(pn.Column(*self.sidebar(), width=330), self.main())
+
+
+def build_app(**params) -> Dashboard:
+    """A dashboard for one session; keyword arguments set the initial controls (e.g. ``depth=4``)."""
+    return Dashboard(**params)
+
+
+def limit_torch_threads() -> int:
+    """Use ``OSA_DASHBOARD_TORCH_THREADS`` (default 1) intra-op threads in the server process.
+
+    Sessions compute concurrently in worker threads on small matrices; on a 2-core machine shared
+    with other work, torch's own thread pool spin-waits and made a depth-24 sweep 15× slower
+    (16 s with 2 threads vs 1.1 s with 1, measured under load). Returns the thread count set.
+    """
+    import os
+
+    import torch
+
+    threads = int(os.environ.get("OSA_DASHBOARD_TORCH_THREADS", "1"))
+    torch.set_num_threads(max(threads, 1))
+    return torch.get_num_threads()
+
+
+def prewarm() -> None:
+    """Fill the process-wide caches with the default view (first sweep and figure), once per process.
+
+    Runs when the server starts with ``panel serve --warm`` (or else in the first session), so
+    later first loads find the default settings computed.
+    """
+    global _WARM
+    with _WARM_LOCK:
+        if _WARM:
+            return
+        _WARM = True
+    start = time.perf_counter()
+    app = Dashboard(compute_now=False)
+    app.controls.validate()
+    cfg = app.controls.config()
+    compute_sweep(**cfg)
+    compute_osa_check(int(app.controls.tokens), int(app.controls.dim), app.controls.check_heads(), None)
+    app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
+        config=v[0], metrics=v[1][0], spectra=v[1][1]))
+    for cache_key, build in app.rank_view.specs().values():
+        with FIGURE_LOCK:
+            FIGURES.put(cache_key, build())
+    log.info("dashboard caches warmed in %.1f s", time.perf_counter() - start)
+
+
+def serve_session() -> Dashboard:
+    """Build this browser session's dashboard and mark its template servable (``panel serve``).
+
+    Called by the entry script once per session. The first call of a server process limits
+    torch's threads, installs the SIGTERM handler and the exit hook that stop Jacobian workers,
+    and warms the caches (:func:`prewarm`).
+    """
+    limit_torch_threads()
+    pn.extension(sizing_mode="stretch_width")
+    _install_process_hooks()
+    prewarm()
+    dashboard = Dashboard(compute_now=False)
+    if pn.state.session_args:
+        dashboard.apply_url(pn.state.session_args)
+    pn.state.on_session_destroyed(lambda _ctx, d=dashboard: d.stop())
+    dashboard.template().servable()
+
+    def on_load(d: Dashboard = dashboard) -> None:
+        if pn.state.location is not None:
+            d.link_url(pn.state.location)  # after the browser's own location has arrived
+        d.state.refresh()
+        d.check_view.refresh()
+
+    pn.state.onload(on_load)
+    return dashboard
+
+
+_HOOKS = {"atexit": False}
+
+
+def _install_process_hooks() -> None:
+    """Stop Jacobian workers at exit; SIGTERM stops them and exits at once.
+
+    Checked per session because the Bokeh server installs its own (graceful, slow under load)
+    SIGTERM handler after a ``--warm`` run of the entry script.
+    """
+    if not _HOOKS["atexit"]:
+        _HOOKS["atexit"] = True
+        atexit.register(jobs.cancel_all)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is not jobs.exit_now:
+        signal.signal(signal.SIGTERM, jobs.exit_now)
+
+
+__all__ = [
+    "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast",
+    "RankCollapseView", "SpectraView", "SweepState", "build_app", "compute_osa_check", "compute_sweep",
+    "compute_unit", "jacobian_layers", "limit_torch_threads", "prewarm", "serve_session",
+]

@@ -1,0 +1,246 @@
+"""Jacobian jobs of the dashboard, run in a worker process that can be stopped at any time.
+
+Jacobians of deep models take seconds to minutes. The dashboard (:mod:`osa_lab.dashboard.views`)
+runs each job in a separate process started by :func:`start_jacobian_job`, so that
+
+* a *Cancel* button, a closed browser tab or the server's SIGTERM stops the work at once
+  (:meth:`JacobianJob.cancel` terminates the process; a thread could not be stopped),
+* the server's event loop and the other sessions stay responsive meanwhile.
+
+The worker computes one *unit* (preset × seed) after another with
+:func:`osa_lab.jacobian.jacobian_depth_profile` and, for exact Jacobians,
+:func:`osa_lab.jacobian.jacobian_singular_values`, and sends each finished unit back through a
+pipe, so the parent can show progress and cache every unit on its own (a later request that
+shares presets or seeds computes only the missing units).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["JacobianJob", "Unit", "compute_unit", "estimate_seconds", "resolve_method", "start_jacobian_job"]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One preset × seed of a Jacobian request (primitive fields: the cache key)."""
+
+    preset: str
+    depth: int
+    tokens: int
+    dim: int
+    heads: int | None
+    alpha: float | None
+    seed: int
+    method: str  # "exact" or "matrix-free" (never "auto": resolved first, so modes share results)
+    layers: tuple[int, ...]
+
+
+def resolve_method(method: str, tokens: int, dim: int, depth: int = 12, points: int = 6) -> str:
+    """The method that runs for ``method`` at this size: ``"auto"`` picks the cheaper one.
+
+    Uses :func:`osa_lab.jacobian.estimate_jacobian_seconds` when that cost model exists (it is
+    measured); otherwise exact wherever the exact Jacobian fits (``N·d ≤ MAX_EXACT_DIM``),
+    which measured cheaper at every size where both ran (5.7 s exact against 158 s matrix-free
+    at N·d = 256).
+    """
+    if method != "auto":
+        return method
+    from osa_lab import jacobian
+
+    estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
+    if estimate is not None:
+        try:
+            costs = {m: float(estimate(method=m, tokens=tokens, dim=dim, depth=depth, layers=points))
+                     for m in ("exact", "matrix-free")}
+            return min(costs, key=costs.get)
+        except Exception:  # noqa: BLE001 - a different signature: fall back to the size rule
+            pass
+    return "exact" if tokens * dim <= jacobian.MAX_EXACT_DIM else "matrix-free"
+
+
+#: The fallback cost model, measured on the 2-core CPU machine under load (seconds per preset ×
+#: seed unit, depth 12, 6 layers, both scopes): exact 5.7 s for two units at N·d = 256 and 126 s
+#: at N·d = 1024 (∝ (N·d)^2.25, ∝ depth); matrix-free ≈ 13 s per ARPACK solve (layer × scope)
+#: at N·d ≤ 256 (158 s for two units at 256, 103 s for one unit of 3 layers at 64), growing
+#: about linearly beyond (no result within 600 s at 1024).
+_EXACT_PER_UNIT, _MF_PER_SOLVE = 2.8, 13.0
+
+
+def estimate_seconds(unit_count: int, method: str, tokens: int, dim: int, depth: int, points: int) -> float:
+    """A rough wall-time estimate of ``unit_count`` units, shown before a job starts."""
+    from osa_lab import jacobian
+
+    estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
+    if estimate is not None:
+        try:
+            return unit_count * float(estimate(method=method, tokens=tokens, dim=dim, depth=depth, layers=points))
+        except Exception:  # noqa: BLE001
+            pass
+    n = tokens * dim
+    if method == "exact":
+        per = _EXACT_PER_UNIT * (n / 256) ** 2.25 * depth / 12
+    else:
+        per = _MF_PER_SOLVE * 2 * min(points, depth) * max(1.0, n / 256)
+    return unit_count * max(per, 0.05)
+
+
+def compute_unit(unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """κ profile (both scopes) and, for exact Jacobians, the last layer's singular values."""
+    from osa_lab import jacobian
+
+    prof = jacobian.jacobian_depth_profile(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads, unit.alpha,
+                                           unit.seed, method=unit.method, layers=list(unit.layers))
+    svals = None
+    if (prof["method"] == "exact").all():
+        svals = jacobian.jacobian_singular_values(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads,
+                                                  unit.alpha, unit.seed, method="exact")
+    return prof, svals
+
+
+def _worker(conn, units: list[Unit], threads: int) -> None:  # pragma: no cover - runs in the child
+    import torch
+
+    torch.set_num_threads(max(int(threads), 1))
+    try:
+        for unit in units:
+            start = time.perf_counter()
+            result = compute_unit(unit)
+            conn.send(("unit", unit, result, time.perf_counter() - start))
+        conn.send(("done", None, None, 0.0))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the page
+        try:
+            conn.send(("error", None, exc, 0.0))
+        except Exception:  # noqa: BLE001 - an unpicklable exception
+            conn.send(("error", None, RuntimeError(f"{type(exc).__name__}: {exc}"), 0.0))
+    finally:
+        conn.close()
+
+
+_CTX_LOCK = threading.Lock()
+_LIVE: set[JacobianJob] = set()
+
+
+def _context():
+    """A forkserver context with osa_lab's Jacobian code preloaded (fast starts, no fork of a
+    multi-threaded server); spawn where forkserver does not exist."""
+    with _CTX_LOCK:
+        try:
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["osa_lab.dashboard.jobs", "osa_lab.jacobian"])
+        except ValueError:  # pragma: no cover - platforms without forkserver
+            ctx = mp.get_context("spawn")
+        return ctx
+
+
+@dataclass(eq=False)
+class JacobianJob:
+    """A running worker process: poll it for finished units, cancel it at any time."""
+
+    units: list[Unit]
+    process: Any
+    conn: Any
+    started: float = field(default_factory=time.perf_counter)
+    finished: bool = False
+    cancelled: bool = False
+
+    def poll(self) -> list[tuple[str, Unit | None, Any, float]]:
+        """Messages received so far (non-blocking): ``("unit", unit, result, s)``, ``("done", …)``
+        or ``("error", None, exception, 0)``. A worker that died without a word gives an error."""
+        out = []
+        try:
+            while self.conn.poll():
+                msg = self.conn.recv()
+                out.append(msg)
+                if msg[0] in ("done", "error"):
+                    self._close()
+                    return out
+        except (EOFError, OSError):
+            self._close()
+            if not self.cancelled:
+                code = self.process.exitcode
+                out.append(("error", None, RuntimeError(f"the Jacobian worker stopped (exit code {code})"), 0.0))
+        return out
+
+    def cancel(self) -> None:
+        """Stop the worker now (SIGTERM, then SIGKILL after 1 s)."""
+        self.cancelled = True
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(1.0)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(1.0)
+        self._close()
+
+    def _close(self) -> None:
+        self.finished = True
+        _LIVE.discard(self)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if not self.process.is_alive():
+            self.process.join(0)
+
+
+def start_jacobian_job(units: list[Unit], threads: int = 1) -> JacobianJob:
+    """Start a worker process computing ``units`` (daemonic: it never outlives the server)."""
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_worker, args=(child, list(units), threads), daemon=True,
+                       name="osa-lab-jacobian")
+    proc.start()
+    child.close()
+    job = JacobianJob(list(units), proc, parent)
+    _LIVE.add(job)
+    return job
+
+
+def cancel_all() -> int:
+    """Cancel every live job of this process (server shutdown); returns how many were running.
+
+    Every worker is sent SIGTERM first and only then waited for, so n jobs cost one grace period
+    (1 s, then SIGKILL), not n of them.
+    """
+    jobs = list(_LIVE)
+    for job in jobs:
+        job.cancelled = True
+        if job.process.is_alive():
+            job.process.terminate()
+    for job in jobs:
+        job.cancel()
+    return len(jobs)
+
+
+def exit_now(signum: int = 0, frame: object = None) -> None:
+    """SIGTERM handler of the dashboard server: stop every worker, then leave at once.
+
+    The server holds no state worth a graceful teardown (results are caches), and a graceful
+    one waits for computations running in threads; ``os._exit`` makes shutdown take the time of
+    :func:`cancel_all` only.
+    """
+    import os
+
+    try:
+        cancel_all()
+    finally:
+        os._exit(0)
+
+
+def format_seconds(seconds: float) -> str:
+    """``"≈ 4 s"``, ``"≈ 2.5 min"``, ``"≈ 1.2 h"`` (estimates are rough: one significant figure)."""
+    if not math.isfinite(seconds):
+        return "unknown"
+    if seconds < 90:
+        return f"≈ {max(round(seconds), 1)} s"
+    if seconds < 5400:
+        return f"≈ {seconds / 60:.1f} min"
+    return f"≈ {seconds / 3600:.1f} h"

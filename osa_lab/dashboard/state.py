@@ -1,0 +1,515 @@
+"""Settings and computations of the dashboard: controls mirrored in the URL, cached sweeps.
+
+Everything that defines what is on screen (presets, tab, site, scale, metric, Jacobian mode and
+scope, sizes) lives in :class:`Controls` and in the page URL (:meth:`Controls.to_query`,
+:meth:`Controls.apply_query`). :class:`Job` runs a computation off the server's event loop in a
+daemon thread; :class:`SweepState` holds one session's current sweep. The caches here
+(:func:`compute_sweep`, :func:`compute_osa_check`, :data:`FIGURES`, :data:`JACOBIANS`) are
+module-level, hence shared by every session of the server process. Sessions compute
+concurrently: models are built with an explicit dtype (no process-wide default-dtype switch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+import panel as pn
+import param
+
+from osa_lab.dashboard import jobs
+from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
+
+log = logging.getLogger("osa_lab.dashboard")
+
+#: Errors whose message is shown to the user as is (bad or too-expensive settings).
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigurationError, OSAInputError, UnknownNameError, ValueError,
+                                                MemoryError)
+
+#: Controls mirrored in the page URL's query string, in this order (shareable links).
+URL_PARAMETERS = ("presets", "view", "depth", "tokens", "dim", "heads", "seeds", "derived_alpha", "alpha", "metric",
+                  "site", "scale", "jacobian", "scope", "points")
+
+TOKENS = [4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
+DIMS = [4, 8, 16, 24, 32, 48, 64, 96, 128]
+HEAD_CHOICES = [1, 2, 4, 8, 16]
+#: The heads value meaning "each preset's own head count" (1 for the pure stacks, 4 otherwise).
+PRESET_HEADS = "preset default"
+
+METRIC_LABELS = {
+    "relative residual (rank collapse)": "relative_residual",
+    "token cosine similarity": "token_cosine",
+    "stable rank": "stable_rank",
+    "effective rank": "effective_rank",
+    "condition number κ(X)": "condition_number",
+}
+SITE_LABELS = {"whole block": "block", "attention sub-layer": "attention"}
+SCALE_LABELS = {"auto": "auto", "log": "log", "linear": "linear"}
+JACOBIAN_LABELS = {"auto (cheaper)": "auto", "exact": "exact", "matrix-free": "matrix-free"}
+SCOPE_LABELS = {"end-to-end ∂X_l/∂X_0": "end_to_end", "single block": "layer"}
+VIEW_LABELS = {"Rank collapse": "rank", "Spectra": "spectra", "Jacobian": "jacobian"}
+VIEWS = list(VIEW_LABELS.values())
+
+#: Jacobian requests estimated below this many seconds start without pressing *Compute*.
+AUTO_JACOBIAN_SECONDS = 8.0
+
+
+def preset_names() -> list[str]:
+    """Names of the model presets (:mod:`osa_lab.presets`)."""
+    from osa_lab.presets import preset_names as names
+
+    return names()
+
+
+def preset_heads(name: str) -> int:
+    """The head count a preset uses by default (:mod:`osa_lab.presets`)."""
+    from osa_lab.presets import get_preset
+
+    return int(get_preset(name).heads)
+
+
+def label_of(labels: Mapping[str, str], value: str) -> str:
+    """The human label of ``value`` in a ``{label: value}`` mapping (the value itself if absent)."""
+    return next((k for k, v in labels.items() if v == value), str(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# process-wide caches (primitive keys only) and background execution
+# ---------------------------------------------------------------------------------------------
+
+
+#: Serialises the model computations of all sessions. The models switch torch's *global* default
+#: dtype while they build (osa_lab.models), so two sweeps in parallel threads can mix float32 and
+#: float64 weights; one computation at a time also avoids oversubscribing small machines. This
+#: module runs once per session, so the lock lives in the process-wide ``pn.state.cache``.
+COMPUTE_LOCK: threading.Lock = threading.Lock()
+#: Serialises building HoloViews objects (their option trees are global state).
+FIGURE_LOCK: threading.Lock = threading.Lock()
+
+
+class LRU:
+    """A small thread-safe least-recently-used cache shared by all sessions of the process."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._data, self._lock = size, collections.OrderedDict(), threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+#: Built figures (HoloViews objects and the reduced tables they draw), keyed by view, settings
+#: and options: returning to computed settings needs no rebuild.
+FIGURES: LRU = LRU(96)
+#: Jacobian results per :class:`osa_lab.dashboard_jobs.Unit` (preset × seed × resolved method).
+JACOBIANS: LRU = LRU(256)
+
+
+@pn.cache(max_items=32)
+def compute_sweep(
+    presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`).
+
+    ``heads=None`` gives every preset its own head count (the pure stacks one head).
+    """
+    from osa_lab.analysis import sweep
+
+    with COMPUTE_LOCK:
+        result = sweep(
+            list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
+            seeds=list(range(seeds)), site="both", progress=False,
+        )
+    return result.metrics, result.spectra
+
+
+@pn.cache(max_items=64)
+def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) -> dict[str, object]:
+    """The OSA check of :mod:`osa_lab.checks` for these sizes (seed 0, float32)."""
+    from osa_lab.checks import osa_check
+
+    with COMPUTE_LOCK:
+        return osa_check(tokens, dim, heads, alpha, seed=0)
+
+
+#: Computes one Jacobian unit in this process (tests and scripts; served sessions use a worker).
+compute_unit = jobs.compute_unit
+
+
+def jacobian_layers(depth: int, points: int) -> list[int]:
+    """``points`` layers from 1 to ``depth``, evenly spaced, always including the last."""
+    points = max(1, min(points, depth))
+    return sorted({round(depth * (i + 1) / points) for i in range(points)})
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-paragraph message for the page (never a traceback)."""
+    if isinstance(exc, USER_ERRORS):
+        return str(exc)
+    log.error("dashboard computation failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    return f"The computation failed ({type(exc).__name__}: {exc}). The last good figures are kept."
+
+
+def is_served() -> bool:
+    return pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
+
+
+async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a daemon thread and await its result.
+
+    Unlike ``asyncio.to_thread`` (whose pool threads the interpreter joins at exit) a daemon
+    thread never delays the server's shutdown on SIGTERM.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(exc) if exc is not None else future.set_result(value)
+
+    def run() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, value, None)
+
+    threading.Thread(target=run, daemon=True, name="osa-lab-dashboard").start()
+    return await future
+
+
+# ---------------------------------------------------------------------------------------------
+# controls: everything on screen, mirrored in the URL
+# ---------------------------------------------------------------------------------------------
+
+
+class Controls(param.Parameterized):
+    """The settings of one session: sizes, presets, the visible tab and every display option."""
+
+    presets = param.ListSelector(default=["pure-ssa", "pure-osa"], objects=[], doc="Presets to compare (two or more).")
+    depth = param.Integer(default=12, bounds=(1, 48), doc="Number of blocks.")
+    tokens = param.Selector(default=32, objects=TOKENS, doc="Tokens N.")
+    dim = param.Selector(default=32, objects=DIMS, doc="Width d.")
+    heads = param.Selector(default=PRESET_HEADS, objects=[PRESET_HEADS, *HEAD_CHOICES],
+                           doc="Attention heads: each preset's own count, or one count for all (divisors of d).")
+    derived_alpha = param.Boolean(default=True, label="derived α₀ (OSA init)",
+                                  doc="Use the derived OSA initialisation α₀ instead of the α slider.")
+    alpha = param.Number(default=0.05, bounds=(0.0, 2.0), step=1e-5, label="α (OSA)",
+                         doc="OSA α when 'derived α₀' is off (SSA presets ignore it); shows α₀ while derived.")
+    seeds = param.Integer(default=2, bounds=(1, 5), doc="Random seeds; plots show the mean and min–max band.")
+    metric = param.Selector(default="relative_residual", objects=METRIC_LABELS, doc="Depth-wise metric.")
+    view = param.Selector(default="rank", objects=VIEWS, doc="The visible tab.")
+    site = param.Selector(default="block", objects=SITE_LABELS, doc="Hidden state after the block or attention.")
+    scale = param.Selector(default="auto", objects=SCALE_LABELS, label="y scale", doc="Log y where values span decades.")
+    jacobian = param.Selector(default="auto", objects=JACOBIAN_LABELS, doc="Jacobian computation.")
+    scope = param.Selector(default="end_to_end", objects=SCOPE_LABELS, doc="κ of ∂X_l/∂X_0 or of block l alone.")
+    points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
+                           doc="Layers (evenly spaced, last included) at which κ is computed.")
+
+    def __init__(self, **params):
+        self.param.presets.objects = preset_names()
+        super().__init__(**params)
+        self._sync_heads_choices()
+        self._show_derived_alpha()
+
+    # -- derived values -------------------------------------------------------------------
+
+    @property
+    def alpha_value(self) -> float | None:
+        """α passed to the analyses: ``None`` for the derived initialisation."""
+        return None if self.derived_alpha else float(self.alpha)
+
+    @property
+    def heads_value(self) -> int | None:
+        """Heads passed to the analyses: ``None`` for each preset's own count."""
+        return None if self.heads == PRESET_HEADS else int(self.heads)
+
+    def heads_of(self, preset: str) -> int:
+        """The head count ``preset`` runs with under the current settings."""
+        return preset_heads(preset) if self.heads == PRESET_HEADS else int(self.heads)
+
+    def check_heads(self) -> int:
+        """Heads of the OSA check: those of the first OSA preset shown (1 if none)."""
+        from osa_lab.presets import get_preset
+
+        for p in self.presets:
+            if get_preset(p).attention == "osa":
+                return self.heads_of(p)
+        return self.heads_value or 1
+
+    def derived_alpha0(self) -> float:
+        """The derived α₀ of the OSA check's heads at the current N and d."""
+        from osa_lab.layers import derived_alpha_init
+
+        heads = self.check_heads()
+        return derived_alpha_init(int(self.tokens), int(self.dim), int(self.dim) // heads)
+
+    @param.depends("dim", watch=True)
+    def _sync_heads_choices(self) -> None:
+        """Offer only head counts that divide d."""
+        valid = [h for h in HEAD_CHOICES if int(self.dim) % h == 0]
+        self.param.heads.objects = [PRESET_HEADS, *valid]
+        if self.heads != PRESET_HEADS and self.heads not in valid:
+            self.heads = PRESET_HEADS
+
+    @param.depends("derived_alpha", "tokens", "dim", "heads", "presets", watch=True)
+    def _show_derived_alpha(self) -> None:
+        """While 'derived α₀' is ticked the (disabled) α slider shows the value that is used."""
+        if self.derived_alpha:
+            try:
+                self.alpha = float(f"{self.derived_alpha0():.5g}")
+            except Exception:  # noqa: BLE001 - impossible sizes are reported by validate()
+                pass
+
+    def config(self) -> dict[str, object]:
+        """The primitive configuration the analyses are cached on."""
+        return dict(presets=tuple(self.presets), depth=int(self.depth), tokens=int(self.tokens), dim=int(self.dim),
+                    heads=self.heads_value, alpha=self.alpha_value, seeds=int(self.seeds))
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigurationError` with a user-facing message for impossible settings."""
+        if len(self.presets) < 2:
+            raise ConfigurationError("choose at least two presets to compare")
+        for p in self.presets:
+            h = self.heads_of(p)
+            if int(self.dim) % h:
+                divisors = [x for x in HEAD_CHOICES if int(self.dim) % x == 0]
+                raise ConfigurationError(
+                    f"width d = {self.dim} is not divisible by heads = {h} ({p}): each head gets d / heads value "
+                    f"columns. Choose heads from {divisors} or change d."
+                )
+
+    def describe(self, cfg: Mapping[str, object] | None = None) -> str:
+        """The settings of ``cfg`` (default: the current ones) as a short line for figure titles."""
+        cfg = cfg or self.config()
+        heads = "preset heads" if cfg["heads"] is None else f"{cfg['heads']} heads"
+        alpha = "α₀ derived" if cfg["alpha"] is None else f"α = {cfg['alpha']:.4g}"
+        seeds = f"{cfg['seeds']} seed" + ("s" if cfg["seeds"] != 1 else "")
+        return f"depth {cfg['depth']} · N {cfg['tokens']} · d {cfg['dim']} · {heads} · {alpha} · {seeds}"
+
+    def notes(self) -> list[str]:
+        """Where the settings break an invariant the docs state (shown on the page)."""
+        out = []
+        if "pure-osa" in self.presets and self.heads != PRESET_HEADS and int(self.heads) > 1:
+            out.append(
+                f"pure-osa with {self.heads} heads is **not** spectrum preserving: only a single OSA head keeps every "
+                "singular value of X (docs/dashboard.md); the heads of a multi-head layer are rotated by "
+                "different matrices, so its stable rank and κ(X) drift. Choose *preset default* (1 head) for "
+                "the flat curve."
+            )
+        return out
+
+    # -- the URL ----------------------------------------------------------------------------
+
+    def to_query(self) -> dict[str, str]:
+        """The URL query of the current view (α only when it is not derived)."""
+        q: dict[str, str] = {}
+        for name in URL_PARAMETERS:
+            value = getattr(self, name)
+            if name == "alpha" and self.derived_alpha:
+                continue
+            if name == "presets":
+                q[name] = ",".join(value)
+            elif name == "derived_alpha":
+                q[name] = "true" if value else "false"
+            elif name == "heads":
+                q[name] = "preset" if value == PRESET_HEADS else str(value)
+            else:
+                q[name] = str(value)
+        return q
+
+    def apply_query(self, query: Mapping[str, str | list[str] | bytes | list[bytes]]) -> list[str]:
+        """Set the controls from URL query values; returns one message per value that was not used.
+
+        Accepts ``{name: "value"}`` or Bokeh's ``{name: [b"value"]}``. Every value is checked
+        before anything is set; bad values are named with the valid choices and left out.
+        """
+        errors: list[str] = []
+        updates: dict[str, object] = {}
+        for key, raw in query.items():
+            if isinstance(raw, list):
+                raw = raw[-1] if raw else ""
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8", "replace")
+            text = str(raw).strip()
+            if key not in URL_PARAMETERS:
+                errors.append(f"unknown URL parameter `{key}` (known: {', '.join(URL_PARAMETERS)})")
+                continue
+            try:
+                updates[key] = self._parse(key, text)
+            except ValueError as exc:
+                errors.append(f"`{key}={text}` was ignored: {exc}")
+        if "alpha" in updates and "derived_alpha" not in updates:
+            updates["derived_alpha"] = False  # an explicit α means: use it
+        if "dim" in updates or "heads" in updates:
+            dim = int(updates.get("dim", self.dim))
+            heads = updates.get("heads", self.heads)
+            if heads != PRESET_HEADS and dim % int(heads):
+                valid = [h for h in HEAD_CHOICES if dim % h == 0]
+                errors.append(f"`heads={heads}` was ignored: d = {dim} is not divisible by {heads}; valid: "
+                              f"preset, {', '.join(map(str, valid))}")
+                updates.pop("heads", None)
+        ordered = {k: updates[k] for k in ("dim", "derived_alpha", *URL_PARAMETERS) if k in updates}
+        self.param.update(**ordered)
+        return errors
+
+    def _parse(self, key: str, text: str) -> object:
+        p = self.param[key]
+        if key == "presets":
+            names = [x.strip() for x in text.split(",") if x.strip()]
+            unknown = [x for x in names if x not in p.objects]
+            if unknown:
+                raise ValueError(f"unknown preset(s) {', '.join(unknown)}; valid: {', '.join(p.objects)}")
+            if len(set(names)) < 2:
+                raise ValueError("choose at least two presets, comma separated (e.g. vit,pure-osa)")
+            return list(dict.fromkeys(names))
+        if key == "derived_alpha":
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError("use true or false")
+        if key == "heads":
+            if text.lower() in ("preset", "default", PRESET_HEADS):
+                return PRESET_HEADS
+            if text.isdigit() and int(text) in HEAD_CHOICES:
+                return int(text)
+            raise ValueError(f"use preset or one of {', '.join(map(str, HEAD_CHOICES))}")
+        if isinstance(p, param.Selector):
+            values = list(p.objects.values()) if isinstance(p.objects, dict) else list(p.objects)
+            for v in values:
+                if str(v) == text:
+                    return v
+            raise ValueError(f"valid values: {', '.join(map(str, values))}")
+        if isinstance(p, param.Integer):
+            if not text.lstrip("-").isdigit():
+                raise ValueError("not an integer")
+            value = int(text)
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError("not a number") from None
+        lo, hi = p.bounds
+        if value < lo or value > hi:
+            raise ValueError(f"outside {lo}…{hi}")
+        return value
+
+
+class Job(param.Parameterized):
+    """Runs a computation off the event loop when served (synchronously otherwise), keeping the
+    last good result on error and dropping results that a newer request has overtaken."""
+
+    busy = param.Boolean(default=False, doc="A computation is running.")
+    error = param.String(default="", doc="Message of the last failed computation ('' if it succeeded).")
+    seconds = param.Number(default=0.0, doc="Wall time of the last successful computation.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._generation = 0
+
+    def run(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
+        """Compute now (tests, scripts) or in a daemon thread, applying on the server's loop."""
+        self._generation += 1
+        if is_served():
+            generation = self._generation
+
+            async def task() -> None:
+                await self._run_async(generation, compute, apply)
+
+            self.busy = True
+            pn.state.execute(task)
+        else:
+            self._run_sync(compute, apply)
+
+    def _run_sync(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
+        start = time.perf_counter()
+        try:
+            value = compute()
+            self.seconds = time.perf_counter() - start
+            self.error = ""
+            apply(value)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
+            self.error = describe_error(exc)
+
+    async def _run_async(self, generation: int, compute, apply) -> None:
+        start = time.perf_counter()
+        try:
+            value = await in_daemon_thread(compute)
+        except Exception as exc:  # noqa: BLE001
+            if generation == self._generation:
+                self.error = describe_error(exc)
+                self.busy = False
+            return
+        if generation != self._generation:
+            return  # a newer request is running; its result will be shown
+        try:
+            self.seconds = time.perf_counter() - start
+            self.error = ""
+            apply(value)
+        except Exception as exc:  # noqa: BLE001
+            self.error = describe_error(exc)
+        finally:
+            self.busy = False
+
+
+class SweepState(Job):
+    """The current sweep of one session: tidy metrics and spectra tables of the last good settings."""
+
+    controls = param.ClassSelector(class_=Controls)
+    metrics = param.DataFrame(default=None, allow_None=True, doc="Tidy metrics table (osa_lab.analysis).")
+    spectra = param.DataFrame(default=None, allow_None=True, doc="Tidy spectra table (osa_lab.analysis).")
+    config = param.Dict(default={}, doc="Configuration of the tables shown.")
+
+    @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
+                   "controls.derived_alpha", "controls.alpha", "controls.seeds", watch=True)
+    def refresh(self) -> None:
+        """Recompute for the current controls (cached); on error keep the tables and set ``error``."""
+        controls = self.controls
+        try:
+            controls.validate()
+        except ConfigurationError as exc:
+            self._generation += 1  # drop any result still running for earlier settings
+            self.error = str(exc)
+            return
+        cfg = controls.config()
+        if cfg == self.config and self.metrics is not None and not self.busy:
+            self.error = ""
+            return  # e.g. the α slider following α₀ while derived
+
+        def compute():
+            return cfg, compute_sweep(**cfg)
+
+        def apply(value):
+            cfg, (metrics, spectra) = value
+            with param.parameterized.batch_call_watchers(self):
+                self.config = cfg
+                self.metrics = metrics
+                self.spectra = spectra
+
+        self.run(compute, apply)

@@ -1,0 +1,599 @@
+"""The dashboard's views: OSA-check badges, rank collapse, spectra and Jacobians.
+
+* :class:`OSACheckView`: orthogonality and dense-vs-low-rank error badges (:mod:`osa_lab.checks`);
+* :class:`RankCollapseView`: the chosen metric against layer, mean and band over seeds;
+* :class:`SpectraView`: spectra heatmaps per preset (shared log colour scale) and selected layers;
+* :class:`JacobianView`: κ across depth and the end-to-end Jacobian's singular-value histogram.
+
+Each view draws only while its tab is visible (:class:`FigureView`); figures are cached
+process-wide in :data:`osa_lab.dashboard.state.FIGURES`. Jacobians run in a worker process
+(:mod:`osa_lab.dashboard.jobs`) with an estimate, progress and *Cancel*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import time
+from collections.abc import Callable
+from typing import Any
+
+import holoviews as hv
+import pandas as pd
+import panel as pn
+import param
+
+from osa_lab.dashboard import jobs
+from osa_lab.dashboard.state import (
+    AUTO_JACOBIAN_SECONDS,
+    FIGURE_LOCK,
+    FIGURES,
+    JACOBIANS,
+    METRIC_LABELS,
+    SCOPE_LABELS,
+    Controls,
+    Job,
+    SweepState,
+    compute_osa_check,
+    compute_unit,
+    describe_error,
+    in_daemon_thread,
+    is_served,
+    jacobian_layers,
+    label_of,
+)
+from osa_lab.errors import ConfigurationError
+from osa_lab.plots import depth as plots
+
+
+def _placeholder(text: str) -> hv.Curve:
+    """An empty figure with ``text`` as its title (HoloViews panes need a HoloViews object)."""
+    return hv.Curve([]).opts(title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
+        title=text, xaxis=None, yaxis=None, backend="matplotlib")
+
+
+def message_pane(*errors) -> pn.pane.Alert:
+    """One alert showing the distinct non-empty bound messages (each message once)."""
+
+    def text(*messages: str) -> str:
+        return "\n\n".join(dict.fromkeys(m for m in messages if m))
+
+    bound = pn.bind(text, *errors)
+    return pn.pane.Alert(bound, alert_type="warning", visible=pn.bind(bool, bound), sizing_mode="stretch_width")
+
+
+def _radio(parameter: param.Parameter, width: int) -> pn.widgets.RadioButtonGroup:
+    """A radio group whose selected option is filled in the accent colour (others outlined)."""
+    return pn.widgets.RadioButtonGroup.from_param(parameter, button_type="primary", button_style="outline",
+                                                  width=width, height=34, sizing_mode="fixed")
+
+
+def _small_title(obj: hv.core.Dimensioned) -> hv.core.Dimensioned:
+    """Titles that carry the settings are long: a smaller title font in the browser."""
+    return obj.opts(fontsize={"title": "10pt"}, backend="bokeh")
+
+
+def _digest(table: pd.DataFrame | None) -> str:
+    if table is None:
+        return ""
+    return hashlib.sha1(pd.util.hash_pandas_object(table, index=False).values.tobytes()).hexdigest()[:16]
+
+
+class FigureView(pn.viewable.Viewer):
+    """Base of the views: draws its figures only while ``active``; stale ones redraw when shown.
+
+    ``figures[key]`` is always the object on screen in ``panes[key]`` (placeholders included),
+    so a PNG download is the figure shown (:meth:`png`).
+    """
+
+    controls = param.ClassSelector(class_=Controls)
+    active = param.Boolean(default=False, doc="The view's tab is visible.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.figures: dict[str, hv.core.Dimensioned] = {}
+        self.tables: dict[str, pd.DataFrame | None] = {}
+        self.panes: dict[str, pn.pane.HoloViews] = {}
+        self.job = Job()
+        self.stale = True
+        self._layout: pn.viewable.Viewable | None = None
+
+    # subclasses: the figures to draw, {key: (cache key or None, builder -> (figure, table))}
+    def specs(self) -> dict[str, tuple[tuple | None, Callable[[], tuple[hv.core.Dimensioned, Any]]]]:
+        raise NotImplementedError
+
+    def _build(self) -> pn.viewable.Viewable:
+        raise NotImplementedError
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        """The view's layout, built once."""
+        if self._layout is None:
+            self._layout = self._build()
+            self.stale = True
+            self.redraw()
+        return self._layout
+
+    def _pane(self, key: str, **kwargs) -> pn.pane.HoloViews:
+        pane = pn.pane.HoloViews(_placeholder("Computing…"), backend="bokeh", sizing_mode="stretch_width",
+                                 loading=self.job.param.busy, **kwargs)
+        self.panes[key] = pane
+        self.figures[key] = pane.object
+        return pane
+
+    @param.depends("active", watch=True)
+    def _on_active(self) -> None:
+        if self.active and self.stale:
+            self._activated()
+
+    def _activated(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Build the figures of the current data and options (cached) and show them."""
+        if not self.active or not self.panes:
+            self.stale = True
+            return
+        self.stale = False
+        specs = self.specs()
+        if not specs:
+            return
+
+        def compute():
+            out = {}
+            for key, (cache_key, build) in specs.items():
+                hit = FIGURES.get(cache_key) if cache_key is not None else None
+                if hit is None:
+                    with FIGURE_LOCK:
+                        hit = build()
+                    if cache_key is not None:
+                        FIGURES.put(cache_key, hit)
+                out[key] = hit
+            return out
+
+        def apply(out):
+            for key, (obj, table) in out.items():
+                self.figures[key], self.tables[key] = obj, table
+                self.panes[key].object = obj
+
+        self.job.run(compute, apply)
+
+    def png(self, key: str) -> bytes:
+        """PNG of the figure on screen in pane ``key``; its title goes into the PNG's metadata."""
+        obj = self.figures.get(key)
+        if obj is None:
+            raise ConfigurationError("no figure to export yet")
+        meta = {"Title": plots.figure_title(obj), "Description": f"data {_digest(self.tables.get(key))}",
+                "Software": "osa_lab dashboard"}
+        return plots.png_bytes(obj, metadata=meta)
+
+    def _png_download(self, key: str, filename: str) -> pn.widgets.FileDownload:
+        """A PNG button of pane ``key`` (rendered off the event loop, with a loading indicator)."""
+        button = pn.widgets.FileDownload(filename=filename, label=f"PNG: {filename}", button_type="light",
+                                         embed=False, width=260)
+
+        async def callback() -> io.BytesIO:
+            button.loading = True
+            try:
+                return io.BytesIO(await in_daemon_thread(lambda: self.png(key)))
+            finally:
+                button.loading = False
+
+        button.callback = callback if is_served() else (lambda: io.BytesIO(self.png(key)))
+        return button
+
+
+class RankCollapseView(FigureView):
+    """The chosen metric against layer, one curve per preset, min–max band over seeds."""
+
+    state = param.ClassSelector(class_=SweepState)
+
+    @param.depends("state.metrics", "controls.metric", "controls.site", "controls.scale", watch=True)
+    def _changed(self) -> None:
+        self.redraw()
+
+    def specs(self):
+        metrics, c = self.state.metrics, self.controls
+        if metrics is None:
+            return {}
+        cfg, metric, site, scale = self.state.config, c.metric, c.site, c.scale
+        settings = c.describe(cfg)
+
+        def build():
+            table = plots.metric_vs_depth_data(metrics, metric, site=site)
+            logy = None if scale == "auto" else scale == "log"
+            label = label_of(METRIC_LABELS, metric)
+            where = "after each block" if site == "block" else "after attention"
+            title = f"{label} {where} · {settings}"
+            return _small_title(plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title)), table
+
+        return {"metric": (("metric", tuple(sorted(cfg.items())), metric, site, scale), build)}
+
+    def _csv(self) -> io.BytesIO:
+        if self.state.metrics is None:
+            raise ConfigurationError("no sweep yet")
+        return io.BytesIO(self.state.metrics.to_csv(index=False).encode())
+
+    def _spectra_csv(self) -> io.BytesIO:
+        if self.state.spectra is None:
+            raise ConfigurationError("no sweep yet")
+        return io.BytesIO(self.state.spectra.to_csv(index=False).encode())
+
+    def _build(self) -> pn.viewable.Viewable:
+        fig = self._pane("metric", min_height=380)
+        options = pn.Row(
+            pn.pane.Markdown("hidden state after", margin=(12, 5, 0, 10), width=130, height=30, sizing_mode="fixed"),
+            _radio(self.controls.param.site, 280),
+            pn.pane.Markdown("y scale", margin=(12, 5, 0, 30), width=70, height=30, sizing_mode="fixed"),
+            _radio(self.controls.param.scale, 220),
+            sizing_mode="stretch_width",
+        )
+        downloads = pn.Row(
+            pn.widgets.FileDownload(callback=self._csv, filename="osa_sweep_metrics.csv",
+                                    label="CSV: tidy metrics of this sweep", button_type="primary", embed=False,
+                                    width=260),
+            pn.widgets.FileDownload(callback=self._spectra_csv, filename="osa_sweep_spectra.csv",
+                                    label="CSV: tidy spectra of this sweep", button_type="light", embed=False,
+                                    width=260),
+            self._png_download("metric", "rank_collapse.png"),
+        )
+        return pn.Column(message_pane(self.job.param.error), options, fig, downloads, sizing_mode="stretch_width",
+                         name="Rank collapse")
+
+
+class SpectraView(FigureView):
+    """Singular-value spectra across depth: heatmaps per preset and selected layers as lines."""
+
+    state = param.ClassSelector(class_=SweepState)
+    layers = param.ListSelector(default=[], objects=[], doc="Layers drawn as lines (empty: a default choice).")
+
+    @param.depends("state.spectra", watch=True, on_init=True)
+    def _update_layers(self) -> None:
+        spectra = self.state.spectra
+        if spectra is None:
+            return
+        available = sorted(int(x) for x in spectra["layer"].unique())
+        self.param.layers.objects = available
+        kept = [x for x in self.layers if x in available]
+        if kept != list(self.layers):
+            self.layers = kept
+
+    @param.depends("state.spectra", "layers", "controls.site", watch=True)
+    def _changed(self) -> None:
+        self.redraw()
+
+    def specs(self):
+        spectra, c = self.state.spectra, self.controls
+        if spectra is None:
+            return {}
+        cfg, site, layers = self.state.config, c.site, tuple(sorted(self.layers))
+        n = len(cfg["presets"])
+        width, cols = (max(250, 1000 // n), n) if n <= 3 else (320, 3)
+        settings = c.describe(cfg)
+        where = "after each block" if site == "block" else "after attention"
+        key = tuple(sorted(cfg.items()))
+
+        def heat():
+            title = f"σᵢ/σ₁ across depth {where} · {settings}"
+            return plots.spectra_heatmaps(spectra, site=site, title=title, panel_width=width, cols=cols), None
+
+        def lines():
+            title = f"normalised spectra of selected layers · {settings}"
+            return plots.spectra_lines(spectra, layers=list(layers) or None, site=site, title=title,
+                                       panel_width=width, cols=cols), None
+
+        return {"heatmaps": (("heatmaps", key, site), heat), "lines": (("lines", key, site, layers), lines)}
+
+    def _build(self) -> pn.viewable.Viewable:
+        heat = self._pane("heatmaps", min_height=340)
+        lines = self._pane("lines", min_height=380)
+        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400)
+        downloads = pn.Row(self._png_download("heatmaps", "spectra_heatmaps.png"),
+                           self._png_download("lines", "spectra_lines.png"))
+        return pn.Column(message_pane(self.job.param.error), heat, chooser, lines, downloads,
+                         sizing_mode="stretch_width", name="Spectra")
+
+
+class JacobianView(FigureView):
+    """κ of the Jacobian across depth and the end-to-end singular-value histogram.
+
+    Computed only while the tab is open, per preset × seed *unit* (cached process-wide, so the
+    modes share results: ``auto`` resolves to the cheaper of exact and matrix-free first). A
+    request estimated under :data:`AUTO_JACOBIAN_SECONDS` starts at once; longer ones show the
+    estimate and wait for *Compute Jacobians*. Served sessions compute in a worker process with
+    progress and a *Cancel* button; closing the tab cancels it too.
+    """
+
+    seeds = param.Integer(default=1, bounds=(1, 5), label="Jacobian seeds", doc="Seeds (capped by the sidebar).")
+    compute = param.Event(label="Compute Jacobians")
+    cancel = param.Event(label="Cancel")
+    running = param.Boolean(default=False, doc="A Jacobian job is running.")
+    profile = param.DataFrame(default=None, allow_None=True)
+    svals = param.DataFrame(default=None, allow_None=True)
+    notice = param.String(default="", doc="Estimate, progress, or why nothing was computed.")
+    shown = param.Dict(default={}, doc="Settings of the figures shown.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._job: jobs.JacobianJob | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def units(self) -> tuple[list[jobs.Unit], str]:
+        """The units of the current settings and the method that runs."""
+        c = self.controls
+        c.validate()
+        cfg = c.config()
+        method = jobs.resolve_method(c.jacobian, cfg["tokens"], cfg["dim"], cfg["depth"], c.points)
+        layers = tuple(jacobian_layers(cfg["depth"], c.points))
+        seeds = min(int(self.seeds), int(cfg["seeds"]))
+        units = [jobs.Unit(p, cfg["depth"], cfg["tokens"], cfg["dim"], cfg["heads"], cfg["alpha"], s, method, layers)
+                 for p in cfg["presets"] for s in range(seeds)]
+        return units, method
+
+    @param.depends("compute", watch=True)
+    def _on_compute(self) -> None:
+        self.request(force=True)
+
+    @param.depends("cancel", watch=True)
+    def _on_cancel(self) -> None:
+        self.stop("Cancelled: the figures below are from earlier settings.")
+
+    def stop(self, notice: str = "") -> None:
+        """Cancel a running job (its worker process is terminated)."""
+        if self._job is not None:
+            self._job.cancel()
+            self._job = None
+        if self.running:
+            self.running = False
+            self.notice = notice
+
+    @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
+                   "controls.derived_alpha", "controls.alpha", "controls.seeds", "controls.jacobian",
+                   "controls.points", "seeds", watch=True)
+    def _settings_changed(self) -> None:
+        self.request()
+
+    @param.depends("controls.scope", watch=True)
+    def _scope_changed(self) -> None:
+        self.redraw()
+
+    def _activated(self) -> None:  # the tab opened: compute (or draw) what is missing
+        self.request()
+
+    def request(self, force: bool = False) -> None:
+        """Show the current settings' Jacobians: from the cache, or computed (large ones on *Compute*)."""
+        if not self.active or not self.panes:
+            self.stale = True
+            return
+        self.stale = False
+        self.stop()
+        try:
+            units, method = self.units()
+        except ConfigurationError as exc:
+            self.job.error = str(exc)
+            return
+        self.job.error = ""
+        missing = [u for u in units if u not in JACOBIANS]
+        if not missing:
+            self.notice = ""
+            self._show(units)
+            return
+        c = self.controls
+        eta = jobs.estimate_seconds(len(missing), method, int(c.tokens), int(c.dim), int(c.depth), int(c.points))
+        what = f"{len(missing)} {method} Jacobian profile{'s' if len(missing) > 1 else ''} (N·d = {c.tokens * c.dim})"
+        if eta > AUTO_JACOBIAN_SECONDS and not force:
+            self.notice = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute "
+                           "Jacobians** to run them (*Cancel* stops them); the figures below are from earlier "
+                           "settings.")
+            return
+        self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
+        if is_served():
+            self._start(units, missing, eta)
+        else:
+            self._run_here(units, missing)
+
+    def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit]) -> None:
+        try:
+            for unit in missing:
+                JACOBIANS.put(unit, compute_unit(unit))
+        except Exception as exc:  # noqa: BLE001
+            self.job.error = describe_error(exc)
+            self.notice = ""
+            return
+        self.notice = ""
+        self._show(units)
+
+    def _start(self, units: list[jobs.Unit], missing: list[jobs.Unit], eta: float) -> None:
+        job = jobs.start_jacobian_job(missing)
+        self._job, self.running = job, True
+        SESSION_JOBS.add(job)
+        start, done = time.perf_counter(), 0
+
+        async def follow() -> None:
+            nonlocal done
+            try:
+                while not job.finished:
+                    await asyncio.sleep(0.2)
+                    for kind, unit, result, _seconds in job.poll():
+                        if kind == "unit":
+                            JACOBIANS.put(unit, result)
+                            done += 1
+                        elif kind == "error":
+                            if self._job is job:
+                                self.job.error = describe_error(result)
+                                self.notice = ""
+                    if self._job is job and not job.finished:
+                        elapsed = time.perf_counter() - start
+                        self.notice = (f"Computing Jacobians: {done}/{len(missing)} done, {elapsed:.0f} s elapsed "
+                                       f"(estimated {jobs.format_seconds(eta)}). *Cancel* stops them.")
+            finally:
+                SESSION_JOBS.discard(job)
+            if self._job is job:
+                self._job, self.running = None, False
+                if not job.cancelled and all(u in JACOBIANS for u in units):
+                    self.notice = ""
+                    self._show(units)
+
+        pn.state.execute(follow)
+
+    def _show(self, units: list[jobs.Unit]) -> None:
+        results = [JACOBIANS.get(u) for u in units]
+        profile = pd.concat([r[0] for r in results], ignore_index=True)
+        svals = [r[1] for r in results if r[1] is not None]
+        with param.parameterized.batch_call_watchers(self):
+            self.shown = self.controls.config() | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units})}
+            self.profile = profile
+            self.svals = pd.concat(svals, ignore_index=True) if len(svals) == len(results) else None
+        self.redraw()
+
+    # -- figures ----------------------------------------------------------------------------
+
+    def methods_used(self) -> str:
+        """'exact', 'matrix-free' or both, from the ``method`` column of the current profile."""
+        if self.profile is None or "method" not in self.profile:
+            return ""
+        return ", ".join(sorted({str(m) for m in self.profile["method"].unique()}))
+
+    def specs(self):
+        profile, svals, scope = self.profile, self.svals, self.controls.scope
+        if profile is None:
+            return {}
+        shown = dict(self.shown)
+        method = self.methods_used()
+        settings = self.controls.describe({**shown, "seeds": shown.get("jseeds", 1)})
+        key = tuple(sorted((k, v) for k, v in shown.items()))
+
+        def kappa():
+            title = f"Jacobian κ across depth ({label_of(SCOPE_LABELS, scope)}) [{method}] · {settings}"
+            fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title))
+            return fig, plots.kappa_vs_depth_data(profile, scope=scope)
+
+        def histogram():
+            if svals is None:
+                return _placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
+                                    f"(choose exact) · {settings}"), None
+            title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
+            return _small_title(plots.jacobian_histogram(svals, title=title)), plots.jacobian_histogram_data(svals)
+
+        return {"kappa": (("kappa", key, scope), kappa), "histogram": (("histogram", key), histogram)}
+
+    def badge(self, profile: pd.DataFrame | None) -> str:
+        """Which computation produced the figures."""
+        used = self.methods_used()
+        if not used:
+            return ""
+        how = {"exact": "exact (torch.func.jacrev, all singular values)",
+               "matrix-free": "matrix-free (jvp/vjp + ARPACK: σ_max and σ_min only)"}
+        return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
+
+    def _build(self) -> pn.viewable.Viewable:
+        kappa = self._pane("kappa", min_height=380)
+        hist = self._pane("histogram", min_height=360)
+        options = pn.Row(_radio(self.controls.param.jacobian, 330), _radio(self.controls.param.scope, 300))
+        sizes = pn.Row(
+            throttled(self.controls, "points", pn.widgets.IntSlider, name="layers evaluated", width=220),
+            throttled(self, "seeds", pn.widgets.IntSlider, name="Jacobian seeds", width=180),
+            pn.widgets.Button.from_param(self.param.compute, button_type="primary", width=170,
+                                         disabled=self.param.running),
+            pn.widgets.Button.from_param(self.param.cancel, button_type="danger", width=100,
+                                         visible=self.param.running),
+        )
+        notice = pn.pane.Alert(self.param.notice, alert_type="info", visible=pn.bind(bool, self.param.notice),
+                               sizing_mode="stretch_width")
+        downloads = pn.Row(self._png_download("kappa", "jacobian_kappa.png"),
+                           self._png_download("histogram", "jacobian_histogram.png"))
+        return pn.Column(message_pane(self.job.param.error), notice, options, sizes,
+                         pn.pane.Markdown(pn.bind(self.badge, self.param.profile)), kappa, hist, downloads,
+                         sizing_mode="stretch_width", name="Jacobian")
+
+
+#: Jobs of all sessions (cancelled on server shutdown).
+SESSION_JOBS: set = set()
+
+
+class OSACheckView(pn.viewable.Viewer):
+    """Badges with the OSA check of the current sizes: orthogonality and dense vs low-rank error."""
+
+    controls = param.ClassSelector(class_=Controls)
+    result = param.Dict(default=None, allow_None=True, doc="Last good osa_check result.")
+
+    def __init__(self, compute_now: bool = True, **params):
+        super().__init__(**params)
+        self.job = Job()
+        if compute_now:
+            self.refresh()
+
+    @param.depends("controls.tokens", "controls.dim", "controls.heads", "controls.derived_alpha", "controls.alpha",
+                   "controls.presets", watch=True)
+    def refresh(self) -> None:
+        """Run the (cached) check for the current sizes (impossible sizes: the page says so once)."""
+        c = self.controls
+        try:
+            c.validate()
+            heads = c.check_heads()
+        except ConfigurationError:
+            return
+        args = (int(c.tokens), int(c.dim), heads, c.alpha_value)
+
+        def compute():
+            return compute_osa_check(*args)
+
+        def apply(value):
+            self.result = value
+
+        self.job.run(compute, apply)
+
+    @staticmethod
+    def badges_html(result: dict | None) -> str:
+        """HTML badges, green when within tolerance and red otherwise."""
+        if not result:
+            return ""
+        labels = {
+            "orthogonality_error": "‖AᵀA − I‖max",
+            "dense_vs_lowrank": "dense vs low-rank",
+            "lowrank_vs_float64": "low-rank vs float64",
+            "norm_preservation": "norm preservation",
+        }
+        parts = []
+        for key, label in labels.items():
+            ok = result["passed"][key]
+            colour = "#1a7f37" if ok else "#b42318"
+            parts.append(
+                f'<span class="osa-badge" data-check="{key}" style="display:inline-block;margin:2px 6px 2px 0;'
+                f'padding:3px 10px;border-radius:12px;background:{colour};color:white;font-size:13px">'
+                f"{label}: {result[key]:.1e}</span>"
+            )
+        alpha = result["alpha"]
+        meta = (f'<span style="font-size:12px;color:#555">OSA check at N={result["tokens"]}, d={result["dim"]}, '
+                f'heads={result["heads"]}, α={alpha:.3g}, {result["dtype"]}, method {result["method"]}</span>')
+        return "<div>" + "".join(parts) + meta + "</div>"
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(
+            pn.pane.HTML(pn.bind(self.badges_html, self.param.result), sizing_mode="stretch_width",
+                         loading=self.job.param.busy, min_height=30),
+            message_pane(self.job.param.error),
+            sizing_mode="stretch_width",
+        )
+
+
+
+def throttled(obj: param.Parameterized, pname: str, widget_type: type, **kwargs) -> pn.widgets.Widget:
+    """A slider for ``obj.<name>`` that sets the parameter when released (``value_throttled``)
+    and follows it when it changes elsewhere (URL, code)."""
+    name = pname
+    p = obj.param[name]
+    if widget_type is pn.widgets.DiscreteSlider:
+        widget = widget_type(options=list(p.objects), value=getattr(obj, name), **kwargs)
+    else:
+        lo, hi = p.bounds
+        widget = widget_type(start=lo, end=hi, value=getattr(obj, name), **kwargs)
+
+    def push(event) -> None:
+        if event.new is not None and event.new != getattr(obj, name):
+            setattr(obj, name, event.new)
+
+    widget.param.watch(push, "value_throttled" if widget_type is not pn.widgets.DiscreteSlider else "value")
+    obj.param.watch(lambda e: setattr(widget, "value", e.new), name)
+    return widget
