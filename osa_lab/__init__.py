@@ -25,13 +25,13 @@ from osa_lab.ops.expm import (
 )
 from osa_lab.ops.functional import METHODS, osa
 from osa_lab.studies.metrics import METRICS
+from osa_lab.version import __version__
 
 # ``import osa_lab.analysis`` and the other pre-regrouping module paths keep working
 compat.install()
 
-__version__ = "0.1.0"
-
 __all__ = [
+    "__version__",
     "METHODS",
     "METRICS",
     "PRESETS",

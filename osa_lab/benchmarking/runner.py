@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from osa_lab.arguments import check_output_file, positive_int
 from osa_lab.benchmarking.timing import (
     copy_probe,
     count_matmul_flops,
@@ -48,7 +49,6 @@ from osa_lab.benchmarking.timing import (
     time_call,
     time_interleaved,
 )
-from osa_lab.cli import check_output_file, positive_int
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
 from osa_lab.ops import expm
 from osa_lab.ops.functional import osa
@@ -408,9 +408,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m osa_lab.benchmarking.runner``: the same as ``osa-lab bench`` (user errors: one line, exit 2)."""
-    from osa_lab.cli import main as cli_main
+    from osa_lab.arguments import run_command
 
-    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+    argv = sys.argv[1:] if argv is None else argv
+    return run_command(sys.modules[__name__], "osa-lab bench", __doc__.splitlines()[0], list(argv))
 
 
 if __name__ == "__main__":

@@ -515,7 +515,7 @@ def run_reports(
     """
     from tqdm.auto import tqdm
 
-    from osa_lab.cli import check_output_dir
+    from osa_lab.arguments import check_output_dir
 
     if isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int | float) or not cell_timeout > 0:
         raise ReportError(f"cell_timeout={cell_timeout!r}: give a positive number of seconds (--cell-timeout)")
@@ -677,7 +677,7 @@ def _earlier_notebooks(output: Path, current: set[str]) -> list[dict[str, Any]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``osa-lab report``."""
-    from osa_lab.cli import positive_int
+    from osa_lab.arguments import positive_int
 
     parser.add_argument("--quick", action="store_true", help=f"tiny parameters from notebooks/{QUICK_PARAMS} (CI)")
     parser.add_argument(
@@ -708,7 +708,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``osa-lab report``; 0 when every notebook ran, 1 when one failed, 2 on a bad request."""
-    from osa_lab.cli import check_output_dir, one_line
+    from osa_lab.arguments import check_output_dir, one_line
     from osa_lab.errors import OutputPathError
 
     try:
@@ -766,6 +766,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # python -m osa_lab.reporting.runner
-    from osa_lab.cli import main as _main
+    from osa_lab.arguments import run_command
 
-    sys.exit(_main(["report", *sys.argv[1:]]))
+    sys.exit(run_command(sys.modules[__name__], "osa-lab report", __doc__.splitlines()[0], sys.argv[1:]))

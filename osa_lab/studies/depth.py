@@ -56,7 +56,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from osa_lab.cli import finite_float, positive_int
+from osa_lab.arguments import finite_float, positive_int
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
 from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
 from osa_lab.nn.presets import PRESETS, get_preset, preset_names
@@ -519,7 +519,7 @@ def _seed_list(seeds: int | Sequence[int]) -> list[int]:
 
 
 def _cache_key(params: dict) -> str:
-    from osa_lab import __version__
+    from osa_lab.version import __version__
 
     blob = json.dumps(
         {**params, "osa_lab": __version__, "torch": torch.__version__}, sort_keys=True, default=str
@@ -892,7 +892,7 @@ def _write_tables(tables: list[tuple[Path, pd.DataFrame]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``osa-lab sweep``: writes the tidy CSV(s) and prints a short summary."""
-    from osa_lab.cli import check_output_dir, check_output_file, one_line
+    from osa_lab.arguments import check_output_dir, check_output_file, one_line
     from osa_lab.errors import OutputPathError, UnknownNameError
 
     # Every output path is checked before anything is computed.

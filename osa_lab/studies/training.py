@@ -466,10 +466,10 @@ def check_output_dir(path: str | os.PathLike) -> Path:
 
     Raises :class:`~osa_lab.errors.OutputPathError` when ``path`` is a file, when an existing
     parent is a file, or when no file can be created in the nearest existing parent. Uses the
-    CLI's real write probe (:func:`osa_lab.cli.check_output_dir`): ``os.access`` is wrong for
+    CLI's real write probe (:func:`osa_lab.arguments.check_output_dir`): ``os.access`` is wrong for
     root, read-only or special file systems (``/proc``) and ACLs. Creates nothing.
     """
-    from osa_lab.cli import check_output_dir as _check_dir
+    from osa_lab.arguments import check_output_dir as _check_dir
 
     return _check_dir(path, "--output")
 
