@@ -66,6 +66,7 @@ from osa_lab.errors import (
 from osa_lab.nn.attention import derived_alpha_init
 from osa_lab.ops.functional import METHODS, osa
 from osa_lab.ops.guards import refuse_masks
+from osa_lab.studies.families import ModelFamily, register_model_family
 
 #: The timm releases this integration supports (the ``timm`` extra of pyproject.toml).
 TIMM_SPEC = "timm>=1.0.20,<1.1"
@@ -1142,3 +1143,10 @@ __all__ = [
     "to_timm_state_dict",
     "torchvision_placeholder_used",
 ]
+
+
+register_model_family(
+    ModelFamily(
+        library="timm", is_member=is_timm_vit, hidden_states=timm_hidden_states, depth_profile=timm_depth_profile
+    )
+)

@@ -34,9 +34,24 @@ import numpy as np
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
-from osa_lab.plots import PRESET_COLOURS, colour_map
+from osa_lab.plots.style import (
+    LOG_CEILING,
+    LOG_FLOOR,
+    PALETTE,
+    PRESET_COLOURS,
+    band_over_seeds,
+    colour_map,
+    curves_with_bands,
+    dual_options,
+    ensure_backends,
+    require_columns,
+    spans_decades,
+)
 
 __all__ = [
+    "LOG_CEILING",
+    "LOG_FLOOR",
+    "ensure_backends",
     "PALETTE",
     "PRESET_COLOURS",
     "band_over_seeds",
@@ -57,93 +72,18 @@ __all__ = [
     "spans_decades",
 ]
 
-#: Colour per preset, stable across figures (Okabe–Ito, colour-blind safe).
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
-
-#: Smallest positive value shown on log axes / log colour scales (values below are clipped).
-LOG_FLOOR = 1e-16
-
-#: Largest value drawn on log axes: 1/ε of float64. Condition numbers above it are unresolved
-#: (the smallest singular value is rounding noise) and +inf means rank deficient; both are drawn
-#: at this ceiling (matplotlib's log ticks also overflow near 1e278).
-LOG_CEILING = float(1.0 / np.finfo(np.float64).eps)
-
 #: Keys that identify one configuration of a sweep row (besides preset, seed and layer).
 CONFIG_KEYS = ("depth", "tokens", "dim", "heads", "alpha")
 
-_backend_lock = threading.Lock()
 _mpl_lock = threading.Lock()
-
-
-def ensure_backends() -> None:
-    """Register the bokeh and matplotlib plotting backends of HoloViews (idempotent, no output).
-
-    Options for a backend can only be set once its plotting module is imported; this imports
-    both without calling ``hv.extension`` (which would print notebook output) and without
-    changing ``hv.Store.current_backend``.
-    """
-    with _backend_lock:
-        current = hv.Store.current_backend
-        if "bokeh" not in hv.Store.renderers:
-            import holoviews.plotting.bokeh  # noqa: F401
-        if "matplotlib" not in hv.Store.renderers:
-            import matplotlib
-
-            if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
-                try:
-                    matplotlib.use("Agg")
-                except Exception:  # pragma: no cover - an interactive backend already in use
-                    pass
-            import holoviews.plotting.mpl  # noqa: F401
-        hv.Store.current_backend = current
-
-
-ensure_backends()
-
 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
 
 
-def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise OSAInputError(f"{what} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise OSAInputError(
-            f"{what} lacks column(s) {missing}; it has {list(df.columns)} (see osa_lab.plots.depth docs)"
-        )
-    if df.empty:
-        raise OSAInputError(f"{what} is empty: nothing to plot")
-
-
-def _dual(obj, bokeh: dict, mpl: dict):
-    """Set options for the bokeh and the matplotlib backend on ``obj`` (returns the object)."""
-    return obj.opts(backend="bokeh", **bokeh).opts(backend="matplotlib", **mpl)
-
-
-def _colour_map(presets: Sequence[str]) -> dict[str, str]:
-    """Fixed colours for preset names (:data:`osa_lab.plots.PRESET_COLOURS`), else in order."""
-    return colour_map(presets)
-
-
 def _presets_in_order(df: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(df["preset"].tolist()))
-
-
-def spans_decades(values: np.ndarray | pd.Series, decades: float = 2.0) -> bool:
-    """True when no finite value is negative and the positive ones span more than ``decades``.
-
-    Exact zeros (complete collapse, e.g. identical tokens) count as :data:`LOG_FLOOR`, where log
-    axes clip them. The builders use log axes exactly when this holds (``logy=None``).
-    """
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if v.size == 0 or (v < 0).any() or not (v > 0).any():
-        return False
-    v = np.where(v > 0, v, LOG_FLOOR)
-    return bool(np.log10(v.max() / v.min()) > decades)
 
 
 def select_site(df: pd.DataFrame, site: str | None = None) -> pd.DataFrame:
@@ -177,88 +117,6 @@ def _single_depth(df: pd.DataFrame, depth: int | None) -> pd.DataFrame:
     return df[df["depth"] == depth]
 
 
-def band_over_seeds(df: pd.DataFrame, x: str, y: str, by: Sequence[str] = ("preset",)) -> pd.DataFrame:
-    """Mean, min, max, std and count of ``y`` over seeds (and any other rows) per ``by`` × ``x``.
-
-    ``+inf`` (e.g. the condition number of a rank-deficient matrix) counts as
-    :data:`LOG_CEILING`; NaN is left out of the statistics and ``n`` counts the rest.
-
-    Returns columns ``*by, x, mean, lo, hi, std, n`` sorted by ``by`` then ``x``; ``lo``/``hi``
-    are the min/max over seeds (the band drawn around the mean).
-    """
-    _require(df, [*by, x, y], "table")
-    vals = df[y].to_numpy(dtype=float)
-    if not np.isfinite(vals).all():  # +inf → ceiling, -inf / NaN → left out
-        vals = np.where(np.isposinf(vals), LOG_CEILING, np.where(np.isfinite(vals), vals, np.nan))
-        df = df.assign(**{y: vals})
-    g = df.groupby([*by, x], sort=False)[y]
-    out = g.agg(mean="mean", lo="min", hi="max", std="std", n="count").reset_index()
-    out["std"] = out["std"].fillna(0.0)
-    order = {p: i for i, p in enumerate(dict.fromkeys(df[by[0]].tolist()))}
-    out["_o"] = out[by[0]].map(order)
-    return out.sort_values(["_o", *by[1:], x]).drop(columns="_o").reset_index(drop=True)
-
-
-def _curves_with_bands(
-    data: pd.DataFrame,
-    x: str,
-    ylabel: str,
-    title: str,
-    logy: bool,
-    logx: bool = False,
-    group: str = "preset",
-    width: int = 520,
-    height: int = 340,
-    extra: Sequence[hv.Element] = (),
-) -> hv.Overlay:
-    """One curve (mean) and one shaded band (min–max) per ``group`` value (then ``extra`` elements)."""
-    groups = list(dict.fromkeys(data[group].tolist()))
-    colours = _colour_map(groups)
-    elements = []
-    ydim = hv.Dimension("mean", label=ylabel)
-    for g in groups:
-        d = data[data[group] == g].copy()
-        if logy:
-            for c in ("mean", "lo", "hi"):
-                d[c] = d[c].clip(lower=LOG_FLOOR, upper=LOG_CEILING)
-        label = str(g)
-        vdims = [ydim, "lo", "hi", "n", group]
-        area = _dual(
-            hv.Area((d[x], d["lo"], d["hi"]), x, [ydim, "hi"], label=label),
-            dict(color=colours[g], alpha=0.2, line_width=0),
-            dict(color=colours[g], alpha=0.2, linewidth=0),
-        )
-        curve = _dual(
-            hv.Curve(d, x, vdims, label=label),
-            dict(color=colours[g], line_width=2, tools=["hover"], hover_line_width=3),
-            dict(color=colours[g], linewidth=2, marker="o"),
-        )
-        elements += [area, curve]
-    elements += list(extra)
-    lims: dict[str, object] = {}
-    if logy:  # a log axis spanning exactly the data (HoloViews would pad down towards the band's base)
-        vals = data[["mean", "lo", "hi"]].to_numpy(dtype=float).ravel()
-        vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, LOG_CEILING)
-        if vals.size:
-            lims["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
-    overlay = _dual(
-        hv.Overlay(elements),
-        dict(
-            **lims,
-            title=title,
-            logy=logy,
-            logx=logx,
-            legend_position="right",
-            width=width,
-            height=height,
-            show_grid=True,
-        ),
-        dict(**lims, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
-             show_grid=True),
-    )
-    return overlay
-
-
 # --------------------------------------------------------------------------------------------
 # rank collapse across depth
 # --------------------------------------------------------------------------------------------
@@ -268,7 +126,7 @@ def metric_vs_depth_data(
     metrics: pd.DataFrame, metric: str, *, site: str | None = None, depth: int | None = None
 ) -> pd.DataFrame:
     """The reduced table :func:`metric_vs_depth` draws: ``preset, layer, mean, lo, hi, std, n``."""
-    _require(metrics, ["preset", "layer", "metric", "value"], "metrics table")
+    require_columns(metrics, ["preset", "layer", "metric", "value"], "metrics table")
     known = list(dict.fromkeys(metrics["metric"].tolist()))
     if metric not in known:
         raise OSAInputError(f"metric {metric!r} is not in the table; it has {known}")
@@ -299,7 +157,7 @@ def metric_vs_depth(
     if logy is None:
         logy = spans_decades(data[["mean", "lo", "hi"]].to_numpy().ravel())
     label = metric.replace("_", " ")
-    return _curves_with_bands(data, "layer", label, title or f"{label} across depth", logy)
+    return curves_with_bands(data, "layer", label, title or f"{label} across depth", logy)
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,7 +174,7 @@ def spectra_grid(
     ``rank_fraction = (index + 0.5) / k`` (k singular values per layer), so spectra of
     different sizes share one axis from 0 to 1. Missing cells are NaN.
     """
-    _require(spectra, ["preset", "layer", "index", "sigma_normalized"], "spectra table")
+    require_columns(spectra, ["preset", "layer", "index", "sigma_normalized"], "spectra table")
     df = _single_depth(select_site(spectra, site), depth)
     out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for preset in _presets_in_order(df):
@@ -365,7 +223,7 @@ def spectra_heatmaps(
             vdims=[hv.Dimension("sigma_normalized", label="σᵢ/σ₁")],
             label=str(preset),
         )
-        img = _dual(
+        img = dual_options(
             img,
             dict(
                 cmap=cmap,
@@ -390,7 +248,7 @@ def spectra_heatmaps(
             ),
         )
         panels.append(img)
-    layout = _dual(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
+    layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
     return layout.cols(cols or max(len(panels), 1))
@@ -448,7 +306,7 @@ def spectra_lines(
                 df, "index", [hv.Dimension("sigma_normalized", label="σᵢ/σ₁"), "layer"], label=f"layer {lay}"
             )
             curves.append(
-                _dual(
+                dual_options(
                     curve,
                     dict(color=colours[lay], line_width=widths[lay], line_dash=style[lay][0], tools=["hover"]),
                     dict(color=colours[lay], linewidth=widths[lay] * 0.7, linestyle=style[lay][1]),
@@ -456,13 +314,13 @@ def spectra_lines(
             )
         common = dict(title=str(preset), logy=True, show_grid=True, ylim=ylim)
         panels.append(
-            _dual(
+            dual_options(
                 hv.Overlay(curves),
                 dict(common, width=panel_width, height=340, legend_position="bottom", legend_cols=2),
                 dict(common, fig_inches=(4, 3.6), legend_position="bottom", legend_cols=2),
             )
         )
-    layout = _dual(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format=""))
+    layout = dual_options(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format=""))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
     return layout.cols(cols or max(len(panels), 1))
@@ -489,7 +347,7 @@ def kappa_vs_depth_data(
     for :func:`osa_lab.jacobian.jacobian_depth_profile` is the end-to-end Jacobian of the first
     l layers).
     """
-    _require(jacobian, ["preset", "layer", "kappa"], "Jacobian profile")
+    require_columns(jacobian, ["preset", "layer", "kappa"], "Jacobian profile")
     df = jacobian
     if "scope" in df.columns:
         scopes = list(dict.fromkeys(df["scope"].tolist()))
@@ -539,18 +397,18 @@ def kappa_vs_depth(
     over = data[beyond_float64(data["hi"])]
     marks = []
     if len(over):
-        marks.append(_dual(
+        marks.append(dual_options(
             hv.Scatter((over["layer"], np.full(len(over), LOG_CEILING)), "layer", "mean",
                        label="κ beyond float64 (≥ 1/ε)"),
             dict(color="black", marker="x", size=12, line_width=2),
             dict(color="black", marker="x", s=80, linewidth=2),
         ))
-    return _curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks)
+    return curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks)
 
 
 def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> pd.DataFrame:
     """Histogram of ``log10 σ`` per ``group`` on shared bins: ``group, left, right, count``."""
-    _require(svals, [group, "sigma"], "Jacobian singular-value table")
+    require_columns(svals, [group, "sigma"], "Jacobian singular-value table")
     sig = svals["sigma"].to_numpy(dtype=float)
     logs = np.log10(np.clip(sig, LOG_FLOOR, None))
     lo, hi = float(logs.min()), float(logs.max())
@@ -570,13 +428,13 @@ def jacobian_histogram(
     """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset."""
     data = jacobian_histogram_data(svals, bins=bins, group=group)
     groups = list(dict.fromkeys(data[group].tolist()))
-    colours = _colour_map(groups)
+    colours = colour_map(groups)
     hists = []
     for g in groups:
         d = data[data[group] == g]
         edges = np.append(d["left"].to_numpy(), d["right"].to_numpy()[-1])
         hists.append(
-            _dual(
+            dual_options(
                 hv.Histogram(
                     (edges, d["count"].to_numpy()),
                     kdims=[hv.Dimension("log10_sigma", label="log₁₀ σ")],
@@ -590,7 +448,7 @@ def jacobian_histogram(
     method = _method_label(svals)
     if title is None:
         title = "Singular values of the end-to-end Jacobian" + (f" [{method}]" if method else "")
-    return _dual(
+    return dual_options(
         hv.Overlay(hists),
         dict(title=title, width=520, height=340, legend_position="right"),
         dict(title=title, fig_inches=(6, 3.6), legend_position="right"),
@@ -613,14 +471,14 @@ def kappa_vs_parameter(
     over seeds and other repeated rows. ``logx``/``logy`` default to log when the positive
     values span more than a decade (x) / two decades (y).
     """
-    _require(table, [group, parameter, y], "table")
+    require_columns(table, [group, parameter, y], "table")
     data = band_over_seeds(table, parameter, y, by=(group,))
     if logx is None:
         logx = spans_decades(data[parameter], decades=1.0)
     if logy is None:
         logy = spans_decades(data[["lo", "hi"]].to_numpy().ravel())
     ylabel = "κ(J)" if y == "kappa" else y
-    return _curves_with_bands(
+    return curves_with_bands(
         data, parameter, ylabel, title or f"{ylabel} against {parameter}", logy, logx, group=group
     )
 

@@ -23,7 +23,7 @@ import holoviews as hv
 import numpy as np
 import pandas as pd
 
-from osa_lab.plots.depth import ensure_backends
+from osa_lab.plots.style import ensure_backends
 
 #: Colour per dtype and per timed method (Tableau palette; colour-blind friendly order).
 DTYPE_COLORS = {"float64": "#1f77b4", "float32": "#ff7f0e", "bfloat16": "#2ca02c"}

@@ -20,14 +20,14 @@ import holoviews as hv
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
-from osa_lab.plots.depth import (
+from osa_lab.plots.depth import png_bytes
+from osa_lab.plots.style import (
     PALETTE,
-    _colour_map,
-    _curves_with_bands,
-    _dual,
-    _require,
     band_over_seeds,
-    png_bytes,
+    colour_map,
+    curves_with_bands,
+    dual_options,
+    require_columns,
     spans_decades,
 )
 
@@ -68,7 +68,7 @@ def _label(metric: str) -> str:
 
 
 def _select(metrics: pd.DataFrame, metric: str, kind: str | None = None) -> pd.DataFrame:
-    _require(metrics, list(_METRICS_COLUMNS), "training metrics table")
+    require_columns(metrics, list(_METRICS_COLUMNS), "training metrics table")
     df = metrics if kind is None else metrics[metrics["kind"] == kind]
     known = list(dict.fromkeys(df["metric"].tolist()))
     if metric not in known:
@@ -103,7 +103,7 @@ def learning_curves(
     """
     data = learning_curve_data(metrics, metric)
     label = _label(metric)
-    return _curves_with_bands(data, "epoch", label, title or f"{label} during training", _logy(data, logy))
+    return curves_with_bands(data, "epoch", label, title or f"{label} during training", _logy(data, logy))
 
 
 def learning_panel(
@@ -111,7 +111,7 @@ def learning_panel(
 ) -> hv.Layout:
     """Side-by-side learning curves of several metrics (default: train loss and test accuracy)."""
     layout = hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(2)
-    return _dual(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format="", fig_size=160))
+    return dual_options(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format="", fig_size=160))
 
 
 # ----------------------------------------------------------------------------- alpha
@@ -137,7 +137,7 @@ def alpha_curves(metrics: pd.DataFrame, preset: str | None = None, *, title: str
     """OSA's α per layer (mean over heads) against epoch: does training move it from α₀?"""
     data = alpha_data(metrics, preset)
     name = preset or list(dict.fromkeys(metrics.loc[metrics["kind"] == "alpha", "preset"]))[0]
-    return _curves_with_bands(data, "epoch", "α (mean over heads)", title or f"α during training ({name})",
+    return curves_with_bands(data, "epoch", "α (mean over heads)", title or f"α during training ({name})",
                               False, group="layer")  # fmt: skip
 
 
@@ -174,7 +174,7 @@ def diagnostics_over_training(
     data = diagnostics_over_training_data(metrics, metric, layer)
     where = "last layer" if layer is None else f"layer {layer}"
     label = _label(metric)
-    return _curves_with_bands(data, "step", label, title or f"{label} at the {where} during training",
+    return curves_with_bands(data, "step", label, title or f"{label} at the {where} during training",
                               _logy(data, logy))  # fmt: skip
 
 
@@ -202,19 +202,19 @@ def depth_profiles(
     """The metric against layer at initialisation (dashed) and after training (solid), per preset."""
     data = depth_profiles_data(metrics, metric)
     label = _label(metric)
-    overlay = _curves_with_bands(data, "layer", label, title or f"{label} across depth: init vs trained",
+    overlay = curves_with_bands(data, "layer", label, title or f"{label} across depth: init vs trained",
                                  _logy(data, logy), group="profile")  # fmt: skip
     presets = list(dict.fromkeys(p.split(" · ")[0] for p in data["profile"]))
-    colours = _colour_map(presets)
+    colours = colour_map(presets)
     for el in overlay:
         preset, _, stage = str(el.label).partition(" · ")
         dash = "dashed" if stage == "init" else "solid"
         if isinstance(el, hv.Curve):
-            _dual(
+            dual_options(
                 el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash)
             )
         elif isinstance(el, hv.Scatter | hv.Area):
-            _dual(el, dict(color=colours[preset]), dict(color=colours[preset]))
+            dual_options(el, dict(color=colours[preset]), dict(color=colours[preset]))
     return overlay
 
 
@@ -225,18 +225,18 @@ def summary_bars(
     summary: pd.DataFrame, *, title: str = "final test accuracy (mean ± std over seeds)"
 ) -> hv.Overlay:
     """Bars of mean final test accuracy per preset with ± std error bars (from :func:`osa_lab.train.summarise`)."""
-    _require(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
+    require_columns(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
     d = summary.assign(
         accuracy=100 * summary["test_accuracy_mean"], err=100 * summary["test_accuracy_std"].fillna(0.0)
     )
     lo = max(0.0, float(d["accuracy"].min() - d["err"].max()) - 5.0) if d["accuracy"].notna().any() else 0.0
-    bars = _dual(
+    bars = dual_options(
         hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %"),
         dict(color=PALETTE[0], tools=["hover"], ylim=(lo, 100), xrotation=20),
         dict(color=PALETTE[0], ylim=(lo, 100), xrotation=20),
     )
     errors = hv.ErrorBars(d, "preset", ["accuracy", "err"])
-    return _dual(
+    return dual_options(
         bars * errors,
         dict(title=title, width=520, height=340, show_grid=True),
         dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True),
@@ -276,17 +276,17 @@ def mixing_profiles(
     """How much each OSA layer mixes tokens, at init (dashed) and after training (solid)."""
     data = mixing_profiles_data(metrics, metric)
     label = {"mixing_ratio": "‖exp(S)V − V‖ / ‖V‖", "s_norm": "‖S‖₂"}.get(metric, _label(metric))
-    overlay = _curves_with_bands(data, "layer", label, title or f"{label} per OSA layer: init vs trained",
+    overlay = curves_with_bands(data, "layer", label, title or f"{label} per OSA layer: init vs trained",
                                  _logy(data, logy), group="profile")  # fmt: skip
     presets = list(dict.fromkeys(p.split(" · ")[0] for p in data["profile"]))
-    colours = _colour_map(presets)
+    colours = colour_map(presets)
     for el in overlay:
         preset, _, stage = str(el.label).partition(" · ")
         dash = "dashed" if stage == "init" else "solid"
         if isinstance(el, hv.Curve):
-            _dual(el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash))
+            dual_options(el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash))
         elif isinstance(el, hv.Scatter | hv.Area):
-            _dual(el, dict(color=colours[preset]), dict(color=colours[preset]))
+            dual_options(el, dict(color=colours[preset]), dict(color=colours[preset]))
     return overlay
 
 
@@ -296,7 +296,7 @@ def mixing_summary(metrics: pd.DataFrame) -> pd.DataFrame:
     The table behind the statement "α is small, but S is not": α alone does not say how much
     OSA mixes, because ``S = α/√r (QKᵀ − KQᵀ)`` also scales with the hidden-state norms.
     """
-    _require(metrics, list(_METRICS_COLUMNS), "training metrics table")
+    require_columns(metrics, list(_METRICS_COLUMNS), "training metrics table")
     df = metrics[metrics["kind"].isin(["mixing", "alpha"]) & metrics["metric"].isin(["alpha", "s_norm", "mixing_ratio"])]
     if df.empty:
         raise OSAInputError("the metrics table has no mixing rows (no OSA preset, or a run from before issue 13)")
@@ -315,7 +315,7 @@ def ablation_data(metrics: pd.DataFrame) -> pd.DataFrame:
     Columns ``preset, split, seeds, accuracy_mean, accuracy_std, alpha0_mean, alpha0_std,
     drop_mean, drop_std`` (``split``: ``val`` when the runs held out a validation split, else ``test``).
     """
-    _require(metrics, list(_METRICS_COLUMNS), "training metrics table")
+    require_columns(metrics, list(_METRICS_COLUMNS), "training metrics table")
     m = metrics[metrics["kind"] == "mixing"]
     sel = m[m["metric"].str.endswith("_accuracy_alpha0")]
     if sel.empty:
@@ -342,7 +342,7 @@ def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned 
         d.assign(setting="α := 0", accuracy=100 * d["alpha0_mean"]),
     ])[["preset", "setting", "accuracy"]]  # fmt: skip
     bars = hv.Bars(long, ["preset", "setting"], "accuracy").redim.label(accuracy="held-out accuracy %")
-    return _dual(
+    return dual_options(
         bars,
         dict(title=title, width=520, height=340, show_grid=True, tools=["hover"], xrotation=20),
         dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20),
@@ -351,7 +351,7 @@ def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned 
 
 def paired_differences_plot(paired: pd.DataFrame, *, title: str | None = None) -> hv.Overlay:
     """Paired per-seed differences (skipless OSA − preset, points) with their 95 % intervals (bars)."""
-    _require(paired, ["preset", "diff_mean", "ci_low", "ci_high"], "paired-differences table")
+    require_columns(paired, ["preset", "diff_mean", "ci_low", "ci_high"], "paired-differences table")
     d = paired.assign(
         diff=100 * paired["diff_mean"],
         neg=100 * (paired["diff_mean"] - paired["ci_low"]).fillna(0.0),
@@ -361,7 +361,7 @@ def paired_differences_plot(paired: pd.DataFrame, *, title: str | None = None) -
     pts = hv.Scatter(d, "preset", "diff").redim.label(diff="difference (points)")
     err = hv.ErrorBars(d, "preset", ["diff", "neg", "pos"])
     zero = hv.HLine(0.0)
-    return _dual(
+    return dual_options(
         pts * err * zero,
         dict(title=title, width=520, height=340, show_grid=True, xrotation=20),
         dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20),

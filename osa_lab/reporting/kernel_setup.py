@@ -23,7 +23,7 @@ def setup() -> None:
     import matplotlib
     import pandas as pd
 
-    from osa_lab.plots.depth import ensure_backends
+    from osa_lab.plots.style import ensure_backends
 
     try:
         from IPython import get_ipython

@@ -60,6 +60,7 @@ from osa_lab.arguments import finite_float, positive_int
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
 from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
 from osa_lab.nn.presets import PRESETS, get_preset, preset_names
+from osa_lab.studies.families import model_family
 from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
 from osa_lab.studies.metrics import METRICS, all_metrics, singular_values
 
@@ -199,25 +200,14 @@ def hidden_states(model: nn.Module, inputs: torch.Tensor):
             _, hidden = model(inputs, return_hidden=True)
         elif isinstance(model, Encoder):
             _, hidden = model(inputs, return_hidden=True)
-        elif _is_timm_vit(model):
-            from osa_lab.integrations.timm import timm_hidden_states
-
-            hidden = timm_hidden_states(model, inputs)
+        elif (family := model_family(model)) is not None:
+            hidden = family.hidden_states(model, inputs)
         else:
             raise ConfigurationError(
                 f"`model_or_preset` must be a preset name, a ModelConfig, an Encoder, a ViTClassifier or a timm "
                 f"VisionTransformer; got {type(model).__name__}"
             )
     return hidden
-
-
-def _is_timm_vit(model: object) -> bool:
-    """A timm VisionTransformer (checked without importing timm: it is then already imported)."""
-    if "timm" not in sys.modules:
-        return False
-    from osa_lab.integrations.timm import is_timm_vit
-
-    return is_timm_vit(model)
 
 
 def _profile_tables(
@@ -358,11 +348,9 @@ def depth_profile(
         model = model_or_preset
         config = model.config
         name = label or "custom"
-    elif _is_timm_vit(model_or_preset):
-        # A timm ViT: hidden states block by block (osa_lab.integrations.timm); `inputs` are images.
-        from osa_lab.integrations.timm import timm_depth_profile
-
-        return timm_depth_profile(
+    elif (family := model_family(model_or_preset)) is not None:
+        # e.g. a timm ViT: hidden states block by block (osa_lab.integrations.timm); `inputs` are images.
+        return family.depth_profile(
             model_or_preset, inputs, seed=seed, batch=batch, site=sites, metrics=metric_names,
             spectra=spectra, label=label,
         )  # fmt: skip

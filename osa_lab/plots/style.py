@@ -1,0 +1,242 @@
+"""The house style of every figure: palette, log-axis limits, backends and shared helpers.
+
+Every plot builder (:mod:`osa_lab.plots.depth`, :mod:`osa_lab.plots.expm`,
+:mod:`osa_lab.plots.training`) and the dashboard draw through these, so a preset keeps its colour
+and a log axis its limits wherever it appears (docs/design.md §6).
+
+* palette: :data:`PRESET_COLOURS`, :func:`preset_colour`, :func:`colour_map`, :data:`PALETTE`;
+* log axes: :data:`LOG_FLOOR`, :data:`LOG_CEILING`, :func:`spans_decades`;
+* backends: :func:`ensure_backends` (bokeh + matplotlib, called once at import);
+* helpers: :func:`require_columns`, :func:`dual_options`, :func:`band_over_seeds`,
+  :func:`curves_with_bands`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+
+import holoviews as hv
+import numpy as np
+import pandas as pd
+
+from osa_lab.errors import OSAInputError
+
+__all__ = [
+    "LOG_CEILING",
+    "LOG_FLOOR",
+    "OTHER_COLOURS",
+    "PALETTE",
+    "PRESET_COLOURS",
+    "band_over_seeds",
+    "colour_map",
+    "curves_with_bands",
+    "dual_options",
+    "ensure_backends",
+    "preset_colour",
+    "require_columns",
+    "spans_decades",
+]
+
+# --------------------------------------------------------------------------------------------
+# palette
+# --------------------------------------------------------------------------------------------
+
+#: One fixed colour per model preset, used by every figure (dashboard, reports, training plots),
+#: so a preset keeps its colour whatever else is shown and in whatever order it was picked.
+#: Okabe–Ito colours (colour-blind safe): SSA variants in warm colours, OSA variants in blues.
+PRESET_COLOURS: dict[str, str] = {
+    "vit": "#555555",
+    "skipless-ssa": "#D55E00",
+    "skipless-osa": "#0072B2",
+    "pure-ssa": "#E69F00",
+    "pure-osa": "#56B4E9",
+    "ssa-cutting-skip": "#CC79A7",
+    "ssa-value-skipinit": "#009E73",
+}
+
+#: Colours for anything that is not a preset (layers, dtypes, …), in order of appearance.
+OTHER_COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
+
+
+def preset_colour(name: str) -> str:
+    """The fixed colour of preset ``name`` (a stable colour derived from the name for others)."""
+    if name in PRESET_COLOURS:
+        return PRESET_COLOURS[name]
+    return OTHER_COLOURS[sum(ord(c) for c in str(name)) % len(OTHER_COLOURS)]
+
+
+def colour_map(groups: Iterable[object]) -> dict[object, str]:
+    """Colours for the values of a grouping column.
+
+    When every value is a preset name each gets its fixed :data:`PRESET_COLOURS` entry;
+    otherwise (layers, token counts, …) the values get distinct colours in order of appearance.
+    """
+    groups = list(dict.fromkeys(groups))
+    if groups and all(str(g) in PRESET_COLOURS for g in groups):
+        return {g: PRESET_COLOURS[str(g)] for g in groups}
+    return {g: OTHER_COLOURS[i % len(OTHER_COLOURS)] for i, g in enumerate(groups)}
+
+
+#: Colour per preset, stable across figures (Okabe–Ito, colour-blind safe).
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+
+#: Smallest positive value shown on log axes / log colour scales (values below are clipped).
+LOG_FLOOR = 1e-16
+
+#: Largest value drawn on log axes: 1/ε of float64. Condition numbers above it are unresolved
+#: (the smallest singular value is rounding noise) and +inf means rank deficient; both are drawn
+#: at this ceiling (matplotlib's log ticks also overflow near 1e278).
+LOG_CEILING = float(1.0 / np.finfo(np.float64).eps)
+
+
+# --------------------------------------------------------------------------------------------
+# backends
+# --------------------------------------------------------------------------------------------
+
+_backend_lock = threading.Lock()
+
+
+def ensure_backends() -> None:
+    """Register the bokeh and matplotlib plotting backends of HoloViews (idempotent, no output).
+
+    Options for a backend can only be set once its plotting module is imported; this imports
+    both without calling ``hv.extension`` (which would print notebook output) and without
+    changing ``hv.Store.current_backend``.
+    """
+    with _backend_lock:
+        current = hv.Store.current_backend
+        if "bokeh" not in hv.Store.renderers:
+            import holoviews.plotting.bokeh  # noqa: F401
+        if "matplotlib" not in hv.Store.renderers:
+            import matplotlib
+
+            if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+                try:
+                    matplotlib.use("Agg")
+                except Exception:  # pragma: no cover - an interactive backend already in use
+                    pass
+            import holoviews.plotting.mpl  # noqa: F401
+        hv.Store.current_backend = current
+
+
+ensure_backends()
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared by the builders
+# --------------------------------------------------------------------------------------------
+
+
+def require_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    """Raise :class:`~osa_lab.errors.OSAInputError` unless ``df`` is a non-empty DataFrame with ``columns``."""
+    if not isinstance(df, pd.DataFrame):
+        raise OSAInputError(f"{what} must be a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise OSAInputError(
+            f"{what} lacks column(s) {missing}; it has {list(df.columns)} (see osa_lab.plots.depth docs)"
+        )
+    if df.empty:
+        raise OSAInputError(f"{what} is empty: nothing to plot")
+
+
+def dual_options(obj, bokeh: dict, mpl: dict):
+    """Set options for the bokeh and the matplotlib backend on ``obj`` (returns the object)."""
+    return obj.opts(backend="bokeh", **bokeh).opts(backend="matplotlib", **mpl)
+
+
+def spans_decades(values: np.ndarray | pd.Series, decades: float = 2.0) -> bool:
+    """True when no finite value is negative and the positive ones span more than ``decades``.
+
+    Exact zeros (complete collapse, e.g. identical tokens) count as :data:`LOG_FLOOR`, where log
+    axes clip them. The builders use log axes exactly when this holds (``logy=None``).
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0 or (v < 0).any() or not (v > 0).any():
+        return False
+    v = np.where(v > 0, v, LOG_FLOOR)
+    return bool(np.log10(v.max() / v.min()) > decades)
+
+
+def band_over_seeds(df: pd.DataFrame, x: str, y: str, by: Sequence[str] = ("preset",)) -> pd.DataFrame:
+    """Mean, min, max, std and count of ``y`` over seeds (and any other rows) per ``by`` × ``x``.
+
+    ``+inf`` (e.g. the condition number of a rank-deficient matrix) counts as
+    :data:`LOG_CEILING`; NaN is left out of the statistics and ``n`` counts the rest.
+
+    Returns columns ``*by, x, mean, lo, hi, std, n`` sorted by ``by`` then ``x``; ``lo``/``hi``
+    are the min/max over seeds (the band drawn around the mean).
+    """
+    require_columns(df, [*by, x, y], "table")
+    vals = df[y].to_numpy(dtype=float)
+    if not np.isfinite(vals).all():  # +inf → ceiling, -inf / NaN → left out
+        vals = np.where(np.isposinf(vals), LOG_CEILING, np.where(np.isfinite(vals), vals, np.nan))
+        df = df.assign(**{y: vals})
+    g = df.groupby([*by, x], sort=False)[y]
+    out = g.agg(mean="mean", lo="min", hi="max", std="std", n="count").reset_index()
+    out["std"] = out["std"].fillna(0.0)
+    order = {p: i for i, p in enumerate(dict.fromkeys(df[by[0]].tolist()))}
+    out["_o"] = out[by[0]].map(order)
+    return out.sort_values(["_o", *by[1:], x]).drop(columns="_o").reset_index(drop=True)
+
+
+def curves_with_bands(
+    data: pd.DataFrame,
+    x: str,
+    ylabel: str,
+    title: str,
+    logy: bool,
+    logx: bool = False,
+    group: str = "preset",
+    width: int = 520,
+    height: int = 340,
+    extra: Sequence[hv.Element] = (),
+) -> hv.Overlay:
+    """One curve (mean) and one shaded band (min–max) per ``group`` value (then ``extra`` elements)."""
+    groups = list(dict.fromkeys(data[group].tolist()))
+    colours = colour_map(groups)
+    elements = []
+    ydim = hv.Dimension("mean", label=ylabel)
+    for g in groups:
+        d = data[data[group] == g].copy()
+        if logy:
+            for c in ("mean", "lo", "hi"):
+                d[c] = d[c].clip(lower=LOG_FLOOR, upper=LOG_CEILING)
+        label = str(g)
+        vdims = [ydim, "lo", "hi", "n", group]
+        area = dual_options(
+            hv.Area((d[x], d["lo"], d["hi"]), x, [ydim, "hi"], label=label),
+            dict(color=colours[g], alpha=0.2, line_width=0),
+            dict(color=colours[g], alpha=0.2, linewidth=0),
+        )
+        curve = dual_options(
+            hv.Curve(d, x, vdims, label=label),
+            dict(color=colours[g], line_width=2, tools=["hover"], hover_line_width=3),
+            dict(color=colours[g], linewidth=2, marker="o"),
+        )
+        elements += [area, curve]
+    elements += list(extra)
+    lims: dict[str, object] = {}
+    if logy:  # a log axis spanning exactly the data (HoloViews would pad down towards the band's base)
+        vals = data[["mean", "lo", "hi"]].to_numpy(dtype=float).ravel()
+        vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, LOG_CEILING)
+        if vals.size:
+            lims["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
+    overlay = dual_options(
+        hv.Overlay(elements),
+        dict(
+            **lims,
+            title=title,
+            logy=logy,
+            logx=logx,
+            legend_position="right",
+            width=width,
+            height=height,
+            show_grid=True,
+        ),
+        dict(**lims, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
+             show_grid=True),
+    )
+    return overlay
