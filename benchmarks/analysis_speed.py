@@ -19,7 +19,8 @@ import torch
 from osa_lab.benchmarking.timing import emit_table, machine_info
 from osa_lab.nn.models import functional_mode
 from osa_lab.studies.depth import sweep
-from osa_lab.studies.jacobian import _build, _prefix_fn, exact_jacobian, matrix_free_extremes
+from osa_lab.studies.jacobian import _prefix_fn, build_point, exact_jacobian, matrix_free_extremes
+from osa_lab.studies.settings import StudyPoint
 
 
 def _timed(fn):
@@ -46,7 +47,7 @@ def main() -> None:
     rows.append({"case": "sweep 4 presets x depth 24 x N64 d64 x 3 seeds", "seconds": secs, "target_s": 30,
                  "detail": f"{len(res.metrics)} metric rows, {len(res.spectra)} spectra rows"})  # fmt: skip
 
-    model, x0, _ = _build("skipless-osa", 4, 32, 32, None, None, 0, torch.float64)
+    model, x0, _ = build_point(StudyPoint("skipless-osa", 4, 32, 32), torch.float64)
 
     def exact():
         with functional_mode(model):
@@ -58,7 +59,7 @@ def main() -> None:
                  "detail": f"kappa={float(sv[0] / sv[-1]):.4g}"})  # fmt: skip
 
     n_tokens = 64 if args.quick else 256
-    model, x0, _ = _build(args.mf_preset, 12, n_tokens, 64, None, None, 0, torch.float64)
+    model, x0, _ = build_point(StudyPoint(args.mf_preset, 12, n_tokens, 64), torch.float64)
 
     def free():
         with functional_mode(model):

@@ -47,7 +47,7 @@ import math
 import numbers
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -58,11 +58,12 @@ from torch import nn
 
 from osa_lab.arguments import finite_float, positive_int
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
-from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model, osa_layers
-from osa_lab.nn.presets import PRESETS, get_preset, preset_names
+from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model
+from osa_lab.nn.presets import PRESETS, preset_names
 from osa_lab.studies.families import model_family
 from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
 from osa_lab.studies.metrics import METRICS, all_metrics, singular_values
+from osa_lab.studies.settings import StudyPoint, alpha_of, as_list, config_for, gaussian_tokens, seed_list
 
 KEY_COLUMNS = ["preset", "depth", "tokens", "dim", "heads", "alpha", "seed"]
 METRIC_COLUMNS = [*KEY_COLUMNS, "layer", "site", "metric", "value"]
@@ -149,42 +150,6 @@ def _resolve_sites(site: str | Sequence[str]) -> list[str]:
         if s not in SITES:
             raise unknown_name("site", s, [*SITES, "both"])
     return sites
-
-
-def config_for(
-    preset: str,
-    *,
-    depth: int,
-    tokens: int,
-    dim: int,
-    heads: int | None = None,
-    alpha: float | None = None,
-    seed: int = 0,
-    **overrides: object,
-) -> ModelConfig:
-    """The :class:`ModelConfig` of ``preset`` at these sizes; ``alpha`` applies to OSA presets only.
-
-    ``heads=None`` keeps the preset's head count (4; 1 for the pure stacks); ``alpha=None`` uses
-    the derived OSA init. For SSA presets ``alpha`` is ignored (the tables show NaN).
-    """
-    if preset not in PRESETS:
-        raise unknown_name("preset", preset, preset_names())
-    base = PRESETS[preset].config
-    kw: dict[str, object] = {"depth": depth, "tokens": tokens, "dim": dim, "seed": seed, **overrides}
-    if heads is not None:
-        kw["heads"] = heads
-    if base.attention == "osa" and alpha is not None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-            raise ConfigurationError(
-                f"`alpha`={alpha!r}: give a finite number, or None for the derived initialisation"
-            )
-        kw["alpha_init"] = float(alpha)
-    return get_preset(preset, **kw)
-
-
-def _gaussian_tokens(batch: int, tokens: int, dim: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 7919]).generate_state(1)[0]))
-    return torch.randn(batch, tokens, dim, generator=gen, dtype=torch.float64).to(dtype)
 
 
 def _model_dtype(model: nn.Module) -> torch.dtype:
@@ -370,7 +335,7 @@ def depth_profile(
             )
         else:
             _check_tokens(config.tokens)
-            inputs = _gaussian_tokens(batch, config.tokens, config.dim, seed, torch.float64)
+            inputs = gaussian_tokens(batch, config.tokens, config.dim, seed, torch.float64)
     elif not isinstance(inputs, torch.Tensor):
         raise OSAInputError(f"`inputs` must be a torch.Tensor, got {type(inputs).__name__}")
     elif not isinstance(model, ViTClassifier) and inputs.dim() >= 2:
@@ -384,36 +349,16 @@ def depth_profile(
         "tokens": int(n_tokens),
         "dim": int(width),
         "heads": int(config.heads),
-        "alpha": _alpha_of(model, config),
+        "alpha": alpha_of(model, config),
         "seed": int(seed),
     }
     metrics_df, spectra_df = _profile_tables(hidden, keys, sites, metric_names, spectra)
     return DepthProfile(metrics_df, spectra_df, config)
 
 
-def _alpha_of(model: nn.Module, config: ModelConfig) -> float:
-    if config.attention != "osa":
-        return math.nan
-    layers = osa_layers(model)
-    if layers:
-        return float(layers[0].alpha.detach().reshape(-1)[0])
-    return config.resolved_alpha
-
-
 # --------------------------------------------------------------------------------------
 # Sweeps with a disk cache
 # --------------------------------------------------------------------------------------
-
-
-def _as_list(name: str, value: object) -> list:
-    if value is None:
-        return [None]
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        return [value]
-    out = list(value)
-    if not out:
-        raise ConfigurationError(f"`{name}` is empty; give at least one value")
-    return out
 
 
 def _check_batch(batch: object) -> None:
@@ -464,18 +409,20 @@ def _check_sweep_values(tokens_l: list, dims_l: list, heads_l: list, alphas_l: l
 
 
 def check_sweep_size(
-    units: Sequence[tuple], sites: Sequence[str], batch: int, dtype: torch.dtype, allow_large: bool = False
+    units: Sequence[StudyPoint | tuple], sites: Sequence[str], batch: int, dtype: torch.dtype, allow_large: bool = False
 ) -> None:
     """Refuse clearly unreasonable sweeps unless ``allow_large``: depth > :data:`MAX_DEPTH`, N or d >
     :data:`MAX_WIDTH`, batch > :data:`MAX_BATCH`, more than :data:`MAX_MODELS` model runs, or hidden
-    states of one run over :data:`MAX_HIDDEN_BYTES`. ``units`` are the ``(preset, depth, N, d, heads,
-    α, seed)`` tuples of the sweep. Raises :class:`ConfigurationError` naming the override."""
+    states of one run over :data:`MAX_HIDDEN_BYTES`. ``units`` are the sweep's
+    :class:`~osa_lab.studies.settings.StudyPoint` s (or ``(preset, depth, N, d, heads, α, seed)``
+    tuples). Raises :class:`ConfigurationError` naming the override."""
     if allow_large or not units:
         return
+    points = [StudyPoint(*u) for u in units]
     hint = "pass allow_large=True (osa-lab sweep --allow-large) if you really mean it"
-    depth = max(u[1] for u in units)
-    n = max(u[2] for u in units)
-    d = max(u[3] for u in units)
+    depth = max(p.depth for p in points)
+    n = max(p.tokens for p in points)
+    d = max(p.dim for p in points)
     if depth > MAX_DEPTH:
         raise ConfigurationError(f"depth {depth} is over the limit of {MAX_DEPTH} layers; {hint}")
     if max(n, d) > MAX_WIDTH:
@@ -485,25 +432,13 @@ def check_sweep_size(
     if len(units) > MAX_MODELS:
         raise ConfigurationError(f"the sweep runs {len(units)} models, over the limit of {MAX_MODELS}; {hint}")
     itemsize = torch.finfo(dtype).bits // 8
-    need = max((u[1] + 1) * len(sites) * batch * u[2] * u[3] * itemsize for u in units)
+    need = max((p.depth + 1) * len(sites) * batch * p.tokens * p.dim * itemsize for p in points)
     if need > MAX_HIDDEN_BYTES:
         raise ConfigurationError(
             f"one model's hidden states would take {need / 2**30:.1f} GiB (depth {depth}, N = {n}, d = {d}, "
             f"batch {batch}, {len(sites)} site(s)), over {MAX_HIDDEN_BYTES / 2**30:.0f} GiB; "
             f"lower the depth, sizes or batch, or {hint}"
         )
-
-
-def _seed_list(seeds: int | Sequence[int]) -> list[int]:
-    if isinstance(seeds, int) and not isinstance(seeds, bool):
-        if seeds < 1:
-            raise ConfigurationError(f"`seeds`={seeds}: give a number of seeds ≥ 1 or a list of seeds")
-        return list(range(seeds))
-    out = _as_list("seeds", seeds)
-    for s in out:
-        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
-            raise ConfigurationError(f"`seeds` must be a count or a list of non-negative ints; got {seeds!r}")
-    return out
 
 
 def _cache_key(params: dict) -> str:
@@ -515,8 +450,8 @@ def _cache_key(params: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _units(presets, depths, tokens, dims, heads, alphas, seeds):
-    """(preset, max_depth, depths, N, d, heads, α, seed) per model to run; SSA presets ignore α."""
+def _units(presets, depths, tokens, dims, heads, alphas, seeds) -> Iterator[StudyPoint]:
+    """One :class:`StudyPoint` per model to run, at the largest depth; SSA presets ignore α."""
     max_depth = max(depths)
     seen = set()
     for preset, n, d, h, a, s in itertools.product(presets, tokens, dims, heads, alphas, seeds):
@@ -526,7 +461,7 @@ def _units(presets, depths, tokens, dims, heads, alphas, seeds):
         if key in seen:
             continue
         seen.add(key)
-        yield preset, max_depth, n, d, h, a_key, s
+        yield StudyPoint(preset, max_depth, n, d, h, a_key, s)
 
 
 def sweep(
@@ -586,19 +521,19 @@ def sweep(
             a non-finite α) or one over the bounds of :func:`check_sweep_size`, raised before any
             computation.
     """
-    presets_l = _as_list("presets", presets)
+    presets_l = as_list("presets", presets)
     for p in presets_l:
         if p not in PRESETS:
             raise unknown_name("preset", p, preset_names())
-    depths_l = _as_list("depths", depths)
+    depths_l = as_list("depths", depths)
     if any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1 for x in depths_l):
         raise ConfigurationError(f"`depths` must be positive ints, got {depths_l}")
     depths_l = [int(x) for x in depths_l]
-    tokens_l = _as_list("tokens", tokens)
-    dims_l = _as_list("dims", dims)
-    heads_l = _as_list("heads", heads)
-    alphas_l = [None if a is None else float(a) for a in _as_list("alphas", alphas)]
-    seeds_l = _seed_list(seeds)
+    tokens_l = as_list("tokens", tokens)
+    dims_l = as_list("dims", dims)
+    heads_l = as_list("heads", heads)
+    alphas_l = [None if a is None else float(a) for a in as_list("alphas", alphas)]
+    seeds_l = seed_list(seeds)
     _check_sweep_values(tokens_l, dims_l, heads_l, alphas_l, batch)
     sites = _resolve_sites(site)
     metric_names = list(METRICS) if metrics is None else list(metrics)
@@ -609,8 +544,8 @@ def sweep(
     units = list(_units(presets_l, depths_l, tokens_l, dims_l, heads_l, alphas_l, seeds_l))
     # Validate every configuration before computing anything.
     check_sweep_size(units, sites, batch, dtype, allow_large)
-    for preset, max_depth, n, d, h, a, s in units:
-        config_for(preset, depth=max_depth, tokens=n, dim=d, heads=h, alpha=a, seed=s)
+    for point in units:
+        point.config()
     cache = Path(cache_dir) if cache_dir is not None else None
     # The task store is created by run_grid with the first finished task, not here: a sweep that
     # fails before any task finishes (an unreachable scheduler) leaves no empty folder behind.
@@ -641,21 +576,19 @@ def sweep(
                 sp["depth"] = depth
                 spectra_parts.append(sp)
     outcome.warn_failures("sweep")
-    result = _finish(
-        metric_parts,
-        spectra_parts,
-        spectra,
-        presets_l,
-        depths_l,
-        tokens_l,
-        dims_l,
-        heads_l,
-        alphas_l,
-        seeds_l,
-        sites,
-        batch,
-        dtype_name,
-    )
+    parameters = {
+        "presets": presets_l,
+        "depths": depths_l,
+        "tokens": tokens_l,
+        "dims": dims_l,
+        "heads": heads_l,
+        "alphas": alphas_l,
+        "seeds": seeds_l,
+        "sites": sites,
+        "batch": batch,
+        "dtype": dtype_name,
+    }
+    result = _finish(metric_parts, spectra_parts, parameters)
     result.tasks = outcome.table()
     if jacobian != "none":
         from osa_lab.studies.jacobian import KAPPA_COLUMNS
@@ -705,17 +638,10 @@ def _sweep_tasks(
     old ``--cache-dir`` folders are reused) and, with ``jacobian``, one κ-profile task per model;
     ``allow_large`` lifts the matrix-free Jacobian's input-size bound for exactly these sizes."""
     tasks = []
-    for preset, max_depth, n, d, h, a, s in units:
-        settings = {"kind": "profile", "preset": preset, "depth": max_depth, "tokens": n, "dim": d,
-                    "heads": h, "alpha": a, "seed": s}  # fmt: skip
+    for point in units:
+        settings = {"kind": "profile", **point._asdict()}
         params = {
-            "preset": preset,
-            "depth": max_depth,
-            "tokens": n,
-            "dim": d,
-            "heads": h,
-            "alpha": a,
-            "seed": s,
+            **point._asdict(),
             "sites": sites,
             "metrics": metric_names,
             "spectra": spectra,
@@ -727,14 +653,12 @@ def _sweep_tasks(
     if jacobian != "none":
         from osa_lab.studies.jacobian import jacobian_depth_profile
 
-        for preset, max_depth, n, d, h, a, s in units:
-            settings = {"kind": "jacobian", "preset": preset, "depth": max_depth, "tokens": n, "dim": d,
-                        "heads": h, "alpha": a, "seed": s}  # fmt: skip
-            kwargs = {"preset": preset, "depth": max_depth, "tokens": n, "dim": d, "heads": h, "alpha": a,
-                      "seed": s, "method": jacobian}  # fmt: skip
+        for point in units:
+            settings = {"kind": "jacobian", **point._asdict()}
+            kwargs = {**point._asdict(), "method": jacobian}
             key = f"jacobian-{_cache_key({**kwargs, 'kind': 'jacobian'})}"
             if allow_large:  # not part of the key: it changes whether a task runs, not its result
-                kwargs["max_input_dim"] = n * d
+                kwargs["max_input_dim"] = point.tokens * point.dim
             tasks.append(Task(jacobian_depth_profile, kwargs, settings, key=key, progress_kwarg="progress"))
     return tasks
 
@@ -753,21 +677,8 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def _finish(
-    metric_parts,
-    spectra_parts,
-    spectra,
-    presets_l,
-    depths_l,
-    tokens_l,
-    dims_l,
-    heads_l,
-    alphas_l,
-    seeds_l,
-    sites,
-    batch,
-    dtype_name,
-):
+def _finish(metric_parts: list[pd.DataFrame], spectra_parts: list[pd.DataFrame], parameters: dict) -> SweepResult:
+    """The sweep's tables (typed empty tables when nothing ran) with the parameters that made them."""
     metrics_df = (
         pd.concat(metric_parts, ignore_index=True)
         if metric_parts
@@ -778,18 +689,6 @@ def _finish(
         if spectra_parts
         else pd.DataFrame({c: pd.Series(dtype=_COLUMN_DTYPES.get(c, "float64")) for c in SPECTRA_COLUMNS})
     )
-    parameters = {
-        "presets": presets_l,
-        "depths": depths_l,
-        "tokens": tokens_l,
-        "dims": dims_l,
-        "heads": heads_l,
-        "alphas": alphas_l,
-        "seeds": seeds_l,
-        "sites": sites,
-        "batch": batch,
-        "dtype": dtype_name,
-    }
     return SweepResult(metrics_df, spectra_df, parameters)
 
 

@@ -62,7 +62,8 @@ from osa_lab.errors import (
     unknown_name,
 )
 from osa_lab.nn.attention import OrthogonalSelfAttention, derived_alpha_init
-from osa_lab.nn.models import Encoder, build_model, functional_mode
+from osa_lab.nn.models import Encoder, functional_mode
+from osa_lab.studies.settings import StudyPoint, as_list, seed_list
 
 METHODS = ("auto", "exact", "matrix-free")
 SOLVERS = ("lanczos", "arpack", "lobpcg")
@@ -785,22 +786,27 @@ def resolve_method(
 # --------------------------------------------------------------------------------------
 
 
-def _build(preset: str, depth: int, tokens: int, dim: int, heads, alpha, seed: int, dtype):
-    from osa_lab.studies.depth import _alpha_of, _gaussian_tokens, config_for
+def build_point(point: StudyPoint, dtype: torch.dtype = torch.float64) -> tuple[Encoder, torch.Tensor, dict]:
+    """The model of ``point`` (eval mode, in ``dtype``), its input tokens X_0 ``(N, d)`` and the row
+    keys of its tables (as :func:`osa_lab.studies.depth.depth_profile` builds them)."""
+    model, _, keys = point.build(dtype)
+    return model, point.inputs(1, dtype)[0], keys
 
-    config = config_for(preset, depth=depth, tokens=tokens, dim=dim, heads=heads, alpha=alpha, seed=seed)
-    model = build_model(config, dtype=dtype).eval()
-    x0 = _gaussian_tokens(1, tokens, dim, seed, dtype)[0]
-    keys = {
-        "preset": preset,
-        "depth": depth,
-        "tokens": tokens,
-        "dim": dim,
-        "heads": config.heads,
-        "alpha": _alpha_of(model, config),
-        "seed": seed,
-    }
-    return model, x0, keys
+
+@dataclass(frozen=True)
+class JacobianSettings:
+    """How a Jacobian study computes: the algorithm, which layers and scopes, and its limits
+    (the keyword arguments of :func:`jacobian_depth_profile`)."""
+
+    method: str = "auto"
+    layers: Sequence[int] | None = None
+    scopes: Sequence[str] = SCOPES
+    max_exact_dim: int = MAX_EXACT_DIM
+    dtype: torch.dtype = torch.float64
+    max_bytes: int | None = None
+    solver: str = "lanczos"
+    tol: float = 1e-6
+    max_input_dim: int | None = None
 
 
 def _layer_inputs(model: Encoder, x0: torch.Tensor) -> list[torch.Tensor]:
@@ -827,27 +833,18 @@ def _resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
 
 
 def _depth_spectra(
-    preset: str,
-    depth: int,
-    tokens: int,
-    dim: int,
-    heads,
-    alpha,
-    seed: int,
-    method: str,
-    layers,
-    scopes,
-    max_exact_dim: int,
-    dtype,
-    max_bytes,
-    solver: str,
-    tol: float,
+    point: StudyPoint,
+    how: JacobianSettings,
     progress: bool | ProgressCallback,
     should_stop: StopHook | None = None,
-    max_input_dim: int | None = None,
 ):
-    """Yield (keys, scope, layer, JacobianSpectrum) for every requested layer and scope."""
+    """Yield (keys, scope, layer, JacobianSpectrum) for every requested layer and scope of ``point``."""
     from tqdm.auto import tqdm
+
+    preset, depth, tokens, dim, seed = point.preset, point.depth, point.tokens, point.dim, point.seed
+    method, layers, scopes, dtype = how.method, how.layers, how.scopes, how.dtype
+    max_exact_dim, max_bytes, max_input_dim = how.max_exact_dim, how.max_bytes, how.max_input_dim
+    solver, tol = how.solver, how.tol
 
     _check_method(method)
     for s in scopes:
@@ -856,7 +853,7 @@ def _depth_spectra(
     wanted = _resolve_layers(layers, depth)
     if method == "exact":
         _check_size(tokens * dim, tokens * dim, dtype, max_bytes)
-    model, x0, keys = _build(preset, depth, tokens, dim, heads, alpha, seed, dtype)
+    model, x0, keys = build_point(point, dtype)
     n = x0.numel()
     attention = "osa" if getattr(getattr(model, "config", None), "attention", "osa") == "osa" else "ssa"
     resolved = resolve_method(
@@ -973,10 +970,9 @@ def jacobian_depth_profile(
     Returns a DataFrame with columns :data:`KAPPA_COLUMNS`.
     """
     rows = []
-    for keys, scope, layer, spec in _depth_spectra(
-        preset, depth, tokens, dim, heads, alpha, seed, method, layers, scopes, max_exact_dim, dtype, max_bytes,
-        solver, tol, progress, should_stop, max_input_dim,
-    ):  # fmt: skip
+    point = StudyPoint(preset, depth, tokens, dim, heads, alpha, seed)
+    how = JacobianSettings(method, layers, scopes, max_exact_dim, dtype, max_bytes, solver, tol, max_input_dim)
+    for keys, scope, layer, spec in _depth_spectra(point, how, progress, should_stop):
         rows.append(
             {
                 **keys,
@@ -1019,10 +1015,9 @@ def jacobian_singular_values(
     """
     layers = [depth] if layers is None else layers
     parts = []
-    for keys, scope, layer, spec in _depth_spectra(
-        preset, depth, tokens, dim, heads, alpha, seed, method, layers, scopes, max_exact_dim, dtype, max_bytes,
-        "lanczos", 1e-6, progress, should_stop, max_input_dim,
-    ):  # fmt: skip
+    point = StudyPoint(preset, depth, tokens, dim, heads, alpha, seed)
+    how = JacobianSettings(method, layers, scopes, max_exact_dim, dtype, max_bytes, max_input_dim=max_input_dim)
+    for keys, scope, layer, spec in _depth_spectra(point, how, progress, should_stop):
         n = spec.shape[1]
         index = np.arange(len(spec.sigma)) if spec.method == "exact" else np.array([0, n - 1])
         df = pd.DataFrame({"index": index, "sigma": spec.sigma})
@@ -1062,17 +1057,15 @@ def osa_layer_conditioning(
     heads, seed, method, sigma_max, sigma_min, kappa, converged``. ``progress`` and
     ``should_stop`` are passed to every :func:`jacobian_spectrum` call.
     """
-    from osa_lab.studies.depth import _as_list, _seed_list
-
-    seeds_l = _seed_list(seeds)
+    seeds_l = seed_list(seeds)
     rows = []
-    for n in _as_list("tokens", tokens):
-        for d in _as_list("dims", dims):
-            for h in _as_list("heads", heads):
+    for n in as_list("tokens", tokens):
+        for d in as_list("dims", dims):
+            for h in as_list("heads", heads):
                 if d % h:
                     raise ConfigurationError(f"`dims` value {d} is not divisible by `heads`={h}")
                 derived = derived_alpha_init(n, d, d // h)
-                for a in _as_list("alphas", alphas):
+                for a in as_list("alphas", alphas):
                     source = "derived" if a is None or a == "derived" else "given"
                     value = derived if source == "derived" else float(a)
                     for s in seeds_l:
