@@ -31,22 +31,22 @@ def stages(n: int, rounds: int) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     a, b, v = (torch.randn(bh, n, r, generator=gen) for _ in range(3))
     j = expm.osa_skew_core(r, torch.full((bh,), ALPHA / r**0.5))
-    g = expm._block_gram(a, b)
+    g = expm.block_gram(a, b)
     p = torch.cat([a.mT @ v, b.mT @ v], -2).double()
     tol = expm.CORE_TOLERANCE[torch.float32]
-    chol, chol_inv, _ = expm._cholesky_with_inverse(g)
-    m = expm._core_matrix(chol, j, osa_core=True)
+    chol, chol_inv, _ = expm.cholesky_with_inverse(g)
+    m = expm.core_matrix(chol, j, osa_core=True)
     e_minus_i = expm.skew_matrix_exp(m, tol=tol, minus_identity=True)
     c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p))).float()
     mm_a, mm_b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     with torch.no_grad():
         t = time_interleaved(
             {
-                "Gram products UᵀU (3)": lambda: expm._block_gram(a, b),
+                "Gram products UᵀU (3)": lambda: expm.block_gram(a, b),
                 "projection UᵀV (2)": lambda: torch.cat([a.mT @ v, b.mT @ v], -2),
-                "core: blocked Cholesky + inverse": lambda: expm._cholesky_with_inverse(g),
+                "core: blocked Cholesky + inverse": lambda: expm.cholesky_with_inverse(g),
                 "core: exp(M) − I (skew_matrix_exp)": lambda: expm.skew_matrix_exp(m, tol=tol, minus_identity=True),
-                "core: all (_gram_core_parts)": lambda: expm._gram_core_parts(g, j, tol, True),
+                "core: all (gram_core_parts)": lambda: expm.gram_core_parts(g, j, tol, True),
                 "C = L⁻ᵀ(e^M − I)L⁻¹P": lambda: chol_inv.mT @ (e_minus_i @ (chol_inv @ p)),
                 "output V + q C_q + k C_k": lambda: torch.baddbmm(v, a, c[:, :r]).baddbmm_(b, c[:, r:]),
                 "whole forward (gram_action)": lambda: expm.gram_action(a, b, j, v, replaced=True, osa_core=True),
@@ -94,7 +94,7 @@ def variants(n: int, rounds: int) -> list[dict]:
         return w[..., : 2 * r].mT @ w
 
     fns = {
-        "Gram/projection: 5 products (current)": lambda: (expm._block_gram(a, b), torch.cat([a.mT @ v, b.mT @ v], -2)),
+        "Gram/projection: 5 products (current)": lambda: (expm.block_gram(a, b), torch.cat([a.mT @ v, b.mT @ v], -2)),
         "Gram/projection: cat [q k v] + one product": cat_single,
         "Gram/projection: blocked 256 tokens": lambda: _blocked_gram_projection(a, b, v, 256),
         "Gram/projection: blocked 1024 tokens": lambda: _blocked_gram_projection(a, b, v, 1024),

@@ -247,12 +247,12 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     tol = expm.CORE_TOLERANCE[torch.float32]
 
     def gram_projection():
-        return expm._block_gram(q, k), torch.cat([q.mT @ v, k.mT @ v], -2)
+        return expm.block_gram(q, k), torch.cat([q.mT @ v, k.mT @ v], -2)
 
     g, p = gram_projection()
 
     def core():
-        chol_inv, e_minus_i, _, _ = expm._gram_core_parts(g, j, tol, True)
+        chol_inv, e_minus_i, _, _ = expm.gram_core_parts(g, j, tol, True)
         return (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).float()
 
     c = core()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -135,7 +136,7 @@ def matrix_exp(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _taylor_theta(degree: int, unit: float) -> float:
+def taylor_theta(degree: int, unit: float) -> float:
     """Largest ``θ`` with Taylor remainder bound ``θ^{m+1}/(m+1)! / (1 − θ/(m+2)) ≤ unit`` (m = degree)."""
     lo, hi = 0.0, float(degree + 2)
     for _ in range(80):
@@ -161,7 +162,7 @@ def _skew_exp_plan(rho: float, unit: float, blocks: tuple[int, ...] = (2, 3, 4))
     for degree, block in _PS_SCHEMES:
         if block not in blocks:
             continue
-        theta = _taylor_theta(degree, unit)
+        theta = taylor_theta(degree, unit)
         squarings = max(0, math.ceil(math.log2(rho / theta))) if rho > 0 else 0
         key = (_ps_products(degree, block) + squarings, -degree)
         if best is None or key < best[0]:
@@ -169,7 +170,7 @@ def _skew_exp_plan(rho: float, unit: float, blocks: tuple[int, ...] = (2, 3, 4))
     return best[1:]
 
 
-def _one_norm(x: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+def one_norm(x: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``‖x‖₁`` over the last two dims of a skew-symmetric or symmetric ``x`` (``‖x‖₁ = ‖x‖_∞``):
     the largest row sum (a contiguous reduction); ``|x|`` goes into ``scratch`` when given.
     (``torch.linalg.vector_norm(ord=1)`` measured 10× slower than this.)"""
@@ -185,7 +186,7 @@ class _Scratch(threading.local):
     tensor of that size is page-faulted (zeroed) again on first touch: for 32 matrices of
     128 × 128 that was ≈ 40 % of :func:`skew_matrix_exp`. Buffers of one shape are kept, at most
     ``SCRATCH_LIMIT_BYTES`` per thread. :func:`skew_matrix_exp` returns fresh tensors; only the
-    internal :func:`_gram_core_parts` hands two scratch-backed tensors to its callers, which use
+    internal :func:`gram_core_parts` hands two scratch-backed tensors to its callers, which use
     them at once. Buffers are allocated outside inference mode, so they can be written in and
     out of it.
     """
@@ -280,7 +281,7 @@ def _may_reuse(*tensors: torch.Tensor) -> bool:
 SHARED_SCALING_SPREAD = 4
 
 
-def _taylor_ps(
+def taylor_ps(
     powers: list[torch.Tensor | None], degree: int, block: int, h: float | torch.Tensor, bufs: list | None
 ) -> torch.Tensor:
     """Paterson–Stockmeyer value of the degree-``degree`` Taylor polynomial of ``X = h·M`` from the
@@ -331,7 +332,7 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
 
     slot = bufs if bufs is not None else [None] * 6
     m2 = mm(m, m, slot[0])
-    rho_t = torch.minimum(_one_norm(m, slot[3]), _one_norm(m2, slot[3]).sqrt())
+    rho_t = torch.minimum(one_norm(m, slot[3]), one_norm(m2, slot[3]).sqrt())
     try:
         # The plan follows the finite matrices; a NaN/Inf matrix stays NaN/Inf in its own slot
         # (every product is per matrix), the callers report it.
@@ -345,21 +346,21 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
     if block >= 4:
         powers.append(mm(m2, m2, slot[2]))
         # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
-        rho_t = torch.minimum(rho_t, _one_norm(powers[4], slot[3]) ** 0.25)
+        rho_t = torch.minimum(rho_t, one_norm(powers[4], slot[3]) ** 0.25)
         degree, block, squarings = _skew_exp_plan(_finite_max(rho_t), unit, blocks=(4,))
     if rho_t.numel() > 1 and squarings > SHARED_SCALING_SPREAD:
         # One scaling for all would square small-norm matrices 2^Δs times too often (error
         # ≈ 2^Δs·eps): when the batch spans more than SHARED_SCALING_SPREAD doublings, each
         # matrix gets its own scaling and squaring count (allocating freely: a rare path).
-        own = torch.ceil(torch.log2(rho_t.clamp_min(1e-300) / _taylor_theta(degree, unit))).clamp_min(0)
+        own = torch.ceil(torch.log2(rho_t.clamp_min(1e-300) / taylor_theta(degree, unit))).clamp_min(0)
         own = own.nan_to_num(nan=squarings, posinf=squarings)
         if squarings - int(own.min()) > SHARED_SCALING_SPREAD:
             counts = own.reshape(*own.shape, 1, 1)
-            e = _taylor_ps(powers, degree, block, torch.pow(2.0, -counts.to(m.dtype)), None)
+            e = taylor_ps(powers, degree, block, torch.pow(2.0, -counts.to(m.dtype)), None)
             for k in range(squarings):
                 e = torch.where(counts > k, e @ e, e)
             return e
-    e = _taylor_ps(powers, degree, block, 2.0**-squarings, bufs)
+    e = taylor_ps(powers, degree, block, 2.0**-squarings, bufs)
     if bufs is None:
         for _ in range(squarings):
             e = e @ e
@@ -439,11 +440,11 @@ def gram_core(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     ``F = L⁻ᵀ (exp(Lᵀ J L) − I) L⁻¹`` with ``G = L Lᵀ``; ``ok`` is False where the Cholesky
     factorisation failed (rank-deficient ``U``). Runs in the dtype of ``g`` (float64 in use).
     """
-    f, ok, _ = _gram_core_with_norm(g, j)
+    f, ok, _ = gram_core_with_norm(g, j)
     return f, ok
 
 
-def _gram_core_parts(
+def gram_core_parts(
     g: torch.Tensor, j: torch.Tensor, tol: float | None = None, osa_core: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
     """``(L⁻¹, exp(M) − I, ok, (s_norm, cond))`` of the Gram core, ``F = L⁻ᵀ (exp(M) − I) L⁻¹``.
@@ -459,7 +460,7 @@ def _gram_core_parts(
     bufs = _SCRATCH.take(g, 10) if _may_reuse(g, j) else None
     width = g.shape[-1]
     eye = torch.eye(width, dtype=g.dtype, device=g.device)
-    chol, chol_inv, ok = _cholesky_with_inverse(g, None if bufs is None else (bufs[6], bufs[9]))
+    chol, chol_inv, ok = cholesky_with_inverse(g, None if bufs is None else (bufs[6], bufs[9]))
     try:
         all_ok = bool(ok.all())
     except RuntimeError:  # under torch.func.vmap there is no single value: replace unconditionally
@@ -468,7 +469,7 @@ def _gram_core_parts(
         # Failed factorisations contain garbage; replace by I so the batch stays finite.
         chol = torch.where(ok[..., None, None], chol, eye)
         chol_inv = torch.where(ok[..., None, None], chol_inv, eye)
-    m = _core_matrix(chol, j, osa_core, None if bufs is None else (bufs[7], bufs[8]))
+    m = core_matrix(chol, j, osa_core, None if bufs is None else (bufs[7], bufs[8]))
     s_norm_lower = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
     e_minus_i = _skew_exp(m, _truncation_unit(g.dtype, tol), None if bufs is None else bufs[:6])
     if bufs is None:
@@ -479,7 +480,7 @@ def _gram_core_parts(
     return chol_inv, e_minus_i, ok, (s_norm_lower, cond)
 
 
-def _core_matrix(
+def core_matrix(
     chol: torch.Tensor, j: torch.Tensor, osa_core: bool, out: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> torch.Tensor:
     """``M = Lᵀ J L``. With ``osa_core`` (``J = s·[[0, I], [−I, 0]]``): ``M = s (XᵀY − YᵀX)`` from
@@ -493,7 +494,7 @@ def _core_matrix(
     return m.mul_(j[..., :1, half : half + 1])
 
 
-def _cholesky_with_inverse(
+def cholesky_with_inverse(
     g: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(L, L⁻¹, ok)`` with ``G = L Lᵀ``; ``ok`` False where the factorisation failed.
@@ -531,13 +532,64 @@ def _cholesky_with_inverse(
     return out[0], out[1], ok
 
 
-def _gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """:func:`gram_core` plus ``(s_norm, cond)`` of :func:`_gram_core_parts`."""
-    chol_inv, e_minus_i, ok, extra = _gram_core_parts(g, j)
+def gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """:func:`gram_core` plus ``(s_norm, cond)`` of :func:`gram_core_parts`."""
+    chol_inv, e_minus_i, ok, extra = gram_core_parts(g, j)
     return chol_inv.mT @ e_minus_i @ chol_inv, ok, extra
 
 
-def _block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def gram_trust_ratio(
+    g: torch.Tensor,
+    c: torch.Tensor,
+    v_norm: torch.Tensor,
+    ok: torch.Tensor,
+    s_norm: torch.Tensor,
+    cond: torch.Tensor,
+    dtype: torch.dtype,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """The trust rule of the Gram engine: estimated error over the accuracy budget, per batch element.
+
+    The a-posteriori estimate ``eps·‖U‖_F‖C‖_F/‖V‖_F`` of the cond(U)-amplified rounding error
+    (module docstring), with ``‖U‖_F = √tr G``, divided by ``dtype``'s budget
+    ``max(base, slope·s_norm)`` (:data:`GRAM_TOLERANCE`); ``inf`` where the Cholesky factorisation
+    failed (``ok`` False) or ``cond`` is above :data:`GRAM_MAX_COND`. A ratio above 1 (or NaN)
+    means the result is not trusted. ``eps`` defaults to ``dtype``'s machine epsilon (the Triton
+    kernels pass float32's, scaled for tf32x3 dots). The torch engine (:func:`gram_action`) and
+    the Triton kernels (:mod:`osa_lab.ops.triton.kernels`) both decide with this function, so the
+    CPU and GPU paths cannot disagree. Device operations only (no host synchronisation).
+    """
+    eps = torch.finfo(dtype).eps if eps is None else eps
+    u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
+    v_norm = v_norm.double().clamp_min(torch.finfo(torch.float64).tiny)
+    est = eps * u_norm * torch.linalg.vector_norm(c.double(), dim=(-2, -1)) / v_norm
+    base, slope = GRAM_TOLERANCE.get(dtype, GRAM_TOLERANCE[torch.float32])
+    est = est / torch.clamp(slope * s_norm, min=base)
+    max_cond = GRAM_MAX_COND.get(dtype, GRAM_MAX_COND[torch.float32])
+    return torch.where(ok & (cond <= max_cond), est, torch.full_like(est, math.inf))
+
+
+def gram_core_backward(
+    core: Callable[..., torch.Tensor], g: torch.Tensor, extra: tuple[torch.Tensor, ...], gc: torch.Tensor, p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Backward of ``C = F(G, …) P`` through the small float64 core, shared by the torch and the
+    Triton engine: given ``gC``, returns ``(gG + gGᵀ, gP = Fᵀ gC, grads of extra)``.
+
+    ``core(g, *extra)`` recomputes ``F`` (e.g. ``gram_core(g, j)[0]``); its vector-Jacobian product
+    with ``gF = gC Pᵀ`` is taken by autograd with respect to ``g`` and each tensor of ``extra``
+    (e.g. ``J`` or the scale it is built from). ``gG`` comes back symmetrised because ``G = UᵀU``.
+    """
+    with torch.enable_grad():
+        g_leaf = g.detach().requires_grad_(True)
+        leaves = tuple(x.detach().requires_grad_(True) for x in extra)
+        f = core(g_leaf, *leaves)
+    gf = gc @ p.mT
+    gp = f.detach().mT @ gc
+    grads = torch.autograd.grad(f, (g_leaf, *leaves), gf)
+    return grads[0] + grads[0].mT, gp, tuple(grads[1:])
+
+
+def block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``UᵀU`` in float64 for ``U = [a b]`` from three products (``bᵀa`` is the transpose of ``aᵀb``)."""
     aa, ab, bb = (a.mT @ a).double(), (a.mT @ b).double(), (b.mT @ b).double()
     return torch.cat([torch.cat([aa, ab], -1), torch.cat([ab.mT, bb], -1)], -2)
@@ -556,21 +608,15 @@ class _GramAction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, j, v, replaced: bool, osa_core: bool):  # noqa: D102
         ma = a.shape[-1]
-        g = _block_gram(a, b)
+        g = block_gram(a, b)
         p = torch.cat([a.mT @ v, b.mT @ v], -2)
-        chol_inv, e_minus_i, ok, (s_norm, cond) = _gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core)
+        chol_inv, e_minus_i, ok, (s_norm, cond) = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core)
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
         y = torch.baddbmm(v, a, c[:, :ma])
         y.baddbmm_(b, c[:, ma:])
-        # A-posteriori estimate eps·‖U‖_F‖C‖_F/‖V‖_F of the cond(U)-amplified rounding error
-        # (module docstring), divided by the dtype's budget: > 1 means "use the QR engine".
-        u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
-        v_norm = torch.linalg.vector_norm(v, dim=(-2, -1)).double().clamp_min(torch.finfo(torch.float64).tiny)
-        est = torch.finfo(v.dtype).eps * u_norm * torch.linalg.vector_norm(c.double(), dim=(-2, -1)) / v_norm
-        base, slope = GRAM_TOLERANCE.get(v.dtype, GRAM_TOLERANCE[torch.float32])
-        est = est / torch.clamp(slope * s_norm, min=base)
-        max_cond = GRAM_MAX_COND.get(v.dtype, GRAM_MAX_COND[torch.float32])
-        est = torch.where(ok & (cond <= max_cond), est, torch.full_like(est, math.inf))
+        # The trust rule (estimate over the dtype's budget): > 1 means "use the QR engine".
+        v_norm = torch.linalg.vector_norm(v, dim=(-2, -1))
+        est = gram_trust_ratio(g, c, v_norm, ok, s_norm, cond, v.dtype)
         # Rows whose Y the caller replaces (QR fallback) get no gradient from here.
         keep = ok & (est <= 1.0) if replaced else ok
         ctx.save_for_backward(a, b, j, v, g, p, c, keep)
@@ -588,17 +634,14 @@ class _GramAction(torch.autograd.Function):
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
         g = torch.where(keep[..., None, None], g, eye)
         gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
-        with torch.enable_grad():
-            g_leaf = g.detach().requires_grad_(True)
-            j_leaf = j.detach().requires_grad_(need_j)
-            f, _ = gram_core(g_leaf, j_leaf)
         gc = torch.cat([a.mT @ gy, b.mT @ gy], -2)
-        gf = gc.double() @ p.double().mT
-        gp = (f.detach().mT @ gc.double()).to(v.dtype)
-        inputs = (g_leaf, j_leaf) if need_j else (g_leaf,)
-        grads = torch.autograd.grad(f, inputs, gf)
-        gj = grads[1] if need_j else None
-        gg = (grads[0] + grads[0].mT).to(v.dtype)
+        if need_j:
+            gg, gp, (gj,) = gram_core_backward(lambda g_, j_: gram_core(g_, j_)[0], g, (j,), gc.double(), p.double())
+        else:
+            j_const = j.detach()
+            gg, gp, _ = gram_core_backward(lambda g_: gram_core(g_, j_const)[0], g, (), gc.double(), p.double())
+            gj = None
+        gg, gp = gg.to(v.dtype), gp.to(v.dtype)
         ga = gb = gv = None
         if need_a or need_b:
             # gU = U gGs + gY Cᵀ + V gPᵀ, one column block at a time.

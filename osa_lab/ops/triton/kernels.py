@@ -16,7 +16,7 @@ Forward
        float32 (rank-deficient ``U``, ``N < 2r``, ``q = k``, ill-conditioned ``U``).
     3. **apply pass** (Triton, elementwise over tokens): ``Y = V + q C_q + k C_k``.
 
-Backward (``gY`` given; the formulas of :class:`osa_lab.expm._GramAction`)
+Backward (``gY`` given; the formulas of the torch engine, :func:`osa_lab.ops.expm.gram_action`)
     1. **reduce pass**: ``gC = Uᵀ gY`` (the same kernel with ``gY`` in place of ``V``).
     2. **core**: ``gF = gC Pᵀ``, ``gP = Fᵀ gC``; ``(gG, gs)`` by autograd through
        ``gram_core`` in float64; ``H = gG + gGᵀ``.
@@ -703,20 +703,15 @@ def _untrusted(
 ) -> torch.Tensor:
     """Per-b mask of results the Gram engine cannot deliver within the float32 budget.
 
-    The same rule as the torch engine (:class:`osa_lab.expm._GramAction`): Cholesky failed, or
-    cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``
-    (float32 values: the kernels accumulate in float32 whatever the input dtype; ``eps`` scaled
-    by ``_PRECISION_EPS_FACTOR`` for tf32x3 dots). ``ok``, ``s_norm`` and ``cond`` come from the
+    The torch engine's rule itself (:func:`osa_lab.ops.expm.gram_trust_ratio`): Cholesky failed,
+    or cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``, with
+    float32 values (the kernels accumulate in float32 whatever the input dtype; ``eps`` scaled by
+    ``_PRECISION_EPS_FACTOR`` for tf32x3 dots). ``ok``, ``s_norm`` and ``cond`` come from the
     core. Device operations only (no host synchronisation).
     """
-    u_norm = g.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
-    v_norm = v_sq.clamp_min(0).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     eps = torch.finfo(torch.float32).eps * _PRECISION_EPS_FACTOR[precision]
-    est = eps * u_norm * torch.linalg.vector_norm(c, dim=(-2, -1)) / v_norm
-    base, slope = expm.GRAM_TOLERANCE[torch.float32]
-    est = est / torch.clamp(slope * s_norm, min=base)
-    ok = ok & (cond <= expm.GRAM_MAX_COND[torch.float32]) & torch.isfinite(est) & (est <= 1)
-    return ~ok
+    ratio = expm.gram_trust_ratio(g, c, v_sq.clamp_min(0).sqrt(), ok, s_norm, cond, torch.float32, eps)
+    return ~(torch.isfinite(ratio) & (ratio <= 1))
 
 
 #: Taylor degree and Paterson–Stockmeyer block of the fixed core plan (6 products + squarings).
@@ -730,7 +725,7 @@ def fixed_gram_core(
     by a fixed sequence of device operations: no host synchronisation, so CUDA graphs and
     ``torch.compile`` can capture it.
 
-    Returns ``(F, ok, (s_norm, cond))`` like ``expm._gram_core_with_norm``. ``J`` must be
+    Returns ``(F, ok, (s_norm, cond))`` like ``expm.gram_core_with_norm``. ``J`` must be
     :func:`osa_lab.expm.osa_skew_core`'s ``s·[[0, I], [−I, 0]]``. The exponential of the skew
     ``M = Lᵀ J L`` is the degree-16 Taylor polynomial (Paterson–Stockmeyer, block 4) of
     ``M / 2^{s_b}`` squared ``s_b`` times, where each matrix's ``s_b`` comes from the
@@ -741,20 +736,20 @@ def fixed_gram_core(
     """
     width = g.shape[-1]
     eye = torch.eye(width, dtype=g.dtype, device=g.device)
-    chol, chol_inv, ok = expm._cholesky_with_inverse(g)
+    chol, chol_inv, ok = expm.cholesky_with_inverse(g)
     okm = ok[..., None, None]
     chol = torch.where(okm, chol, eye)
     chol_inv = torch.where(okm, chol_inv, eye)
-    m = expm._core_matrix(chol, j, True)
+    m = expm.core_matrix(chol, j, True)
     s_norm = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
     m2 = m @ m
     m3 = m2 @ m
     m4 = m2 @ m2
     rho = torch.minimum(
-        torch.minimum(expm._one_norm(m), expm._one_norm(m2).sqrt()), expm._one_norm(m4) ** 0.25
+        torch.minimum(expm.one_norm(m), expm.one_norm(m2).sqrt()), expm.one_norm(m4) ** 0.25
     )
     unit = torch.finfo(g.dtype).eps / 2
-    theta = expm._taylor_theta(_FIXED_DEGREE, unit)
+    theta = expm.taylor_theta(_FIXED_DEGREE, unit)
     counts = torch.ceil(torch.log2(rho.clamp_min(1e-300) / theta)).clamp(0, max_squarings)
     counts = counts.nan_to_num(nan=float(max_squarings))
     fits = torch.isfinite(rho) & (rho <= theta * 2.0**max_squarings)
@@ -764,7 +759,7 @@ def fixed_gram_core(
     h = torch.pow(2.0, -cm)
     h2 = h * h
     xs = [None, m * h, m2 * h2, m3 * (h2 * h), m4 * (h2 * h2)]
-    e = expm._taylor_ps(xs, _FIXED_DEGREE, _FIXED_BLOCK, 1.0, None)
+    e = expm.taylor_ps(xs, _FIXED_DEGREE, _FIXED_BLOCK, 1.0, None)
     for step in range(max_squarings):
         e = torch.where(cm > step, e @ e, e)
     f = chol_inv.mT @ (e - eye) @ chol_inv
@@ -775,7 +770,7 @@ def fixed_gram_core(
 def _core(g: torch.Tensor, j: torch.Tensor, plan: _Plan):
     if plan.core == "fixed":
         return fixed_gram_core(g, j, plan.max_squarings)
-    return expm._gram_core_with_norm(g, j)
+    return expm.gram_core_with_norm(g, j)
 
 
 class _OSATriton(torch.autograd.Function):
@@ -816,21 +811,22 @@ class _OSATriton(torch.autograd.Function):
         idx = _idx(r, plan.rp, q.device)
         gc_full, _ = _reduce(q, k, gy, plan, gram=False)
         gc = gc_full.index_select(1, idx)[:, :, : plan.d]
-        with torch.enable_grad():
-            g_leaf = g.detach().requires_grad_(True)
-            s_leaf = scale.detach().to(torch.float64).requires_grad_(need_s)
-            f = _core(g_leaf, expm.osa_skew_core(r, s_leaf), plan)[0]
-        gf = gc @ p.mT
-        gp = f.detach().mT @ gc
-        grads = torch.autograd.grad(f, (g_leaf, s_leaf) if need_s else (g_leaf,), gf)
-        gg = grads[0]
+        s64 = scale.detach().to(torch.float64)
+        if need_s:
+            gg_sym, gp, (gs64,) = expm.gram_core_backward(
+                lambda g_, s_: _core(g_, expm.osa_skew_core(r, s_), plan)[0], g, (s64,), gc, p
+            )
+        else:
+            gg_sym, gp, _ = expm.gram_core_backward(
+                lambda g_: _core(g_, expm.osa_skew_core(r, s64), plan)[0], g, (), gc, p
+            )
         keep = ~bad[:, None, None]
-        h = torch.where(keep, gg + gg.mT, 0.0)
+        h = torch.where(keep, gg_sym, 0.0)
         gp = torch.where(keep, gp, 0.0)
         gq, gk, gv = _bwd_apply(q, k, v, gy, c, gp, h, plan)
         gs = None
         if need_s:
-            gs = torch.where(bad, 0.0, grads[1]).to(scale.dtype)
+            gs = torch.where(bad, 0.0, gs64).to(scale.dtype)
         return (gq if need_q else None, gk if need_k else None, gv if need_v else None, gs, None)
 
 
@@ -927,14 +923,6 @@ def reference_reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch
     """``Uᵀ [U | X]`` in float64, ``U = [q k]``: what the reduce pass sums (b, 2r, 2r + d)."""
     u = torch.cat([q, k], -1).double()
     return u.mT @ torch.cat([u, x.double()], -1)
-
-
-def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The three forward steps in float64 torch, no fallback: ``V + U F(UᵀU, J) UᵀV``."""
-    r = q.shape[-1]
-    u = torch.cat([q, k], -1).double()
-    f, _ = expm.gram_core(u.mT @ u, expm.osa_skew_core(r, scale))
-    return v.double() + u @ (f @ (u.mT @ v.double()))
 
 
 def reference_backward_apply(q, k, v, gy, c, gp, h) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
