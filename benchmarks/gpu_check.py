@@ -259,17 +259,17 @@ def pass_jobs(case: CC.Case, copy_gbs: float) -> list[tuple[str, object]]:
     dtype = torch.float32 if DRY else CC._torch_dtype(case.dtype)
     q, k, v, _ = inputs(bh, n, r, d, dtype)
     es = q.element_size()
-    plan = T._plan(q, v, T.TritonConfig(**case.config))
+    plan = T.launch_plan(q, v, T.TritonConfig(**case.config))
     c = torch.randn(bh, 2 * r, d, dtype=torch.float64, device=DEV) * 1e-2
     gp = torch.randn_like(c) * 1e-2
     h = torch.randn(bh, 2 * r, 2 * r, dtype=torch.float64, device=DEV) * 1e-3
     gy = torch.randn_like(v)
     passes = {
         # name: (callable, minimal bytes moved)
-        "fwd_reduce  Uᵀ[U V]": (lambda: T._reduce(q, k, v, plan, gram=True), bh * n * (2 * r + d) * es),
-        "fwd_apply   V+UC": (lambda: T._fwd_apply(q, k, v, c, plan), bh * n * (2 * r + 2 * d) * es),
-        "bwd_reduce  UᵀgY": (lambda: T._reduce(q, k, gy, plan, gram=False), bh * n * (2 * r + d) * es),
-        "bwd_apply   gq,gk,gv": (lambda: T._bwd_apply(q, k, v, gy, c, gp, h, plan), bh * n * (4 * r + 3 * d) * es),
+        "fwd_reduce  Uᵀ[U V]": (lambda: T.reduce_pass(q, k, v, plan, gram=True), bh * n * (2 * r + d) * es),
+        "fwd_apply   V+UC": (lambda: T.forward_apply(q, k, v, c, plan), bh * n * (2 * r + 2 * d) * es),
+        "bwd_reduce  UᵀgY": (lambda: T.reduce_pass(q, k, gy, plan, gram=False), bh * n * (2 * r + d) * es),
+        "bwd_apply   gq,gk,gv": (lambda: T.backward_apply(q, k, v, gy, c, gp, h, plan), bh * n * (4 * r + 3 * d) * es),
     }
     out = []
     for name, (fn, nbytes) in passes.items():

@@ -174,9 +174,9 @@ def test_equal_qk_uses_qr_fallback():
 def test_reduce_pass_multi_tile(dtype):
     """Gram tiles below the diagonal are skipped and mirrored; several splits are summed."""
     q, k, v, _ = make_inputs(2, 50, 32, 24, dtype)
-    plan = T._plan(q, v, T.TritonConfig(tile=16, splits=2, block_n=16))
+    plan = T.launch_plan(q, v, T.TritonConfig(tile=16, splits=2, block_n=16))
     assert (plan.splits, plan.chunk, plan.tile) == (2, 32, 16)  # 4 token blocks: 2 splits × 2
-    got, v_sq = T._reduce(q.detach(), k.detach(), v.detach(), plan, gram=True)
+    got, v_sq = T.reduce_pass(q.detach(), k.detach(), v.detach(), plan, gram=True)
     idx = T._idx(32, plan.rp, q.device)
     got = got[:, idx][:, :, torch.cat([idx, torch.arange(2 * plan.rp, 2 * plan.rp + 24, device=q.device)])]
     want = T.reference_reduce(q.detach(), k.detach(), v.detach())
@@ -194,8 +194,8 @@ def test_backward_apply_pass(dtype):
     c = torch.randn(b, 2 * r, dv, generator=g, dtype=torch.float64).to(DEV) * 1e-3
     gp = torch.randn(b, 2 * r, dv, generator=g, dtype=torch.float64).to(DEV) * 1e2
     h = torch.randn(b, 2 * r, 2 * r, generator=g, dtype=torch.float64).to(DEV)
-    plan = T._plan(q, v, T.TritonConfig(block_n=16))
-    got = T._bwd_apply(q.detach(), k.detach(), v.detach(), gy, c, gp, h, plan)
+    plan = T.launch_plan(q, v, T.TritonConfig(block_n=16))
+    got = T.backward_apply(q.detach(), k.detach(), v.detach(), gy, c, gp, h, plan)
     want = T.reference_backward_apply(q.detach(), k.detach(), v.detach(), gy, c, gp, h)
     for name, a, w in zip(("gq", "gk", "gv"), got, want, strict=True):
         check_close(a, w, dtype, name)
@@ -353,10 +353,10 @@ def test_plan_splits_and_one_kernel_for_every_n():
     (b = 32, r = d = 128, N = 64k on 132 SMs used to get one split of 2,048 blocks)."""
     assert "BLOCKS" not in T._reduce_kernel.arg_names and "CHUNK" in T._reduce_kernel.arg_names
     q = torch.empty(32, 65536, 128, dtype=torch.bfloat16, device="meta")
-    plan = T._plan(q, q, T.TritonConfig(), sm_count=132)
+    plan = T.launch_plan(q, q, T.TritonConfig(), sm_count=132)
     assert plan.splits >= 2 and plan.splits * plan.chunk >= 65536 > (plan.splits - 1) * plan.chunk
     assert plan.chunk // plan.block_n >= 32
-    small = T._plan(q[:, :100], q[:, :100], T.TritonConfig(), sm_count=132)
+    small = T.launch_plan(q[:, :100], q[:, :100], T.TritonConfig(), sm_count=132)
     assert small.splits == 1 and small.chunk >= 100
 
 
@@ -430,9 +430,9 @@ def test_backward_apply_two_phase_float32_width_128():
     c = torch.randn(b, 2 * r, dv, generator=g, dtype=torch.float64).to(DEV) * 1e-2
     gp = torch.randn(b, 2 * r, dv, generator=g, dtype=torch.float64).to(DEV)
     h = torch.randn(b, 2 * r, 2 * r, generator=g, dtype=torch.float64).to(DEV)
-    plan = T._plan(q, v, T.TritonConfig())
+    plan = T.launch_plan(q, v, T.TritonConfig())
     assert plan.m == 128 and not plan.half
-    got = T._bwd_apply(q.detach(), k.detach(), v.detach(), gy, c, gp, h, plan)
+    got = T.backward_apply(q.detach(), k.detach(), v.detach(), gy, c, gp, h, plan)
     want = T.reference_backward_apply(q.detach(), k.detach(), v.detach(), gy, c, gp, h)
     for name, a, w in zip(("gq", "gk", "gv"), got, want, strict=True):
         check_close(a, w, torch.float32, name)

@@ -975,14 +975,14 @@ def timm_depth_profile(
     The ``preset`` column holds ``label`` (default: the timm architecture name). Run in the
     model's dtype (``model.double()`` for float64); the metrics are computed in float64.
     """
-    from osa_lab.studies.depth import DepthProfile, _profile_tables, _resolve_sites
+    from osa_lab.studies.depth import DepthProfile, profile_tables, resolve_sites
     from osa_lab.studies.metrics import METRICS
 
     metric_names = list(METRICS) if metrics is None else list(metrics)
     for name in metric_names:
         if name not in METRICS:
             raise unknown_name("metric", name, list(METRICS))
-    sites = _resolve_sites(site)
+    sites = resolve_sites(site)
     if images is None:
         images = default_images(model, batch, seed)
     elif not isinstance(images, torch.Tensor):
@@ -995,7 +995,7 @@ def timm_depth_profile(
     finally:
         model.train(was_training)
     keys = _keys(model, hidden, label, seed)
-    metrics_df, spectra_df = _profile_tables(hidden, keys, sites, metric_names, spectra)
+    metrics_df, spectra_df = profile_tables(hidden, keys, sites, metric_names, spectra)
     return DepthProfile(metrics_df, spectra_df, None)
 
 
@@ -1045,7 +1045,7 @@ def timm_jacobian_profile(
     """
     from osa_lab.studies import jacobian as jac
 
-    jac._check_method(method)
+    jac.check_method(method)
     for s in scopes:
         if s not in jac.SCOPES:
             raise unknown_name("scope", s, list(jac.SCOPES))
@@ -1060,7 +1060,7 @@ def timm_jacobian_profile(
             hidden = timm_hidden_states(model, images.to(_model_dtype(model)))
         inputs = [h[0] for h in hidden.blocks]
         depth = len(model.blocks)
-        wanted = jac._resolve_layers(layers, depth)
+        wanted = jac.resolve_layers(layers, depth)
         x0 = inputs[0]
         n = x0.numel()
         limit = jac.MAX_EXACT_DIM if max_exact_dim is None else max_exact_dim
@@ -1088,13 +1088,13 @@ def timm_jacobian_profile(
                 "method": resolved,
                 "sigma_max": smax,
                 "sigma_min": smin,
-                "kappa": jac._kappa(smax, smin),
+                "kappa": jac.kappa_from_extremes(smax, smin),
                 "converged": converged,
             }
 
         with timm_functional_mode(model):
             if resolved == "exact":
-                jac._check_size(n, n, x0.dtype, max_bytes)
+                jac.check_size(n, n, x0.dtype, max_bytes)
                 product = None
                 for l in range(1, max(wanted) + 1):
                     jl = jac.exact_jacobian(block_fn_(l), inputs[l - 1], max_bytes=max_bytes).double()

@@ -141,7 +141,8 @@ def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------
 
 
-def _resolve_sites(site: str | Sequence[str]) -> list[str]:
+def resolve_sites(site: str | Sequence[str]) -> list[str]:
+    """The hidden-state sites named by ``site`` (``"both"``/``"all"``: every site); refuses unknown names."""
     if isinstance(site, str):
         sites = list(SITES) if site in ("both", "all") else [site]
     else:
@@ -175,13 +176,14 @@ def hidden_states(model: nn.Module, inputs: torch.Tensor):
     return hidden
 
 
-def _profile_tables(
+def profile_tables(
     hidden,
     keys: dict[str, object],
     sites: list[str],
     metric_names: list[str],
     spectra: bool,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The tidy metrics and spectra tables of one model's hidden states, each row tagged with ``keys``."""
     metric_parts, spectra_parts = [], []
     for site in sites:
         states = hidden.site(site)
@@ -286,7 +288,7 @@ def depth_profile(
     for name in metric_names:
         if name not in METRICS:
             raise unknown_name("metric", name, list(METRICS))
-    sites = _resolve_sites(site)
+    sites = resolve_sites(site)
     _check_batch(batch)
     config: ModelConfig | None = None
     if isinstance(model_or_preset, str):
@@ -352,7 +354,7 @@ def depth_profile(
         "alpha": alpha_of(model, config),
         "seed": int(seed),
     }
-    metrics_df, spectra_df = _profile_tables(hidden, keys, sites, metric_names, spectra)
+    metrics_df, spectra_df = profile_tables(hidden, keys, sites, metric_names, spectra)
     return DepthProfile(metrics_df, spectra_df, config)
 
 
@@ -535,7 +537,7 @@ def sweep(
     alphas_l = [None if a is None else float(a) for a in as_list("alphas", alphas)]
     seeds_l = seed_list(seeds)
     _check_sweep_values(tokens_l, dims_l, heads_l, alphas_l, batch)
-    sites = _resolve_sites(site)
+    sites = resolve_sites(site)
     metric_names = list(METRICS) if metrics is None else list(metrics)
     for name in metric_names:
         if name not in METRICS:

@@ -221,7 +221,7 @@ class JacobianSpectrum:
     products: int = 0
 
 
-def _kappa(smax: float, smin: float) -> float:
+def kappa_from_extremes(smax: float, smin: float) -> float:
     """σ_max/σ_min; ∞ only for an exactly singular converged J, NaN when either end is unknown."""
     if math.isnan(smax) or math.isnan(smin):
         return math.nan
@@ -230,12 +230,14 @@ def _kappa(smax: float, smin: float) -> float:
     return math.inf if smax > 0 else math.nan
 
 
-def _check_method(method: str) -> None:
+def check_method(method: str) -> None:
+    """Raise :class:`~osa_lab.errors.UnknownNameError` unless ``method`` is one of :data:`METHODS`."""
     if method not in METHODS:
         raise unknown_name("method", method, list(METHODS))
 
 
-def _check_size(n_out: int, n_in: int, dtype: torch.dtype, max_bytes: int | None) -> None:
+def check_size(n_out: int, n_in: int, dtype: torch.dtype, max_bytes: int | None) -> None:
+    """Raise :class:`JacobianTooLargeError` when a dense ``n_out × n_in`` Jacobian in ``dtype`` would exceed ``max_bytes``."""
     limit = default_max_bytes() if max_bytes is None else max_bytes
     itemsize = torch.finfo(dtype).bits // 8
     need = n_out * n_in * itemsize
@@ -315,7 +317,7 @@ def exact_jacobian(
     monitor = progress if isinstance(progress, _Monitor) else _Monitor(progress, should_stop, "exact")
     y, vjp_fn = torch.func.vjp(fn, x)
     n_out = y.numel()
-    _check_size(n_out, x.numel(), x.dtype, max_bytes)
+    check_size(n_out, x.numel(), x.dtype, max_bytes)
     if monitor.task == "":
         monitor.start("exact Jacobian", 0, n_out)
     step = n_out if chunk_size is None else max(int(chunk_size), 1)
@@ -620,7 +622,7 @@ def jacobian_spectrum(
         max_input_dim: refuse matrix-free inputs with more entries (:data:`MAX_INPUT_DIM` by default).
         progress, should_stop: progress callback and cancel hook (module docstring).
     """
-    _check_method(method)
+    check_method(method)
     fn, x = _as_function(fn_or_model, x)
     resolved = method
     if method == "auto":
@@ -645,7 +647,7 @@ def jacobian_spectrum(
             with torch.no_grad():
                 shape = (fn(x).numel(), x.numel())
             products = monitor.products
-    return JacobianSpectrum(sigma, smax, smin, _kappa(smax, smin), resolved, shape, converged, products)
+    return JacobianSpectrum(sigma, smax, smin, kappa_from_extremes(smax, smin), resolved, shape, converged, products)
 
 
 # --------------------------------------------------------------------------------------
@@ -728,7 +730,7 @@ def estimate_jacobian_seconds(
     for s in scopes:
         if s not in SCOPES:
             raise unknown_name("scope", s, list(SCOPES))
-    wanted = _resolve_layers(layers, depth)
+    wanted = resolve_layers(layers, depth)
     osa = attention == "osa"
     n = tokens * dim
     f = _block_flops(tokens, dim)
@@ -768,7 +770,7 @@ def resolve_method(
     otherwise matrix-free. Results of a call with ``method="auto"`` equal those of the resolved
     method (same seed and settings), so caches can key on the resolved method.
     """
-    _check_method(method)
+    check_method(method)
     if method != "auto":
         return method
     n = tokens * dim
@@ -823,7 +825,8 @@ def _prefix_fn(model: Encoder, layers: int) -> Callable:
     return lambda z: model(z[None], layers=layers)[0]
 
 
-def _resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
+def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
+    """The layers 1..depth to study (all when ``layers`` is None); refuses layers outside 1..depth."""
     if layers is None:
         return list(range(1, depth + 1))
     out = sorted(set(int(l) for l in layers))
@@ -846,13 +849,13 @@ def _depth_spectra(
     max_exact_dim, max_bytes, max_input_dim = how.max_exact_dim, how.max_bytes, how.max_input_dim
     solver, tol = how.solver, how.tol
 
-    _check_method(method)
+    check_method(method)
     for s in scopes:
         if s not in SCOPES:
             raise unknown_name("scope", s, list(SCOPES))
-    wanted = _resolve_layers(layers, depth)
+    wanted = resolve_layers(layers, depth)
     if method == "exact":
-        _check_size(tokens * dim, tokens * dim, dtype, max_bytes)
+        check_size(tokens * dim, tokens * dim, dtype, max_bytes)
     model, x0, keys = build_point(point, dtype)
     n = x0.numel()
     attention = "osa" if getattr(getattr(model, "config", None), "attention", "osa") == "osa" else "ssa"
@@ -879,7 +882,7 @@ def _depth_spectra(
     inputs = _layer_inputs(model, x0)
     with functional_mode(model):
         if resolved == "exact":
-            _check_size(n, n, dtype, max_bytes)
+            check_size(n, n, dtype, max_bytes)
             product = None
             for l in range(1, max(wanted) + 1):
                 monitor.start(f"{preset}: exact Jacobian of block {l}", l - 1, n)
@@ -900,7 +903,7 @@ def _depth_spectra(
                         scope,
                         l,
                         JacobianSpectrum(
-                            sigma, smax, smin, _kappa(smax, smin), "exact", tuple(mat.shape), True, n
+                            sigma, smax, smin, kappa_from_extremes(smax, smin), "exact", tuple(mat.shape), True, n
                         ),
                     )
                     bar.update()
@@ -924,7 +927,7 @@ def _depth_spectra(
                         scope,
                         l,
                         JacobianSpectrum(
-                            np.array([smax, smin]), smax, smin, _kappa(smax, smin), "matrix-free", (n, n), converged
+                            np.array([smax, smin]), smax, smin, kappa_from_extremes(smax, smin), "matrix-free", (n, n), converged
                         ),
                     )
                     bar.update()

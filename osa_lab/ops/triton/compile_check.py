@@ -5,7 +5,7 @@
 compiles every kernel variant that ``benchmarks/gpu_check.py`` launches (the shapes, dtypes and
 configurations are defined here, :data:`GPU_CHECK`, and the GPU script reads them from here)
 through Triton's own JIT with a *stand-in driver* that reports an sm_90 device: the host code
-of each pass (:func:`osa_lab.kernels.triton_osa._reduce`, ``_fwd_apply``, ``_bwd_apply``) runs
+of each pass (:func:`osa_lab.kernels.triton_osa.reduce_pass`, ``forward_apply``, ``backward_apply``) runs
 on ``meta`` tensors of the real shapes, and every launch becomes ``kernel.warmup(...)``. The
 JIT therefore specialises the arguments exactly as the GPU run will (integer divisibility,
 strides equal to 1, constexprs), and the cache entries it writes carry the keys the GPU run
@@ -94,15 +94,15 @@ def launch_case(case: Case, device: str = "meta", sm_count: int | None = H200_SM
     b, n, r, d = case.b, case.n, case.r, case.d
     q, k = (torch.empty(b, n, r, dtype=dtype, device=device) for _ in range(2))
     v = torch.empty(b, n, d, dtype=dtype, device=device)
-    plan = T._plan(q, v, T.TritonConfig(**case.config), sm_count=sm_count)
+    plan = T.launch_plan(q, v, T.TritonConfig(**case.config), sm_count=sm_count)
     c = torch.zeros(b, 2 * r, d, dtype=torch.float64, device=device)
-    T._reduce(q, k, v, plan, gram=True)
-    T._fwd_apply(q, k, v, c, plan)
+    T.reduce_pass(q, k, v, plan, gram=True)
+    T.forward_apply(q, k, v, c, plan)
     if case.backward:
         gy = torch.empty_like(v)
         h = torch.zeros(b, 2 * r, 2 * r, dtype=torch.float64, device=device)
-        T._reduce(q, k, gy, plan, gram=False)
-        T._bwd_apply(q, k, v, gy, c, c, h, plan)
+        T.reduce_pass(q, k, gy, plan, gram=False)
+        T.backward_apply(q, k, v, gy, c, c, h, plan)
 
 
 class _StandInDriver:
@@ -244,10 +244,10 @@ def compile_cases(
         echo(results[key].line(), flush=True)
 
     knobs.nvidia.dump_ptxas_log = True
-    old_hook = T._LAUNCH_HOOK
+    old_hook = T.LAUNCH_HOOK
     old_driver = getattr(driver, "_active", None)
     driver.set_active(_StandInDriver(target))
-    T._LAUNCH_HOOK = hook
+    T.LAUNCH_HOOK = hook
     try:
         for case in cases:
             current["case"] = case.label()
@@ -256,7 +256,7 @@ def compile_cases(
             except _StopError:
                 break
     finally:
-        T._LAUNCH_HOOK = old_hook
+        T.LAUNCH_HOOK = old_hook
         knobs.nvidia.dump_ptxas_log = False
         driver._active = old_driver  # reset_active() would look for a real GPU driver
     echo(f"# triton {triton.__version__}, sm_{arch}, cache {cache_dir}", flush=True)

@@ -381,12 +381,12 @@ if HAVE_TRITON:
 #: When set, ``_launch`` hands every kernel launch to this callable
 #: ``hook(kernel, grid, args, kwargs)`` instead of launching it: the compile-only check
 #: (:mod:`osa_lab.kernels.compile_check`) compiles through it, the sync counter counts launches.
-_LAUNCH_HOOK = None
+LAUNCH_HOOK = None
 
 
 def _launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    if _LAUNCH_HOOK is not None:
-        _LAUNCH_HOOK(kernel, grid, args, kwargs)
+    if LAUNCH_HOOK is not None:
+        LAUNCH_HOOK(kernel, grid, args, kwargs)
     else:
         kernel[grid](*args, **kwargs)
 
@@ -459,7 +459,7 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig, *, sm_count: int | None = None) -> _Plan:
+def launch_plan(q: torch.Tensor, v: torch.Tensor, cfg: TritonConfig, *, sm_count: int | None = None) -> _Plan:
     """Block sizes, splits and precision for inputs shaped like ``q``, ``v`` (host arithmetic only).
 
     ``sm_count``: streaming multiprocessors of the target (default: the device of ``q``; 4 on
@@ -552,7 +552,7 @@ def _tile_table(
     return out
 
 
-def _reduce(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, gram: bool):
+def reduce_pass(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, plan: _Plan, *, gram: bool):
     """Run the reduce pass; returns float64 ``Uᵀ[U | X]`` (b, 2rp, 2rp + dp) or ``Uᵀ X`` (b, 2rp, dp)
     summed over splits (Gram symmetrised), and Σ x² per b (float64)."""
     b, n, _ = q.shape
@@ -629,7 +629,8 @@ def _pad_rows(mat: torch.Tensor, plan: _Plan, which: int) -> torch.Tensor:
     return mat[:, which * r : (which + 1) * r]
 
 
-def _fwd_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
+def forward_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """The forward apply pass ``Y = V + U C`` (Triton kernel launch; ``U = [q k]``)."""
     b, n, _ = q.shape
     y = torch.empty(b, n, plan.d, dtype=v.dtype, device=v.device)
     w, ws = _pack([_pad_rows(c, plan, 0), _pad_rows(c, plan, 1)], plan, q.dtype)
@@ -648,7 +649,8 @@ def _fwd_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
     return y
 
 
-def _bwd_apply(q, k, v, gy, c, gp, h, plan: _Plan):
+def backward_apply(q, k, v, gy, c, gp, h, plan: _Plan):
+    """The backward apply pass ``gU = gY Cᵀ + V gPᵀ + U H``, ``gV = gY + U gP`` (Triton kernel launch)."""
     b, n, _ = q.shape
     r = plan.r
     cq, ck = _pad_rows(c, plan, 0), _pad_rows(c, plan, 1)
@@ -783,9 +785,9 @@ class _OSATriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, cfg: TritonConfig):  # noqa: D102
         b, n, r = q.shape
-        plan = _plan(q, v, cfg)
+        plan = launch_plan(q, v, cfg)
         idx = _idx(r, plan.rp, q.device)
-        gp_full, v_sq = _reduce(q, k, v, plan, gram=True)
+        gp_full, v_sq = reduce_pass(q, k, v, plan, gram=True)
         rows = gp_full.index_select(1, idx)
         g = rows.index_select(2, idx)
         p = rows[:, :, 2 * plan.rp : 2 * plan.rp + plan.d]
@@ -796,7 +798,7 @@ class _OSATriton(torch.autograd.Function):
         keep = ~bad[:, None, None]
         g = torch.where(keep, g, torch.eye(2 * r, dtype=torch.float64, device=q.device))
         c = torch.where(keep, c, 0.0)
-        y = _fwd_apply(q, k, v, c, plan)
+        y = forward_apply(q, k, v, c, plan)
         ctx.save_for_backward(q, k, v, scale, g, p, c, bad)
         ctx.plan = plan
         ctx.mark_non_differentiable(bad)
@@ -809,7 +811,7 @@ class _OSATriton(torch.autograd.Function):
         r = plan.r
         need_q, need_k, need_v, need_s, _ = ctx.needs_input_grad
         idx = _idx(r, plan.rp, q.device)
-        gc_full, _ = _reduce(q, k, gy, plan, gram=False)
+        gc_full, _ = reduce_pass(q, k, gy, plan, gram=False)
         gc = gc_full.index_select(1, idx)[:, :, : plan.d]
         s64 = scale.detach().to(torch.float64)
         if need_s:
@@ -823,7 +825,7 @@ class _OSATriton(torch.autograd.Function):
         keep = ~bad[:, None, None]
         h = torch.where(keep, gg_sym, 0.0)
         gp = torch.where(keep, gp, 0.0)
-        gq, gk, gv = _bwd_apply(q, k, v, gy, c, gp, h, plan)
+        gq, gk, gv = backward_apply(q, k, v, gy, c, gp, h, plan)
         gs = None
         if need_s:
             gs = torch.where(bad, 0.0, gs64).to(scale.dtype)

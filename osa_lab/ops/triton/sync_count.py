@@ -87,19 +87,19 @@ def count_syncs():
     from osa_lab.ops.triton import kernels as T
 
     counts = Counts()
-    old = T._LAUNCH_HOOK
+    old = T.LAUNCH_HOOK
 
     def hook(kernel, grid, args, kwargs):
         counts.launches[kernel.__name__] += 1
         with _disable_current_modes():
             kernel[grid](*args, **kwargs)
 
-    T._LAUNCH_HOOK = hook
+    T.LAUNCH_HOOK = hook
     try:
         with _Counter(counts):
             yield counts
     finally:
-        T._LAUNCH_HOOK = old
+        T.LAUNCH_HOOK = old
 
 
 def measure(core: str = "adaptive", b: int = 2, n: int = 256, r: int = 32, d: int = 32) -> dict[str, Counts]:
