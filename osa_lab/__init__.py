@@ -5,6 +5,7 @@ from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
     MethodUnavailableError,
+    NonFiniteHiddenStateError,
     OSAAccuracyWarning,
     OSADtypeError,
     OSAInputError,
@@ -12,7 +13,7 @@ from osa_lab.errors import (
     UntrustedResultError,
 )
 from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
-from osa_lab.nn.models import ModelConfig, NonFiniteHiddenStateError, build_classifier, build_model
+from osa_lab.nn.models import ModelConfig, build_classifier, build_model
 from osa_lab.nn.presets import PRESETS, get_preset, preset_names
 from osa_lab.ops.expm import (
     is_orthogonal,

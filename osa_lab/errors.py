@@ -6,6 +6,8 @@ practice of typed, explanatory exceptions (docs/design.md §6).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class OSAInputError(ValueError):
     """An argument has the wrong shape, value or contents (NaN/Inf, mismatched sizes)."""
@@ -87,3 +89,56 @@ class OSAAccuracyWarning(UserWarning):
 class ComputationCancelledError(RuntimeError):
     """A long computation stopped early because its ``should_stop`` hook returned True (e.g. the
     dashboard's cancel button or a closed session); no partial result is returned."""
+
+
+# Exceptions that used to live beside the code raising them (their old import paths still work:
+# each of those modules imports its class from here).
+
+
+class NonFiniteHiddenStateError(FloatingPointError):
+    """A hidden state contains NaN or Inf; ``.layer`` (0 = input) and ``.site`` say where it first appears."""
+
+    def __init__(self, message: str, layer: int, site: str) -> None:
+        super().__init__(message)
+        self.layer = layer
+        self.site = site
+
+
+class JacobianTooLargeError(ConfigurationError):
+    """The Jacobian is too large to compute here; the message gives its size and the alternative."""
+
+
+class MissingDataError(FileNotFoundError):
+    """A data file osa_lab needs is not on disk; the message says where to get it and put it."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss (or the weights, or hidden states) became NaN/Inf during training.
+
+    Attributes ``step`` (optimiser steps taken), ``epoch`` (1-based epoch in progress),
+    ``preset`` and ``checkpoint`` (the last good checkpoint, or None) are set so callers such as
+    :func:`osa_lab.studies.training.compare` can record the failure.
+    """
+
+    def __init__(self, message: str, *, step: int, epoch: int, preset: str, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.step, self.epoch, self.preset, self.checkpoint = step, epoch, preset, checkpoint
+
+
+class ReportError(RuntimeError):
+    """A problem with a report request itself (unknown notebook, bad parameter file, no kernel)."""
+
+
+def heads_do_not_divide(
+    dim: int, heads: int, *, dim_name: str = "dim", heads_name: str = "heads", otherwise: str = "change dim"
+) -> ConfigurationError:
+    """Build the :class:`ConfigurationError` for a width ``dim`` that ``heads`` does not divide.
+
+    Each head gets ``dim / heads`` value columns, so the message lists the head counts that
+    divide ``dim`` and the other way out (``otherwise``).
+    """
+    divisors = [h for h in range(1, dim + 1) if dim % h == 0]
+    return ConfigurationError(
+        f"`{dim_name}`={dim} is not divisible by `{heads_name}`={heads}: each head's value width is "
+        f"{dim_name}/{heads_name}; choose {heads_name} from {divisors} or {otherwise}"
+    )

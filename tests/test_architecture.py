@@ -247,3 +247,17 @@ def test_the_checks_catch_a_cycle_and_an_attribute_access():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     tree = ast.parse("from osa_lab.ops import expm\nexpm.gram_core_with_norm(1)\n")
     assert module_aliases("osa_lab.probe", tree) == {"expm": "osa_lab.ops.expm"}
+
+
+def test_every_exception_type_lives_in_errors():
+    """``osa_lab.errors`` holds every exception and warning type (other modules import them)."""
+    elsewhere = []
+    for name, tree in TREES.items():
+        if name == "osa_lab.errors":
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and any(
+                (dotted(base) or "").split(".")[-1].endswith(("Error", "Exception", "Warning")) for base in node.bases
+            ):
+                elsewhere.append(f"{name}:{node.lineno} class {node.name}")
+    assert elsewhere == []

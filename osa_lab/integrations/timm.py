@@ -61,6 +61,7 @@ from osa_lab.errors import (
     ConfigurationError,
     OptionalDependencyError,
     OSAInputError,
+    heads_do_not_divide,
     unknown_name,
 )
 from osa_lab.nn.attention import derived_alpha_init
@@ -323,11 +324,7 @@ class OSAAttention(nn.Module):
         _positive_int("num_heads", num_heads)
         if attn_head_dim is None:
             if dim % num_heads:
-                divisors = [h for h in range(1, dim + 1) if dim % h == 0]
-                raise ConfigurationError(
-                    f"`dim`={dim} is not divisible by `num_heads`={num_heads}; choose num_heads from "
-                    f"{divisors} or give attn_head_dim"
-                )
+                raise heads_do_not_divide(dim, num_heads, heads_name="num_heads", otherwise="give attn_head_dim")
             attn_head_dim = dim // num_heads
         _positive_int("attn_head_dim", attn_head_dim)
         if (qk_norm or scale_norm) and norm_layer is None and _reuse is None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osa_lab.errors import ConfigurationError, unknown_name
+from osa_lab.errors import ConfigurationError, heads_do_not_divide, unknown_name
 from osa_lab.ops.functional import METHODS, osa
 from osa_lab.ops.guards import check_float_tensor, refuse_masks
 
@@ -60,11 +60,7 @@ def _check_dims(dim: int, heads: int, head_dim: int | None) -> int:
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ConfigurationError(f"`{name}` must be a positive int, got {val!r}")
     if dim % heads != 0:
-        divisors = [h for h in range(1, dim + 1) if dim % h == 0]
-        raise ConfigurationError(
-            f"`dim`={dim} is not divisible by `heads`={heads}: each head's value width is dim/heads. "
-            f"Choose heads from {divisors} or change dim."
-        )
+        raise heads_do_not_divide(dim, heads)
     if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1):
         raise ConfigurationError(f"`head_dim` must be a positive int or None, got {head_dim!r}")
     return head_dim if head_dim is not None else dim // heads

@@ -55,7 +55,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
+from osa_lab.errors import (
+    ConfigurationError,
+    NonFiniteHiddenStateError,
+    OSAInputError,
+    heads_do_not_divide,
+    unknown_name,
+)
 from osa_lab.nn.attention import (
     OrthogonalSelfAttention,
     SoftmaxSelfAttention,
@@ -72,15 +78,6 @@ INPUTS = ("tokens", "patches", "sequence")
 BACKBONES = ("transformer", "mlp", "cnn1d")
 #: (a, b, c) of the Cutting-the-Skip initialisation (Ji et al. 2025, ViT-B values; docs/design.md §3).
 CUTTING_SKIP_ABC = (2.0, 0.6, 3.0)
-
-
-class NonFiniteHiddenStateError(FloatingPointError):
-    """A hidden state contains NaN or Inf; ``.layer`` (0 = input) and ``.site`` say where it first appears."""
-
-    def __init__(self, message: str, layer: int, site: str) -> None:
-        super().__init__(message)
-        self.layer = layer
-        self.site = site
 
 
 def _check_name(kind: str, value: object, valid: tuple[str, ...]) -> None:
@@ -139,11 +136,7 @@ class ModelConfig:
         if self.head_dim is not None:
             _positive_int("head_dim", self.head_dim)
         if self.dim % self.heads != 0:
-            divisors = [h for h in range(1, self.dim + 1) if self.dim % h == 0]
-            raise ConfigurationError(
-                f"`dim`={self.dim} is not divisible by `heads`={self.heads}; choose heads from {divisors} "
-                "or change dim"
-            )
+            raise heads_do_not_divide(self.dim, self.heads)
         if (
             not isinstance(self.mlp_ratio, (int, float))
             or isinstance(self.mlp_ratio, bool)

@@ -39,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from osa_lab.errors import ReportError
+
 #: Folder of the notebook sources (the repository's ``notebooks/``).
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 #: Tiny parameters used by ``--quick``.
@@ -57,10 +59,6 @@ _OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 """
-
-
-class ReportError(RuntimeError):
-    """A problem with the request itself (unknown notebook, bad parameter file, no kernel)."""
 
 
 @dataclass

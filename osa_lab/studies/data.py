@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from osa_lab.errors import ConfigurationError, OSAInputError, unknown_name
+from osa_lab.errors import ConfigurationError, MissingDataError, OSAInputError, unknown_name
 
 #: data-set names accepted by :func:`load_data`
 DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic", "mnist1d", "mnist1d-large", "mnist1d-shuffle")
@@ -87,10 +87,6 @@ _IDX_DTYPES: dict[int, np.dtype] = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-
-
-class MissingDataError(FileNotFoundError):
-    """A data file osa_lab needs is not on disk; the message says where to get it and put it."""
 
 
 @dataclass(frozen=True)

@@ -57,8 +57,10 @@ from torch import nn
 from osa_lab.errors import (
     ComputationCancelledError,
     ConfigurationError,
+    JacobianTooLargeError,
     OSAInputError,
     SolverNotConvergedWarning,
+    heads_do_not_divide,
     unknown_name,
 )
 from osa_lab.nn.attention import OrthogonalSelfAttention, derived_alpha_init
@@ -120,10 +122,6 @@ SIGMA_COLUMNS = [
     "index",
     "sigma",
 ]
-
-
-class JacobianTooLargeError(ConfigurationError):
-    """The Jacobian is too large to compute here; the message gives its size and the alternative."""
 
 
 @dataclass(frozen=True)
@@ -1066,7 +1064,7 @@ def osa_layer_conditioning(
         for d in as_list("dims", dims):
             for h in as_list("heads", heads):
                 if d % h:
-                    raise ConfigurationError(f"`dims` value {d} is not divisible by `heads`={h}")
+                    raise heads_do_not_divide(d, h, dim_name="dims")
                 derived = derived_alpha_init(n, d, d // h)
                 for a in as_list("alphas", alphas):
                     source = "derived" if a is None or a == "derived" else "given"

@@ -26,7 +26,7 @@ import time
 import pandas as pd
 import torch
 
-from osa_lab.errors import ConfigurationError, OSADtypeError
+from osa_lab.errors import ConfigurationError, OSADtypeError, heads_do_not_divide
 from osa_lab.nn.attention import derived_alpha_init
 from osa_lab.ops.expm import orthogonality_error, osa_matrix
 from osa_lab.ops.functional import osa, resolve_method
@@ -112,8 +112,7 @@ def osa_check(
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ConfigurationError(f"`{name}` must be a positive int, got {val!r}")
     if dim % heads:
-        divisors = [h for h in range(1, dim + 1) if dim % h == 0]
-        raise ConfigurationError(f"`dim`={dim} is not divisible by `heads`={heads}; choose heads from {divisors}")
+        raise heads_do_not_divide(dim, heads)
     if tokens > MAX_DENSE_TOKENS:
         raise ConfigurationError(
             f"the OSA check forms the dense {tokens}×{tokens} matrix exponential per head (O(N³)); "

@@ -65,6 +65,7 @@ from osa_lab.errors import (
     OSAInputError,
     OutputPathError,
     RunLockedError,
+    TrainingDivergedError,
     UnknownNameError,
     unknown_name,
 )
@@ -132,18 +133,6 @@ CHECKPOINT_NAME = "checkpoint.pt"
 _CHECKPOINT_FORMAT = 2
 #: the lock file that makes a run folder owned by one process (JSON: pid, host, started, command)
 LOCK_NAME = "run.lock"
-
-
-class TrainingDivergedError(RuntimeError):
-    """The loss (or the weights, or hidden states) became NaN/Inf during training.
-
-    Attributes ``step`` (optimiser steps taken), ``epoch`` (1-based epoch in progress),
-    ``preset`` and ``checkpoint`` (the last good checkpoint, or None) are set so callers such as :func:`compare` can record the failure.
-    """
-
-    def __init__(self, message: str, *, step: int, epoch: int, preset: str, checkpoint: Path | None) -> None:
-        super().__init__(message)
-        self.step, self.epoch, self.preset, self.checkpoint = step, epoch, preset, checkpoint
 
 
 @dataclass(frozen=True)
