@@ -36,7 +36,7 @@ def stages(n: int, rounds: int) -> list[dict]:
     tol = expm.CORE_TOLERANCE[torch.float32]
     chol, chol_inv, _ = expm.cholesky_with_inverse(g)
     m = expm.core_matrix(chol, j, osa_core=True)
-    e_minus_i = expm.skew_matrix_exp(m, tol=tol, minus_identity=True)
+    e_minus_i = expm.core_skew_exp(m, tol=tol, minus_identity=True)
     c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p))).float()
     mm_a, mm_b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     with torch.no_grad():
@@ -45,7 +45,7 @@ def stages(n: int, rounds: int) -> list[dict]:
                 "Gram products UᵀU (3)": lambda: expm.block_gram(a, b),
                 "projection UᵀV (2)": lambda: torch.cat([a.mT @ v, b.mT @ v], -2),
                 "core: blocked Cholesky + inverse": lambda: expm.cholesky_with_inverse(g),
-                "core: exp(M) − I (skew_matrix_exp)": lambda: expm.skew_matrix_exp(m, tol=tol, minus_identity=True),
+                "core: exp(M) − I (core_skew_exp)": lambda: expm.core_skew_exp(m, tol=tol, minus_identity=True),
                 "core: all (gram_core_parts)": lambda: expm.gram_core_parts(g, j, tol, True),
                 "C = L⁻ᵀ(e^M − I)L⁻¹P": lambda: chol_inv.mT @ (e_minus_i @ (chol_inv @ p)),
                 "output V + q C_q + k C_k": lambda: torch.baddbmm(v, a, c[:, :r]).baddbmm_(b, c[:, r:]),

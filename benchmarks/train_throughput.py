@@ -5,7 +5,7 @@ depth, width, heads and MLP. A "step" is what :func:`osa_lab.train.train` does p
 forward, cross-entropy, backward, gradient clip and an AdamW update.
 
 Both models (and ``skipless-ssa`` for reference, and OSA with each ``--osa-methods`` entry of
-:data:`osa_lab.functional.METHODS`) are timed side by side in one process, interleaved
+:data:`osa_lab.functional.OSA_METHODS`) are timed side by side in one process, interleaved
 configuration by configuration, with :func:`osa_lab.benchtools.time_call` (median of
 ``--repeat`` runs). Times depend on the machine's load; the ratio column is what to read.
 

@@ -69,7 +69,7 @@ from osa_lab.studies import expm_accuracy as expm_study
 # * float64: rounding level, growing with ‖S‖₂ (≈ 1e-11 at the largest ‖S‖₂ of the default
 #   run, not the ≲ 1e-12 of an init-scale S);
 # * float32, low-rank path (its 2r×2r exponential runs in float64): 1e-7 to 1e-5;
-# * float32, dense `matrix_exp`: like low-rank at init-scale ‖S‖₂, but growing about in
+# * float32, dense `dense_exp`: like low-rank at init-scale ‖S‖₂, but growing about in
 #   proportion to ‖S‖₂ — up to ≈ 2e-3 at α = 10 (orthogonality error ≈ 7e-3 there), so the dense
 #   float32 reference is not accurate at large α;
 # * bfloat16: near 1e-3 (the output is rounded to 8 bits of mantissa).
@@ -103,7 +103,7 @@ acc.assign(norm_range=_bins).pivot_table(index=["dtype", "method"], columns="nor
 # The same errors against the α axis at the largest N, and against the spectral norm of S
 # for every problem: the float32 error of any method grows with ‖S‖₂, and the low-rank
 # path (whose small 2r×2r exponential runs in float64) stays well below the dense float32
-# `matrix_exp`.
+# `dense_exp`.
 
 # %%
 nb.show(plots.error_vs_alpha(acc))

@@ -99,7 +99,7 @@ if results_dir:
     source = Path(results_dir)
     metrics = T.load_metrics(source / "metrics.csv")
     runs = pd.read_csv(source / "runs.csv") if (source / "runs.csv").exists() else None
-    summary = T.summarise(metrics, runs, order=list(dict.fromkeys(metrics["preset"])))
+    summary = T.summarize_runs(metrics, runs, order=list(dict.fromkeys(metrics["preset"])))
     print(f"loaded {source}: {metrics['preset'].nunique()} presets, seeds {sorted(int(s) for s in metrics['seed'].unique())}")
 else:
     from osa_lab.studies.data import MNIST1D_VARIANTS

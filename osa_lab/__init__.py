@@ -1,6 +1,7 @@
 """osa_lab: Orthogonal Self-Attention (Zhang & Martens, arXiv 2602.05996) against softmax attention."""
 
 from osa_lab import compat
+from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
@@ -16,15 +17,15 @@ from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxSelfAttention, 
 from osa_lab.nn.models import ModelConfig, build_classifier, build_model
 from osa_lab.nn.presets import PRESETS, get_preset, preset_names
 from osa_lab.ops.expm import (
+    core_skew_exp,
     is_orthogonal,
     lowrank_action,
     orthogonality_error,
     osa_matrix,
-    skew_expm,
-    skew_matrix_exp,
+    reference_skew_exp,
     skew_symmetric_from_qk,
 )
-from osa_lab.ops.functional import METHODS, osa
+from osa_lab.ops.functional import OSA_METHODS, osa
 from osa_lab.studies.metrics import METRICS
 from osa_lab.version import __version__
 
@@ -33,7 +34,7 @@ compat.install()
 
 __all__ = [
     "__version__",
-    "METHODS",
+    "OSA_METHODS",
     "METRICS",
     "PRESETS",
     "ModelConfig",
@@ -58,15 +59,21 @@ __all__ = [
     "orthogonality_error",
     "osa",
     "osa_matrix",
-    "skew_expm",
-    "skew_matrix_exp",
+    "reference_skew_exp",
+    "core_skew_exp",
     "skew_symmetric_from_qk",
 ]
 
 
+_renamed = renamed(
+    __name__, {"METHODS": "OSA_METHODS", "skew_expm": "reference_skew_exp", "skew_matrix_exp": "core_skew_exp"}
+)
+
+
 def __getattr__(name: str):
-    """``osa_lab.analysis`` etc. (old module paths) without an import statement."""
+    """Renamed public names (with a DeprecationWarning) and ``osa_lab.analysis`` etc. (old module
+    paths) without an import statement."""
     module = compat.moved_module(name)
-    if module is None:
-        raise AttributeError(f"module 'osa_lab' has no attribute {name!r}")
-    return module
+    if module is not None:
+        return module
+    return _renamed(name)

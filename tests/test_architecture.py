@@ -28,7 +28,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "osa_lab"
 #: floors from the bottom up (docs/architecture.md); a module's wing is the first name under
 #: ``osa_lab`` (the package or top-level module it belongs to).
 FLOORS: list[set[str]] = [
-    {"errors", "arguments", "version"},  # shared by everyone: exception types, CLI argument checks
+    {"errors", "arguments", "version", "deprecation"},  # shared by all: exceptions, CLI argument checks, renames
     {"ops"},  # the mathematics
     {"nn"},  # layers, models, presets
     {"plots"},  # figures from tidy tables

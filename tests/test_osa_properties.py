@@ -84,7 +84,7 @@ def test_batch_and_head_independence(batch, heads, n, seed, method):
         for h in range(heads):
             single = osa_lab.osa(q[b, h], k[b, h], v[b, h], float(alpha[h]), method=method)
             # 1e-10, the float64 accuracy contract: a batch and a single matrix may take different
-            # exponential algorithms (expm.matrix_exp picks by the batch's largest norm).
+            # exponential algorithms (expm.dense_exp picks by the batch's largest norm).
             assert rel_err(y[b, h], single) <= 1e-10
 
 

@@ -38,12 +38,12 @@ def _scipy_expm(m: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("norm2", [0.0, 1e-8, 1e-3, 0.5, 3.0, 30.0, 300.0, 3000.0], ids=lambda x: f"norm{x:g}")
 def test_skew_matrix_exp_matches_scipy_float64(n, norm2):
     m = _skew_batch(n, norm2, seed=n)
-    got = expm.skew_matrix_exp(m)
+    got = expm.core_skew_exp(m)
     # exp is ‖M‖-conditioned on skew matrices: scipy's own error reaches ≈ 6e-15·‖M‖₂ here
     # (see the exact 2 × 2 rotations below, where ours is the more accurate of the two).
     tol = 1e-14 * max(1.0, norm2) * math.sqrt(max(n, 1))
     assert rel_err(got, _scipy_expm(m)) <= tol
-    got_minus_i = expm.skew_matrix_exp(m, minus_identity=True)
+    got_minus_i = expm.core_skew_exp(m, minus_identity=True)
     assert float((got_minus_i - (_scipy_expm(m) - torch.eye(n))).norm()) <= tol * math.sqrt(n)
     assert expm.orthogonality_error(got).max() <= 1e-13 * max(1.0, norm2)
 
@@ -53,17 +53,17 @@ def test_skew_matrix_exp_exact_rotations(theta):
     """exp([[0, θ], [−θ, 0]]) is the rotation by θ: exact to ≈ eps·θ (scipy: ≈ 6e-15·θ)."""
     m = torch.tensor([[[0.0, theta], [-theta, 0.0]]], dtype=torch.float64)
     exact = torch.tensor([[[math.cos(theta), math.sin(theta)], [-math.sin(theta), math.cos(theta)]]], dtype=torch.float64)
-    assert rel_err(expm.skew_matrix_exp(m), exact) <= 1e-15 * max(1.0, theta)
+    assert rel_err(expm.core_skew_exp(m), exact) <= 1e-15 * max(1.0, theta)
 
 
 @pytest.mark.parametrize("norm2", [0.1, 10.0, 300.0], ids=lambda x: f"norm{x:g}")
 def test_skew_matrix_exp_float32_and_tolerance(norm2):
     m = _skew_batch(16, norm2, seed=3)
     ref = _scipy_expm(m)
-    assert rel_err(expm.skew_matrix_exp(m.float()), ref) <= 1e-6 * max(1.0, norm2)
+    assert rel_err(expm.core_skew_exp(m.float()), ref) <= 1e-6 * max(1.0, norm2)
     # A looser truncation tolerance (used for float32 inputs) keeps the float64 error near
     # 2^s · tol and never worse than the float32 budget it serves.
-    assert rel_err(expm.skew_matrix_exp(m, tol=1e-10), ref) <= 1e-8 * max(1.0, norm2)
+    assert rel_err(expm.core_skew_exp(m, tol=1e-10), ref) <= 1e-8 * max(1.0, norm2)
 
 
 def test_skew_matrix_exp_uses_fewer_squarings_than_the_one_norm_needs():
@@ -82,9 +82,9 @@ def test_skew_matrix_exp_uses_fewer_squarings_than_the_one_norm_needs():
 
 def test_skew_matrix_exp_gradcheck():
     leaf = _skew_batch(6, 4.0, batch=2).requires_grad_(True)
-    assert torch.autograd.gradcheck(expm.skew_matrix_exp, (leaf,), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(expm.core_skew_exp, (leaf,), eps=1e-6, atol=1e-8)
     leaf_small = _skew_batch(5, 0.01, batch=2).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda x: expm.skew_matrix_exp(x, minus_identity=True), (leaf_small,))
+    assert torch.autograd.gradcheck(lambda x: expm.core_skew_exp(x, minus_identity=True), (leaf_small,))
 
 
 def test_skew_matrix_exp_keeps_non_finite_input_in_its_own_slot():
@@ -93,7 +93,7 @@ def test_skew_matrix_exp_keeps_non_finite_input_in_its_own_slot():
     ref = _scipy_expm(m)
     m[1, 2, 3] = float("nan")
     m[2, 0, 1] = float("inf")
-    out = expm.skew_matrix_exp(m)
+    out = expm.core_skew_exp(m)
     assert rel_err(out[0], ref[0]) <= 1e-14
     assert not bool(torch.isfinite(out[1]).all()) and not bool(torch.isfinite(out[2]).all())
     u = torch.randn(3, 40, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
@@ -109,10 +109,10 @@ def test_skew_matrix_exp_keeps_non_finite_input_in_its_own_slot():
 def test_skew_matrix_exp_scales_each_matrix_when_norms_differ_widely():
     """A tiny-norm matrix batched with a huge-norm one is not squared 2^Δs times too often."""
     m = torch.cat([_skew_batch(16, 0.1, batch=1, seed=1), _skew_batch(16, 1e7, batch=1, seed=2)])
-    out = expm.skew_matrix_exp(m)
+    out = expm.core_skew_exp(m)
     assert rel_err(out[0], _scipy_expm(m[:1])[0]) <= 1e-14
     assert float(expm.orthogonality_error(out[1:])) <= 1e-6  # ‖M‖ = 1e7: the product of many squarings
-    alone = expm.skew_matrix_exp(m[:1])
+    alone = expm.core_skew_exp(m[:1])
     assert rel_err(out[0], alone[0]) <= 1e-14
 
 
@@ -121,14 +121,14 @@ def test_skew_matrix_exp_rejects_a_bad_tolerance():
 
     for tol in (0, -1e-3, 1.5, "x"):
         with pytest.raises(OSAInputError, match="tol"):
-            expm.skew_matrix_exp(_skew_batch(4, 1.0), tol=tol)
+            expm.core_skew_exp(_skew_batch(4, 1.0), tol=tol)
 
 
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(2, 40), norm2=st.floats(0.0, 200.0), seed=st.integers(0, 2**16))
 def test_skew_matrix_exp_is_orthogonal_with_det_one(n, norm2, seed):
     """docs/design.md §1: exp of a skew-symmetric matrix is orthogonal with determinant +1."""
-    e = expm.skew_matrix_exp(_skew_batch(n, norm2, batch=2, seed=seed))
+    e = expm.core_skew_exp(_skew_batch(n, norm2, batch=2, seed=seed))
     assert float(expm.orthogonality_error(e).max()) <= 1e-12 * max(1.0, norm2)
     assert torch.allclose(torch.linalg.det(e), torch.ones(2, dtype=torch.float64), atol=1e-10)
 
@@ -140,11 +140,11 @@ def test_skew_matrix_exp_is_orthogonal_with_det_one(n, norm2, seed):
 
 def test_skew_matrix_exp_results_do_not_alias_scratch_buffers():
     m1, m2 = _skew_batch(32, 5.0, seed=1), _skew_batch(32, 7.0, seed=2)
-    e1 = expm.skew_matrix_exp(m1)
+    e1 = expm.core_skew_exp(m1)
     kept = e1.clone()
-    e2 = expm.skew_matrix_exp(m2)
-    d1 = expm.skew_matrix_exp(m1, minus_identity=True)
-    expm.skew_matrix_exp(m2, minus_identity=True)
+    e2 = expm.core_skew_exp(m2)
+    d1 = expm.core_skew_exp(m1, minus_identity=True)
+    expm.core_skew_exp(m2, minus_identity=True)
     assert torch.equal(e1, kept)
     assert rel_err(d1 + torch.eye(32, dtype=torch.float64), kept) <= 1e-15
     assert e1.data_ptr() != e2.data_ptr()
@@ -186,7 +186,7 @@ def test_concurrent_threads_get_their_own_scratch():
 def test_scratch_limit_falls_back_to_fresh_buffers(monkeypatch):
     monkeypatch.setattr(expm, "SCRATCH_LIMIT_BYTES", 0)
     m = _skew_batch(16, 20.0)
-    assert rel_err(expm.skew_matrix_exp(m), _scipy_expm(m)) <= 1e-13
+    assert rel_err(expm.core_skew_exp(m), _scipy_expm(m)) <= 1e-13
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,10 +228,10 @@ def test_gram_engine_flags_rank_deficient_heads_for_the_qr_fallback():
 def test_release_scratch_frees_this_threads_buffers():
     m = _skew_batch(32, 5.0)
     expm.release_scratch()  # whatever earlier tests left in this thread
-    before = expm.skew_matrix_exp(m)
+    before = expm.core_skew_exp(m)
     assert expm.release_scratch() == 6 * m.numel() * m.element_size()
     assert expm._SCRATCH.buffers == [] and expm.release_scratch() == 0
-    assert torch.equal(expm.skew_matrix_exp(m), before)  # re-allocated, same result
+    assert torch.equal(expm.core_skew_exp(m), before)  # re-allocated, same result
 
 
 def test_scratch_buffers_work_after_inference_mode():

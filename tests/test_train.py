@@ -18,7 +18,7 @@ import osa_lab.studies.training as T
 from osa_lab.cli import main as cli_main
 from osa_lab.errors import ConfigurationError, UnknownNameError
 from osa_lab.studies.data import load_synthetic
-from osa_lab.studies.training import TrainConfig, TrainingDivergedError, compare, summarise, train
+from osa_lab.studies.training import TrainConfig, TrainingDivergedError, compare, summarize_runs, train
 
 TINY = {"depth": 2, "dim": 16, "heads": 2}
 
@@ -160,8 +160,8 @@ class NaNAfter(nn.Module):
 
 @pytest.fixture
 def nan_at_step_6(monkeypatch):
-    real = T.build_model
-    monkeypatch.setattr(T, "build_model", lambda cfg: NaNAfter(real(cfg), 7))  # 7th call = step 6
+    real = T.build_training_model
+    monkeypatch.setattr(T, "build_training_model", lambda cfg: NaNAfter(real(cfg), 7))  # 7th call = step 6
 
 
 def test_diverging_run_names_step_preset_and_last_checkpoint(tmp_path, data, nan_at_step_6):
@@ -181,7 +181,7 @@ def test_diverging_run_without_checkpoint_says_so(data, nan_at_step_6):
 
 
 def test_nan_in_hidden_states_is_reported_as_divergence(data, monkeypatch):
-    real = T.build_model
+    real = T.build_training_model
 
     def poisoned(cfg):
         model = real(cfg)
@@ -189,7 +189,7 @@ def test_nan_in_hidden_states_is_reported_as_divergence(data, monkeypatch):
             model.encoder.blocks[1].attn.to_v.weight.fill_(float("inf"))
         return model
 
-    monkeypatch.setattr(T, "build_model", poisoned)
+    monkeypatch.setattr(T, "build_training_model", poisoned)
     with pytest.raises(TrainingDivergedError, match=r"step 0 .*layer 2"):
         train(tiny("skipless-ssa"), data=data, progress=False)
 
@@ -203,11 +203,11 @@ def test_unknown_names_list_the_valid_ones(data):
 
 
 def test_compare_summarises_presets_and_records_divergence(tmp_path, data, monkeypatch):
-    real = T.build_model
+    real = T.build_training_model
     # make every skipless-ssa run diverge; the others must still run and be summarised
     monkeypatch.setattr(
         T,
-        "build_model",
+        "build_training_model",
         lambda cfg: NaNAfter(real(cfg), 3) if cfg.attention == "ssa" and not cfg.skip else real(cfg),
     )
     base = tiny(epochs=2)
@@ -236,11 +236,11 @@ def test_summarise_golden_values():
                              layer=None, head=None, value=val))  # fmt: skip
         rows.append(dict(preset="p", data="d", seed=seed, epoch=4, step=40, kind="eval",
                          metric="test_accuracy", layer=None, head=None, value=0.0))  # fmt: skip
-    s = summarise(T.metrics_frame(rows)).iloc[0]
+    s = summarize_runs(T.metrics_frame(rows)).iloc[0]
     assert s["test_accuracy_mean"] == pytest.approx(0.94)
     assert s["test_accuracy_std"] == pytest.approx(0.04)
     assert s["epoch_time_s_mean"] == pytest.approx(2.0) and s["seeds"] == 3 and s["epochs"] == 5
-    text = T.format_summary(summarise(T.metrics_frame(rows)))
+    text = T.format_summary(summarize_runs(T.metrics_frame(rows)))
     assert text["test acc %"].iloc[0] == "94.0 ± 4.0"
 
 

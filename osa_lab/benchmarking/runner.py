@@ -5,7 +5,7 @@ for r = d_v = 64 in float32:
 
 * low-rank OSA (``method="auto"``) forward and forward+backward,
 * ``F.scaled_dot_product_attention`` forward and forward+backward,
-* dense OSA (N×N ``matrix_exp``) forward where it fits (N ≤ 1024),
+* dense OSA (N×N ``dense_exp``) forward where it fits (N ≤ 1024),
 
 and reports the speed-up ratios, the achieved GFLOP/s of the low-rank path (counted flops
 ``2·bh·N·(2r·2r + 2·2r·d_v)``: the Gram ``UᵀU``, the projection ``UᵀV`` and the output
@@ -85,7 +85,7 @@ def row_memory_bytes(n: int, r: int, d: int, bh: int, *, dense: bool = False, it
       forward+backward is ≈ 2.3× its inputs, BENCHMARKS.md);
     * the float64 core: a few ``m × m`` matrices per head, ``m = N`` on the direct path
       (``auto`` picks it for N ≤ 4r) and ``2r`` on the low-rank path: ``8·bh·m²`` float64;
-    * dense OSA (run at N ≤ 1024): ``matrix_exp`` of ``bh`` N × N matrices, ≈ 8 of them;
+    * dense OSA (run at N ≤ 1024): ``dense_exp`` of ``bh`` N × N matrices, ≈ 8 of them;
     * SDPA runs the fused (flash) kernels, which keep O(N) memory (no N × N matrix), so it is
       covered by the token term; the 2048² matmul probe adds 3·2048² floats.
     """

@@ -65,7 +65,7 @@ from osa_lab.errors import (
     unknown_name,
 )
 from osa_lab.nn.attention import derived_alpha_init
-from osa_lab.ops.functional import METHODS, osa
+from osa_lab.ops.functional import OSA_METHODS, osa
 from osa_lab.ops.guards import refuse_masks
 from osa_lab.studies.families import ModelFamily, register_model_family
 
@@ -334,8 +334,8 @@ class OSAAttention(nn.Module):
                 f"`attn_drop`={attn_drop}: OSA never forms the N × N attention matrix, and dropping its entries "
                 "would break its orthogonality; use attn_drop=0 (and proj_drop for dropout)"
             )
-        if method != "auto" and method not in METHODS:
-            raise unknown_name("method", method, [*METHODS, "auto"])
+        if method != "auto" and method not in OSA_METHODS:
+            raise unknown_name("method", method, [*OSA_METHODS, "auto"])
         self.num_heads = num_heads
         self.head_dim = attn_head_dim
         self.attn_dim = num_heads * attn_head_dim
@@ -458,8 +458,8 @@ def osa_attention(method: str = "auto", alpha_init: float | None = None) -> type
 
     ``VisionTransformer(attn_layer=osa_attention("qr"))``; timm needs a class there, not a partial.
     """
-    if method != "auto" and method not in METHODS:
-        raise unknown_name("method", method, [*METHODS, "auto"])
+    if method != "auto" and method not in OSA_METHODS:
+        raise unknown_name("method", method, [*OSA_METHODS, "auto"])
     if alpha_init is not None and not math.isfinite(float(alpha_init)):
         raise ConfigurationError(f"`alpha_init` must be finite, got {alpha_init!r}")
     if method == "auto" and alpha_init is None:
@@ -715,8 +715,8 @@ def create_osa_vit(
     vit = _vit_module()
     if attention not in ATTENTIONS:
         raise unknown_name("attention", attention, list(ATTENTIONS))
-    if method != "auto" and method not in METHODS:
-        raise unknown_name("method", method, [*METHODS, "auto"])
+    if method != "auto" and method not in OSA_METHODS:
+        raise unknown_name("method", method, [*OSA_METHODS, "auto"])
     for name, flag in (("skipless", skipless), ("normless", normless)):
         if not isinstance(flag, bool):
             raise ConfigurationError(f"`{name}` must be True or False, got {flag!r}")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osa_lab.errors import ConfigurationError, heads_do_not_divide, unknown_name
-from osa_lab.ops.functional import METHODS, osa
+from osa_lab.ops.functional import OSA_METHODS, osa
 from osa_lab.ops.guards import check_float_tensor, refuse_masks
 
 #: δ target in the derived initialisation α₀ = c √r / (√N + √d)².
@@ -141,8 +141,8 @@ class OrthogonalSelfAttention(_MultiHead):
         bias: bool = False,
     ) -> None:
         super().__init__(dim, heads, head_dim, bias)
-        if method != "auto" and method not in METHODS:
-            raise unknown_name("method", method, [*METHODS, "auto"])
+        if method != "auto" and method not in OSA_METHODS:
+            raise unknown_name("method", method, [*OSA_METHODS, "auto"])
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise ConfigurationError(f"`tokens` must be a positive int (the sequence length), got {tokens!r}")
         if alpha_init is None:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import torch
 
+from osa_lab.deprecation import renamed
 from osa_lab.errors import OSAInputError, UntrustedResultError, unknown_name
 from osa_lab.ops.guards import check_float_tensor, sum_is_finite
 
@@ -48,7 +49,7 @@ GRAM_TOLERANCE = {torch.float64: (1e-11, 2e-16), torch.float32: (1e-6, 5e-8)}
 GRAM_MAX_COND = {torch.float64: 300.0, torch.float32: 4.0}
 #: Truncation tolerance of the float64 core exponential per input dtype (None: float64's unit
 #: roundoff). For float32 inputs 1e-10 sits four orders below the float32 budget and saves a
-#: squaring or two (:func:`skew_matrix_exp`).
+#: squaring or two (:func:`core_skew_exp`).
 CORE_TOLERANCE = {torch.float64: None, torch.float32: 1e-10}
 
 
@@ -103,7 +104,7 @@ def _short_taylor(x: torch.Tensor, degree: int, squarings: int) -> torch.Tensor:
     return e
 
 
-def matrix_exp(x: torch.Tensor) -> torch.Tensor:
+def dense_exp(x: torch.Tensor) -> torch.Tensor:
     """Matrix exponential over the last two dims; ``torch.linalg.matrix_exp`` is its reference.
 
     * Small norms (``‖x‖₁`` such that a Taylor polynomial plus squarings within
@@ -118,7 +119,7 @@ def matrix_exp(x: torch.Tensor) -> torch.Tensor:
       force that path.
     """
     if x.dim() < 2:
-        raise OSAInputError(f"matrix_exp needs (..., n, n); got shape {tuple(x.shape)}")
+        raise OSAInputError(f"dense_exp needs (..., n, n); got shape {tuple(x.shape)}")
     if x.numel():
         try:
             norm = float(x.detach().abs().sum(-2).amax())  # max over the batch of ‖x‖₁
@@ -146,7 +147,7 @@ def taylor_theta(degree: int, unit: float) -> float:
     return lo
 
 
-#: Paterson–Stockmeyer Taylor schemes ``(degree m, block q)`` of :func:`skew_matrix_exp`: powers
+#: Paterson–Stockmeyer Taylor schemes ``(degree m, block q)`` of :func:`core_skew_exp`: powers
 #: ``X², …, X^q`` then Horner in ``X^q``, ``(q − 1) + ⌊m/q⌋ − [q | m]`` products.
 _PS_SCHEMES = ((2, 2), (4, 2), (6, 3), (9, 3), (12, 4), (16, 4))
 
@@ -184,8 +185,8 @@ class _Scratch(threading.local):
 
     glibc hands multi-megabyte blocks back to the kernel when they are freed, so every fresh
     tensor of that size is page-faulted (zeroed) again on first touch: for 32 matrices of
-    128 × 128 that was ≈ 40 % of :func:`skew_matrix_exp`. Buffers of one shape are kept, at most
-    ``SCRATCH_LIMIT_BYTES`` per thread. :func:`skew_matrix_exp` returns fresh tensors; only the
+    128 × 128 that was ≈ 40 % of :func:`core_skew_exp`. Buffers of one shape are kept, at most
+    ``SCRATCH_LIMIT_BYTES`` per thread. :func:`core_skew_exp` returns fresh tensors; only the
     internal :func:`gram_core_parts` hands two scratch-backed tensors to its callers, which use
     them at once. Buffers are allocated outside inference mode, so they can be written in and
     out of it.
@@ -206,7 +207,7 @@ class _Scratch(threading.local):
         return self.buffers[:count]
 
 
-#: Most bytes of scratch buffers :func:`skew_matrix_exp` keeps per thread between calls.
+#: Most bytes of scratch buffers :func:`core_skew_exp` keeps per thread between calls.
 SCRATCH_LIMIT_BYTES = 64 * 2**20
 _SCRATCH = _Scratch()
 
@@ -218,7 +219,7 @@ def release_scratch() -> int:
     return freed
 
 
-def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity: bool = False) -> torch.Tensor:
+def core_skew_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity: bool = False) -> torch.Tensor:
     """``exp(M)`` of real skew-symmetric matrices ``M`` (..., n, n): the fast core of the low-rank engines.
 
     Scaling and squaring of a Taylor polynomial evaluated by Paterson–Stockmeyer, with the degree
@@ -236,7 +237,7 @@ def skew_matrix_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity
     squared on its own (else small ones would lose ≈ 2^Δs·eps). A NaN/Inf matrix gives a
     non-finite result in its own slot only. Products only, so autograd differentiates it at about twice the
     forward cost (PyTorch's backward exponentiates a 2n×2n matrix). ``minus_identity=True``
-    returns ``exp(M) − I``. Skew-symmetry is assumed, not checked (:func:`matrix_exp` is general).
+    returns ``exp(M) − I``. Skew-symmetry is assumed, not checked (:func:`dense_exp` is general).
     """
     n = m.shape[-1]
     if m.numel() == 0 or n == 1:
@@ -276,7 +277,7 @@ def _may_reuse(*tensors: torch.Tensor) -> bool:
     )
 
 
-#: Largest spread of squaring counts (doublings of ‖M‖) over a batch that :func:`skew_matrix_exp`
+#: Largest spread of squaring counts (doublings of ‖M‖) over a batch that :func:`core_skew_exp`
 #: serves with one shared scaling; beyond it each matrix is scaled and squared on its own.
 SHARED_SCALING_SPREAD = 4
 
@@ -324,7 +325,7 @@ def taylor_ps(
 
 
 def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> torch.Tensor:
-    """:func:`skew_matrix_exp` with truncation tolerance ``unit``; with ``bufs`` (6 tensors shaped
+    """:func:`core_skew_exp` with truncation tolerance ``unit``; with ``bufs`` (6 tensors shaped
     like ``m``) every product is written into them and the result may be one of them."""
 
     def mm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -338,7 +339,7 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
         # (every product is per matrix), the callers report it.
         rho = _finite_max(rho_t)
     except RuntimeError:  # under torch.func.vmap a tensor has no single value
-        return matrix_exp(m)
+        return dense_exp(m)
     degree, block, squarings = _skew_exp_plan(rho, unit)
     powers = [None, m, m2]
     if block >= 3:
@@ -371,7 +372,7 @@ def _skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> 
     return e
 
 
-def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+def reference_skew_exp(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """Dense ``exp(S)`` of a skew-symmetric ``S`` (..., n, n) via ``torch.linalg.matrix_exp``.
 
     This is the O(n³) reference. ``check=True`` refuses an ``S`` that is not skew-symmetric
@@ -388,7 +389,7 @@ def skew_expm(s: torch.Tensor, *, check: bool = True) -> torch.Tensor:
                 f"`s` is not skew-symmetric: max |S + Sᵀ| = {float(asym):.3g}; "
                 "build it as X − Xᵀ or pass check=False"
             )
-    return matrix_exp(s)
+    return dense_exp(s)
 
 
 def osa_matrix(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
@@ -403,7 +404,7 @@ def osa_matrix(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1
             raise OSAInputError(f"`{name}` has shape {tuple(x.shape)}; osa_matrix needs (..., N, r)")
     if q.shape != k.shape:
         raise OSAInputError(f"`q` has shape {tuple(q.shape)} but `k` has shape {tuple(k.shape)}; they must match")
-    return matrix_exp(skew_symmetric_from_qk(q, k, alpha))
+    return dense_exp(skew_symmetric_from_qk(q, k, alpha))
 
 
 def orthogonality_error(a: torch.Tensor) -> torch.Tensor:
@@ -450,7 +451,7 @@ def gram_core_parts(
     """``(L⁻¹, exp(M) − I, ok, (s_norm, cond))`` of the Gram core, ``F = L⁻ᵀ (exp(M) − I) L⁻¹``.
 
     ``s_norm = ‖M‖_F / √m`` is a lower bound of ``‖S‖₂ = ‖M‖₂``; ``cond = ‖L‖_F ‖L⁻¹‖_F / m``
-    estimates cond(U). ``tol`` is the truncation tolerance of :func:`skew_matrix_exp`.
+    estimates cond(U). ``tol`` is the truncation tolerance of :func:`core_skew_exp`.
     ``osa_core=True`` promises ``J = s·[[0, I], [−I, 0]]`` (:func:`osa_skew_core`): then
     ``M = s (XᵀY − YᵀX)`` from the row blocks ``X, Y`` of ``L``, one half-size product instead of two.
     """
@@ -696,14 +697,14 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     b, r = torch.linalg.qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
-    e_minus_i = skew_matrix_exp(m, minus_identity=True)
+    e_minus_i = core_skew_exp(m, minus_identity=True)
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
 
 
 def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     """``exp(U J Uᵀ) V`` through the N×N exponential, for N ≤ 2m; ``None`` to use the QR form.
 
-    When ``S`` is small enough for the short Taylor path of :func:`matrix_exp` in the input
+    When ``S`` is small enough for the short Taylor path of :func:`dense_exp` in the input
     dtype (the usual case inside a network), it runs there. Otherwise, for ``N ≤ m``, ``S`` is
     formed and exponentiated in float64 (the float32 error stays within ``GRAM_TOLERANCE``'s
     budget for large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper and ``None`` is returned.
@@ -720,7 +721,7 @@ def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.
         return None
     u64 = u.double()
     s64 = u64 @ j.to(torch.float64) @ u64.mT
-    return (skew_matrix_exp(s64) @ v.double()).to(v.dtype)
+    return (core_skew_exp(s64) @ v.double()).to(v.dtype)
 
 
 def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine: str = "lowrank") -> torch.Tensor:
@@ -812,3 +813,7 @@ def _refuse_untrusted_gram(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, y:
         "and gradients would be wrong. Use method=\"qr\", \"lowrank\" or \"auto\" (engine \"qr\" or "
         "\"lowrank\" for lowrank_action), which handle any q, k."
     )
+
+
+#: renamed public names, kept for one release (osa_lab.deprecation)
+__getattr__ = renamed(__name__, {"skew_expm": "reference_skew_exp", "skew_matrix_exp": "core_skew_exp", "matrix_exp": "dense_exp"})

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     MethodUnavailableError,
     OSAAccuracyWarning,
@@ -43,9 +44,9 @@ def _dense(q, k, v, scale):
     if q.dtype != torch.float64 and (not math.isfinite(norm) or expm.short_taylor_plan(norm, q.dtype) is None):
         s = expm.skew_symmetric_from_qk(q.double(), k.double(), scale.double() * math.sqrt(q.shape[-1]))
         norm = float(s.detach().abs().sum(-2).amax()) if math.isfinite(norm) else norm
-        y = (expm.matrix_exp(s) @ v.double()).to(v.dtype)
+        y = (expm.dense_exp(s) @ v.double()).to(v.dtype)
     else:
-        y = expm.matrix_exp(s) @ v
+        y = expm.dense_exp(s) @ v
     if math.isfinite(norm) and torch.finfo(torch.float64).eps / 2 * norm > DENSE_ROUNDING_WARN:
         warnings.warn(
             f"osa(method='dense'): ‖S‖₁ = {norm:.3g} is so large that float64 rounding of S alone "
@@ -70,7 +71,7 @@ def _triton(q, k, v, scale):
     return triton_osa.osa_triton(q, k, v, scale)
 
 
-METHODS: dict[str, Callable] = {
+OSA_METHODS: dict[str, Callable] = {
     "dense": _dense,
     "lowrank": _engine("lowrank"),
     "gram": _engine("gram"),
@@ -91,8 +92,8 @@ def resolve_method(method: str, q: torch.Tensor, d_v: int | None = None) -> str:
     """Map ``method`` (possibly ``"auto"``) to a concrete method name for these inputs."""
     d_v = q.shape[-1] if d_v is None else d_v
     if method != "auto":
-        if method not in METHODS:
-            raise unknown_name("method", method, [*METHODS, "auto"])
+        if method not in OSA_METHODS:
+            raise unknown_name("method", method, [*OSA_METHODS, "auto"])
         return method
     n, r = q.shape[-2], q.shape[-1]
     if q.device.type == "cuda":
@@ -221,7 +222,7 @@ def osa(
     k3 = k.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
     v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
     scale = (alpha_t / math.sqrt(r)).expand(batch).reshape(-1)
-    y = METHODS[name](q3, k3, v3, scale)
+    y = OSA_METHODS[name](q3, k3, v3, scale)
     _check_output(y, v3, (q, k, v), name, n, r)
     return y.reshape(*batch, n, d).to(v.dtype)
 
@@ -264,3 +265,7 @@ def _check_output(y: torch.Tensor, v3: torch.Tensor, inputs: tuple, name: str, n
             OSAAccuracyWarning,
             stacklevel=3,
         )
+
+
+#: renamed public names, kept for one release (osa_lab.deprecation)
+__getattr__ = renamed(__name__, {"METHODS": "OSA_METHODS"})

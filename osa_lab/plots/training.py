@@ -2,7 +2,7 @@
 
 They draw from the tidy metrics table of :func:`osa_lab.train.train` / :func:`osa_lab.train.compare`
 (columns ``preset, data, seed, epoch, step, kind, metric, layer, head, value``) and the summary
-table of :func:`osa_lab.train.summarise` (docs/design.md §6, "tidy tables first, plots second").
+table of :func:`osa_lab.train.summarize_runs` (docs/design.md §6, "tidy tables first, plots second").
 Every builder returns a HoloViews object with options for both backends (bokeh for the
 dashboard, matplotlib for the report notebooks) and reduces over seeds itself (mean line,
 min–max band); the ``*_data`` helpers return exactly the reduced table a plot draws.
@@ -224,7 +224,7 @@ def depth_profiles(
 def summary_bars(
     summary: pd.DataFrame, *, title: str = "final test accuracy (mean ± std over seeds)"
 ) -> hv.Overlay:
-    """Bars of mean final test accuracy per preset with ± std error bars (from :func:`osa_lab.train.summarise`)."""
+    """Bars of mean final test accuracy per preset with ± std error bars (from :func:`osa_lab.train.summarize_runs`)."""
     require_columns(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
     d = summary.assign(
         accuracy=100 * summary["test_accuracy_mean"], err=100 * summary["test_accuracy_std"].fillna(0.0)

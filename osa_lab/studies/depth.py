@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from osa_lab.arguments import finite_float, positive_int
+from osa_lab.deprecation import renamed
 from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
 from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model
 from osa_lab.nn.presets import PRESETS, preset_names
@@ -115,7 +116,7 @@ class SweepResult:
 
     def summary(self) -> pd.DataFrame:
         """Mean, std, min and max over seeds of every metric (one row per preset/config/layer/site/metric)."""
-        return summarize(self.metrics)
+        return summarize_over_seeds(self.metrics)
 
     def to_csv(self, path: str | Path, spectra_path: str | Path | None = None) -> tuple[Path, Path | None]:
         """Write the metrics CSV to ``path`` and the spectra CSV beside it (``<stem>_spectra.csv``)."""
@@ -129,7 +130,7 @@ class SweepResult:
         return path, spectra_path
 
 
-def summarize(metrics: pd.DataFrame) -> pd.DataFrame:
+def summarize_over_seeds(metrics: pd.DataFrame) -> pd.DataFrame:
     """Aggregate a tidy metrics table over seeds: columns ``mean, std, min, max, n`` per key."""
     keys = [c for c in METRIC_COLUMNS if c not in ("seed", "value")]
     grouped = metrics.groupby(keys, dropna=False, sort=True)["value"]
@@ -554,7 +555,7 @@ def sweep(
     if cache is not None and cache.exists() and not cache.is_dir():
         raise ConfigurationError(f"`cache_dir` {str(cache)!r} is a file; give a folder")
     if jacobian != "none":
-        from osa_lab.studies.jacobian import METHODS as JACOBIAN_METHODS
+        from osa_lab.studies.jacobian import JACOBIAN_METHODS
 
         if jacobian not in JACOBIAN_METHODS:
             raise unknown_name("Jacobian method", jacobian, [*JACOBIAN_METHODS, "none"])
@@ -854,3 +855,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {settings}: {row['error_type']}: {one_line(row['error'])}", file=sys.stderr)
         return 1
     return 0
+
+
+#: renamed public names, kept for one release (osa_lab.deprecation)
+__getattr__ = renamed(__name__, {"summarize": "summarize_over_seeds"})

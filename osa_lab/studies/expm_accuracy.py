@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from osa_lab.benchmarking.timing import time_call
 from osa_lab.errors import OSAInputError, unknown_name
 from osa_lab.ops.expm import orthogonality_error, skew_symmetric_from_qk
-from osa_lab.ops.functional import METHODS, osa
+from osa_lab.ops.functional import OSA_METHODS, osa
 
 #: dtype names accepted by the study.
 DTYPES: dict[str, torch.dtype] = {
@@ -99,8 +99,8 @@ def accuracy_table(
     """
     ns = _check_positive_ints("ns", ns)
     for m in methods:
-        if m not in METHODS:
-            raise unknown_name("method", m, list(METHODS))
+        if m not in OSA_METHODS:
+            raise unknown_name("method", m, list(OSA_METHODS))
     rows: list[dict] = []
     for n in ns:
         for seed in seeds:

@@ -54,6 +54,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     ComputationCancelledError,
     ConfigurationError,
@@ -67,7 +68,7 @@ from osa_lab.nn.attention import OrthogonalSelfAttention, derived_alpha_init
 from osa_lab.nn.models import Encoder, functional_mode
 from osa_lab.studies.settings import StudyPoint, as_list, seed_list
 
-METHODS = ("auto", "exact", "matrix-free")
+JACOBIAN_METHODS = ("auto", "exact", "matrix-free")
 SOLVERS = ("lanczos", "arpack", "lobpcg")
 SCOPES = ("end_to_end", "layer")
 #: Krylov subspace size for ARPACK: larger than scipy's default (20), because Jacobians at a
@@ -229,9 +230,9 @@ def kappa_from_extremes(smax: float, smin: float) -> float:
 
 
 def check_method(method: str) -> None:
-    """Raise :class:`~osa_lab.errors.UnknownNameError` unless ``method`` is one of :data:`METHODS`."""
-    if method not in METHODS:
-        raise unknown_name("method", method, list(METHODS))
+    """Raise :class:`~osa_lab.errors.UnknownNameError` unless ``method`` is one of :data:`JACOBIAN_METHODS`."""
+    if method not in JACOBIAN_METHODS:
+        raise unknown_name("method", method, list(JACOBIAN_METHODS))
 
 
 def check_size(n_out: int, n_in: int, dtype: torch.dtype, max_bytes: int | None) -> None:
@@ -718,8 +719,8 @@ def estimate_jacobian_seconds(
     seconds are pessimistic by up to ≈ 5× on an idle machine, the exact/matrix-free ratio is
     what ``"auto"`` uses. Reproduce with ``benchmarks/analysis_speed.py``.
     """
-    if mode not in METHODS:
-        raise unknown_name("mode", mode, list(METHODS))
+    if mode not in JACOBIAN_METHODS:
+        raise unknown_name("mode", mode, list(JACOBIAN_METHODS))
     for name, value in (("tokens", tokens), ("dim", dim), ("depth", depth), ("heads", heads)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ConfigurationError(f"`{name}` must be a positive integer, got {value!r}")
@@ -1103,3 +1104,7 @@ def _default_dtype(dtype: torch.dtype):
     from osa_lab.nn.models import _default_dtype as ctx
 
     return ctx(dtype)
+
+
+#: renamed public names, kept for one release (osa_lab.deprecation)
+__getattr__ = renamed(__name__, {"METHODS": "JACOBIAN_METHODS"})

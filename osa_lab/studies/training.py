@@ -10,7 +10,7 @@ comparable to the former. This module reruns that comparison on our presets:
   progress bar, checkpoints at every epoch end (an interrupted run loses at most one epoch
   and resumes to exactly the uninterrupted result), and a tidy metrics table.
 * :func:`compare` — several presets × seeds with the same budget, summarised by
-  :func:`summarise` (mean ± std of final test accuracy, time per epoch).
+  :func:`summarize_runs` (mean ± std of final test accuracy, time per epoch).
 * ``osa-lab train`` — the command line (:func:`add_arguments`, :func:`run`).
 
 The metrics table is long-format (docs/design.md §6): one row per observation with columns
@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
@@ -305,7 +306,7 @@ def model_config_for(config: TrainConfig, data: ImageDataset):
     return presets.get_preset(config.preset, **overrides)
 
 
-def build_model(model_config) -> nn.Module:
+def build_training_model(model_config) -> nn.Module:
     """``osa_lab.models.build_classifier`` (indirected so tests can substitute a model)."""
     from osa_lab.nn.models import build_classifier
 
@@ -686,7 +687,7 @@ def _train(
     data_source = {"name": data.name, "source": str(data.info.get("source", "")), "fingerprint": fingerprint}
 
     torch.manual_seed(config.seed)
-    model = build_model(model_config).to(device)
+    model = build_training_model(model_config).to(device)
     optimizer = torch.optim.AdamW(
         _param_groups(model, config.weight_decay, config.lr, config.alpha_lr_mult), lr=config.lr
     )
@@ -1033,7 +1034,7 @@ def compare(
                 {"preset": preset, "seed": int(seed), "status": status, "params": n_params, "error": message}
             )
         metrics = pd.concat(frames, ignore_index=True) if frames else metrics_frame([])
-        summary = summarise(metrics, pd.DataFrame(runs), order=list(presets))
+        summary = summarize_runs(metrics, pd.DataFrame(runs), order=list(presets))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             metrics.to_csv(out / "metrics.csv", index=False)
@@ -1042,7 +1043,7 @@ def compare(
         return metrics, summary
 
 
-def summarise(
+def summarize_runs(
     metrics: pd.DataFrame, runs: pd.DataFrame | None = None, order: Sequence[str] | None = None
 ) -> pd.DataFrame:
     """One row per preset: final test accuracy mean ± std over seeds, train loss, time per epoch.
@@ -1154,7 +1155,7 @@ class TuneResult:
     tuning: pd.DataFrame  #: one row per preset × grid point: validation accuracy (mean over tuning seeds)
     chosen: pd.DataFrame  #: one row per preset: the chosen lr and α multiplier
     metrics: pd.DataFrame  #: tidy metrics of the final runs
-    summary: pd.DataFrame  #: :func:`summarise` of the final runs + chosen settings
+    summary: pd.DataFrame  #: :func:`summarize_runs` of the final runs + chosen settings
     paired: pd.DataFrame  #: paired per-seed differences against :data:`REFERENCE_PRESET`
     verdict: str  #: the generated verdict text
     wall_time_s: float
@@ -1364,7 +1365,7 @@ def tune(
                 run_tables.append(pd.read_csv(where / "runs.csv"))
         metrics = pd.concat(frames, ignore_index=True)
         runs = pd.concat(run_tables, ignore_index=True) if run_tables else None
-        summary = summarise(metrics, runs, order=list(presets)).merge(
+        summary = summarize_runs(metrics, runs, order=list(presets)).merge(
             chosen[["preset", "lr", "alpha_lr_mult"]], on="preset", how="left"
         )
         paired = paired_differences(metrics)
@@ -1452,7 +1453,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--osa-method",
         default=None,
-        help="OSA computation method of the model (osa_lab.functional.METHODS; default: the preset's 'auto')",
+        help="OSA computation method of the model (osa_lab.functional.OSA_METHODS; default: the preset's 'auto')",
     )
     parser.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
@@ -1478,10 +1479,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` (preset and seed filled in later) that the CLI arguments describe."""
     model = {k: getattr(args, k) for k in ("depth", "dim", "heads") if getattr(args, k) is not None}
     if args.osa_method:
-        from osa_lab.ops.functional import METHODS
+        from osa_lab.ops.functional import OSA_METHODS
 
-        if args.osa_method not in (*METHODS, "auto"):
-            raise unknown_name("OSA method", args.osa_method, [*METHODS, "auto"])
+        if args.osa_method not in (*OSA_METHODS, "auto"):
+            raise unknown_name("OSA method", args.osa_method, [*OSA_METHODS, "auto"])
         model["osa_method"] = args.osa_method
     data_options = {}
     if args.train_limit is not None:
@@ -1609,3 +1610,7 @@ def run(args: argparse.Namespace) -> int:
     for _, r in failed.iterrows():
         print(f"osa-lab train: {r['preset']} seed {r['seed']} {r['status']}: {r['error']}", file=sys.stderr)
     return 1 if len(failed) else 0
+
+
+#: renamed public names, kept for one release (osa_lab.deprecation)
+__getattr__ = renamed(__name__, {"summarise": "summarize_runs", "build_model": "build_training_model"})

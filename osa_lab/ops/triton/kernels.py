@@ -732,7 +732,7 @@ def fixed_gram_core(
     ``M = Lᵀ J L`` is the degree-16 Taylor polynomial (Paterson–Stockmeyer, block 4) of
     ``M / 2^{s_b}`` squared ``s_b`` times, where each matrix's ``s_b`` comes from the
     spectral-radius bound ``ρ ≤ min(‖M‖₁, ‖M²‖₁^½, ‖M⁴‖₁^¼)`` on the device (as
-    :func:`osa_lab.expm.skew_matrix_exp` does on the host); all ``max_squarings`` squarings run,
+    :func:`osa_lab.expm.core_skew_exp` does on the host); all ``max_squarings`` squarings run,
     masked per matrix. ``ok`` is False where the Cholesky factorisation failed or
     ``ρ > 2^max_squarings·θ₁₆`` (the plan cannot reach the float64 truncation tolerance).
     """
