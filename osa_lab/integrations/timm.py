@@ -48,6 +48,7 @@ import importlib.machinery
 import importlib.util
 import math
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -732,9 +733,7 @@ def create_osa_vit(
     if normless and "final_norm" not in kwargs and "fc_norm" not in kwargs:
         if _accepts(vit.VisionTransformer.__init__, "final_norm"):
             kwargs["final_norm"] = False
-    from osa_lab.models import _default_dtype
-
-    with _default_dtype(dtype):
+    with _timm_build_dtype(dtype):
         if isinstance(name_or_config, str):
             if name_or_config not in timm.list_models():
                 close = difflib.get_close_matches(name_or_config, timm.list_models("*vit*"), n=8, cutoff=0.5)
@@ -1142,3 +1141,22 @@ __all__ = [
     "to_timm_state_dict",
     "torchvision_placeholder_used",
 ]
+
+
+#: timm's constructors take no ``dtype``; building one in another dtype switches torch's default
+#: dtype for the duration of the build (timm models only: osa_lab's own models receive ``dtype``).
+_TIMM_BUILD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _timm_build_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    if dtype is None:
+        yield
+        return
+    with _TIMM_BUILD_LOCK:
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(old)
