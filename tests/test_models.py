@@ -263,8 +263,8 @@ def test_pure_osa_keeps_every_singular_value(dtype, tol):
 
 
 def test_concurrent_builds_get_their_own_dtype():
-    """build_model(dtype=...) switches torch's default dtype while building; builds in two threads
-    (the dashboard's workers) are serialised so neither sees the other's dtype."""
+    """build_model(dtype=...) passes the dtype to every module; builds in two threads (the
+    dashboard's sessions) run concurrently and neither sees the other's dtype."""
     import threading
 
     from osa_lab.nn.models import build_model
@@ -284,6 +284,49 @@ def test_concurrent_builds_get_their_own_dtype():
     for t in threads:
         t.join()
     assert seen == {"float64": {torch.float64}, "default": {torch.float32}}
+    assert torch.get_default_dtype() == torch.float32
+
+
+@pytest.mark.parametrize("builder", ["build_model", "build_classifier"])
+def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeypatch, builder):
+    """Issue 12: no process-wide default-dtype switch. While a float64 model is half built in one
+    thread (paused inside its first block), another thread still sees float32 as the default
+    and creates float32 tensors; the float64 model's parameters are all float64, initialised in
+    float64 (orthogonal W_V to float64 rounding, not float32's)."""
+    import threading
+
+    from osa_lab import models
+
+    paused, resume, seen = threading.Event(), threading.Event(), {}
+
+    class PausingBlock(models.Block):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if not paused.is_set():
+                paused.set()
+                assert resume.wait(30)
+
+    monkeypatch.setattr(models, "Block", PausingBlock)
+    config = get_preset("pure-osa", depth=2, tokens=8, dim=16)
+    built = {}
+
+    def build() -> None:
+        built["model"] = getattr(models, builder)(config, dtype=torch.float64)
+
+    t = threading.Thread(target=build)
+    t.start()
+    try:
+        assert paused.wait(30)
+        seen["default"], seen["zeros"] = torch.get_default_dtype(), torch.zeros(1).dtype
+        seen["linear"] = torch.nn.Linear(2, 2).weight.dtype
+    finally:
+        resume.set()
+        t.join(30)
+    assert seen == {"default": torch.float32, "zeros": torch.float32, "linear": torch.float32}
+    model = built["model"]
+    assert {p.dtype for p in model.parameters()} | {b.dtype for b in model.buffers()} == {torch.float64}
+    w = models.osa_layers(model)[0].to_v.weight
+    assert float((w @ w.mT - torch.eye(16, dtype=torch.float64)).abs().max()) < 1e-13
     assert torch.get_default_dtype() == torch.float32
 
 

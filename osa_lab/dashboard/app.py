@@ -276,6 +276,7 @@ def serve_session() -> Dashboard:
     torch's threads, installs the SIGTERM handler and the exit hook that stop Jacobian workers,
     and warms the caches (:func:`prewarm`).
     """
+    serve_resources_locally()
     limit_torch_threads()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
@@ -294,6 +295,28 @@ def serve_session() -> Dashboard:
 
     pn.state.onload(on_load)
     return dashboard
+
+
+def serve_resources_locally() -> str | None:
+    """Make every stylesheet of this session's document point at the app's own server.
+
+    Panel rewrites its CDN stylesheet URLs to the server's copies only while rendering the HTML
+    page (from the document's ``dist_url`` template variable). A session that Bokeh creates
+    *without* that page — the page's websocket arrived after its first session had been
+    discarded as unused, e.g. on a loaded machine or after the server's unused-session lifetime
+    — built its models with the CDN URLs: the page then fetched Panel's CSS from the internet
+    (fails offline). Setting ``dist_url`` before any model is built closes that path. Returns the
+    URL prefix set (``None`` outside a server session).
+    """
+    from panel.io.resources import LOCAL_DIST
+
+    doc = pn.state.curdoc
+    if doc is None or doc.session_context is None:
+        return None
+    rel = pn.state.rel_path
+    dist_url = f"{rel}/{LOCAL_DIST}" if rel else LOCAL_DIST
+    doc.template_variables["dist_url"] = dist_url
+    return dist_url
 
 
 _HOOKS = {"atexit": False}
@@ -315,5 +338,5 @@ def _install_process_hooks() -> None:
 __all__ = [
     "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast",
     "RankCollapseView", "SpectraView", "SweepState", "build_app", "compute_osa_check", "compute_sweep",
-    "compute_unit", "jacobian_layers", "limit_torch_threads", "prewarm", "serve_session",
+    "compute_unit", "jacobian_layers", "limit_torch_threads", "prewarm", "serve_resources_locally", "serve_session",
 ]

@@ -5,7 +5,7 @@ ADDRESS`` with this Python, so the same environment (and osa_lab) is used. The e
 inside the package, so this works from a wheel install as well as from a source checkout
 (``panel serve dashboards/osa_dashboard.py`` is the same app). ``--warm`` computes the default
 view at server start; the short unused-session settings make a closed tab's Jacobian worker stop
-within about 2 s. The page works offline: Panel serves every script and stylesheet itself
+within about 6 s. The page works offline: Panel serves every script and stylesheet itself
 (see ``docs/dashboard.md``).
 """
 
@@ -21,9 +21,12 @@ from pathlib import Path
 APP_SCRIPT = Path(__file__).with_name("osa_dashboard.py")
 
 #: Bokeh destroys a session this long after its browser tab closed (ms), checking this often;
-#: destroying it stops the session's Jacobian worker (Bokeh's defaults: 15 s and 17 s).
-UNUSED_SESSION_LIFETIME_MS = 1000
-CHECK_UNUSED_SESSIONS_MS = 500
+#: destroying it stops the session's Jacobian worker (Bokeh's defaults: 15 s and 17 s, i.e. up to
+#: 32 s). Not much shorter: a page whose websocket arrives later than the lifetime (slow page
+#: load) gets a second, re-created session, which works (see ``serve_resources_locally``) but
+#: computes the first view twice.
+UNUSED_SESSION_LIFETIME_MS = 5000
+CHECK_UNUSED_SESSIONS_MS = 1000
 
 
 def app_path() -> Path:

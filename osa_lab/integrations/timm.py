@@ -48,6 +48,7 @@ import importlib.machinery
 import importlib.util
 import math
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -730,9 +731,7 @@ def create_osa_vit(
     if normless and "final_norm" not in kwargs and "fc_norm" not in kwargs:
         if _accepts(vit.VisionTransformer.__init__, "final_norm"):
             kwargs["final_norm"] = False
-    from osa_lab.nn.models import _default_dtype
-
-    with _default_dtype(dtype):
+    with _timm_build_dtype(dtype):
         if isinstance(name_or_config, str):
             if name_or_config not in timm.list_models():
                 close = difflib.get_close_matches(name_or_config, timm.list_models("*vit*"), n=8, cutoff=0.5)
@@ -892,12 +891,12 @@ def timm_hidden_states(model: nn.Module, images: torch.Tensor, *, check_finite: 
     :class:`SkiplessBlock` (empty for other block types). A NaN/Inf state raises
     :class:`~osa_lab.models.NonFiniteHiddenStateError` naming the first layer where it appears.
     """
-    from osa_lab.nn.models import HiddenStates, _check_finite
+    from osa_lab.nn.models import HiddenStates, check_hidden_state_finite
 
     x = embed_tokens(model, images)
     hidden = HiddenStates()
     if check_finite:
-        _check_finite(x, 0, "block")
+        check_hidden_state_finite(x, 0, "block")
     hidden.blocks.append(x)
     parts = [_timm_block_parts(b) for b in model.blocks]
     with_attention = all(p is not None for p in parts)
@@ -905,13 +904,13 @@ def timm_hidden_states(model: nn.Module, images: torch.Tensor, *, check_finite: 
         if with_attention:
             h = part[0](x)
             if check_finite:
-                _check_finite(h, i, "attention")
+                check_hidden_state_finite(h, i, "attention")
             hidden.attention.append(h)
             x = part[1](h)
         else:
             x = block(x)
         if check_finite:
-            _check_finite(x, i, "block")
+            check_hidden_state_finite(x, i, "block")
         hidden.blocks.append(x)
     return hidden
 
@@ -1140,6 +1139,25 @@ __all__ = [
     "to_timm_state_dict",
     "torchvision_placeholder_used",
 ]
+
+
+#: timm's constructors take no ``dtype``; building one in another dtype switches torch's default
+#: dtype for the duration of the build (timm models only: osa_lab's own models receive ``dtype``).
+_TIMM_BUILD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _timm_build_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    if dtype is None:
+        yield
+        return
+    with _TIMM_BUILD_LOCK:
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(old)
 
 
 register_model_family(

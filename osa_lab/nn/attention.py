@@ -41,7 +41,7 @@ def derived_alpha_init(tokens: int, dim: int, head_dim: int, c: float = ALPHA_IN
     return c * math.sqrt(head_dim) / (math.sqrt(tokens) + math.sqrt(dim)) ** 2
 
 
-def _check_alpha_init(value: object) -> float:
+def check_alpha_init(value: object) -> float:
     """``value`` as a float after checking it is a finite real number (a bad α₀ must be refused
     at construction, not at the first forward): :class:`ConfigurationError` otherwise."""
     if isinstance(value, (bool, str, bytes)) or (isinstance(value, torch.Tensor) and value.numel() != 1):
@@ -77,15 +77,15 @@ def _check_tokens(x: torch.Tensor, dim: int) -> None:
 class _MultiHead(nn.Module):
     """Shared projections: q, k of width ``head_dim`` per head, v of width ``dim // heads``."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int | None, bias: bool) -> None:
+    def __init__(self, dim: int, heads: int, head_dim: int | None, bias: bool, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.dim, self.heads = dim, heads
         self.head_dim = _check_dims(dim, heads, head_dim)
         self.value_dim = dim // heads
-        self.to_q = nn.Linear(dim, heads * self.head_dim, bias=bias)
-        self.to_k = nn.Linear(dim, heads * self.head_dim, bias=bias)
-        self.to_v = nn.Linear(dim, dim, bias=bias)
-        self.to_out = nn.Linear(dim, dim, bias=bias)
+        self.to_q = nn.Linear(dim, heads * self.head_dim, bias=bias, dtype=dtype)
+        self.to_k = nn.Linear(dim, heads * self.head_dim, bias=bias, dtype=dtype)
+        self.to_v = nn.Linear(dim, dim, bias=bias, dtype=dtype)
+        self.to_out = nn.Linear(dim, dim, bias=bias, dtype=dtype)
 
     def _split(self, x: torch.Tensor):
         b, n, _ = x.shape
@@ -139,15 +139,16 @@ class OrthogonalSelfAttention(_MultiHead):
         method: str = "auto",
         tokens: int = 64,
         bias: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(dim, heads, head_dim, bias)
+        super().__init__(dim, heads, head_dim, bias, dtype=dtype)
         if method != "auto" and method not in OSA_METHODS:
             raise unknown_name("method", method, [*OSA_METHODS, "auto"])
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise ConfigurationError(f"`tokens` must be a positive int (the sequence length), got {tokens!r}")
         if alpha_init is None:
             alpha_init = derived_alpha_init(tokens, dim, self.head_dim)
-        alpha = torch.full((heads, 1), _check_alpha_init(alpha_init))
+        alpha = torch.full((heads, 1), check_alpha_init(alpha_init), dtype=dtype)
         if learn_alpha:
             self.alpha = nn.Parameter(alpha)
         else:
@@ -177,7 +178,8 @@ class SoftmaxSelfAttention(_MultiHead):
 
     Same interface as :class:`OrthogonalSelfAttention`; accepts ``attn_mask`` / ``is_causal``.
     Default init is PyTorch's ``nn.Linear`` init; ``init="orthogonal"`` uses Gaussian W_Q, W_K
-    (variance 1/d) and orthogonal W_V, W_O, matching OSA's value path.
+    (variance 1/d) and orthogonal W_V, W_O, matching OSA's value path. ``dtype`` is the
+    parameters' dtype (created and initialised in it).
     """
 
     def __init__(
@@ -187,8 +189,9 @@ class SoftmaxSelfAttention(_MultiHead):
         head_dim: int | None = None,
         init: str = "default",
         bias: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(dim, heads, head_dim, bias)
+        super().__init__(dim, heads, head_dim, bias, dtype=dtype)
         if init == "orthogonal":
             self.init_gaussian_qk()
             self.init_orthogonal_vo()

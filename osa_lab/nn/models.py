@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 
@@ -65,7 +64,7 @@ from osa_lab.errors import (
 from osa_lab.nn.attention import (
     OrthogonalSelfAttention,
     SoftmaxSelfAttention,
-    _check_alpha_init,
+    check_alpha_init,
     derived_alpha_init,
 )
 
@@ -169,7 +168,7 @@ class ModelConfig:
                     f"`alpha_init`={self.alpha_init!r} only applies to attention='osa' (got "
                     f"attention={self.attention!r}); leave it None"
                 )
-            _check_alpha_init(self.alpha_init)
+            check_alpha_init(self.alpha_init)
         if self.seed is not None and (
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
         ):
@@ -270,10 +269,12 @@ class ValueSkipInitAttention(SoftmaxAttention):
     starts as ``X W_V^h`` (identity attention).
     """
 
-    def __init__(self, dim: int, heads: int = 1, head_dim: int | None = None, bias: bool = False) -> None:
-        super().__init__(dim, heads, head_dim, init="orthogonal", bias=bias)
-        self.skip_a = nn.Parameter(torch.ones(heads, 1, 1))
-        self.skip_b = nn.Parameter(torch.zeros(heads, 1, 1))
+    def __init__(
+        self, dim: int, heads: int = 1, head_dim: int | None = None, bias: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__(dim, heads, head_dim, init="orthogonal", bias=bias, dtype=dtype)
+        self.skip_a = nn.Parameter(torch.ones(heads, 1, 1, dtype=dtype))
+        self.skip_b = nn.Parameter(torch.zeros(heads, 1, 1, dtype=dtype))
 
     def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
         """``a v + b softmax(q kᵀ/√r) v`` per head."""
@@ -328,11 +329,11 @@ def _second_moment(act_type: type, points: int) -> float:
 class MLP(nn.Module):
     """Two-layer MLP ``fc2(act(fc1(x)))`` of hidden width ``round(dim · mlp_ratio)``."""
 
-    def __init__(self, dim: int, hidden: int, activation: str = "gelu") -> None:
+    def __init__(self, dim: int, hidden: int, activation: str = "gelu", dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
+        self.fc1 = nn.Linear(dim, hidden, dtype=dtype)
         self.act = _ACTIVATIONS[activation]()
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = nn.Linear(hidden, dim, dtype=dtype)
 
     def init_orthogonal(self) -> None:
         """Variance-preserving orthogonal init (zero biases).
@@ -352,7 +353,7 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-def _make_attention(config: ModelConfig) -> nn.Module:
+def _make_attention(config: ModelConfig, dtype: torch.dtype | None = None) -> nn.Module:
     if config.attention == "osa":
         return OrthogonalSelfAttention(
             config.dim,
@@ -362,14 +363,16 @@ def _make_attention(config: ModelConfig) -> nn.Module:
             learn_alpha=config.learn_alpha,
             method=config.osa_method,
             tokens=config.tokens,
+            dtype=dtype,
         )
     if config.init == "value-skipinit":
-        return ValueSkipInitAttention(config.dim, config.heads, head_dim=config.head_dim)
+        return ValueSkipInitAttention(config.dim, config.heads, head_dim=config.head_dim, dtype=dtype)
     attn = SoftmaxAttention(
         config.dim,
         config.heads,
         head_dim=config.head_dim,
         init="orthogonal" if config.init == "orthogonal" else "default",
+        dtype=dtype,
     )
     if config.init == "cutting-skip":
         _init_cutting_skip(attn, *CUTTING_SKIP_ABC)
@@ -377,19 +380,22 @@ def _make_attention(config: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """One transformer block: ``h = attn(norm₁ x) [+ x]``, ``y = mlp(norm₂ h) [+ h]`` (pre-norm)."""
+    """One transformer block: ``h = attn(norm₁ x) [+ x]``, ``y = mlp(norm₂ h) [+ h]`` (pre-norm).
 
-    def __init__(self, config: ModelConfig) -> None:
+    ``dtype``: the parameters' dtype, passed to every sub-module (default: torch's default).
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.skip = config.skip
-        self.norm1 = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
+        self.norm1 = nn.LayerNorm(config.dim, dtype=dtype) if config.norm == "layernorm" else nn.Identity()
         # attention="none" removes the attention sub-layer: h = x (the "attention removed" control)
-        self.attn = _make_attention(config) if config.attention != "none" else None
+        self.attn = _make_attention(config, dtype) if config.attention != "none" else None
         self.mlp: MLP | None = None
         self.norm2: nn.Module | None = None
         if config.mlp_ratio > 0:
-            self.norm2 = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
-            self.mlp = MLP(config.dim, round(config.dim * config.mlp_ratio), config.activation)
+            self.norm2 = nn.LayerNorm(config.dim, dtype=dtype) if config.norm == "layernorm" else nn.Identity()
+            self.mlp = MLP(config.dim, round(config.dim * config.mlp_ratio), config.activation, dtype=dtype)
             if config.init in ("orthogonal", "value-skipinit"):
                 self.mlp.init_orthogonal()
 
@@ -426,26 +432,8 @@ def _seeded(seed: int | None, index: int | str) -> Iterator[None]:
         yield
 
 
-#: Serialises model building: ``dtype=`` switches torch's process-wide default dtype while the
-#: parameters are created, so two builds in different threads must not interleave.
-_BUILD_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
-    with _BUILD_LOCK:
-        if dtype is None:
-            yield
-            return
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(old)
-
-
-def _check_finite(x: torch.Tensor, layer: int, site: str) -> None:
+def check_hidden_state_finite(x: torch.Tensor, layer: int, site: str) -> None:
+    """Raise :class:`~osa_lab.errors.NonFiniteHiddenStateError` naming ``layer`` and ``site`` if ``x`` has NaN/Inf."""
     if not bool(torch.isfinite(x).all()):
         n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         where = "the input (layer 0)" if layer == 0 else f"layer {layer} ({site} output)"
@@ -463,17 +451,18 @@ class Encoder(nn.Module):
 
     ``forward(x, return_hidden=True)`` also returns :class:`HiddenStates`. With
     ``check_finite=True`` (default) a NaN/Inf hidden state raises
-    :class:`NonFiniteHiddenStateError` naming the layer where it first appears.
+    :class:`NonFiniteHiddenStateError` naming the layer where it first appears. ``dtype`` is
+    the parameters' dtype (default: torch's default).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
         self.check_finite = True
         blocks = []
         for i in range(config.depth):
             with _seeded(config.seed, i):
-                blocks.append(Block(config))
+                blocks.append(Block(config, dtype=dtype))
         self.blocks = nn.ModuleList(blocks)
 
     @property
@@ -495,7 +484,7 @@ class Encoder(nn.Module):
             raise ConfigurationError(f"`layers`={layers} must lie in [0, depth={self.depth}]")
         hidden = HiddenStates() if return_hidden else None
         if self.check_finite:
-            _check_finite(x, 0, "block")
+            check_hidden_state_finite(x, 0, "block")
         if hidden is not None:
             hidden.blocks.append(x)
         for i, block in enumerate(self.blocks[:n_layers], start=1):
@@ -512,10 +501,10 @@ class Encoder(nn.Module):
                     "attention",
                 ) from exc
             if self.check_finite:
-                _check_finite(h, i, "attention")
+                check_hidden_state_finite(h, i, "attention")
             x = block.mlp_part(h)
             if self.check_finite and block.mlp is not None:
-                _check_finite(x, i, "block")
+                check_hidden_state_finite(x, i, "block")
             if hidden is not None:
                 hidden.attention.append(h)
                 hidden.blocks.append(x)
@@ -529,17 +518,18 @@ class ViTClassifier(nn.Module):
     LayerNorm is present only with ``norm="layernorm"``.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
         with _seeded(config.seed, "embed"):
             conv = nn.Conv1d if config.input == "sequence" else nn.Conv2d
-            self.patch_embed = conv(config.channels, config.dim, config.patch_size, stride=config.patch_size)
-            self.pos_embed = nn.Parameter(torch.randn(1, config.num_patches, config.dim) * 0.02)
-        self.encoder = Encoder(config)
+            self.patch_embed = conv(config.channels, config.dim, config.patch_size, stride=config.patch_size,
+                                    dtype=dtype)
+            self.pos_embed = nn.Parameter(torch.randn(1, config.num_patches, config.dim, dtype=dtype) * 0.02)
+        self.encoder = Encoder(config, dtype=dtype)
         with _seeded(config.seed, "head"):
-            self.norm = nn.LayerNorm(config.dim) if config.norm == "layernorm" else nn.Identity()
-            self.head = nn.Linear(config.dim, config.num_classes)
+            self.norm = nn.LayerNorm(config.dim, dtype=dtype) if config.norm == "layernorm" else nn.Identity()
+            self.head = nn.Linear(config.dim, config.num_classes, dtype=dtype)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Patch tokens (B, num_patches, dim) with position embedding added."""
@@ -602,7 +592,7 @@ class MLPClassifier(nn.Module):
     empty :class:`HiddenStates` (there are no token matrices).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
         n_in = config.channels * config.image_size * (1 if config.input == "sequence" else config.image_size)
@@ -610,9 +600,9 @@ class MLPClassifier(nn.Module):
         width = n_in
         with _seeded(config.seed, "mlp"):
             for _ in range(config.depth):
-                layers += [nn.Linear(width, config.dim), _ACTIVATIONS[config.activation]()]
+                layers += [nn.Linear(width, config.dim, dtype=dtype), _ACTIVATIONS[config.activation]()]
                 width = config.dim
-            layers.append(nn.Linear(width, config.num_classes))
+            layers.append(nn.Linear(width, config.num_classes, dtype=dtype))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor, return_hidden: bool = False):  # noqa: D102
@@ -629,7 +619,7 @@ class CNN1dClassifier(nn.Module):
     preset's defaults (``dim=25``, ReLU). Sequences only (``input="sequence"``).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if config.input != "sequence":
             raise ConfigurationError(
@@ -641,13 +631,13 @@ class CNN1dClassifier(nn.Module):
         c = config.dim
         with _seeded(config.seed, "cnn"):
             self.features = nn.Sequential(
-                nn.Conv1d(config.channels, c, 5, stride=2, padding=1), act(),
-                nn.Conv1d(c, c, 3, stride=2, padding=1), act(),
-                nn.Conv1d(c, c, 3, stride=2, padding=1), act(),
+                nn.Conv1d(config.channels, c, 5, stride=2, padding=1, dtype=dtype), act(),
+                nn.Conv1d(c, c, 3, stride=2, padding=1, dtype=dtype), act(),
+                nn.Conv1d(c, c, 3, stride=2, padding=1, dtype=dtype), act(),
             )  # fmt: skip
             with torch.no_grad():
-                n_flat = self.features(torch.zeros(1, config.channels, config.image_size)).numel()
-            self.head = nn.Linear(n_flat, config.num_classes)
+                n_flat = self.features(torch.zeros(1, config.channels, config.image_size, dtype=dtype)).numel()
+            self.head = nn.Linear(n_flat, config.num_classes, dtype=dtype)
 
     def forward(self, x: torch.Tensor, return_hidden: bool = False):  # noqa: D102
         _check_input(x, self.config)
@@ -661,10 +651,9 @@ def build_model(
     """Token encoder ``(B, N, dim) → (B, N, dim)`` for ``config``.
 
     ``dtype`` builds (and initialises) the parameters directly in that dtype, so e.g. orthogonal
-    weights are orthogonal to float64 precision (a float32 init cast to float64 is not). It does
-    so by switching torch's process-wide default dtype during the build: osa_lab's builds are
-    serialised by a lock, but other code creating default-dtype tensors in another thread at that
-    moment would see the switched dtype.
+    weights are orthogonal to float64 precision (a float32 init cast to float64 is not). The
+    dtype is passed to every module's constructor; torch's process-wide default dtype is never
+    touched, so builds in different threads run concurrently and independently.
     """
     if not isinstance(config, ModelConfig):
         raise ConfigurationError(f"`config` must be a ModelConfig, got {type(config).__name__}")
@@ -673,8 +662,7 @@ def build_model(
             f"backbone {config.backbone!r} is a classifier baseline without a token encoder; build it with "
             "build_classifier"
         )
-    with _default_dtype(dtype):
-        model = Encoder(config)
+    model = Encoder(config, dtype=dtype)
     return model.to(device) if device is not None else model
 
 
@@ -691,8 +679,7 @@ def build_classifier(
     if config.input == "tokens":
         config = replace(config, input="patches")
     builder = {"transformer": ViTClassifier, "mlp": MLPClassifier, "cnn1d": CNN1dClassifier}[config.backbone]
-    with _default_dtype(dtype):
-        model = builder(config)
+    model = builder(config, dtype=dtype)
     return model.to(device) if device is not None else model
 
 

@@ -1074,8 +1074,7 @@ def osa_layer_conditioning(
                         gen = torch.random.fork_rng(devices=[])
                         with gen:
                             torch.manual_seed(s)
-                            with _default_dtype(dtype):
-                                layer = OrthogonalSelfAttention(d, h, alpha_init=value, tokens=n)
+                            layer = OrthogonalSelfAttention(d, h, alpha_init=value, tokens=n, dtype=dtype)
                             x = torch.randn(n, d, dtype=torch.float64).to(dtype)
                         spec = jacobian_spectrum(
                             layer, x, method=method, max_exact_dim=max_exact_dim, progress=progress,
@@ -1098,12 +1097,6 @@ def osa_layer_conditioning(
                             }
                         )
     return pd.DataFrame(rows)
-
-
-def _default_dtype(dtype: torch.dtype):
-    from osa_lab.nn.models import _default_dtype as ctx
-
-    return ctx(dtype)
 
 
 #: renamed public names, kept for one release (osa_lab.deprecation)
