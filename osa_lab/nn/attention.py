@@ -2,7 +2,10 @@
 
 ``OrthogonalSelfAttention`` implements OSA (Zhang & Martens, arXiv 2602.05996; docs/design.md §1)
 with the initialisation derived in ``docs/initialisation.md`` (summary below);
-``SoftmaxSelfAttention`` is the SSA baseline on ``F.scaled_dot_product_attention``.
+``SoftmaxSelfAttention`` is the SSA baseline on ``F.scaled_dot_product_attention``. The variants
+the model presets use live here too: ``SoftmaxAttention`` (SSA with an explicit-softmax path for
+the Jacobian code), ``ValueSkipInitAttention`` (He et al. 2023) and :func:`init_cutting_skip`
+(Ji et al. 2025).
 
 Initialisation of OSA (derivation: ``docs/initialisation.md``). For one layer
 ``Y = Σ_h exp(S_h(X)) X W_V^h W_O^h``, the Jacobian splits as ``J = J_fixed + J_S``:
@@ -212,3 +215,68 @@ class SoftmaxSelfAttention(_MultiHead):
         """``(batch, tokens, dim)`` → ``(batch, tokens, dim)``."""
         _check_tokens(x, self.dim)
         return self._merge(self.attend(x, attn_mask=attn_mask, is_causal=is_causal))
+
+
+# --------------------------------------------------------------------------------------
+# Variants used by the model presets: explicit-softmax SSA, Value-SkipInit, cutting-skip init
+# --------------------------------------------------------------------------------------
+
+
+class SoftmaxAttention(SoftmaxSelfAttention):
+    """:class:`SoftmaxSelfAttention` with an explicit-softmax path.
+
+    ``explicit_softmax=True`` computes ``softmax(q kᵀ/√r) v`` with plain tensor ops instead of
+    ``F.scaled_dot_product_attention``; the Jacobian code switches it on because SDPA on the CPU
+    has no forward-mode AD and no vmap batching rule (same function, same values).
+    """
+
+    explicit_softmax: bool = False
+
+    def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        """Per-head outputs (batch, heads, tokens, dim // heads)."""
+        if not self.explicit_softmax or attn_mask is not None or is_causal:
+            return super().attend(x, attn_mask=attn_mask, is_causal=is_causal)
+        q, k, v = self._split(x)
+        return torch.softmax(q @ k.mT / math.sqrt(self.head_dim), dim=-1) @ v
+
+
+class ValueSkipInitAttention(SoftmaxAttention):
+    """SSA with Value-SkipInit (He et al. 2023, arXiv 2302.10322, §3): ``A ← a I + b softmax(·)``.
+
+    ``a`` and ``b`` are learnable, one per head, ``a = 1`` and ``b = 0`` at init, so each head
+    starts as ``X W_V^h`` (identity attention).
+    """
+
+    def __init__(
+        self, dim: int, heads: int = 1, head_dim: int | None = None, bias: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__(dim, heads, head_dim, init="orthogonal", bias=bias, dtype=dtype)
+        self.skip_a = nn.Parameter(torch.ones(heads, 1, 1, dtype=dtype))
+        self.skip_b = nn.Parameter(torch.zeros(heads, 1, 1, dtype=dtype))
+
+    def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        """``a v + b softmax(q kᵀ/√r) v`` per head."""
+        _, _, v = self._split(x)
+        soft = super().attend(x, attn_mask=attn_mask, is_causal=is_causal)
+        return self.skip_a * v + self.skip_b * soft
+
+
+def init_cutting_skip(attn: SoftmaxSelfAttention, a: float, b: float, c: float) -> None:
+    """Ji et al. 2025 init: ``W_Q^h W_K^hᵀ ≈ a Z + b I`` (rank-r truncated SVD), ``W_V W_O = c·orthogonal``."""
+    d, r, heads = attn.dim, attn.head_dim, attn.heads
+    wq = torch.empty(heads * r, d, dtype=torch.float64)
+    wk = torch.empty_like(wq)
+    for h in range(heads):
+        z = torch.randn(d, d, dtype=torch.float64) / math.sqrt(d)
+        u, s, vh = torch.linalg.svd(a * z + b * torch.eye(d, dtype=torch.float64))
+        root = s[:r].sqrt()
+        wq[h * r : (h + 1) * r] = root[:, None] * u[:, :r].mT
+        wk[h * r : (h + 1) * r] = root[:, None] * vh[:r]
+    with torch.no_grad():
+        attn.to_q.weight.copy_(wq)
+        attn.to_k.weight.copy_(wk)
+        nn.init.orthogonal_(attn.to_v.weight)
+        nn.init.orthogonal_(attn.to_out.weight, gain=c)
+        for lin in (attn.to_q, attn.to_k, attn.to_v, attn.to_out):
+            if lin.bias is not None:
+                lin.bias.zero_()
