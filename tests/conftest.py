@@ -1,4 +1,6 @@
-"""Pytest setup shared by all tests.
+"""Pytest setup and fixtures shared by all tests (the one conftest of the suite).
+
+Shared input builders and error measures live in ``tests/helpers.py``.
 
 Triton's CPU interpreter must be chosen before triton is imported anywhere in the process
 (docs/design.md §7): without a CUDA device, the Triton kernel tests run in the interpreter. The
@@ -9,7 +11,36 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# ------------------------------------------------------------------------------------------------
+# shared fixtures
+# ------------------------------------------------------------------------------------------------
+
+
+def _torch_threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test: the tests' matrices are small and extra threads
+    only contend on a shared 2-core machine (QR up to 25× slower). Use it for a whole module with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    yield from _torch_threads(1)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread_per_module():
+    """:func:`one_torch_thread` for a whole module, module-scoped fixtures included (training)."""
+    yield from _torch_threads(1)

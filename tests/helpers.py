@@ -31,6 +31,34 @@ def make_qk(kind: str, n: int, r: int, *, batch: tuple[int, ...] = (), dtype=tor
     return q.to(dtype), k.to(dtype)
 
 
+#: the ``kind`` values of :func:`qkv_of_kind` that make ``[q k]`` rank-deficient by construction
+DEGENERATE_KINDS = ("q=k", "k=2q", "q=0")
+
+
+def qkv_of_kind(
+    kind: str, batch: tuple[int, ...], n: int, r: int, d: int, *, seed: int, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k ``(*batch, n, r)`` and v ``(*batch, n, d)``, drawn in that order in float64 from ``seed``.
+
+    ``kind``: ``"random"``, or one of :data:`DEGENERATE_KINDS` (``k = q``, ``k = 2q``, ``q = 0``),
+    for which ``[q k]`` has rank below 2r (issue 11); a short sequence (n < 2r) does the same
+    for any kind. Cast to ``dtype`` last, so every dtype sees the same values.
+    """
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, n, r, dtype=torch.float64, generator=g)
+    k = torch.randn(*batch, n, r, dtype=torch.float64, generator=g)
+    v = torch.randn(*batch, n, d, dtype=torch.float64, generator=g)
+    if kind == "q=k":
+        k = q.clone()
+    elif kind == "k=2q":
+        k = 2 * q
+    elif kind == "q=0":
+        q = torch.zeros_like(q)
+    elif kind != "random":
+        raise ValueError(kind)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 # ------------------------------------------------------------------------------------------------
 # CLI error harness (issue 11): a user error exits 2 with one line and leaves no files behind
 # ------------------------------------------------------------------------------------------------

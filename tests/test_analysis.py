@@ -16,14 +16,7 @@ from osa_lab.nn.presets import get_preset
 from osa_lab.studies.depth import METRIC_COLUMNS, SPECTRA_COLUMNS, depth_profile, sweep
 from osa_lab.studies.metrics import METRICS
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_depth_profile_schema_and_values():
     prof = depth_profile("pure-ssa", depth=12, tokens=32, dim=64, heads=4, seed=0)

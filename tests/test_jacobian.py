@@ -22,14 +22,7 @@ from osa_lab.studies.jacobian import (
     osa_layer_conditioning,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_exact_jacobian_of_linear_map_and_finite_differences():
     g = torch.Generator().manual_seed(0)

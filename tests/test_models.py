@@ -31,13 +31,7 @@ EXPECTED_PRESETS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _tokens(b, n, d, seed=0, dtype=torch.float64):
     return torch.randn(b, n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)

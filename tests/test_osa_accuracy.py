@@ -13,7 +13,7 @@ import torch
 
 import osa_lab
 from osa_lab.ops import expm
-from tests.helpers import make_qk, rel_err
+from tests.helpers import DEGENERATE_KINDS, make_qk, qkv_of_kind, rel_err
 
 LOWRANK_METHODS = ["lowrank", "qr"]
 QK_KINDS = ["random", "equal", "zero", "parallel"]
@@ -174,19 +174,8 @@ def test_short_taylor_path_matches_references(dtype, norm):
 
 def _rank_deficient(kind: str, dtype=torch.float64):
     """q, k, v for which [q k] has rank below 2r (issue 11, item 1)."""
-    g = torch.Generator().manual_seed(11)
-    r = 4
     n = 6 if kind == "N<2r" else (1 if kind == "N=1" else 20)
-    q = torch.randn(2, n, r, dtype=torch.float64, generator=g)
-    k = torch.randn(2, n, r, dtype=torch.float64, generator=g)
-    v = torch.randn(2, n, 3, dtype=torch.float64, generator=g)
-    if kind == "q=k":
-        k = q.clone()
-    elif kind == "k=2q":
-        k = 2 * q
-    elif kind == "q=0":
-        q = torch.zeros_like(q)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
+    return qkv_of_kind(kind if kind in DEGENERATE_KINDS else "random", (2,), n, 4, 3, seed=11, dtype=dtype)
 
 
 RANK_DEFICIENT = ["N<2r", "q=k", "k=2q", "q=0", "N=1"]

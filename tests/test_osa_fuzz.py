@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import osa_lab
 from osa_lab import errors
-from tests.helpers import rel_err
+from tests.helpers import DEGENERATE_KINDS, qkv_of_kind, rel_err
 
 _EXAMPLES = os.environ.get("OSA_FUZZ_EXAMPLES")
 FUZZ = settings(
@@ -69,17 +69,7 @@ def cases(draw):
 
 
 def _inputs(batch, n, r, d, kind, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(*batch, n, r, dtype=torch.float64, generator=g)
-    k = torch.randn(*batch, n, r, dtype=torch.float64, generator=g)
-    v = torch.randn(*batch, n, d, dtype=torch.float64, generator=g)
-    if kind == "q=k":
-        k = q.clone()
-    elif kind == "k=2q":
-        k = 2 * q
-    elif kind == "q=0":
-        q = torch.zeros_like(q)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
+    return qkv_of_kind(kind if kind in DEGENERATE_KINDS else "random", batch, n, r, d, seed=seed, dtype=dtype)
 
 
 def _alpha(form, a0, batch, seed):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import osa_lab
-from tests.helpers import make_qk, rel_err
+from tests.helpers import DEGENERATE_KINDS, make_qk, qkv_of_kind, rel_err
 
 GRAD_CASES = [
     pytest.param(method, n, r, kind, id=f"{method}-N{n}-r{r}-{kind}")
@@ -94,18 +94,8 @@ def test_torch_func_transforms(method, n):
 # Issue 11: gram refuses rank-deficient [q k] (it returned zero gradients); the methods that
 # handle them must give the float64 dense gradients.
 def _rank_deficient(kind: str):
-    g = torch.Generator().manual_seed(21)
-    r = 3
     n = 4 if kind == "N<2r" else (1 if kind == "N=1" else 12)
-    q, k = (torch.randn(2, n, r, dtype=torch.float64, generator=g) for _ in range(2))
-    v = torch.randn(2, n, 2, dtype=torch.float64, generator=g)
-    if kind == "q=k":
-        k = q.clone()
-    elif kind == "k=2q":
-        k = 2 * q
-    elif kind == "q=0":
-        q = torch.zeros_like(q)
-    return q, k, v
+    return qkv_of_kind(kind if kind in DEGENERATE_KINDS else "random", (2,), n, 3, 2, seed=21)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

@@ -34,14 +34,7 @@ from timm.models.vision_transformer import Block  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Small matrices: extra threads only contend on the shared 2-core machine (QR 25× slower).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def _tiny(img_size: int = 32, **kw) -> nn.Module:
     """ViT-Tiny (dim 192, 3 heads) at a small image size: (img/16)² patches + the class token."""

@@ -30,14 +30,7 @@ def tiny(preset: str = "skipless-osa", **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest (and least disturbed by other processes) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 @pytest.fixture(scope="module")
 def data():

@@ -51,13 +51,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
         assert needle.lower() in lines[0].lower(), (needle, lines[0])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 # --------------------------------------------------------------------------- bad arguments
 

@@ -64,9 +64,17 @@ from osa_lab.nn.presets import PRESETS, preset_names
 from osa_lab.studies.families import model_family
 from osa_lab.studies.grid import GridOptions, Task, add_grid_arguments, options_from_args, run_grid
 from osa_lab.studies.metrics import METRICS, all_metrics, singular_values
-from osa_lab.studies.settings import StudyPoint, alpha_of, as_list, config_for, gaussian_tokens, seed_list
+from osa_lab.studies.settings import (
+    POINT_COLUMNS,
+    StudyPoint,
+    alpha_of,
+    as_list,
+    config_for,
+    gaussian_tokens,
+    seed_list,
+)
 
-KEY_COLUMNS = ["preset", "depth", "tokens", "dim", "heads", "alpha", "seed"]
+KEY_COLUMNS = list(POINT_COLUMNS)  # the fields of StudyPoint
 METRIC_COLUMNS = [*KEY_COLUMNS, "layer", "site", "metric", "value"]
 SPECTRA_COLUMNS = [*KEY_COLUMNS, "layer", "site", "index", "sigma", "sigma_normalized"]
 SITES = ("block", "attention")
