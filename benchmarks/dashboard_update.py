@@ -21,7 +21,8 @@ printed and written to ``--csv``.
 
 ``--sessions 5`` adds 5 sessions making an uncached update at the same moment (in process,
 one thread per session, as the server's sweeps run): the case that shows whether sessions
-compute concurrently.
+compute concurrently; with ``--compare-lock`` runs alternate between the old global compute lock
+(emulated around every sweep) and none, so both see the same load.
 """
 
 from __future__ import annotations
@@ -92,6 +93,42 @@ def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
     rows.append({"measure": f"uncached_update_{n}", "presets": n, "seconds": statistics.median(uncached)})
     rows.append({"measure": "cached_update", "presets": n, "seconds": statistics.median(cached)})
     return rows
+
+
+class _SerialisedSweeps:
+    """Emulates the removed global compute lock: every sweep of every session in turn."""
+
+    def __init__(self) -> None:
+        import osa_lab.analysis as analysis
+
+        self.analysis, self.original, self.lock = analysis, analysis.sweep, threading.Lock()
+
+    def __enter__(self):
+        def locked(*args, **kwargs):
+            with self.lock:
+                return self.original(*args, **kwargs)
+
+        self.analysis.sweep = locked
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.analysis.sweep = self.original
+
+
+def compare_lock(dash, sessions: int, repeat: int) -> list[dict]:
+    """Concurrent sessions with the old global lock (emulated) and without, alternating, so both
+    see the same machine load."""
+    rows: dict[str, list[dict]] = {"lock": [], "no lock": []}
+    for _ in range(repeat):
+        with _SerialisedSweeps():
+            rows["lock"] += concurrent_sessions(dash, sessions, 1)
+        rows["no lock"] += concurrent_sessions(dash, sessions, 1)
+    out = []
+    for kind, rs in rows.items():
+        for measure in sorted({r["measure"] for r in rs}):
+            secs = [r["seconds"] for r in rs if r["measure"] == measure]
+            out.append({"measure": f"{measure} ({kind})", "presets": 2, "seconds": statistics.median(secs)})
+    return out
 
 
 def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
@@ -229,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true", help="in-process measurements only")
     parser.add_argument("--sessions", type=int, default=0,
                         help="also measure this many sessions making an uncached update at once (in process)")
+    parser.add_argument("--compare-lock", action="store_true",
+                        help="with --sessions: alternate runs with the old global compute lock (emulated) and without")
     parser.add_argument("--only-sessions", action="store_true",
                         help="measure only the concurrent sessions (with --sessions)")
     parser.add_argument("--csv", default="bench_results/dashboard_update.csv")
@@ -242,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if not args.only_sessions:
         rows += in_process(dash, ["pure-ssa", "pure-osa"], args.repeat) + in_process(dash, FIVE, args.repeat)
-    if args.sessions:
+    if args.sessions and args.compare_lock:
+        rows += compare_lock(dash, args.sessions, args.repeat)
+    elif args.sessions:
         rows += concurrent_sessions(dash, args.sessions, args.repeat)
     if not args.no_browser and not args.only_sessions:
         rows += served(args.repeat)
