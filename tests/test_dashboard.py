@@ -435,3 +435,34 @@ def test_template_builds_offline_design(app, dash):
     assert tmpl.design is dash.OfflineFast
     assert dash.OfflineFast._resources["font"] == {}
     assert tmpl.font_url == ""
+
+
+def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
+    """Issue 12: the dashboard's modules import only public names of osa_lab, and their imports
+    of each other point one way (state ← views ← app; jobs below all)."""
+    import ast
+
+    pkg = ROOT / "osa_lab" / "dashboard"
+    edges: dict[str, set[str]] = {}
+    for path in sorted(pkg.glob("*.py")):
+        name = f"osa_lab.dashboard.{path.stem}" if path.stem != "__init__" else "osa_lab.dashboard"
+        edges[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("osa_lab"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, f"{path.name} imports private {private} from {node.module}"
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            edges[name] |= {t for t in targets if t.startswith("osa_lab.dashboard.")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in edges.get(start, ()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    cycles = [m for m in edges if reaches(m, m, {m})]
+    assert cycles == [], f"import cycles through {cycles}"
