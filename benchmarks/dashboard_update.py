@@ -5,8 +5,8 @@ within 3 s, a return to settings already computed within 0.5 s, and an uncached 
 5 presets within 3 s. Two kinds of measurement:
 
 * **in process** (the dashboard's own objects, no browser): an *update* is a depth change of a
-  built app, from setting the control to the new figure rendered to Bokeh models (what the
-  server serialises). ``uncached`` clears the process-wide sweep and figure caches first;
+  built app whose Bokeh models exist (as in a served session), from setting the control to
+  those models updated (what the server then sends to the browser). ``uncached`` clears the process-wide sweep and figure caches first;
   ``cached`` returns to the settings just shown. For 2 and 5 presets.
 * **served** (``panel serve --warm`` on a free port, Debian's headless Chromium through
   Playwright, as ``tests/test_dashboard_browser.py``): from navigation to the rank-collapse plot
@@ -68,16 +68,16 @@ def load_dashboard() -> _Dashboard:
 def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
     """Uncached and cached depth changes of a built app at the default sizes."""
     import panel as pn
+    from bokeh.document import Document
 
     app = dash.build_app(presets=presets)
-    pn.panel(app)
+    pn.panel(app).get_root(Document())  # the session's Bokeh models, as the server holds them
     depths = [12, 11]
     rows = []
 
-    def update(depth: int) -> float:
+    def update(depth: int) -> float:  # compute (or cache hit) and update the session's Bokeh models
         start = time.perf_counter()
         app.controls.depth = depth
-        hv.render(app.rank_view.panes["metric"].object, backend="bokeh")
         assert app.state.error == "" and app.rank_view.job.error == "", (app.state.error, app.rank_view.job.error)
         return time.perf_counter() - start
 
@@ -158,7 +158,7 @@ def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
             start = time.perf_counter()
             app.controls.depth = 20 - i - sessions * (r % 2)  # distinct settings: every sweep is uncached
             with render_lock:
-                hv.render(app.rank_view.panes["metric"].object, backend="bokeh")
+                hv.render(app.rank_view.figures["metric"], backend="bokeh")
             times[i] = time.perf_counter() - start
             assert app.state.error == "", app.state.error
 
