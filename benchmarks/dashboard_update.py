@@ -5,8 +5,8 @@ within 3 s, a return to settings already computed within 0.5 s, and an uncached 
 5 presets within 3 s. Two kinds of measurement:
 
 * **in process** (the dashboard's own objects, no browser): an *update* is a depth change of a
-  built app, from setting the control to the new figure rendered to Bokeh models (what the
-  server serialises). ``uncached`` clears the process-wide sweep and figure caches first;
+  built app whose Bokeh models exist (as in a served session), from setting the control to
+  those models updated (what the server then sends to the browser). ``uncached`` clears the process-wide sweep and figure caches first;
   ``cached`` returns to the settings just shown. For 2 and 5 presets.
 * **served** (``panel serve --warm`` on a free port, Debian's headless Chromium through
   Playwright, as ``tests/test_dashboard_browser.py``): from navigation to the rank-collapse plot
@@ -21,7 +21,8 @@ printed and written to ``--csv``.
 
 ``--sessions 5`` adds 5 sessions making an uncached update at the same moment (in process,
 one thread per session, as the server's sweeps run): the case that shows whether sessions
-compute concurrently.
+compute concurrently; with ``--compare-lock`` runs alternate between the old global compute lock
+(emulated around every sweep) and none, so both see the same load.
 """
 
 from __future__ import annotations
@@ -67,16 +68,16 @@ def load_dashboard() -> _Dashboard:
 def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
     """Uncached and cached depth changes of a built app at the default sizes."""
     import panel as pn
+    from bokeh.document import Document
 
     app = dash.build_app(presets=presets)
-    pn.panel(app)
+    pn.panel(app).get_root(Document())  # the session's Bokeh models, as the server holds them
     depths = [12, 11]
     rows = []
 
-    def update(depth: int) -> float:
+    def update(depth: int) -> float:  # compute (or cache hit) and update the session's Bokeh models
         start = time.perf_counter()
         app.controls.depth = depth
-        hv.render(app.rank_view.panes["metric"].object, backend="bokeh")
         assert app.state.error == "" and app.rank_view.job.error == "", (app.state.error, app.rank_view.job.error)
         return time.perf_counter() - start
 
@@ -92,6 +93,42 @@ def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
     rows.append({"measure": f"uncached_update_{n}", "presets": n, "seconds": statistics.median(uncached)})
     rows.append({"measure": "cached_update", "presets": n, "seconds": statistics.median(cached)})
     return rows
+
+
+class _SerialisedSweeps:
+    """Emulates the removed global compute lock: every sweep of every session in turn."""
+
+    def __init__(self) -> None:
+        import osa_lab.studies.depth as analysis
+
+        self.analysis, self.original, self.lock = analysis, analysis.sweep, threading.Lock()
+
+    def __enter__(self):
+        def locked(*args, **kwargs):
+            with self.lock:
+                return self.original(*args, **kwargs)
+
+        self.analysis.sweep = locked
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.analysis.sweep = self.original
+
+
+def compare_lock(dash, sessions: int, repeat: int) -> list[dict]:
+    """Concurrent sessions with the old global lock (emulated) and without, alternating, so both
+    see the same machine load."""
+    rows: dict[str, list[dict]] = {"lock": [], "no lock": []}
+    for _ in range(repeat):
+        with _SerialisedSweeps():
+            rows["lock"] += concurrent_sessions(dash, sessions, 1)
+        rows["no lock"] += concurrent_sessions(dash, sessions, 1)
+    out = []
+    for kind, rs in rows.items():
+        for measure in sorted({r["measure"] for r in rs}):
+            secs = [r["seconds"] for r in rs if r["measure"] == measure]
+            out.append({"measure": f"{measure} ({kind})", "presets": 2, "seconds": statistics.median(secs)})
+    return out
 
 
 def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
@@ -121,7 +158,7 @@ def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
             start = time.perf_counter()
             app.controls.depth = 20 - i - sessions * (r % 2)  # distinct settings: every sweep is uncached
             with render_lock:
-                hv.render(app.rank_view.panes["metric"].object, backend="bokeh")
+                hv.render(app.rank_view.figures["metric"], backend="bokeh")
             times[i] = time.perf_counter() - start
             assert app.state.error == "", app.state.error
 
@@ -229,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true", help="in-process measurements only")
     parser.add_argument("--sessions", type=int, default=0,
                         help="also measure this many sessions making an uncached update at once (in process)")
+    parser.add_argument("--compare-lock", action="store_true",
+                        help="with --sessions: alternate runs with the old global compute lock (emulated) and without")
     parser.add_argument("--only-sessions", action="store_true",
                         help="measure only the concurrent sessions (with --sessions)")
     parser.add_argument("--csv", default="bench_results/dashboard_update.csv")
@@ -242,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if not args.only_sessions:
         rows += in_process(dash, ["pure-ssa", "pure-osa"], args.repeat) + in_process(dash, FIVE, args.repeat)
-    if args.sessions:
+    if args.sessions and args.compare_lock:
+        rows += compare_lock(dash, args.sessions, args.repeat)
+    elif args.sessions:
         rows += concurrent_sessions(dash, args.sessions, args.repeat)
     if not args.no_browser and not args.only_sessions:
         rows += served(args.repeat)

@@ -56,7 +56,7 @@ def warm_up(kind: str) -> None:
 
     torch.set_num_threads(1)
     if kind == "jacobian":
-        from osa_lab.jacobian import jacobian_depth_profile
+        from osa_lab.studies.jacobian import jacobian_depth_profile
 
         for preset in ("pure-osa", "pure-ssa"):
             jacobian_depth_profile(preset=preset, depth=2, tokens=8, dim=8, seed=0, method="exact")

@@ -5,9 +5,11 @@ depth, width, heads and MLP. A "step" is what :func:`osa_lab.train.train` does p
 forward, cross-entropy, backward, gradient clip and an AdamW update.
 
 Both models (and ``skipless-ssa`` for reference, and OSA with each ``--osa-methods`` entry of
-:data:`osa_lab.functional.OSA_METHODS`) are timed side by side in one process, interleaved
-configuration by configuration, with :func:`osa_lab.benchtools.time_call` (median of
-``--repeat`` runs). Times depend on the machine's load; the ratio column is what to read.
+:data:`osa_lab.ops.functional.OSA_METHODS`) are timed side by side in one process, interleaved
+in rounds (one call of every configuration per round), median
+of ``--repeat`` rounds of wall time and of process CPU time. Times depend on the machine's
+load; the ratio columns are what to read, and on a loaded machine ``cpu_ratio_to_vit`` (CPU
+time excludes the time the scheduler gives other processes) is the steadier one.
 
     .venv/bin/python benchmarks/train_throughput.py                       # digits + MNIST sizes
     .venv/bin/python benchmarks/train_throughput.py --threads 2 --repeat 10
@@ -19,19 +21,27 @@ OSA head's ``exp(S_h) V_h`` replaced by ``V_h`` (projections, MLP, head, optimis
 ``osa row − skipped row`` is the cost of the exponential's forward and backward, and
 ``skipped row − vit row`` is what the rest of the skipless network costs against the ViT.
 ``--no-breakdown`` leaves it out.
+
+Before/after of the small-N Taylor action (issue 13): the row ``skipless-osa / auto (previous)``
+times ``auto`` with the previous small-N path (``expm._small_n_action(..., action=False)``: short Taylor series of the N×N ``exp(S)``, then ``exp(S) V``, S formed as ``U J Uᵀ``), side by side with
+the current one under the same load. ``--no-previous`` leaves it out. ``--alpha-scale C``
+multiplies every OSA layer's initial α by C, so that ``‖S‖₂`` is nearer a trained network's
+(≈ 1 in the deep layers, docs/training.md) than the tiny value at initialisation.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from osa_lab.benchmarking.timing import emit_table, machine_info, time_call
+from osa_lab.benchmarking.timing import emit_table, machine_info
 from osa_lab.nn.models import build_classifier
 from osa_lab.nn.presets import get_preset
 
@@ -63,7 +73,68 @@ def step_fn(preset: str, image_size: int, patch: int, batch: int, model_override
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
+    step.model = model
     return step, sum(p.numel() for p in model.parameters()), cfg.tokens
+
+
+def _time_rounds(fns: dict, repeat: int, warmup: int) -> tuple[dict, dict]:
+    """Median wall and process-CPU seconds per call of each ``fns[key]()``, alternating in rounds.
+
+    On a shared machine the wall time of a 1-thread step includes the time the scheduler gives to
+    other processes; the CPU time (``time.process_time``) does not, so its ratio is the steadier
+    one under load. Both are reported.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    wall: dict = {key: [] for key in fns}
+    cpu: dict = {key: [] for key in fns}
+    for _ in range(repeat):
+        for key, fn in fns.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            cpu[key].append(time.process_time() - c0)
+            wall[key].append(time.perf_counter() - w0)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+
+
+def _within(step, context):
+    """``step`` run inside ``context()`` (a monkeypatch active only during this configuration's calls)."""
+
+    def run() -> None:
+        with context():
+            step()
+
+    return run
+
+
+@contextlib.contextmanager
+def previous_small_n_path():
+    """Inside the block the small-N path runs as before the Taylor action (N×N short Taylor)."""
+    from osa_lab.ops import expm
+
+    original = expm._small_n_action
+
+    def previous(u, j, v, **_):
+        return original(u, j, v, action=False, osa_core=False)
+
+    expm._small_n_action = previous
+    try:
+        yield
+    finally:
+        expm._small_n_action = original
+
+
+def scale_alpha(step, factor: float) -> None:
+    """Multiply the α of every OSA layer of the model behind ``step`` by ``factor``."""
+    from osa_lab.nn.attention import OrthogonalSelfAttention
+
+    if factor == 1.0:
+        return
+    with torch.no_grad():
+        for module in step.model.modules():
+            if isinstance(module, OrthogonalSelfAttention):
+                module.alpha.mul_(factor)
 
 
 @contextlib.contextmanager
@@ -95,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", default=[s[0].split()[0] for s in SIZES], help="digits, mnist1d, mnist")
     parser.add_argument("--out", default="bench_results/train_throughput.csv")
     parser.add_argument("--no-breakdown", action="store_true", help="leave out the 'exp(S) skipped' row")
+    parser.add_argument("--no-previous", action="store_true", help="leave out the 'auto (previous)' row")
+    parser.add_argument("--alpha-scale", type=float, default=1.0, help="multiply OSA's initial α by this")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = {"depth": args.depth, "dim": args.dim, "heads": args.heads}
@@ -103,21 +176,30 @@ def main(argv: list[str] | None = None) -> int:
         if name.split()[0] not in args.sizes:
             continue
         runs = [("vit", "—"), ("skipless-ssa", "—")] + [("skipless-osa", m) for m in args.osa_methods]
+        if "auto" in args.osa_methods and not args.no_previous:
+            runs.append(("skipless-osa", "auto (previous)"))
         if not args.no_breakdown:
             runs.append(("skipless-osa", "exp(S) skipped"))
-        base = None
+        built = {}
         for preset, method in runs:
             skipped = method == "exp(S) skipped"
-            use = {"osa_method": method} if preset == "skipless-osa" and not skipped else {}
+            previous = method == "auto (previous)"
+            use = {"osa_method": "auto" if previous else method} if preset == "skipless-osa" and not skipped else {}
             extra = dict(overrides, **use)
             try:
                 step, n_params, tokens = step_fn(preset, size, patch, args.batch, extra, sequence)
-                with exp_skipped() if skipped else contextlib.nullcontext():
-                    seconds = time_call(step, repeat=args.repeat, warmup=2)
-            except Exception as err:  # noqa: BLE001 - a method that cannot run here is a row, not a crash
+                scale_alpha(step, args.alpha_scale)
+                context = exp_skipped if skipped else previous_small_n_path if previous else contextlib.nullcontext
+                timed = _within(step, context)
+                timed()  # a method that cannot run here is a row, not a crash
+            except Exception as err:  # noqa: BLE001
                 print(f"{preset} ({method}) at {name}: {type(err).__name__}: {err}", file=sys.stderr)
                 continue
-            base = seconds if preset == "vit" else base
+            built[(preset, method)] = (timed, n_params, tokens)
+        # Interleaved rounds: load that comes and goes hits every configuration alike.
+        seconds, cpu = _time_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2)
+        base, cpu_base = seconds.get(("vit", "—")), cpu.get(("vit", "—"))
+        for (preset, method), (_, n_params, tokens) in built.items():
             rows.append(
                 {
                     "setting": name,
@@ -125,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
                     "preset": preset,
                     "osa_method": method,
                     "params": n_params,
-                    "ms_per_step": 1e3 * seconds,
-                    "ratio_to_vit": seconds / base if base else float("nan"),
-                    "target": "≤ 1.5" if preset == "skipless-osa" and not skipped else "",
+                    "ms_per_step": 1e3 * seconds[(preset, method)],
+                    "ratio_to_vit": seconds[(preset, method)] / base if base else float("nan"),
+                    "cpu_ms_per_step": 1e3 * cpu[(preset, method)],
+                    "cpu_ratio_to_vit": cpu[(preset, method)] / cpu_base if cpu_base else float("nan"),
+                    "target": "≤ 1.5" if preset == "skipless-osa" and method != "exp(S) skipped" else "",
                 }
             )
     try:

@@ -30,21 +30,21 @@
 
 # %% tags=["parameters"]
 # Accuracy study: single head, unit-variance q, k (N × rank) and v (N × value_dim).
-ns_accuracy: list = [16, 64, 256, 512]
-alphas: list = [0.01, 0.1, 1.0, 10.0]
+ns_accuracy: list = [16, 64, 256, 512]  # ≥ 2: sequence lengths N
+alphas: list = [0.01, 0.1, 1.0, 10.0]  # ≥ 0: OSA scale α
 dtypes: list = ["float64", "float32", "bfloat16"]
-rank: int = 8
-value_dim: int = 8
-seeds: list = [0, 1]
-orthogonality_max_n: int = 256
+rank: int = 8  # ≥ 1: query/key width r
+value_dim: int = 8  # ≥ 1
+seeds: list = [0, 1]  # ≥ 0
+orthogonality_max_n: int = 256  # ≥ 2: largest N of the explicit N × N check
 # Timing study: (batch_heads, N, head_dim) float32 inputs, best of `repeat` runs.
-ns_timing: list = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-dense_max_n: int = 1024
-sdpa_max_n: int = 8192
-batch_heads: int = 4
-head_dim: int = 64
-repeat: int = 5
-fit_points: int = 3
+ns_timing: list = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # ≥ 2
+dense_max_n: int = 1024  # ≥ 2
+sdpa_max_n: int = 8192  # ≥ 2
+batch_heads: int = 4  # ≥ 1
+head_dim: int = 64  # ≥ 1
+repeat: int = 5  # ≥ 1: best of this many runs
+fit_points: int = 3  # ≥ 2: largest N used for each slope fit
 
 # %%
 from osa_lab.reporting import kernel_setup as nb

@@ -40,10 +40,10 @@ presets: list = [
     "ssa-cutting-skip",
     "ssa-value-skipinit",
 ]
-depth: int = 24
-tokens: int = 64
-dim: int = 64
-seeds: int = 3
+depth: int = 24  # ≥ 1: blocks per model
+tokens: int = 64  # ≥ 2: tokens N
+dim: int = 64  # ≥ 1: width d (divisible by each preset's heads)
+seeds: int = 3  # ≥ 1
 cache_dir: str = ""
 
 # %%

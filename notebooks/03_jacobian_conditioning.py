@@ -28,19 +28,19 @@
 
 # %% tags=["parameters"]
 # 1. the OSA layer
-alphas: list = [0.0, 0.01, 0.03, 0.1, 0.3, 1.0]
-alpha_tokens: int = 16
-alpha_dim: int = 16
-grid_tokens: list = [8, 16, 32]
-grid_dims: list = [8, 16, 32]
-contrast_alpha: float = 0.1
-layer_seeds: int = 3
+alphas: list = [0.0, 0.01, 0.03, 0.1, 0.3, 1.0]  # ≥ 0: OSA scale α
+alpha_tokens: int = 16  # ≥ 2
+alpha_dim: int = 16  # ≥ 1
+grid_tokens: list = [8, 16, 32]  # ≥ 2
+grid_dims: list = [8, 16, 32]  # ≥ 1
+contrast_alpha: float = 0.1  # ≥ 0
+layer_seeds: int = 3  # ≥ 1
 # 2.–3. networks across depth
 presets: list = ["skipless-osa", "skipless-ssa", "vit"]
-depth: int = 8
-tokens: int = 16
-dim: int = 16
-depth_seeds: int = 2
+depth: int = 8  # ≥ 1: blocks per model
+tokens: int = 16  # ≥ 2: tokens N
+dim: int = 16  # ≥ 1: width d
+depth_seeds: int = 2  # ≥ 1
 
 # %%
 from osa_lab.reporting import kernel_setup as nb

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 pn = pytest.importorskip("panel")
+hv = pytest.importorskip("holoviews")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,8 +95,14 @@ def app(dash):
 
 
 def _pane_data(view, key):
-    """The HoloViews object currently shown by pane ``key`` of ``view``."""
-    return view.panes[key].object
+    """The HoloViews object currently shown by pane ``key`` of ``view`` (the figure itself, or the
+    last frame of the DynamicMap that data updates go through)."""
+    obj = view.panes[key].object
+    if isinstance(obj, hv.DynamicMap):
+        frame = obj[()]
+        assert frame is view.figures[key]
+        return frame
+    return obj
 
 
 def _layers(overlay) -> list[int]:
@@ -435,3 +442,65 @@ def test_template_builds_offline_design(app, dash):
     assert tmpl.design is dash.OfflineFast
     assert dash.OfflineFast._resources["font"] == {}
     assert tmpl.font_url == ""
+
+
+def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
+    """Issue 12: the dashboard's modules import only public names of osa_lab, and their imports
+    of each other point one way (state ← views ← app; jobs below all)."""
+    import ast
+
+    pkg = ROOT / "osa_lab" / "dashboard"
+    edges: dict[str, set[str]] = {}
+    for path in sorted(pkg.glob("*.py")):
+        name = f"osa_lab.dashboard.{path.stem}" if path.stem != "__init__" else "osa_lab.dashboard"
+        edges[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("osa_lab"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, f"{path.name} imports private {private} from {node.module}"
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            edges[name] |= {t for t in targets if t.startswith("osa_lab.dashboard.")}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in edges.get(start, ()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    cycles = [m for m in edges if reaches(m, m, {m})]
+    assert cycles == [], f"import cycles through {cycles}"
+
+
+def test_a_depth_change_is_a_data_update_of_the_figure_drawn(app):
+    """Speed (issue 15): a change that only alters data (depth, sizes, seeds) updates the Bokeh
+    models already drawn through the pane's DynamicMap instead of rebuilding them; a change of
+    what is drawn (presets, metric, y scale) draws a new figure. Either way the data on screen
+    follow the controls."""
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource
+
+    view = app.rank_view
+    root = view.panes["metric"].get_root(Document())
+
+    def layers_drawn() -> set[int]:
+        return {int(max(m.data["layer"])) for m in root.select({"type": ColumnDataSource}) if "layer" in m.data}
+
+    dmap = view.panes["metric"].object
+    assert isinstance(dmap, hv.DynamicMap) and layers_drawn() == {3}
+    app.controls.depth = 2
+    assert view.panes["metric"].object is dmap and layers_drawn() == {2}
+    assert _layers(_pane_data(view, "metric")) == [0, 1, 2]
+    ylim = _pane_data(view, "metric").opts.get("plot", "bokeh").kwargs["ylim"]  # the new data's limits
+    from bokeh.models import Range1d
+
+    starts = {(r.start, r.end) for r in root.select({"type": Range1d})}
+    assert any(abs(s - ylim[0]) <= 1e-12 * abs(ylim[0]) + 1e-300 and abs(e - ylim[1]) <= 1e-12 * abs(ylim[1])
+               for s, e in starts), (starts, ylim)
+    app.controls.scale = "linear"  # other options (auto was log here): a new figure
+    assert view.panes["metric"].object is not dmap
+    app.controls.depth = 3
+    assert _layers(_pane_data(view, "metric")) == [0, 1, 2, 3]

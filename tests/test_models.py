@@ -289,7 +289,7 @@ def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeyp
     float64 (orthogonal W_V to float64 rounding, not float32's)."""
     import threading
 
-    from osa_lab import models
+    from osa_lab.nn import models
 
     paused, resume, seen = threading.Event(), threading.Event(), {}
 
@@ -322,6 +322,32 @@ def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeyp
     w = models.osa_layers(model)[0].to_v.weight
     assert float((w @ w.mT - torch.eye(16, dtype=torch.float64)).abs().max()) < 1e-13
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_seeded_builds_in_concurrent_threads_match_sequential_builds():
+    """Seeded builds draw from torch's global generator; builds in several threads at once (the
+    dashboard's sessions, which compute concurrently) give exactly the sequential weights."""
+    import threading
+
+    from osa_lab.nn.models import build_model
+
+    configs = [get_preset(p, depth=3, tokens=8, dim=16, seed=s) for p in ("vit", "pure-osa") for s in (0, 1)]
+    want = [[t.clone() for t in build_model(c, dtype=torch.float64).state_dict().values()] for c in configs]
+    got: dict[int, list] = {}
+    barrier = threading.Barrier(len(configs))
+
+    def build(i: int) -> None:
+        barrier.wait()
+        for _ in range(5):
+            got[i] = list(build_model(configs[i], dtype=torch.float64).state_dict().values())
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(len(configs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(len(configs)):
+        assert all(torch.equal(a, b) for a, b in zip(want[i], got[i], strict=True)), configs[i]
 
 
 # ---------------------------------------------------------------- issue 13: sequences, baselines, controls

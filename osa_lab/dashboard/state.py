@@ -84,11 +84,10 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-#: Serialises the model computations of all sessions. The models switch torch's *global* default
-#: dtype while they build (osa_lab.models), so two sweeps in parallel threads can mix float32 and
-#: float64 weights; one computation at a time also avoids oversubscribing small machines. This
-#: module runs once per session, so the lock lives in the process-wide ``pn.state.cache``.
-COMPUTE_LOCK: threading.Lock = threading.Lock()
+# Model computations of different sessions run concurrently (no global compute lock): models
+# receive their dtype explicitly (osa_lab.models) and inputs come from private generators; only
+# the seeded construction of a block, which draws from torch's global generator, is serialised
+# inside osa_lab.models.
 #: Serialises building HoloViews objects (their option trees are global state).
 FIGURE_LOCK: threading.Lock = threading.Lock()
 
@@ -139,11 +138,10 @@ def compute_sweep(
     """
     from osa_lab.analysis import sweep
 
-    with COMPUTE_LOCK:
-        result = sweep(
-            list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
-            seeds=list(range(seeds)), site="both", progress=False,
-        )
+    result = sweep(
+        list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
+        seeds=list(range(seeds)), site="both", progress=False,
+    )
     return result.metrics, result.spectra
 
 
@@ -152,8 +150,7 @@ def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) ->
     """The OSA check of :mod:`osa_lab.checks` for these sizes (seed 0, float32)."""
     from osa_lab.checks import osa_check
 
-    with COMPUTE_LOCK:
-        return osa_check(tokens, dim, heads, alpha, seed=0)
+    return osa_check(tokens, dim, heads, alpha, seed=0)
 
 
 #: Computes one Jacobian unit in this process (tests and scripts; served sessions use a worker).

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 
@@ -359,12 +360,20 @@ def _block_seed(seed: int, index: int | str) -> int:
     return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
+#: Seeded construction draws from torch's global CPU generator (``nn.Linear``'s own init takes no
+#: generator): ``fork_rng`` + ``manual_seed`` around the build of one block. Two seeded builds in
+#: different threads (the dashboard's sessions) must not interleave their draws, or a model's
+#: weights would depend on the other thread's timing. Held only while a seeded block is built;
+#: forward passes and everything else run concurrently.
+_SEEDED_BUILD_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _seeded(seed: int | None, index: int | str) -> Iterator[None]:
     if seed is None:
         yield
         return
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDED_BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(_block_seed(seed, index))
         yield
 

@@ -680,7 +680,7 @@ def gram_action(
     return _GramAction.apply(a, b, j.to(torch.float64), v, replaced, osa_core)
 
 
-def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bool = False) -> torch.Tensor:
     """``exp(U J Uᵀ) V`` by the QR form ``V + B (exp(R J Rᵀ) − I)(Bᵀ V)`` (docs/design.md §2).
 
     Householder QR keeps ``B`` orthonormal to working precision for any ``U``, including
@@ -688,10 +688,11 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     When ``N ≤ m``, or ``N ≤ 2m`` and ``‖S‖`` is small, the N×N matrix ``S = U J Uᵀ`` costs no
     more than the low-rank problem (``N³ ≤ 4 N m²``) and is exponentiated directly
     (:func:`_small_n_action`); for ``N ≤ m`` this also avoids PyTorch's QR backward, which is
-    undefined for wide rank-deficient ``U``.
+    undefined for wide rank-deficient ``U``. ``osa_core=True`` promises ``J`` of
+    :func:`osa_skew_core` (``S`` is then formed from one N×N×r product).
     """
     if u.shape[-2] <= 2 * u.shape[-1]:
-        y = _small_n_action(u, j, v)
+        y = _small_n_action(u, j, v, osa_core=osa_core)
         if y is not None:
             return y
     b, r = torch.linalg.qr(u)
@@ -701,15 +702,154 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
 
 
-def _small_n_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-    """``exp(U J Uᵀ) V`` through the N×N exponential, for N ≤ 2m; ``None`` to use the QR form.
+#: Most products ``S·X`` (N×N times N×d) the Taylor action of :func:`_small_n_action` may use.
+#: One costs ``d/N`` of an N×N product: 24 of them at N = 49, d = 16 cost what the 8 N×N
+#: products of the short-Taylor path (``SHORT_TAYLOR_MAX_PRODUCTS``) cost.
+ACTION_MAX_PRODUCTS = 24
+#: Largest norm bound per Taylor step of the action: the partial sums of ``exp(ν)`` reach
+#: ``≈ e^ν`` before they cancel, so the rounding error of one step grows like ``eps · e^ν``.
+ACTION_MAX_STEP_NORM = 2.0
 
-    When ``S`` is small enough for the short Taylor path of :func:`dense_exp` in the input
-    dtype (the usual case inside a network), it runs there. Otherwise, for ``N ≤ m``, ``S`` is
-    formed and exponentiated in float64 (the float32 error stays within ``GRAM_TOLERANCE``'s
-    budget for large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper and ``None`` is returned.
+
+def taylor_action_plan(rho: float, dtype: torch.dtype) -> tuple[int, int] | None:
+    """``(degree m, steps t)`` of :func:`taylor_action` with the fewest products ``t·m`` for
+    skew-symmetric ``S`` with ``‖S‖₂ ≤ rho``; ``None`` beyond ``ACTION_MAX_PRODUCTS``.
+
+    ``exp(S) = (exp(S/t))^t`` and each factor is replaced by its degree-``m`` Taylor polynomial
+    (Al-Mohy & Higham, SIAM J. Sci. Comput. 33(2), 2011, "expmv"). ``S`` is normal with
+    eigenvalues ``±iθ_j``, ``θ_j ≤ ‖S‖₂``, so each factor's 2-norm error is at most
+    ``ν^{m+1}/(m+1)!/(1 − ν/(m+2))`` with ``ν = rho/t`` (the bound of :func:`taylor_theta`);
+    the ``t`` errors add, so each step gets ``unit/t`` (``unit``: the dtype's unit roundoff).
     """
-    s = u @ j.to(u.dtype) @ u.mT
+    unit = torch.finfo(dtype).eps / 2
+    best = None
+    for steps in range(1, ACTION_MAX_PRODUCTS + 1):
+        nu = rho / steps
+        if best is not None and steps > best[0] * best[1]:
+            break
+        if nu > ACTION_MAX_STEP_NORM:
+            continue
+        for degree in range(1, ACTION_MAX_PRODUCTS // steps + 1):
+            if taylor_theta(degree, unit / steps) >= nu:
+                if best is None or degree * steps < best[0] * best[1]:
+                    best = (degree, steps)
+                break
+    return best
+
+
+def taylor_action(s: torch.Tensor, v: torch.Tensor, degree: int, steps: int) -> torch.Tensor:
+    """``T_m(S/t)^t V`` (the plan of :func:`taylor_action_plan`): ``exp(S) V`` without forming
+    ``exp(S)``, by Horner ``P ← V + (S/t) P / k`` (k = m, …, 1), one ``baddbmm`` per term, so a
+    step costs ``m`` products of N×N by N×d where :func:`dense_exp` needs N×N by N×N ones.
+
+    For 3-D ``S`` (b, N, N) skew-symmetric and ``V`` (b, N, d) the backward is hand-written
+    (:class:`_TaylorAction`): ``Sᵀ = −S`` keeps every product contiguous, and the gradient of
+    ``S`` is one ``(N × m·d)(m·d × N)`` product per step instead of ``m`` products plus ``m``
+    N×N scalings and accumulations (what autograd does for :func:`taylor_action_reference`).
+    """
+    if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0]:
+        return _TaylorAction.apply(s, v, degree, steps)
+    return taylor_action_reference(s, v, degree, steps)
+
+
+def taylor_action_reference(s: torch.Tensor, v: torch.Tensor, degree: int, steps: int) -> torch.Tensor:
+    """:func:`taylor_action` by plain tensor operations, differentiated by autograd (the reference)."""
+    y = v
+    for _ in range(steps):
+        p = y
+        for k in range(degree, 0, -1):
+            p = y + (s @ p) * (1.0 / (k * steps))
+        y = p
+    return y
+
+
+class _TaylorAction(torch.autograd.Function):
+    """``T_m(S/t)^t V`` for skew ``S`` with the backward of :func:`taylor_action`.
+
+    Horner step ``P_{k−1} = Y + c_k S P_k`` (``c_k = 1/(k t)``, ``P_m = Y``, output ``P_0``).
+    Backward from ``G_0 = ∂L/∂P_0``: ``G_k = c_k Sᵀ G_{k−1} = −c_k S G_{k−1}``,
+    ``∂L/∂Y = Σ_{k=0}^{m} G_k`` and ``∂L/∂S = Σ_k c_k G_{k−1} P_kᵀ``.
+    """
+
+    @staticmethod
+    def forward(ctx, s, v, degree: int, steps: int):  # noqa: D102
+        s = s.contiguous()
+        y = v.contiguous()
+        saved = []  # per step: the Horner inputs P_m (= Y), P_{m−1}, …, P_1
+        for _ in range(steps):
+            p = y
+            for k in range(degree, 0, -1):
+                saved.append(p)
+                p = torch.baddbmm(y, s, p, alpha=1.0 / (k * steps))
+            y = p
+        ctx.degree, ctx.steps = degree, steps
+        ctx.save_for_backward(s, *saved)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):  # noqa: D102
+        s, *saved = ctx.saved_tensors
+        degree, steps = ctx.degree, ctx.steps
+        need_s = ctx.needs_input_grad[0]
+        g = g.contiguous()
+        gs = torch.zeros_like(s) if need_s else None
+        for step in range(steps - 1, -1, -1):
+            inputs = saved[step * degree : (step + 1) * degree][::-1]  # P_1, …, P_m
+            total = g.clone()
+            for k in range(1, degree + 1):
+                c = 1.0 / (k * steps)
+                if need_s:
+                    gs.baddbmm_(g, inputs[k - 1].mT, alpha=c)  # += c_k G_{k−1} P_kᵀ
+                if k < degree or steps > 1 or ctx.needs_input_grad[1]:
+                    g = torch.bmm(s, g).mul_(-c)  # G_k = c_k Sᵀ G_{k−1}, Sᵀ = −S
+                    total.add_(g)
+            g = total
+        return gs, (g if ctx.needs_input_grad[1] else None), None, None
+
+
+def _skew_norm_bound(s: torch.Tensor) -> float:
+    """Largest ``min(‖S‖₁, ‖S‖_F)`` over the batch: an upper bound of every ``‖S‖₂`` (``inf``
+    under torch.func.vmap, where a tensor has no single value, or for non-finite ``S``)."""
+    if not s.numel():
+        return 0.0
+    sd = s.detach()
+    try:
+        bound = torch.minimum(sd.abs().sum(-2).amax(-1), torch.linalg.matrix_norm(sd))
+        out = float(bound.max())
+    except RuntimeError:
+        return math.inf
+    return out if math.isfinite(out) else math.inf
+
+
+def _osa_s(u: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """``S = U J Uᵀ`` for :func:`osa_skew_core`'s ``J = c·[[0, I], [−I, 0]]`` and ``U = [q k]``:
+    ``c (q kᵀ − k qᵀ)`` from one N×N×r product (``J``'s structure is the caller's promise)."""
+    half = u.shape[-1] // 2
+    qk = u[..., :half] @ u[..., half:].mT
+    return (qk - qk.mT) * j[..., :1, half : half + 1].to(u.dtype)
+
+
+def _small_n_action(
+    u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, action: bool = True, osa_core: bool = False
+) -> torch.Tensor | None:
+    """``exp(U J Uᵀ) V`` through the N×N ``S``, for N ≤ 2m; ``None`` to use the QR form.
+
+    When a bound of ``‖S‖₂`` allows it (``taylor_action_plan``; up to ``‖S‖₂ ≈ 2`` in float32,
+    the range of a trained network's OSA layers), ``exp(S) V`` is computed as a Taylor action in
+    the input dtype (:func:`taylor_action`). Otherwise (or with ``action=False``, the previous
+    path and a reference for it) when ``S`` is small enough for the short Taylor path of
+    :func:`dense_exp` it runs there. Otherwise, for ``N ≤ m``, ``S`` is formed and
+    exponentiated in float64 (the float32 error stays within ``GRAM_TOLERANCE``'s budget for
+    large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper and ``None`` is returned.
+    ``osa_core=True`` promises ``J = c·[[0, I], [−I, 0]]`` (:func:`osa_skew_core`).
+    """
+    s = _osa_s(u, j) if osa_core else u @ j.to(u.dtype) @ u.mT
+    if action:
+        bound = _skew_norm_bound(s)
+        act = taylor_action_plan(bound, s.dtype) if math.isfinite(bound) else None
+        if act is not None:
+            return taylor_action(s, v, *act)
     try:
         norm = float(s.detach().abs().sum(-2).amax()) if s.numel() else 0.0
     except RuntimeError:  # under torch.func.vmap a tensor has no single value
@@ -766,7 +906,7 @@ def blocked_action(
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
     if engine == "qr":
-        return qr_action(torch.cat([a, b], -1), j, v)
+        return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
     y, est = gram_action(a, b, j, v, replaced=engine != "gram", osa_core=osa_core)

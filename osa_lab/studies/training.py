@@ -1453,7 +1453,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--osa-method",
         default=None,
-        help="OSA computation method of the model (osa_lab.functional.OSA_METHODS; default: the preset's 'auto')",
+        help="OSA computation method of the model (osa_lab.ops.functional.OSA_METHODS; default: the preset's 'auto')",
     )
     parser.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")

@@ -1,0 +1,179 @@
+"""The small-N Taylor action of the OSA exponential (issue 13, item 6).
+
+``expm.taylor_action`` computes ``exp(S) V`` as ``T_m(S/t)^t V`` with a hand-written backward
+(``expm._TaylorAction``); ``expm._small_n_action`` uses it for N ≤ 2·(2r) when a bound of
+``‖S‖₂`` allows. Every test compares outputs AND gradients against float64 references: the
+dense ``torch.linalg.matrix_exp`` / ``scipy.linalg.expm`` and the autograd version
+``expm.taylor_action_reference``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+import osa_lab
+from osa_lab.ops import expm
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def skew(b: int, n: int, norm: float, seed: int, dtype=torch.float64) -> torch.Tensor:
+    """A batch of skew-symmetric matrices whose largest ‖S‖₂ is ``norm``."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(b, n, n, dtype=torch.float64, generator=g)
+    s = a - a.mT
+    s = s / torch.linalg.matrix_norm(s, ord=2).amax() * norm
+    return s.to(dtype)
+
+
+def dense_reference(q, k, v, alpha):
+    """float64 ``exp(S) V`` by torch.linalg.matrix_exp, differentiable (the dense reference)."""
+    s = expm.skew_symmetric_from_qk(q.double(), k.double(), alpha.double() if torch.is_tensor(alpha) else alpha)
+    return torch.linalg.matrix_exp(s) @ v.double()
+
+
+@pytest.mark.parametrize("norm", [1e-3, 0.05, 0.5, 1.0, 1.9])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_plan_meets_truncation_bound(norm, dtype):
+    """The plan's Taylor remainder bound per step is below unit/t, and its products are capped."""
+    plan = expm.taylor_action_plan(norm, dtype)
+    unit = torch.finfo(dtype).eps / 2
+    if plan is None:
+        assert dtype == torch.float64 and norm >= 0.5  # float64 needs more terms than the cap there
+        return
+    degree, steps = plan
+    assert degree * steps <= expm.ACTION_MAX_PRODUCTS
+    nu = norm / steps
+    assert nu <= expm.ACTION_MAX_STEP_NORM
+    bound = nu ** (degree + 1) / math.factorial(degree + 1) / (1 - nu / (degree + 2))
+    assert bound <= unit / steps * (1 + 1e-9)
+
+
+def test_plan_refuses_large_norms():
+    assert expm.taylor_action_plan(50.0, torch.float32) is None
+    assert expm.taylor_action_plan(0.0, torch.float32) == (1, 1)
+
+
+@pytest.mark.parametrize("degree,steps", [(1, 1), (4, 1), (9, 1), (6, 3), (12, 2)])
+@pytest.mark.parametrize("shape", [(3, 5, 2), (2, 20, 16), (1, 49, 16)])
+def test_custom_backward_matches_autograd_reference(degree, steps, shape):
+    """_TaylorAction (hand-written backward) vs taylor_action_reference (autograd), float64."""
+    b, n, d = shape
+    s = skew(b, n, 0.7, seed=degree * 10 + steps).requires_grad_(True)
+    v = torch.randn(b, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+    y = expm.taylor_action(s, v, degree, steps)
+    y_ref = expm.taylor_action_reference(s, v, degree, steps)
+    assert rel_err(y, y_ref) <= 1e-14
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (s, v), g)
+    ref = torch.autograd.grad(y_ref, (s, v), g)
+    for a, r in zip(got, ref, strict=True):
+        assert rel_err(a, r) <= 1e-13
+
+
+def test_custom_backward_gradcheck():
+    s = skew(2, 6, 0.4, seed=3).requires_grad_(True)
+    v = torch.randn(2, 6, 3, dtype=torch.float64).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda s, v: expm.taylor_action(s, v, 5, 2), (s, v))
+    # only one input needing a gradient
+    assert torch.autograd.gradcheck(lambda s: expm.taylor_action(s, v.detach(), 4, 1), (s,))
+    assert torch.autograd.gradcheck(lambda v: expm.taylor_action(s.detach(), v, 4, 1), (v,))
+
+
+@pytest.mark.parametrize("norm", [1e-3, 0.1, 1.0, 1.9])
+def test_planned_action_matches_scipy(norm):
+    """With its own plan, the action equals scipy.linalg.expm(S) @ V to the dtype's accuracy."""
+    for dtype, tol in ((torch.float64, 1e-14), (torch.float32, 3e-7)):
+        s = skew(4, 20, norm, seed=int(norm * 1000))
+        v = torch.randn(4, 20, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        plan = expm.taylor_action_plan(norm * 1.0001, dtype)
+        if plan is None:
+            continue
+        got = expm.taylor_action(s.to(dtype), v.to(dtype), *plan)
+        ref = torch.from_numpy(np.stack([scipy.linalg.expm(m) @ x for m, x in zip(s.numpy(), v.numpy(), strict=True)]))
+        assert rel_err(got, ref) <= tol, (dtype, plan)
+
+
+def test_non_batched_shapes_use_the_reference():
+    s = skew(1, 7, 0.3, seed=5)[0]
+    v = torch.randn(7, 2, dtype=torch.float64)
+    got = expm.taylor_action(s, v, 12, 1)
+    assert rel_err(got, torch.linalg.matrix_exp(s) @ v) <= 1e-14
+
+
+ALPHAS = [1e-3, 0.01, 0.03]
+
+
+@pytest.mark.parametrize("method", ["qr", "auto"])
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("n,r,d", [(20, 16, 16), (49, 16, 16), (9, 4, 3), (1, 4, 2)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_osa_small_n_matches_dense_float64(method, alpha, n, r, d, dtype):
+    """osa() on the small-N path (N ≤ 4r): outputs and gradients of q, k, v, α against the dense
+    float64 torch.linalg.matrix_exp reference."""
+    g = torch.Generator().manual_seed(n * 100 + r)
+    q = torch.randn(2, 3, n, r, dtype=torch.float64, generator=g)
+    k = torch.randn(2, 3, n, r, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 3, n, d, dtype=torch.float64, generator=g)
+    a = torch.full((3,), alpha, dtype=torch.float64) * torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v, a)]
+    y = osa_lab.osa(*leaves[:3], leaves[3], method=method)
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v, a)]
+    ref = dense_reference(*ref_leaves[:3], ref_leaves[3])
+    out_tol, grad_tol = (1e-13, 1e-12) if dtype == torch.float64 else (2e-6, 2e-5)
+    assert rel_err(y, ref) <= out_tol
+    w = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    got = torch.autograd.grad((y.double() * w).sum(), leaves)
+    want = torch.autograd.grad((ref * w).sum(), ref_leaves)
+    for name, a_, b_ in zip("qkvα", got, want, strict=True):
+        assert rel_err(a_, b_) <= grad_tol, name
+
+
+def test_small_n_action_path_is_taken_and_matches_previous_path():
+    """At a trained network's norms (‖S‖₂ ≈ 1) the Taylor action runs and agrees with the
+    previous small-N path (action=False) and with float64."""
+    g = torch.Generator().manual_seed(7)
+    n, r = 20, 16
+    q = torch.randn(8, n, r, dtype=torch.float64, generator=g)
+    k = torch.randn(8, n, r, dtype=torch.float64, generator=g)
+    v = torch.randn(8, n, r, dtype=torch.float64, generator=g)
+    scale = torch.full((8,), 0.02, dtype=torch.float64)
+    j = expm.osa_skew_core(r, scale)
+    u = torch.cat([q, k], -1)
+    s = u @ j @ u.mT
+    bound = float(torch.linalg.matrix_norm(s).max())
+    assert 0.3 < float(torch.linalg.matrix_norm(s, ord=2).max()) and expm.taylor_action_plan(bound, torch.float32)
+    ref = torch.linalg.matrix_exp(s) @ v
+    for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-13)):
+        new = expm._small_n_action(u.to(dtype), j, v.to(dtype), osa_core=True)
+        old = expm._small_n_action(u.to(dtype), j, v.to(dtype), action=False)
+        assert rel_err(new, ref) <= tol and rel_err(old, ref) <= tol
+
+
+def test_large_norm_falls_back_to_previous_path():
+    """Beyond the plan's range the previous paths run (float64 core or QR), still accurate."""
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 20, 16, generator=g)
+    k = torch.randn(2, 20, 16, generator=g)
+    v = torch.randn(2, 20, 16, generator=g)
+    s = expm.skew_symmetric_from_qk(q, k, 1.0)
+    assert expm.taylor_action_plan(float(torch.linalg.matrix_norm(s).max()), torch.float32) is None
+    y = osa_lab.osa(q, k, v, 1.0, method="auto")
+    assert rel_err(y, dense_reference(q, k, v, 1.0)) <= 2e-6
+
+
+def test_vmap_falls_back():
+    """Under torch.func.vmap the norm has no single value: the previous path runs (no crash)."""
+    q = torch.randn(3, 2, 6, 4, dtype=torch.float64)
+    k = torch.randn(3, 2, 6, 4, dtype=torch.float64)
+    v = torch.randn(3, 2, 6, 4, dtype=torch.float64)
+    y = torch.func.vmap(lambda a, b, c: osa_lab.osa(a, b, c, 0.01, method="qr"))(q, k, v)
+    assert rel_err(y, dense_reference(q, k, v, 0.01)) <= 1e-12
