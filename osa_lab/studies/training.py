@@ -670,6 +670,242 @@ def _read_checkpoint(path: Path, device: torch.device) -> dict:
     return state
 
 
+class _TrainingRun:
+    """One run of :func:`train` in progress: the model, its optimiser and learning-rate schedule,
+    the metric rows so far and the last good checkpoint. Each step of a run is one method."""
+
+    def __init__(self, config: TrainConfig, run_path: Path | None, data: ImageDataset, device: torch.device) -> None:
+        self.config, self.run_path, self.data, self.device = config, run_path, data, device
+        self.model_config = model_config_for(config, data)
+        self.fingerprint = data_fingerprint(data)
+        self.data_source = {"name": data.name, "source": str(data.info.get("source", "")), "fingerprint": self.fingerprint}
+        torch.manual_seed(config.seed)
+        self.model = build_training_model(self.model_config).to(device)
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.model, config.weight_decay, config.lr, config.alpha_lr_mult), lr=config.lr
+        )
+        self.n_train = len(data.y_train)
+        self.steps_per_epoch = math.ceil(self.n_train / config.batch_size)
+        self.total_steps = self.steps_per_epoch * config.epochs
+        warmup = int(round(config.warmup_fraction * self.total_steps))
+        total = self.total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, total, warmup))
+        # held-out inputs for the diagnostics: the validation split when there is one, else test
+        self.heldout = "val" if data.x_val is not None else "test"
+        self.heldout_x = data.x_val if data.x_val is not None else data.x_test
+        self.heldout_y = data.y_val if data.y_val is not None else data.y_test
+        self.diag_x = self.heldout_x[: config.diag_samples].to(device)
+        self.keys = {"preset": config.preset, "data": config.data, "seed": config.seed}
+        self.rows: list[dict] = []
+        self.start_epoch, self.step = 0, 0
+        self.ckpt_path = run_path / CHECKPOINT_NAME if run_path is not None else None
+        self.last_good: Path | None = None
+        self.good_epoch = 0
+
+    # ------------------------------------------------------------------ run folder
+
+    def open_run_folder(self, resume: bool) -> None:
+        """Create the run folder, resume from its checkpoint if asked, record the configuration."""
+        assert self.run_path is not None and self.ckpt_path is not None
+        self.run_path.mkdir(parents=True, exist_ok=True)
+        if resume and self.ckpt_path.exists():
+            self.resume(_read_checkpoint(self.ckpt_path, self.device))
+        self.good_epoch = self.start_epoch
+        (self.run_path / "config.json").write_text(
+            json.dumps(
+                {"train": self.config.to_dict(), "model": dataclasses.asdict(self.model_config),
+                 "data": self.data.info, "data_fingerprint": self.fingerprint},  # fmt: skip
+                indent=2,
+                default=str,
+            )
+        )
+
+    def resume(self, state: dict) -> None:
+        """Continue from a checkpoint of the same configuration and data (else a ConfigurationError)."""
+        config, ckpt_path, fingerprint = self.config, self.ckpt_path, self.fingerprint
+        if state.get("format") != _CHECKPOINT_FORMAT or _comparable(state["train_config"]) != _comparable(
+            config.to_dict()
+        ):
+            raise ConfigurationError(
+                f"checkpoint {ckpt_path} was written by a different run configuration or checkpoint format "
+                f"({state.get('train_config')}); resuming it with {config.to_dict()} would not "
+                "reproduce either run. Use another output directory, or pass resume=False "
+                "(`--no-resume`) to start over and overwrite it."
+            )
+        old = state.get("data") or {}
+        if old.get("fingerprint") != fingerprint:
+            raise ConfigurationError(
+                f"checkpoint {ckpt_path} was trained on other data ({old.get('name')!r} from "
+                f"{old.get('source')!r}, fingerprint {old.get('fingerprint')}) than this run loads "
+                f"({self.data.name!r} from {self.data_source['source']!r}, fingerprint {fingerprint}); resuming "
+                "would train the remaining epochs on other data. Pass the original --data-dir, choose another "
+                "--output, or --no-resume to start over"
+            )
+        if old.get("source") != self.data_source["source"]:
+            warnings.warn(
+                f"resuming {ckpt_path}: the data now come from {self.data_source['source']!r} instead of "
+                f"{old.get('source')!r}, with identical contents (fingerprint {fingerprint})",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        self.rows = list(state["rows"])
+        self.start_epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.last_good = ckpt_path
+
+    def save_checkpoint(self, epoch: int) -> None:
+        """Write the checkpoint after ``epoch`` (atomically) and ``metrics.csv``."""
+        assert self.run_path is not None and self.ckpt_path is not None
+        _atomic_save(
+            {
+                "format": _CHECKPOINT_FORMAT,
+                "train_config": self.config.to_dict(),
+                "model_config": dataclasses.asdict(self.model_config),
+                "epoch": epoch,
+                "step": self.step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "rng": torch.get_rng_state(),
+                "rows": self.rows,
+                "data": self.data_source,
+            },
+            self.ckpt_path,
+        )
+        self.last_good, self.good_epoch = self.ckpt_path, epoch
+        metrics_frame(self.rows).to_csv(self.run_path / "metrics.csv", index=False)
+
+    # ------------------------------------------------------------------ metrics
+
+    def add(self, epoch: int, kind: str, metric: str, value: float, layer=None, head=None) -> None:
+        """Append one row of the tidy metrics table."""
+        self.rows.append({**self.keys, "epoch": epoch, "step": self.step, "kind": kind, "metric": metric,
+                          "layer": layer, "head": head, "value": float(value)})  # fmt: skip
+
+    def diverged(self, what: str, epoch: int) -> TrainingDivergedError:
+        """The error for a divergence at the current step, naming the last good checkpoint."""
+        config = self.config
+        where = (
+            f"the last good checkpoint is {self.last_good} (epoch {self.good_epoch}); resume from it "
+            "with a lower --lr or a --grad-clip"
+            if self.last_good is not None
+            else "there is no good checkpoint (none was written yet"
+            + (")" if self.run_path else "; no run_dir given)")
+        )
+        return TrainingDivergedError(
+            f"training of preset {config.preset!r} (seed {config.seed}, data {config.data!r}) diverged "
+            f"at step {self.step} (epoch {epoch + 1} of {config.epochs}): {what}. {where}. "
+            f"Peak lr was {config.lr:g}; a lower learning rate usually avoids this.",
+            step=self.step,
+            epoch=epoch + 1,
+            preset=config.preset,
+            checkpoint=self.last_good,
+        )
+
+    def diagnostics(self, epoch: int) -> float:
+        """Record the hidden-state metrics; returns the seconds spent (left out of epoch times)."""
+        t = time.perf_counter()
+        try:
+            for layer, metric, value in hidden_diagnostics(self.model, self.diag_x):
+                self.add(epoch, "hidden", metric, value, layer=layer)
+            for layer, head, metric, value in mixing_table(self.model, self.diag_x):
+                self.add(epoch, "mixing", metric, value, layer=layer, head=head)
+        except (OSAInputError, FloatingPointError) as err:
+            if not _is_non_finite(err):
+                raise
+            raise self.diverged(f"non-finite hidden states ({err})", epoch) from err
+        return time.perf_counter() - t
+
+    def record_initial_state(self) -> None:
+        """Epoch 0: the diagnostics and α of the freshly initialised model."""
+        self.diagnostics(0)
+        for layer, head, a in alpha_values(self.model):
+            self.add(0, "alpha", "alpha", a, layer=layer, head=head)
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, idx: torch.Tensor, epoch: int) -> tuple[float, int]:
+        """One optimiser step on the batch ``idx``; returns (loss · batch size, correct predictions)."""
+        config = self.config
+        xb, yb = self.data.x_train[idx].to(self.device), self.data.y_train[idx].to(self.device)
+        try:
+            logits = self.model(xb)
+            loss = F.cross_entropy(logits, yb)
+        except (OSAInputError, FloatingPointError) as err:
+            if not _is_non_finite(err):
+                raise
+            raise self.diverged(f"non-finite activations ({err})", epoch) from err
+        if not torch.isfinite(loss):
+            raise self.diverged(f"the loss is {float(loss.detach())}", epoch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return float(loss.detach()) * len(idx), int((logits.detach().argmax(-1) == yb).sum())
+
+    def run_epoch(self, epoch: int, bar) -> None:
+        """Train one epoch, then evaluate, record the epoch's rows and write the checkpoint."""
+        config = self.config
+        t0 = time.perf_counter()
+        order = _batch_order(self.n_train, config.seed, epoch)
+        loss_sum, correct, diag_seconds = 0.0, 0, 0.0
+        for i in range(self.steps_per_epoch):
+            idx = order[i * config.batch_size : (i + 1) * config.batch_size]
+            batch_loss, batch_correct = self.train_step(idx, epoch)
+            loss_sum += batch_loss
+            correct += batch_correct
+            bar.update(1)
+            if config.diag_every and self.step % config.diag_every == 0 and self.step != self.total_steps:
+                diag_seconds += self.diagnostics(epoch)
+        epoch_time = time.perf_counter() - t0 - diag_seconds
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise self.diverged("the weights contain NaN/Inf after the epoch's last update", epoch)
+        test_acc = self.record_epoch(epoch + 1, loss_sum, correct)
+        self.add(epoch + 1, "time", "epoch_time_s", epoch_time)
+        bar.set_postfix(loss=f"{loss_sum / self.n_train:.3f}", test_acc=f"{test_acc:.3f}")
+        if self.ckpt_path is not None:
+            self.save_checkpoint(epoch + 1)
+
+    def record_epoch(self, e: int, loss_sum: float, correct: int) -> float:
+        """The rows of epoch ``e``: training and held-out metrics, α, and after the last step the
+        diagnostics and the α := 0 ablation. Returns the test accuracy."""
+        model, data = self.model, self.data
+        test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
+        self.add(e, "train", "train_loss", loss_sum / self.n_train)
+        self.add(e, "train", "train_accuracy", correct / self.n_train)
+        self.add(e, "train", "lr", self.scheduler.get_last_lr()[0])
+        self.add(e, "eval", "test_loss", test_loss)
+        self.add(e, "eval", "test_accuracy", test_acc)
+        if data.x_val is not None:
+            val_loss, val_acc = evaluate(model, data.x_val, data.y_val)
+            self.add(e, "eval", "val_loss", val_loss)
+            self.add(e, "eval", "val_accuracy", val_acc)
+        for layer, head, a in alpha_values(model):
+            self.add(e, "alpha", "alpha", a, layer=layer, head=head)
+        if self.step == self.total_steps:
+            self.diagnostics(e)
+            if osa_layers(model):
+                _, acc_full = evaluate(model, self.heldout_x, self.heldout_y)
+                with alpha_zeroed(model):
+                    _, acc_zero = evaluate(model, self.heldout_x, self.heldout_y)
+                self.add(e, "mixing", f"{self.heldout}_accuracy_alpha0", acc_zero)
+                self.add(e, "mixing", f"{self.heldout}_accuracy_alpha0_drop", acc_full - acc_zero)
+        return test_acc
+
+    def result(self) -> TrainResult:
+        """The finished run."""
+        return TrainResult(
+            self.config, self.model_config, self.model, metrics_frame(self.rows), self.run_path, self.ckpt_path,
+            self.start_epoch,
+        )  # fmt: skip
+
+
 def _train(
     config: TrainConfig,
     run_path: Path | None,
@@ -682,208 +918,22 @@ def _train(
     """The body of :func:`train` (with the run folder, if any, locked by the caller)."""
     from tqdm.auto import tqdm
 
-    model_config = model_config_for(config, data)
-    fingerprint = data_fingerprint(data)
-    data_source = {"name": data.name, "source": str(data.info.get("source", "")), "fingerprint": fingerprint}
-
-    torch.manual_seed(config.seed)
-    model = build_training_model(model_config).to(device)
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, config.weight_decay, config.lr, config.alpha_lr_mult), lr=config.lr
-    )
-    n_train = len(data.y_train)
-    steps_per_epoch = math.ceil(n_train / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    warmup = int(round(config.warmup_fraction * total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup))
-    # held-out inputs for the diagnostics: the validation split when there is one, else test
-    heldout = "val" if data.x_val is not None else "test"
-    heldout_x = data.x_val if data.x_val is not None else data.x_test
-    heldout_y = data.y_val if data.y_val is not None else data.y_test
-    diag_x = heldout_x[: config.diag_samples].to(device)
-
-    keys = {"preset": config.preset, "data": config.data, "seed": config.seed}
-    rows: list[dict] = []
-    start_epoch, step = 0, 0
-    ckpt_path: Path | None = None
-    last_good: Path | None = None
-    good_epoch = 0
+    run = _TrainingRun(config, run_path, data, device)
     if run_path is not None:
-        run_path.mkdir(parents=True, exist_ok=True)
-        ckpt_path = run_path / CHECKPOINT_NAME
-        if resume and ckpt_path.exists():
-            state = _read_checkpoint(ckpt_path, device)
-            if state.get("format") != _CHECKPOINT_FORMAT or _comparable(state["train_config"]) != _comparable(
-                config.to_dict()
-            ):
-                raise ConfigurationError(
-                    f"checkpoint {ckpt_path} was written by a different run configuration or checkpoint format "
-                    f"({state.get('train_config')}); resuming it with {config.to_dict()} would not "
-                    "reproduce either run. Use another output directory, or pass resume=False "
-                    "(`--no-resume`) to start over and overwrite it."
-                )
-            old = state.get("data") or {}
-            if old.get("fingerprint") != fingerprint:
-                raise ConfigurationError(
-                    f"checkpoint {ckpt_path} was trained on other data ({old.get('name')!r} from "
-                    f"{old.get('source')!r}, fingerprint {old.get('fingerprint')}) than this run loads "
-                    f"({data.name!r} from {data_source['source']!r}, fingerprint {fingerprint}); resuming would "
-                    "train the remaining epochs on other data. Pass the original --data-dir, choose another "
-                    "--output, or --no-resume to start over"
-                )
-            if old.get("source") != data_source["source"]:
-                warnings.warn(
-                    f"resuming {ckpt_path}: the data now come from {data_source['source']!r} instead of "
-                    f"{old.get('source')!r}, with identical contents (fingerprint {fingerprint})",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            torch.set_rng_state(state["rng"])
-            rows = list(state["rows"])
-            start_epoch, step = int(state["epoch"]), int(state["step"])
-            last_good = ckpt_path
-        good_epoch = start_epoch
-        (run_path / "config.json").write_text(
-            json.dumps(
-                {"train": config.to_dict(), "model": dataclasses.asdict(model_config), "data": data.info,
-                 "data_fingerprint": fingerprint},  # fmt: skip
-                indent=2,
-                default=str,
-            )
-        )
-
-    def add(epoch: int, kind: str, metric: str, value: float, layer=None, head=None) -> None:
-        rows.append({**keys, "epoch": epoch, "step": step, "kind": kind, "metric": metric,
-                     "layer": layer, "head": head, "value": float(value)})  # fmt: skip
-
-    def diverged(what: str, epoch: int) -> TrainingDivergedError:
-        where = (
-            f"the last good checkpoint is {last_good} (epoch {good_epoch}); resume from it "
-            "with a lower --lr or a --grad-clip"
-            if last_good is not None
-            else "there is no good checkpoint (none was written yet"
-            + (")" if run_path else "; no run_dir given)")
-        )
-        return TrainingDivergedError(
-            f"training of preset {config.preset!r} (seed {config.seed}, data {config.data!r}) diverged "
-            f"at step {step} (epoch {epoch + 1} of {config.epochs}): {what}. {where}. "
-            f"Peak lr was {config.lr:g}; a lower learning rate usually avoids this.",
-            step=step,
-            epoch=epoch + 1,
-            preset=config.preset,
-            checkpoint=last_good,
-        )
-
-    def diagnostics(epoch: int) -> float:
-        """Record the hidden-state metrics; returns the seconds spent (left out of epoch times)."""
-        t = time.perf_counter()
-        try:
-            for layer, metric, value in hidden_diagnostics(model, diag_x):
-                add(epoch, "hidden", metric, value, layer=layer)
-            for layer, head, metric, value in mixing_table(model, diag_x):
-                add(epoch, "mixing", metric, value, layer=layer, head=head)
-        except (OSAInputError, FloatingPointError) as err:
-            if not _is_non_finite(err):
-                raise
-            raise diverged(f"non-finite hidden states ({err})", epoch) from err
-        return time.perf_counter() - t
-
-    if start_epoch == 0 and step == 0:
-        diagnostics(0)
-        for layer, head, a in alpha_values(model):
-            add(0, "alpha", "alpha", a, layer=layer, head=head)
-
-    bar = tqdm(
-        total=total_steps,
-        initial=step,
-        desc=f"{config.preset} s{config.seed}",
-        disable=not progress,
-        leave=False,
-        dynamic_ncols=True,
-    )
-    model.train()
+        run.open_run_folder(resume)
+    if run.start_epoch == 0 and run.step == 0:
+        run.record_initial_state()
+    bar = tqdm(total=run.total_steps, initial=run.step, desc=f"{config.preset} s{config.seed}",
+               disable=not progress, leave=False, dynamic_ncols=True)  # fmt: skip
+    run.model.train()
     try:
-        for epoch in range(start_epoch, config.epochs):
-            t0 = time.perf_counter()
-            order = _batch_order(n_train, config.seed, epoch)
-            loss_sum, correct, diag_seconds = 0.0, 0, 0.0
-            for i in range(steps_per_epoch):
-                idx = order[i * config.batch_size : (i + 1) * config.batch_size]
-                xb, yb = data.x_train[idx].to(device), data.y_train[idx].to(device)
-                try:
-                    logits = model(xb)
-                    loss = F.cross_entropy(logits, yb)
-                except (OSAInputError, FloatingPointError) as err:
-                    if not _is_non_finite(err):
-                        raise
-                    raise diverged(f"non-finite activations ({err})", epoch) from err
-                if not torch.isfinite(loss):
-                    raise diverged(f"the loss is {float(loss.detach())}", epoch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if config.grad_clip is not None:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                loss_sum += float(loss.detach()) * len(idx)
-                correct += int((logits.detach().argmax(-1) == yb).sum())
-                bar.update(1)
-                if config.diag_every and step % config.diag_every == 0 and step != total_steps:
-                    diag_seconds += diagnostics(epoch)
-            epoch_time = time.perf_counter() - t0 - diag_seconds
-            if not all(torch.isfinite(p).all() for p in model.parameters()):
-                raise diverged("the weights contain NaN/Inf after the epoch's last update", epoch)
-            test_loss, test_acc = evaluate(model, data.x_test, data.y_test)
-            e = epoch + 1
-            add(e, "train", "train_loss", loss_sum / n_train)
-            add(e, "train", "train_accuracy", correct / n_train)
-            add(e, "train", "lr", scheduler.get_last_lr()[0])
-            add(e, "eval", "test_loss", test_loss)
-            add(e, "eval", "test_accuracy", test_acc)
-            if data.x_val is not None:
-                val_loss, val_acc = evaluate(model, data.x_val, data.y_val)
-                add(e, "eval", "val_loss", val_loss)
-                add(e, "eval", "val_accuracy", val_acc)
-            for layer, head, a in alpha_values(model):
-                add(e, "alpha", "alpha", a, layer=layer, head=head)
-            if step == total_steps:
-                diagnostics(e)
-                if osa_layers(model):
-                    _, acc_full = evaluate(model, heldout_x, heldout_y)
-                    with alpha_zeroed(model):
-                        _, acc_zero = evaluate(model, heldout_x, heldout_y)
-                    add(e, "mixing", f"{heldout}_accuracy_alpha0", acc_zero)
-                    add(e, "mixing", f"{heldout}_accuracy_alpha0_drop", acc_full - acc_zero)
-            add(e, "time", "epoch_time_s", epoch_time)
-            bar.set_postfix(loss=f"{loss_sum / n_train:.3f}", test_acc=f"{test_acc:.3f}")
-            if ckpt_path is not None:
-                _atomic_save(
-                    {
-                        "format": _CHECKPOINT_FORMAT,
-                        "train_config": config.to_dict(),
-                        "model_config": dataclasses.asdict(model_config),
-                        "epoch": e,
-                        "step": step,
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "rng": torch.get_rng_state(),
-                        "rows": rows,
-                        "data": data_source,
-                    },
-                    ckpt_path,
-                )
-                last_good, good_epoch = ckpt_path, e
-                metrics_frame(rows).to_csv(run_path / "metrics.csv", index=False)  # type: ignore[operator]
+        for epoch in range(run.start_epoch, config.epochs):
+            run.run_epoch(epoch, bar)
             if on_epoch_end is not None:
-                on_epoch_end(e, metrics_frame(rows))
+                on_epoch_end(epoch + 1, metrics_frame(run.rows))
     finally:
         bar.close()
-    return TrainResult(config, model_config, model, metrics_frame(rows), run_path, ckpt_path, start_epoch)
+    return run.result()
 
 
 def config_tag(config: TrainConfig) -> str:
