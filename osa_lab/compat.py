@@ -75,7 +75,12 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
         if new_name is None:
             return None
         is_package = fullname == "osa_lab.kernels"
-        return importlib.machinery.ModuleSpec(fullname, MovedModuleLoader(new_name), is_package=is_package)
+        real = importlib.util.find_spec(new_name)  # its file: ``python -m <old name>`` sets __file__ from it
+        spec = importlib.machinery.ModuleSpec(
+            fullname, MovedModuleLoader(new_name), origin=real.origin if real else None, is_package=is_package
+        )
+        spec.has_location = real is not None and real.has_location
+        return spec
 
 
 def install() -> None:

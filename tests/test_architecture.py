@@ -261,3 +261,13 @@ def test_every_exception_type_lives_in_errors():
             ):
                 elsewhere.append(f"{name}:{node.lineno} class {node.name}")
     assert elsewhere == []
+
+
+def test_the_gram_trust_rule_is_written_once():
+    """The Triton kernels decide trust with ``ops.expm.gram_trust_ratio`` (the torch engine's rule)
+    and run the core's backward through ``ops.expm.gram_core_backward``: neither re-reads the
+    budgets nor calls autograd on the core itself, so CPU and GPU paths cannot drift apart."""
+    source = (PACKAGE / "ops" / "triton" / "kernels.py").read_text(encoding="utf-8")
+    names = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
+    assert {"gram_trust_ratio", "gram_core_backward"} <= names
+    assert not names & {"GRAM_TOLERANCE", "GRAM_MAX_COND", "grad"}
