@@ -299,9 +299,10 @@ class RankCollapseView(FigureView):
     def _build(self) -> pn.viewable.Viewable:
         fig = self._pane("metric", min_height=380)
         options = pn.Row(
-            pn.pane.Markdown("hidden state after", margin=(0, 5, 0, 10), width=130, align="center", sizing_mode="fixed"),
+            pn.pane.Markdown("hidden state after", margin=(0, 5, 0, 10), width=130, height=34, align="center",
+                             sizing_mode="fixed"),
             _radio(self.controls.param.site, 280),
-            pn.pane.Markdown("y scale", margin=(0, 5, 0, 30), width=70, align="center", sizing_mode="fixed"),
+            pn.pane.Markdown("y scale", margin=(0, 5, 0, 30), width=70, height=34, align="center", sizing_mode="fixed"),
             _radio(self.controls.param.scale, 220),
             sizing_mode="stretch_width",
         )
