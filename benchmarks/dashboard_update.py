@@ -8,7 +8,7 @@ within 3 s, a return to settings already computed within 0.5 s, and an uncached 
   built app whose Bokeh models exist (as in a served session), from setting the control to
   those models updated (what the server then sends to the browser). ``uncached`` clears the process-wide sweep and figure caches first;
   ``cached`` returns to the settings just shown. For 2 and 5 presets.
-* **served** (``panel serve --warm`` on a free port, Debian's headless Chromium through
+* **served** (the ``panel serve`` command of ``osa-lab dashboard``, with ``--warm``, on a free port, Debian's headless Chromium through
   Playwright, as ``tests/test_dashboard_browser.py``): from navigation to the rank-collapse plot
   drawn in the page, for the first session after start and for 3 sessions opened at once.
   Skipped (with a note) when Chromium or Playwright is missing.
@@ -201,10 +201,14 @@ def served(repeat: int) -> list[dict]:
         return []
     port = _free_port()
     log = open(ROOT / "bench_results" / "dashboard_serve.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "osa_dashboard.py"), "--port", str(port),
-         "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{port}", "--warm"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"})
+    import argparse
+
+    from osa_lab.dashboard.cli import build_command
+
+    cmd = build_command(argparse.Namespace(port=port, address="127.0.0.1", show=False, num_threads=None,
+                                           allow_websocket_origin=[f"127.0.0.1:{port}"]))  # as osa-lab dashboard
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"})
     rows = []
     try:
         start = time.perf_counter()

@@ -419,6 +419,10 @@ def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
     app.controls.view = "jacobian"
     assert "matrix-free" in app.jacobian_view.job.error
     assert app.jacobian_view.profile is None
+    from osa_lab.plots import depth as plots
+
+    titles = [plots.figure_title(_pane_data(app.jacobian_view, k)) for k in ("kappa", "histogram")]
+    assert all("failed" in t and "Computing" not in t for t in titles), titles  # not a stale "Computing…"
 
 
 def test_jacobian_worker_process_can_be_cancelled():

@@ -587,3 +587,30 @@ def test_negative_grad_clip_and_weight_decay_are_refused():
         TrainConfig(weight_decay=-5.0)
     with pytest.raises(ConfigurationError, match="patch_size"):
         TrainConfig(patch_size=0)
+
+
+def test_plots_use_percent_and_a_zero_based_accuracy_axis(compared):
+    """Issue 15 (notebook 4): the accuracy bars start at 0 (not at min − 5 %), accuracies are drawn
+    in percent everywhere, and the display tables of the ablation and paired differences are in
+    percent (points)."""
+    import holoviews as hv
+
+    from osa_lab.plots import training as P
+
+    metrics, summary = compared
+    bars = P.summary_bars(summary)
+    for backend in ("bokeh", "matplotlib"):
+        el = bars.get(0)
+        opts = hv.Store.lookup_options(backend, el, "plot").kwargs
+        assert tuple(opts["ylim"]) == (0.0, 100)
+    curves = P.learning_curves(metrics, "test_accuracy")
+    ys = [c.dimension_values(1) for c in curves if isinstance(c, hv.Curve)]
+    raw = P.learning_curve_data(metrics, "test_accuracy")["mean"]
+    assert max(float(y.max()) for y in ys) == pytest.approx(100 * raw.max())
+    assert "%" in curves.get(0).vdims[0].pprint_label or "%" in str(curves.get(0).vdims[0].label)
+    abl = P.ablation_percent(metrics)
+    assert abl["accuracy_mean %"].iloc[0] == pytest.approx(100 * P.ablation_data(metrics)["accuracy_mean"].iloc[0])
+    paired = pd.DataFrame({"preset": ["vit"], "n": [2], "diff_mean": [0.012], "diff_std": [0.01],
+                           "ci_low": [-0.02], "ci_high": [0.04], "per_seed": ["0:+1.0 1:+1.4"]})  # fmt: skip
+    shown = P.paired_percent(paired)
+    assert shown["diff_mean (points)"].iloc[0] == pytest.approx(1.2) and shown["ci_low (points)"].iloc[0] == pytest.approx(-2.0)

@@ -48,7 +48,7 @@ from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
 
 
-def _placeholder(text: str) -> hv.Curve:
+def placeholder(text: str) -> hv.Curve:
     """An empty figure with ``text`` as its title (HoloViews panes need a HoloViews object)."""
     return hv.Curve([]).opts(title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
         title=text, xaxis=None, yaxis=None, backend="matplotlib")
@@ -168,7 +168,7 @@ class FigureView(pn.viewable.Viewer):
         return self._layout
 
     def _pane(self, key: str, **kwargs) -> pn.pane.HoloViews:
-        pane = pn.pane.HoloViews(_placeholder("Computing…"), backend="bokeh", sizing_mode="stretch_width",
+        pane = pn.pane.HoloViews(placeholder("Computing…"), backend="bokeh", sizing_mode="stretch_width",
                                  loading=self.job.param.busy, **kwargs)
         self.panes[key] = pane
         self.figures[key] = pane.object
@@ -299,9 +299,10 @@ class RankCollapseView(FigureView):
     def _build(self) -> pn.viewable.Viewable:
         fig = self._pane("metric", min_height=380)
         options = pn.Row(
-            pn.pane.Markdown("hidden state after", margin=(12, 5, 0, 10), width=130, height=30, sizing_mode="fixed"),
+            pn.pane.Markdown("hidden state after", margin=(0, 5, 0, 10), width=130, height=34, align="center",
+                             sizing_mode="fixed"),
             _radio(self.controls.param.site, 280),
-            pn.pane.Markdown("y scale", margin=(12, 5, 0, 30), width=70, height=30, sizing_mode="fixed"),
+            pn.pane.Markdown("y scale", margin=(0, 5, 0, 30), width=70, height=34, align="center", sizing_mode="fixed"),
             _radio(self.controls.param.scale, 220),
             sizing_mode="stretch_width",
         )
@@ -449,6 +450,7 @@ class JacobianView(FigureView):
             units, method = self.units()
         except ConfigurationError as exc:
             self.job.error = str(exc)
+            self._nothing_shown("No Jacobian figures: see the message above")
             return
         self.job.error = ""
         missing = [u for u in units if u not in JACOBIANS]
@@ -463,6 +465,7 @@ class JacobianView(FigureView):
             self.notice = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute "
                            "Jacobians** to run them (*Cancel* stops them); the figures below are from earlier "
                            "settings.")
+            self._nothing_shown("No Jacobian figures yet: press Compute Jacobians")
             return
         self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
         if is_served():
@@ -477,6 +480,7 @@ class JacobianView(FigureView):
         except Exception as exc:  # noqa: BLE001
             self.job.error = describe_error(exc)
             self.notice = ""
+            self._nothing_shown("No Jacobian figures: the computation failed (message above)")
             return
         self.notice = ""
         self._show(units)
@@ -500,6 +504,7 @@ class JacobianView(FigureView):
                             if self._job is job:
                                 self.job.error = describe_error(result)
                                 self.notice = ""
+                                self._nothing_shown("No Jacobian figures: the computation failed (message above)")
                     if self._job is job and not job.finished:
                         elapsed = time.perf_counter() - start
                         self.notice = (f"Computing Jacobians: {done}/{len(missing)} done, {elapsed:.0f} s elapsed "
@@ -513,6 +518,14 @@ class JacobianView(FigureView):
                     self._show(units)
 
         pn.state.execute(follow)
+
+    def _nothing_shown(self, text: str) -> None:
+        """While no Jacobian figure has been drawn, say why instead of the initial "Computing…"."""
+        if self.profile is not None:
+            return  # earlier figures stay on screen
+        for key in self.panes:
+            self.figures[key], self.tables[key] = placeholder(text), None
+            self.show(key, self.figures[key])
 
     def _show(self, units: list[jobs.Unit]) -> None:
         results = [JACOBIANS.get(u) for u in units]
@@ -548,7 +561,7 @@ class JacobianView(FigureView):
 
         def histogram():
             if svals is None:
-                return _placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
+                return placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
                                     f"(choose exact) · {settings}"), None
             title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
             return _small_title(plots.jacobian_histogram(svals, title=title)), plots.jacobian_histogram_data(svals)

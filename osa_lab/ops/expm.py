@@ -747,9 +747,18 @@ def taylor_action(s: torch.Tensor, v: torch.Tensor, degree: int, steps: int) -> 
     ``S`` is one ``(N × m·d)(m·d × N)`` product per step instead of ``m`` products plus ``m``
     N×N scalings and accumulations (what autograd does for :func:`taylor_action_reference`).
     """
-    if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0]:
+    if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0] and not _transformed(s, v):
         return _TaylorAction.apply(s, v, degree, steps)
     return taylor_action_reference(s, v, degree, steps)
+
+
+def _transformed(*tensors: torch.Tensor) -> bool:
+    """True under torch.func transforms (jacrev, jacfwd, vmap, grad) or forward-mode AD, which the
+    hand-written backward of :class:`_TaylorAction` does not support: the reference runs there."""
+    from torch.autograd import forward_ad
+
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return any(wrapped(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def taylor_action_reference(s: torch.Tensor, v: torch.Tensor, degree: int, steps: int) -> torch.Tensor:

@@ -34,6 +34,7 @@ from osa_lab.plots.style import (
 __all__ = [
     "ablation_bars",
     "ablation_data",
+    "ablation_percent",
     "alpha_curves",
     "alpha_data",
     "depth_profiles",
@@ -47,6 +48,7 @@ __all__ = [
     "mixing_profiles_data",
     "mixing_summary",
     "paired_differences_plot",
+    "paired_percent",
     "png_bytes",
     "summary_bars",
 ]
@@ -99,10 +101,15 @@ def learning_curves(
 ) -> hv.Overlay:
     """A per-epoch metric (``train_loss``, ``test_accuracy`` …) against epoch, one curve per preset.
 
-    ``logy=None`` uses a log axis when the values span more than two decades (losses often do).
+    Accuracies are drawn in percent (the unit of every accuracy in the reports; the table of
+    :func:`learning_curve_data` keeps fractions, as logged). ``logy=None`` uses a log axis when
+    the values span more than two decades (losses often do).
     """
     data = learning_curve_data(metrics, metric)
     label = _label(metric)
+    if metric.endswith("accuracy"):
+        data = data.assign(**{c: 100 * data[c] for c in ("mean", "lo", "hi", "std")})
+        label = f"{label} %"
     return curves_with_bands(data, "epoch", label, title or f"{label} during training", _logy(data, logy))
 
 
@@ -224,12 +231,15 @@ def depth_profiles(
 def summary_bars(
     summary: pd.DataFrame, *, title: str = "final test accuracy (mean ± std over seeds)"
 ) -> hv.Overlay:
-    """Bars of mean final test accuracy per preset with ± std error bars (from :func:`osa_lab.train.summarize_runs`)."""
+    """Bars of mean final test accuracy (%) per preset with ± std error bars (from :func:`osa_lab.studies.training.summarize_runs`).
+
+    The axis starts at 0 (issue 15: a truncated axis exaggerated the gaps between presets).
+    """
     require_columns(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
     d = summary.assign(
         accuracy=100 * summary["test_accuracy_mean"], err=100 * summary["test_accuracy_std"].fillna(0.0)
     )
-    lo = max(0.0, float(d["accuracy"].min() - d["err"].max()) - 5.0) if d["accuracy"].notna().any() else 0.0
+    lo = 0.0
     bars = dual_options(
         hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %"),
         dict(color=PALETTE[0], tools=["hover"], ylim=(lo, 100), xrotation=20),
@@ -344,9 +354,22 @@ def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned 
     bars = hv.Bars(long, ["preset", "setting"], "accuracy").redim.label(accuracy="held-out accuracy %")
     return dual_options(
         bars,
-        dict(title=title, width=520, height=340, show_grid=True, tools=["hover"], xrotation=20),
-        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20),
+        dict(title=title, width=520, height=340, show_grid=True, tools=["hover"], xrotation=20, ylim=(0, 100)),
+        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20, ylim=(0, 100)),
     )
+
+
+def ablation_percent(metrics: pd.DataFrame) -> pd.DataFrame:
+    """:func:`ablation_data` with the accuracies and drops in percent (points), for display."""
+    d = ablation_data(metrics)
+    cols = [c for c in d.columns if c.endswith(("_mean", "_std"))]
+    return d.assign(**{c: 100 * d[c] for c in cols}).rename(columns={c: c + " %" for c in cols})
+
+
+def paired_percent(paired: pd.DataFrame) -> pd.DataFrame:
+    """The paired-differences table of :func:`osa_lab.train.paired_differences` in points (percent)."""
+    cols = [c for c in ("diff_mean", "diff_std", "ci_low", "ci_high", "osa_mean", "other_mean") if c in paired]
+    return paired.assign(**{c: 100 * paired[c] for c in cols}).rename(columns={c: c + " (points)" for c in cols})
 
 
 def paired_differences_plot(paired: pd.DataFrame, *, title: str | None = None) -> hv.Overlay:
