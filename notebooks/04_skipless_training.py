@@ -203,7 +203,8 @@ nb.show(plots.learning_panel(metrics, ("train_loss", "test_accuracy")))
 # the training loop logs, per OSA layer and head on held-out inputs (the validation split),
 # **‖S‖₂** (the largest rotation angle of exp(S), in radians) and the **mixing ratio**
 # ‖exp(S)V − V‖/‖V‖ (0: exp(S) = I), and after training the accuracy with every α set to 0.
-# The table shows the last step, averaged over heads and seeds; the figures show each layer at
+# The table shows the last step, averaged over heads and seeds (`abs_alpha`: the mean of |α|;
+# the signed `alpha` averages heads of both signs); the figures show each layer at
 # initialisation (dashed) and after training (solid). OSA layers are numbered 1, 2, … in block
 # order in every table and figure of this section and the α section.
 
@@ -211,7 +212,7 @@ nb.show(plots.learning_panel(metrics, ("train_loss", "test_accuracy")))
 osa_presets = sorted(set(metrics.loc[metrics["kind"] == "mixing", "preset"]))
 if osa_presets:
     mix = plots.mixing_summary(metrics)
-    display(mix.groupby(["preset", "layer"])[["alpha", "s_norm", "mixing_ratio"]].mean().round(4))
+    display(mix.groupby(["preset", "layer"])[["alpha", "abs_alpha", "s_norm", "mixing_ratio"]].mean().round(4))
     nb.show(plots.mixing_profiles(metrics, "mixing_ratio"))
     nb.show(plots.mixing_profiles(metrics, "s_norm"))
 else:

@@ -301,7 +301,8 @@ def mixing_profiles(
 
 
 def mixing_summary(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Tidy per preset × OSA layer × head at the last step: ``alpha``, ``s_norm``, ``mixing_ratio`` (mean over seeds).
+    """Tidy per preset × OSA layer × head at the last step: ``alpha``, ``abs_alpha`` (mean of |α|),
+    ``s_norm``, ``mixing_ratio`` (means over seeds).
 
     The table behind the statement "α is small, but S is not": α alone does not say how much
     OSA mixes, because ``S = α/√r (QKᵀ − KQᵀ)`` also scales with the hidden-state norms.
@@ -312,6 +313,8 @@ def mixing_summary(metrics: pd.DataFrame) -> pd.DataFrame:
         raise OSAInputError("the metrics table has no mixing rows (no OSA preset, or a run from before issue 13)")
     last = df.groupby(["preset", "seed", "metric"])["step"].transform("max")
     df = df[df["step"] == last]
+    # |α| too: heads (and seeds) take both signs, so a mean of the signed α understates its size
+    df = pd.concat([df, df[df["metric"] == "alpha"].assign(metric="abs_alpha", value=lambda d: d["value"].abs())])
     out = df.groupby(["preset", "layer", "head", "metric"], as_index=False)["value"].mean()
     wide = out.pivot_table(index=["preset", "layer", "head"], columns="metric", values="value").reset_index()
     wide.columns.name = None
