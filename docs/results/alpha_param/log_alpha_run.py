@@ -56,8 +56,8 @@ def zeroed(model: nn.Module):
 
 
 def main() -> None:
-    build = T.build_model
-    T.build_model = lambda cfg: to_log(build(cfg))
+    build = T.build_training_model
+    T.build_training_model = lambda cfg: to_log(build(cfg))
     T.alpha_zeroed = zeroed
     torch.set_num_threads(1)
     for mult in (10.0, 1.0):
