@@ -211,6 +211,13 @@ def test_help_returns_0_and_does_not_exit(capsys):
     assert cli.main(["--help"]) == 0
 
 
+@pytest.mark.parametrize("command", sorted(cli.SUBCOMMANDS))
+def test_every_subcommand_prints_its_help(command, capsys):
+    # argparse %-formats help strings: a bare "%" (e.g. "80% of") crashed `osa-lab bench --help`
+    assert cli.main([command, "--help"]) == 0
+    assert "usage: osa-lab" in capsys.readouterr().out
+
+
 def test_typed_error_from_any_subcommand_is_one_line_but_bugs_keep_tracebacks(monkeypatch):
     import osa_lab.dashboard_cli as dashboard_cli
 

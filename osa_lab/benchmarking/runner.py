@@ -358,7 +358,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="bench_results/core.csv", help="CSV of the timing table")
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke test)")
     parser.add_argument("--allow-large", action="store_true",
-                        help=f"run rows that need more than {MEMORY_FRACTION:.0%} of the available memory "
+                        help=f"run rows that need more than {MEMORY_FRACTION * 100:.0f}%% of the available memory "
                         "(estimated before anything is allocated)")  # fmt: skip
     parser.add_argument("--memory-probe", type=positive_int, default=None, help=argparse.SUPPRESS)
 
