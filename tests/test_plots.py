@@ -282,3 +282,15 @@ def test_time_plot_tick_labels_do_not_overlap():
     from osa_lab.plots import expm as E
 
     assert E._tick(16384) == "16k" and E._tick(32768) == "32k" and E._tick(512) == "512" and E._tick(0.5) == "0.5"
+
+
+def test_importing_the_plots_keeps_the_users_matplotlib_backend():
+    import subprocess
+    import sys
+
+    code = (
+        "import matplotlib; matplotlib.use('pdf'); import osa_lab.plots, osa_lab.plots.training, "
+        "osa_lab.plots.expm; import matplotlib.pyplot as plt; print(matplotlib.get_backend())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip().lower() == "pdf"  # was switched to Agg by an import

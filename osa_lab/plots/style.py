@@ -109,13 +109,8 @@ def ensure_backends() -> None:
         if "bokeh" not in hv.Store.renderers:
             import holoviews.plotting.bokeh  # noqa: F401
         if "matplotlib" not in hv.Store.renderers:
-            import matplotlib
-
-            if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
-                try:
-                    matplotlib.use("Agg")
-                except Exception:  # pragma: no cover - an interactive backend already in use
-                    pass
+            # The user's matplotlib backend is left as it is (a headless process falls back to
+            # Agg by itself); switching it here would be process-wide state set by an import.
             import holoviews.plotting.mpl  # noqa: F401
         hv.Store.current_backend = current
 
