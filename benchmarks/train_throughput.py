@@ -22,8 +22,10 @@ OSA head's ``exp(S_h) V_h`` replaced by ``V_h`` (projections, MLP, head, optimis
 ``skipped row − vit row`` is what the rest of the skipless network costs against the ViT.
 ``--no-breakdown`` leaves it out.
 
-Before/after of the small-N Taylor action (issue 13): the row ``skipless-osa / auto (previous)``
-times ``auto`` with the previous small-N path (``expm._small_n_action(..., action=False)``: short Taylor series of the N×N ``exp(S)``, then ``exp(S) V``, S formed as ``U J Uᵀ``), side by side with
+Before/after of the small-N action (issue 13): the row ``skipless-osa / auto (previous)``
+times ``auto`` without it (``expm._small_n_action(..., action=False)`` and the fused
+``expm.osa_chebyshev_action`` off: short Taylor series of the N×N ``exp(S)``, then ``exp(S) V``,
+S formed as ``U J Uᵀ``), side by side with
 the current one under the same load. ``--no-previous`` leaves it out. ``--alpha-scale C``
 multiplies every OSA layer's initial α by C, so that ``‖S‖₂`` is nearer a trained network's
 (≈ 1 in the deep layers, docs/training.md) than the tiny value at initialisation.
@@ -110,19 +112,21 @@ def _within(step, context):
 
 @contextlib.contextmanager
 def previous_small_n_path():
-    """Inside the block the small-N path runs as before the Taylor action (N×N short Taylor)."""
+    """Inside the block the small-N path runs as before any action (N×N short Taylor series of
+    ``exp(S)``, then ``exp(S) V``): the fused Chebyshev action is switched off too."""
     from osa_lab.ops import expm
 
-    original = expm._small_n_action
+    original, fused = expm._small_n_action, expm.osa_chebyshev_action
 
     def previous(u, j, v, **_):
         return original(u, j, v, action=False, osa_core=False)
 
     expm._small_n_action = previous
+    expm.osa_chebyshev_action = lambda *args: None
     try:
         yield
     finally:
-        expm._small_n_action = original
+        expm._small_n_action, expm.osa_chebyshev_action = original, fused
 
 
 def scale_alpha(step, factor: float) -> None:

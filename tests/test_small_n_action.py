@@ -1,10 +1,12 @@
-"""The small-N Taylor action of the OSA exponential (issue 13, item 6).
+"""The small-N Chebyshev action of the OSA exponential (issue 13, item 6).
 
-``expm.taylor_action`` computes ``exp(S) V`` as ``T_m(S/t)^t V`` with a hand-written backward
-(``expm._TaylorAction``); ``expm._small_n_action`` uses it for N ≤ 2·(2r) when a bound of
-``‖S‖₂`` allows. Every test compares outputs AND gradients against float64 references: the
-dense ``torch.linalg.matrix_exp`` / ``scipy.linalg.expm`` and the autograd version
-``expm.taylor_action_reference``.
+``expm.chebyshev_action`` computes ``exp(S) V`` as ``Σ_k a_k W_k`` (Jacobi–Anger:
+``a₀ = J₀(ρ)``, ``a_k = 2J_k(ρ)``, ``W_{k+1} = 2(S/ρ)W_k + W_{k−1}``) with a hand-written backward
+(``expm._ChebyshevAction``); ``expm.osa_chebyshev_action`` fuses the backward down to q, k and
+α (``expm._OSAChebyshevAction``) and ``osa()`` takes it for N ≤ 2·(2r) when a bound of ``‖S‖₂``
+allows. Every test compares outputs AND gradients against float64 references: the dense
+``torch.linalg.matrix_exp`` / ``scipy.linalg.expm`` and the autograd version
+``expm.chebyshev_action_reference``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import numpy as np
 import pytest
 import scipy.linalg
+import scipy.special
 import torch
 
 import osa_lab
@@ -40,37 +43,47 @@ def dense_reference(q, k, v, alpha):
     return torch.linalg.matrix_exp(s) @ v.double()
 
 
-@pytest.mark.parametrize("norm", [1e-3, 0.05, 0.5, 1.0, 1.9])
+@pytest.mark.parametrize("x", [0.0, 1e-3, 0.5, 0.94, 3.0, 10.0, 40.0])
+def test_bessel_sequence_matches_scipy(x):
+    got = expm.bessel_j_sequence(x, 30)
+    want = scipy.special.jv(np.arange(30), x)
+    assert np.max(np.abs(np.array(got) - want)) <= 1e-15 * max(1.0, x)
+
+
+@pytest.mark.parametrize("norm", [0.0, 1e-3, 0.05, 0.5, 1.0, 1.9, 5.0, 9.0])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_plan_meets_truncation_bound(norm, dtype):
-    """The plan's Taylor remainder bound per step is below unit/t, and its products are capped."""
-    plan = expm.taylor_action_plan(norm, dtype)
+def test_degree_meets_truncation_bound(norm, dtype):
+    """The chosen degree's tail 2 Σ_{k>m} |J_k(ρ)| (computed by scipy) is below unit roundoff,
+    the degree below it is not (the choice is minimal up to the bound's slack), and the cap holds."""
+    degree = expm.chebyshev_degree(norm, dtype)
     unit = torch.finfo(dtype).eps / 2
-    if plan is None:
-        assert dtype == torch.float64 and norm >= 0.5  # float64 needs more terms than the cap there
+    if degree is None:
+        assert dtype == torch.float64 and norm >= 5.0  # float64 needs more terms than the cap there
         return
-    degree, steps = plan
-    assert degree * steps <= expm.ACTION_MAX_PRODUCTS
-    nu = norm / steps
-    assert nu <= expm.ACTION_MAX_STEP_NORM
-    bound = nu ** (degree + 1) / math.factorial(degree + 1) / (1 - nu / (degree + 2))
-    assert bound <= unit / steps * (1 + 1e-9)
+    assert 1 <= degree <= expm.ACTION_MAX_DEGREE
+    tail = 2 * np.sum(np.abs(scipy.special.jv(np.arange(degree + 1, degree + 60), norm)))
+    assert tail <= unit
+    if degree > 2:
+        assert 2 * np.sum(np.abs(scipy.special.jv(np.arange(degree - 1, degree + 60), norm))) > unit
 
 
-def test_plan_refuses_large_norms():
-    assert expm.taylor_action_plan(50.0, torch.float32) is None
-    assert expm.taylor_action_plan(0.0, torch.float32) == (1, 1)
+def test_degree_refuses_large_norms():
+    assert expm.chebyshev_degree(50.0, torch.float32) is None
+    assert expm.chebyshev_degree(math.inf, torch.float32) is None
+    assert expm.chebyshev_degree(0.0, torch.float32) == 1
+    # fewer terms than the Taylor series for the same bound (Taylor: ρ^{m+1}/(m+1)! ≤ unit)
+    assert expm.chebyshev_degree(0.94, torch.float32) == 8  # Taylor needs 10
 
 
-@pytest.mark.parametrize("degree,steps", [(1, 1), (4, 1), (9, 1), (6, 3), (12, 2)])
+@pytest.mark.parametrize("degree", [1, 2, 3, 8, 14])
 @pytest.mark.parametrize("shape", [(3, 5, 2), (2, 20, 16), (1, 49, 16)])
-def test_custom_backward_matches_autograd_reference(degree, steps, shape):
-    """_TaylorAction (hand-written backward) vs taylor_action_reference (autograd), float64."""
+def test_custom_backward_matches_autograd_reference(degree, shape):
+    """_ChebyshevAction (hand-written backward) vs chebyshev_action_reference (autograd), float64."""
     b, n, d = shape
-    s = skew(b, n, 0.7, seed=degree * 10 + steps).requires_grad_(True)
+    s = skew(b, n, 0.7, seed=degree * 10 + n).requires_grad_(True)
     v = torch.randn(b, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
-    y = expm.taylor_action(s, v, degree, steps)
-    y_ref = expm.taylor_action_reference(s, v, degree, steps)
+    y = expm.chebyshev_action(s, v, 0.9, degree)
+    y_ref = expm.chebyshev_action_reference(s, v, 0.9, degree)
     assert rel_err(y, y_ref) <= 1e-14
     g = torch.randn_like(y)
     got = torch.autograd.grad(y, (s, v), g)
@@ -82,34 +95,57 @@ def test_custom_backward_matches_autograd_reference(degree, steps, shape):
 def test_custom_backward_gradcheck():
     s = skew(2, 6, 0.4, seed=3).requires_grad_(True)
     v = torch.randn(2, 6, 3, dtype=torch.float64).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda s, v: expm.taylor_action(s, v, 5, 2), (s, v))
+    assert torch.autograd.gradcheck(lambda s, v: expm.chebyshev_action(s, v, 0.5, 6), (s, v))
     # only one input needing a gradient
-    assert torch.autograd.gradcheck(lambda s: expm.taylor_action(s, v.detach(), 4, 1), (s,))
-    assert torch.autograd.gradcheck(lambda v: expm.taylor_action(s.detach(), v, 4, 1), (v,))
+    assert torch.autograd.gradcheck(lambda s: expm.chebyshev_action(s, v.detach(), 0.5, 4), (s,))
+    assert torch.autograd.gradcheck(lambda v: expm.chebyshev_action(s.detach(), v, 0.5, 4), (v,))
 
 
-@pytest.mark.parametrize("norm", [1e-3, 0.1, 1.0, 1.9])
+def test_fused_osa_action_gradcheck():
+    """_OSAChebyshevAction: the backward fused down to q, k, c (and v), by finite differences."""
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(2, 7, 3, dtype=torch.float64, generator=g).requires_grad_(True) for _ in range(2))
+    v = torch.randn(2, 7, 2, dtype=torch.float64, generator=g).requires_grad_(True)
+    c = torch.tensor([0.05, -0.03], dtype=torch.float64, requires_grad=True)
+    assert expm.osa_chebyshev_action(q, k, c, v) is not None  # the fused path runs at this ‖S‖
+    assert torch.autograd.gradcheck(expm.osa_chebyshev_action, (q, k, c, v))
+    # one input needing a gradient at a time
+    for i in range(4):
+        args = [t.detach().requires_grad_(j == i) for j, t in enumerate((q, k, c, v))]
+        assert torch.autograd.gradcheck(expm.osa_chebyshev_action, tuple(args))
+
+
+@pytest.mark.parametrize("norm", [1e-3, 0.1, 1.0, 1.9, 6.0])
 def test_planned_action_matches_scipy(norm):
-    """With its own plan, the action equals scipy.linalg.expm(S) @ V to the dtype's accuracy."""
+    """With its own degree, the action equals scipy.linalg.expm(S) @ V to the dtype's accuracy."""
     for dtype, tol in ((torch.float64, 1e-14), (torch.float32, 3e-7)):
         s = skew(4, 20, norm, seed=int(norm * 1000))
         v = torch.randn(4, 20, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-        plan = expm.taylor_action_plan(norm * 1.0001, dtype)
-        if plan is None:
+        degree = expm.chebyshev_degree(norm * 1.0001, dtype)
+        if degree is None:
             continue
-        got = expm.taylor_action(s.to(dtype), v.to(dtype), *plan)
+        got = expm.chebyshev_action(s.to(dtype), v.to(dtype), norm * 1.0001, degree)
         ref = torch.from_numpy(np.stack([scipy.linalg.expm(m) @ x for m, x in zip(s.numpy(), v.numpy(), strict=True)]))
-        assert rel_err(got, ref) <= tol, (dtype, plan)
+        assert rel_err(got, ref) <= tol, (dtype, degree)
+
+
+def test_default_bound_and_degree():
+    """Without ρ and degree the action bounds ‖S‖₂ itself; a bound past the cap raises."""
+    s = skew(3, 12, 0.8, seed=9)
+    v = torch.randn(3, 12, 4, dtype=torch.float64)
+    assert rel_err(expm.chebyshev_action(s, v), torch.linalg.matrix_exp(s) @ v) <= 1e-14
+    with pytest.raises(ValueError, match="ACTION_MAX_DEGREE"):
+        expm.chebyshev_action(s * 100, v)
 
 
 def test_non_batched_shapes_use_the_reference():
     s = skew(1, 7, 0.3, seed=5)[0]
     v = torch.randn(7, 2, dtype=torch.float64)
-    got = expm.taylor_action(s, v, 12, 1)
+    got = expm.chebyshev_action(s, v, 0.3, 12)
     assert rel_err(got, torch.linalg.matrix_exp(s) @ v) <= 1e-14
 
 
-ALPHAS = [1e-3, 0.01, 0.03]
+ALPHAS = [1e-3, 0.01, 0.03, 0.1, 1.0]  # 1.0: ‖S‖₂ ≈ 20 at N = 49, past the action (fallback)
 
 
 @pytest.mark.parametrize("method", ["qr", "auto"])
@@ -138,7 +174,7 @@ def test_osa_small_n_matches_dense_float64(method, alpha, n, r, d, dtype):
 
 
 def test_small_n_action_path_is_taken_and_matches_previous_path():
-    """At a trained network's norms (‖S‖₂ ≈ 1) the Taylor action runs and agrees with the
+    """At a trained network's norms (‖S‖₂ ≈ 1) the Chebyshev action runs and agrees with the
     previous small-N path (action=False) and with float64."""
     g = torch.Generator().manual_seed(7)
     n, r = 20, 16
@@ -150,7 +186,7 @@ def test_small_n_action_path_is_taken_and_matches_previous_path():
     u = torch.cat([q, k], -1)
     s = u @ j @ u.mT
     bound = float(torch.linalg.matrix_norm(s).max())
-    assert 0.3 < float(torch.linalg.matrix_norm(s, ord=2).max()) and expm.taylor_action_plan(bound, torch.float32)
+    assert 0.3 < float(torch.linalg.matrix_norm(s, ord=2).max()) and expm.chebyshev_degree(bound, torch.float32)
     ref = torch.linalg.matrix_exp(s) @ v
     for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-13)):
         new = expm._small_n_action(u.to(dtype), j, v.to(dtype), osa_core=True)
@@ -159,15 +195,15 @@ def test_small_n_action_path_is_taken_and_matches_previous_path():
 
 
 def test_large_norm_falls_back_to_previous_path():
-    """Beyond the plan's range the previous paths run (float64 core or QR), still accurate."""
+    """Beyond the action's range the previous paths run (float64 core or QR), still accurate."""
     g = torch.Generator().manual_seed(8)
     q = torch.randn(2, 20, 16, generator=g)
     k = torch.randn(2, 20, 16, generator=g)
     v = torch.randn(2, 20, 16, generator=g)
-    s = expm.skew_symmetric_from_qk(q, k, 1.0)
-    assert expm.taylor_action_plan(float(torch.linalg.matrix_norm(s).max()), torch.float32) is None
-    y = osa_lab.osa(q, k, v, 1.0, method="auto")
-    assert rel_err(y, dense_reference(q, k, v, 1.0)) <= 2e-6
+    s = expm.skew_symmetric_from_qk(q, k, 4.0)
+    assert expm.chebyshev_degree(float(torch.linalg.matrix_norm(s, ord=2).max()), torch.float32) is None
+    y = osa_lab.osa(q, k, v, 4.0, method="auto")
+    assert rel_err(y, dense_reference(q, k, v, 4.0)) <= 2e-6
 
 
 def test_vmap_falls_back():
@@ -202,3 +238,22 @@ def test_torch_func_and_forward_ad_use_the_reference():
         out = f(forward_ad.make_dual(v, tangent))
         jvp = forward_ad.unpack_dual(out).tangent
     assert rel_err(jvp, torch.einsum("ijkl,kl->ij", want, tangent)) <= 1e-12
+
+
+def _graph_names(t: torch.Tensor) -> set[str]:
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    return {type(f).__name__ for f in seen}
+
+
+def test_osa_takes_the_fused_path_at_small_n():
+    """osa() at the MNIST token count (N = 49, r = 16, trained-size ‖S‖) runs the fused action."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(4, 2, 49, 16, generator=g).requires_grad_(True) for _ in range(3))
+    y = osa_lab.osa(q, k, v, torch.tensor([0.01, 0.02], requires_grad=True))
+    assert "_OSAChebyshevActionBackward" in _graph_names(y)

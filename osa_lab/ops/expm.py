@@ -702,119 +702,213 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
     return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
 
 
-#: Most products ``S·X`` (N×N times N×d) the Taylor action of :func:`_small_n_action` may use.
-#: One costs ``d/N`` of an N×N product: 24 of them at N = 49, d = 16 cost what the 8 N×N
+#: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
+#: :func:`_small_n_action`: covers ``‖S‖₂ ≲ 10`` in float32 and ``≲ 6`` in float64. One product
+#: costs ``d/N`` of an N×N product, so 24 of them at N = 49, d = 16 cost what the 8 N×N
 #: products of the short-Taylor path (``SHORT_TAYLOR_MAX_PRODUCTS``) cost.
-ACTION_MAX_PRODUCTS = 24
-#: Largest norm bound per Taylor step of the action: the partial sums of ``exp(ν)`` reach
-#: ``≈ e^ν`` before they cancel, so the rounding error of one step grows like ``eps · e^ν``.
-ACTION_MAX_STEP_NORM = 2.0
+ACTION_MAX_DEGREE = 24
 
 
-def taylor_action_plan(rho: float, dtype: torch.dtype) -> tuple[int, int] | None:
-    """``(degree m, steps t)`` of :func:`taylor_action` with the fewest products ``t·m`` for
-    skew-symmetric ``S`` with ``‖S‖₂ ≤ rho``; ``None`` beyond ``ACTION_MAX_PRODUCTS``.
+def bessel_j_sequence(x: float, count: int) -> list[float]:
+    """``J₀(x), …, J_{count−1}(x)`` for ``x ≥ 0`` in float64 by Miller's backward recurrence
+    ``J_{k−1} = (2k/x) J_k − J_{k+1}``, normalised by ``J₀ + 2 Σ J_{2k} = 1`` (stable; matches
+    ``scipy.special.jv`` to ≈ 2e-16, tested)."""
+    if x < 0 or not math.isfinite(x):
+        raise ValueError(f"bessel_j_sequence needs a finite x ≥ 0, got {x}")
+    if x == 0.0:
+        return [1.0] + [0.0] * (count - 1)
+    start = count + int(x) + 20
+    start += start % 2
+    vals = [0.0] * (start + 2)
+    vals[start] = 1e-300
+    for k in range(start, 0, -1):
+        vals[k - 1] = 2 * k / x * vals[k] - vals[k + 1]
+        if abs(vals[k - 1]) > 1e250:  # rescale before overflow (only the ratios matter)
+            vals = [t * 1e-250 for t in vals]
+    norm = vals[0] + 2 * sum(vals[2 : start + 1 : 2])
+    return [t / norm for t in vals[:count]]
 
-    ``exp(S) = (exp(S/t))^t`` and each factor is replaced by its degree-``m`` Taylor polynomial
-    (Al-Mohy & Higham, SIAM J. Sci. Comput. 33(2), 2011, "expmv"). ``S`` is normal with
-    eigenvalues ``±iθ_j``, ``θ_j ≤ ‖S‖₂``, so each factor's 2-norm error is at most
-    ``ν^{m+1}/(m+1)!/(1 − ν/(m+2))`` with ``ν = rho/t`` (the bound of :func:`taylor_theta`);
-    the ``t`` errors add, so each step gets ``unit/t`` (``unit``: the dtype's unit roundoff).
+
+def chebyshev_degree(rho: float, dtype: torch.dtype) -> int | None:
+    """Smallest degree ``m`` of :func:`chebyshev_action` for skew ``S`` with ``‖S‖₂ ≤ rho`` whose
+    truncation error is at most the dtype's unit roundoff; ``None`` beyond ``ACTION_MAX_DEGREE``.
+
+    ``S`` is normal with eigenvalues ``iθ``, ``|θ| ≤ rho``; by the Jacobi–Anger expansion
+    ``e^{iρy} = J₀(ρ) + 2 Σ_k i^k J_k(ρ) T_k(y)`` with ``‖T_k(Y)‖₂ ≤ 1``, the tail after degree
+    ``m`` is at most ``2 Σ_{k>m} |J_k(ρ)| ≤ 2 (ρ/2)^{m+1}/(m+1)! / (1 − (ρ/2)/(m+2))`` (using
+    ``|J_k(ρ)| ≤ (ρ/2)^k/k!``): the Taylor bound at ``ρ/2``, so about ``m·log 2`` fewer digits
+    are lost per degree than by the Taylor series of :func:`taylor_theta`.
     """
+    if not math.isfinite(rho) or rho < 0:
+        return None
     unit = torch.finfo(dtype).eps / 2
-    best = None
-    for steps in range(1, ACTION_MAX_PRODUCTS + 1):
-        nu = rho / steps
-        if best is not None and steps > best[0] * best[1]:
-            break
-        if nu > ACTION_MAX_STEP_NORM:
-            continue
-        for degree in range(1, ACTION_MAX_PRODUCTS // steps + 1):
-            if taylor_theta(degree, unit / steps) >= nu:
-                if best is None or degree * steps < best[0] * best[1]:
-                    best = (degree, steps)
-                break
-    return best
+    half, term = rho / 2, 1.0  # term = half^m / m!
+    for degree in range(1, ACTION_MAX_DEGREE + 1):
+        term *= half / degree
+        nxt = term * half / (degree + 1)
+        if degree + 2 > half and 2 * nxt / (1 - half / (degree + 2)) <= unit:
+            return degree
+    return None
 
 
-def taylor_action(s: torch.Tensor, v: torch.Tensor, degree: int, steps: int) -> torch.Tensor:
-    """``T_m(S/t)^t V`` (the plan of :func:`taylor_action_plan`): ``exp(S) V`` without forming
-    ``exp(S)``, by Horner ``P ← V + (S/t) P / k`` (k = m, …, 1), one ``baddbmm`` per term, so a
-    step costs ``m`` products of N×N by N×d where :func:`dense_exp` needs N×N by N×N ones.
+def chebyshev_coefficients(rho: float, degree: int) -> list[float]:
+    """``[J₀(ρ), 2J₁(ρ), …, 2J_m(ρ)]``: ``exp(S) V ≈ Σ_k a_k W_k`` (see :func:`chebyshev_action`)."""
+    j = bessel_j_sequence(rho, degree + 1)
+    return [j[0]] + [2 * t for t in j[1:]]
 
-    For 3-D ``S`` (b, N, N) skew-symmetric and ``V`` (b, N, d) the backward is hand-written
-    (:class:`_TaylorAction`): ``Sᵀ = −S`` keeps every product contiguous, and the gradient of
-    ``S`` is one ``(N × m·d)(m·d × N)`` product per step instead of ``m`` products plus ``m``
-    N×N scalings and accumulations (what autograd does for :func:`taylor_action_reference`).
+
+def _chebyshev_forward(x: torch.Tensor, v: torch.Tensor, coef: list[float]) -> tuple[torch.Tensor, list]:
+    """``Σ a_k W_k`` with ``W₀ = V``, ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}``; also returns
+    ``W₀ … W_{m−1}`` (the backward's inputs)."""
+    ws = [v]
+    cur = torch.bmm(x, v)
+    y = v.mul(coef[0]).add_(cur, alpha=coef[1])
+    prev = v
+    for k in range(2, len(coef)):
+        ws.append(cur)
+        prev, cur = cur, torch.baddbmm(prev, x, cur, alpha=2.0)
+        y.add_(cur, alpha=coef[k])
+    return y, ws
+
+
+def _chebyshev_backward(
+    x: torch.Tensor, ws: list, coef: list[float], g: torch.Tensor, need_x: bool
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Adjoint of :func:`_chebyshev_forward` for skew ``X`` (``Xᵀ = −X``): returns ``(∂L/∂X, ∂L/∂V)``.
+
+    With ``Ḡ_k = ∂L/∂W_k`` (through the recurrence): ``Ḡ_m = a_m G``,
+    ``Ḡ_k = a_k G − 2X Ḡ_{k+1} + Ḡ_{k+2}`` (1 ≤ k < m), ``∂L/∂V = Ḡ₀ = a₀ G − X Ḡ₁ + Ḡ₂`` and
+    ``∂L/∂X = Ḡ₁ W₀ᵀ + 2 Σ_{k=1}^{m−1} Ḡ_{k+1} W_kᵀ``.
     """
-    if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0] and not _transformed(s, v):
-        return _TaylorAction.apply(s, v, degree, steps)
-    return taylor_action_reference(s, v, degree, steps)
+    m = len(coef) - 1
+    g = g.contiguous()
+    after, cur = None, g * coef[m]  # Ḡ_{k+2}, Ḡ_{k+1}
+    gx = None
+    for k in range(m - 1, -1, -1):
+        if need_x:
+            scale = 2.0 if k else 1.0
+            gx = torch.bmm(cur, ws[k].mT).mul_(scale) if gx is None else gx.baddbmm_(cur, ws[k].mT, alpha=scale)
+        new = torch.baddbmm(g, x, cur, beta=coef[k], alpha=-2.0 if k else -1.0)
+        if after is not None:
+            new.add_(after)
+        after, cur = cur, new
+    return gx, cur
 
 
-def _transformed(*tensors: torch.Tensor) -> bool:
-    """True under torch.func transforms (jacrev, jacfwd, vmap, grad) or forward-mode AD, which the
-    hand-written backward of :class:`_TaylorAction` does not support: the reference runs there."""
-    from torch.autograd import forward_ad
-
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(wrapped(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
-
-
-def taylor_action_reference(s: torch.Tensor, v: torch.Tensor, degree: int, steps: int) -> torch.Tensor:
-    """:func:`taylor_action` by plain tensor operations, differentiated by autograd (the reference)."""
-    y = v
-    for _ in range(steps):
-        p = y
-        for k in range(degree, 0, -1):
-            p = y + (s @ p) * (1.0 / (k * steps))
-        y = p
-    return y
-
-
-class _TaylorAction(torch.autograd.Function):
-    """``T_m(S/t)^t V`` for skew ``S`` with the backward of :func:`taylor_action`.
-
-    Horner step ``P_{k−1} = Y + c_k S P_k`` (``c_k = 1/(k t)``, ``P_m = Y``, output ``P_0``).
-    Backward from ``G_0 = ∂L/∂P_0``: ``G_k = c_k Sᵀ G_{k−1} = −c_k S G_{k−1}``,
-    ``∂L/∂Y = Σ_{k=0}^{m} G_k`` and ``∂L/∂S = Σ_k c_k G_{k−1} P_kᵀ``.
-    """
+class _ChebyshevAction(torch.autograd.Function):
+    """``Σ a_k W_k ≈ exp(S) V`` for skew ``S`` (b, N, N) and ``X = S/ρ``, hand-written backward."""
 
     @staticmethod
-    def forward(ctx, s, v, degree: int, steps: int):  # noqa: D102
-        s = s.contiguous()
-        y = v.contiguous()
-        saved = []  # per step: the Horner inputs P_m (= Y), P_{m−1}, …, P_1
-        for _ in range(steps):
-            p = y
-            for k in range(degree, 0, -1):
-                saved.append(p)
-                p = torch.baddbmm(y, s, p, alpha=1.0 / (k * steps))
-            y = p
-        ctx.degree, ctx.steps = degree, steps
-        ctx.save_for_backward(s, *saved)
+    def forward(ctx, s, v, rho: float, degree: int):  # noqa: D102
+        x = (s / rho).contiguous()
+        coef = chebyshev_coefficients(rho, degree)
+        y, ws = _chebyshev_forward(x, v.contiguous(), coef)
+        ctx.coef, ctx.rho = coef, rho
+        ctx.save_for_backward(x, *ws)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):  # noqa: D102
-        s, *saved = ctx.saved_tensors
-        degree, steps = ctx.degree, ctx.steps
-        need_s = ctx.needs_input_grad[0]
-        g = g.contiguous()
-        gs = torch.zeros_like(s) if need_s else None
-        for step in range(steps - 1, -1, -1):
-            inputs = saved[step * degree : (step + 1) * degree][::-1]  # P_1, …, P_m
-            total = g.clone()
-            for k in range(1, degree + 1):
-                c = 1.0 / (k * steps)
-                if need_s:
-                    gs.baddbmm_(g, inputs[k - 1].mT, alpha=c)  # += c_k G_{k−1} P_kᵀ
-                if k < degree or steps > 1 or ctx.needs_input_grad[1]:
-                    g = torch.bmm(s, g).mul_(-c)  # G_k = c_k Sᵀ G_{k−1}, Sᵀ = −S
-                    total.add_(g)
-            g = total
-        return gs, (g if ctx.needs_input_grad[1] else None), None, None
+        x, *ws = ctx.saved_tensors
+        gx, gv = _chebyshev_backward(x, ws, ctx.coef, g, ctx.needs_input_grad[0])
+        gs = gx / ctx.rho if gx is not None else None
+        return gs, (gv if ctx.needs_input_grad[1] else None), None, None
+
+
+class _OSAChebyshevAction(torch.autograd.Function):
+    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``D = q kᵀ − k qᵀ`` (formed
+    by the caller without autograd); the backward goes straight to ``q``, ``k``, ``c``, ``V``:
+    with ``A = ∂L/∂S − (∂L/∂S)ᵀ``: ``∂L/∂q = c A k``, ``∂L/∂k = −c A q``, ``∂L/∂c = ½⟨A, D⟩``."""
+
+    @staticmethod
+    def forward(ctx, q, k, c, v, d, rho: float, degree: int):  # noqa: D102
+        x = d * (c / rho)[:, None, None]
+        coef = chebyshev_coefficients(rho, degree)
+        y, ws = _chebyshev_forward(x, v.contiguous(), coef)
+        ctx.coef, ctx.rho = coef, rho
+        ctx.save_for_backward(q, k, c, d, *ws)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):  # noqa: D102
+        q, k, c, d, *ws = ctx.saved_tensors
+        need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
+        x = d * (c / ctx.rho)[:, None, None]
+        gx, gv = _chebyshev_backward(x, ws, ctx.coef, g, need_q or need_k or need_c)
+        gq = gk = gc = None
+        if gx is not None:
+            a = (gx - gx.mT).div_(ctx.rho)  # A = ∂L/∂S − (∂L/∂S)ᵀ
+            cc = c[:, None, None]
+            gq = torch.bmm(a, k).mul_(cc) if need_q else None
+            gk = torch.bmm(a, q).mul_(-cc) if need_k else None
+            gc = (a * d).sum((-2, -1)).mul_(0.5) if need_c else None
+        return gq, gk, gc, (gv if need_v else None), None, None, None
+
+
+def chebyshev_action(
+    s: torch.Tensor, v: torch.Tensor, rho: float | None = None, degree: int | None = None
+) -> torch.Tensor:
+    """``exp(S) V`` for skew-symmetric ``S`` without forming ``exp(S)``: the Chebyshev (Jacobi–
+    Anger) expansion ``Σ_{k≤m} a_k W_k``, ``a₀ = J₀(ρ)``, ``a_k = 2J_k(ρ)``, ``W₀ = V``,
+    ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}`` with ``X = S/ρ`` (Bergamaschi & Vianello,
+    Numer. Linear Algebra Appl. 7, 2000; the real recurrence because ``S`` is skew).
+
+    ``rho`` must bound ``‖S‖₂`` (default: :func:`_skew_norm_bound`); ``degree`` defaults to
+    :func:`chebyshev_degree` (truncation ≤ the dtype's unit roundoff). ``‖W_k‖ ≤ ‖V‖`` in exact
+    arithmetic, so rounding does not grow with ``ρ`` as the Taylor series' ``e^ρ`` partial sums
+    do. One product per degree; for 3-D ``S`` (b, N, N) and ``V`` (b, N, d) the backward is
+    hand-written (:class:`_ChebyshevAction`, ``2m`` products, ``Sᵀ = −S``); under torch.func
+    transforms and forward-mode AD the autograd reference :func:`chebyshev_action_reference` runs.
+    Raises ``ValueError`` when no degree up to ``ACTION_MAX_DEGREE`` reaches the tolerance.
+    """
+    rho = _skew_norm_bound(s) if rho is None else float(rho)
+    degree = chebyshev_degree(rho, s.dtype) if degree is None else degree
+    if degree is None:
+        raise ValueError(f"‖S‖₂ bound {rho:.3g} needs more than ACTION_MAX_DEGREE = {ACTION_MAX_DEGREE} terms")
+    rho = max(rho, 1e-30)  # S = 0: X = 0 and the expansion sums to V for any ρ > 0
+    if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0] and not _transformed(s, v):
+        return _ChebyshevAction.apply(s, v, rho, degree)
+    return chebyshev_action_reference(s, v, rho, degree)
+
+
+def chebyshev_action_reference(s: torch.Tensor, v: torch.Tensor, rho: float, degree: int) -> torch.Tensor:
+    """:func:`chebyshev_action` by plain tensor operations, differentiated by autograd (the reference)."""
+    coef = chebyshev_coefficients(rho, degree)
+    x = s / rho
+    prev, cur = v, x @ v
+    y = coef[0] * v + coef[1] * cur
+    for k in range(2, degree + 1):
+        prev, cur = cur, 2 * (x @ cur) + prev
+        y = y + coef[k] * cur
+    return y
+
+
+def osa_chebyshev_action(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """``exp(c (q kᵀ − k qᵀ)) V`` by :func:`chebyshev_action` with the backward fused down to
+    ``q, k, c`` (:class:`_OSAChebyshevAction`); 3-D ``q, k (b, N, r)``, ``c (b,)``, ``V (b, N, d)``.
+    ``None`` when ``‖S‖₂``'s bound needs more than ``ACTION_MAX_DEGREE`` terms or under torch.func
+    transforms / forward-mode AD (the caller's general path handles those)."""
+    if _transformed(q, k, c, v):
+        return None
+    with torch.no_grad():
+        qk = torch.bmm(q, k.mT)
+        d = qk - qk.mT
+        rho = _skew_norm_bound(d * c[:, None, None].to(d.dtype))
+    degree = chebyshev_degree(rho, v.dtype)
+    if degree is None:
+        return None
+    return _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, d, max(rho, 1e-30), degree)
+
+
+def _transformed(*tensors: torch.Tensor) -> bool:
+    """True under torch.func transforms (jacrev, jacfwd, vmap, grad) or forward-mode AD, which the
+    hand-written backwards of :class:`_ChebyshevAction` do not support: the reference runs there."""
+    from torch.autograd import forward_ad
+
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return any(wrapped(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _skew_norm_bound(s: torch.Tensor) -> float:
@@ -844,21 +938,22 @@ def _small_n_action(
 ) -> torch.Tensor | None:
     """``exp(U J Uᵀ) V`` through the N×N ``S``, for N ≤ 2m; ``None`` to use the QR form.
 
-    When a bound of ``‖S‖₂`` allows it (``taylor_action_plan``; up to ``‖S‖₂ ≈ 2`` in float32,
-    the range of a trained network's OSA layers), ``exp(S) V`` is computed as a Taylor action in
-    the input dtype (:func:`taylor_action`). Otherwise (or with ``action=False``, the previous
-    path and a reference for it) when ``S`` is small enough for the short Taylor path of
-    :func:`dense_exp` it runs there. Otherwise, for ``N ≤ m``, ``S`` is formed and
-    exponentiated in float64 (the float32 error stays within ``GRAM_TOLERANCE``'s budget for
-    large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper and ``None`` is returned.
-    ``osa_core=True`` promises ``J = c·[[0, I], [−I, 0]]`` (:func:`osa_skew_core`).
+    When a bound of ``‖S‖₂`` allows it (:func:`chebyshev_degree`; up to ``‖S‖₂ ≈ 10`` in
+    float32, beyond the range of a trained network's OSA layers), ``exp(S) V`` is computed as a
+    Chebyshev action in the input dtype (:func:`chebyshev_action`). Otherwise (or with
+    ``action=False``, the path before the action and a reference for it) when ``S`` is small
+    enough for the short Taylor path of :func:`dense_exp` it runs there. Otherwise, for
+    ``N ≤ m``, ``S`` is formed and exponentiated in float64 (the float32 error stays within
+    ``GRAM_TOLERANCE``'s budget for large ``‖S‖``); for ``m < N ≤ 2m`` the QR form is cheaper
+    and ``None`` is returned. ``osa_core=True`` promises ``J = c·[[0, I], [−I, 0]]``
+    (:func:`osa_skew_core`).
     """
     s = _osa_s(u, j) if osa_core else u @ j.to(u.dtype) @ u.mT
     if action:
         bound = _skew_norm_bound(s)
-        act = taylor_action_plan(bound, s.dtype) if math.isfinite(bound) else None
-        if act is not None:
-            return taylor_action(s, v, *act)
+        degree = chebyshev_degree(bound, s.dtype)
+        if degree is not None:
+            return chebyshev_action(s, v, bound, degree)
     try:
         norm = float(s.detach().abs().sum(-2).amax()) if s.numel() else 0.0
     except RuntimeError:  # under torch.func.vmap a tensor has no single value
@@ -915,7 +1010,13 @@ def blocked_action(
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
     if engine == "qr":
-        return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
+        osa_core = osa_core and a.shape[-1] == b.shape[-1]
+        if osa_core and 0 < a.shape[-2] <= 2 * (a.shape[-1] + b.shape[-1]) and v.shape[0]:
+            # small N: the N×N S with the backward fused down to q, k and α (issue 13, item 6)
+            y = osa_chebyshev_action(a, b, j[:, 0, a.shape[-1]], v)
+            if y is not None:
+                return y
+        return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core)
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
     y, est = gram_action(a, b, j, v, replaced=engine != "gram", osa_core=osa_core)
