@@ -244,11 +244,13 @@ def test_osa_check_refuses_impossible_configurations():
 
 def test_spectra_lines_axis_ends_at_one_legend_below_and_styles_differ():
     """Issue 15 item 10: σᵢ/σ₁ ≤ 1, so the y axis ends just above 1 (not 10¹); the legend sits
-    below the axes; coinciding curves stay visible (different dashes and widths)."""
+    outside the axes (bokeh: below; matplotlib: one legend right of the last panel, since a
+    legend below covered the "index" label); coinciding curves stay visible (different dashes
+    and widths)."""
     layout = D.spectra_lines(_spectra(), layers=[0, 1, 5])
-    for backend in ("bokeh", "matplotlib"):
-        opts = hv.Store.lookup_options(backend, layout[0], "plot").kwargs
-        assert opts["ylim"][1] <= 2.0 and opts["legend_position"] == "bottom"
+    for backend, where in (("bokeh", "bottom"), ("matplotlib", "right")):
+        opts = hv.Store.lookup_options(backend, layout[-1], "plot").kwargs
+        assert opts["ylim"][1] <= 2.0 and opts["legend_position"] == where
     styles = [hv.Store.lookup_options("bokeh", c, "style").kwargs for c in layout[0]]
     assert len({(s["line_dash"], s["line_width"]) for s in styles}) == 3
     _renders_both(layout)
@@ -294,3 +296,230 @@ def test_importing_the_plots_keeps_the_users_matplotlib_backend():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip().lower() == "pdf"  # was switched to Agg by an import
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 15, items 6 and 10: one colour per preset (bands and bars too), integer layer ticks,
+# legends that cover no axis label. Each inspects the rendered bokeh models / matplotlib artists.
+
+FOUR = ("vit", "skipless-osa", "pure-ssa", "pure-osa")
+
+
+def _training_metrics(presets=("vit", "skipless-osa"), seeds=2, layers=3) -> pd.DataFrame:
+    """A tiny tidy training-metrics table: per-epoch accuracy, hidden-state metrics at two steps,
+    OSA mixing rows and the α := 0 ablation."""
+    rows = []
+    for p in presets:
+        for seed in range(seeds):
+            for epoch in (1, 2):
+                rows.append(dict(preset=p, data="d", seed=seed, epoch=epoch, step=10 * epoch, kind="eval",
+                                 metric="test_accuracy", layer=-1, head=-1, value=0.2 + 0.1 * epoch + 0.01 * seed))
+            for step in (0, 20):
+                for layer in range(layers + 1):
+                    rows.append(dict(preset=p, data="d", seed=seed, epoch=step // 10, step=step, kind="hidden",
+                                     metric="stable_rank", layer=layer, head=-1,
+                                     value=5.0 - layer * (0.5 if step else 0.2) + 0.1 * seed))
+                if "osa" in p:
+                    for layer in range(2):
+                        rows.append(dict(preset=p, data="d", seed=seed, epoch=step // 10, step=step, kind="mixing",
+                                         metric="mixing_ratio", layer=layer, head=0,
+                                         value=0.01 + 0.02 * (step > 0) + 0.003 * seed + 0.001 * layer))
+            if "osa" in p:
+                rows.append(dict(preset=p, data="d", seed=seed, epoch=2, step=20, kind="mixing",
+                                 metric="val_accuracy_alpha0", layer=-1, head=-1, value=0.3 + 0.01 * seed))
+                rows.append(dict(preset=p, data="d", seed=seed, epoch=2, step=20, kind="mixing",
+                                 metric="val_accuracy_alpha0_drop", layer=-1, head=-1, value=0.1))
+    return pd.DataFrame(rows)
+
+
+def _hex(c) -> str:
+    from matplotlib.colors import to_hex
+
+    return to_hex(c, keep_alpha=False).lower()
+
+
+def _mpl_axes(obj):
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = hv.render(obj, backend="matplotlib")
+    FigureCanvasAgg(fig).draw()  # lay out text so extents and tick labels are final
+    return fig, plt
+
+
+def _assert_bands_match_lines(obj) -> None:
+    """Every min–max band (matplotlib PolyCollection, bokeh Patch) has its curve's colour."""
+    fig, plt = _mpl_axes(obj)
+    try:
+        ax = fig.axes[0]
+        bands = [c for c in ax.collections if type(c).__name__.endswith("PolyCollection")]
+        lines = [ln for ln in ax.lines if not ln.get_label().startswith("_")] or ax.lines
+        assert len(bands) == len(lines) > 0
+        for band, line in zip(bands, lines, strict=True):
+            assert _hex(band.get_facecolor()[0]) == _hex(line.get_color()), line.get_label()
+    finally:
+        plt.close(fig)
+    bk = hv.render(obj, backend="bokeh")
+    glyphs = [r.glyph for r in bk.renderers]
+    patches = [g for g in glyphs if type(g).__name__ == "Patch"]
+    lines = [g for g in glyphs if type(g).__name__ == "Line"]
+    assert len(patches) == len(lines) > 0
+    for patch, line in zip(patches, lines, strict=True):
+        assert str(patch.fill_color).lower() == str(line.line_color).lower()
+
+
+def test_min_max_bands_take_their_lines_preset_colour_in_both_backends():
+    """Matplotlib's Area defaulted to the HoloViews colour cycle (a salmon band under a blue line
+    in reports 02 and 04); every band must carry its line's fixed preset colour."""
+    from osa_lab.plots import preset_colour
+    from osa_lab.plots import training as T
+
+    fig = D.metric_vs_depth(_metrics(FOUR), "token_cosine")
+    _assert_bands_match_lines(fig)
+    for el in fig:
+        assert hv.Store.lookup_options("matplotlib", el, "style").kwargs["color"] == preset_colour(el.label)
+    m = _training_metrics()
+    _assert_bands_match_lines(T.learning_curves(m, "test_accuracy"))
+    for obj in (T.depth_profiles(m, "stable_rank"), T.mixing_profiles(m, "mixing_ratio")):
+        _assert_bands_match_lines(obj)
+        for el in obj:  # init and trained profiles both in the preset's colour (init dashed)
+            preset, _, stage = el.label.partition(" · ")
+            style = hv.Store.lookup_options("bokeh", el, "style").kwargs
+            assert style["color"] == preset_colour(preset)
+            if type(el).__name__ == "Curve":
+                assert style["line_dash"] == ("dashed" if stage == "init" else "solid")
+
+
+def test_colour_map_keeps_preset_colours_in_mixed_groups():
+    from osa_lab.plots import PRESET_COLOURS, colour_map
+
+    cm = colour_map(["my-preset", "pure-osa", "vit"])
+    assert cm["pure-osa"] == PRESET_COLOURS["pure-osa"] and cm["vit"] == PRESET_COLOURS["vit"]
+    assert cm["my-preset"] not in {PRESET_COLOURS["pure-osa"], PRESET_COLOURS["vit"]}
+
+
+def test_accuracy_bars_have_each_presets_colour_in_both_backends():
+    from osa_lab.plots import preset_colour
+    from osa_lab.plots import training as T
+
+    summary = pd.DataFrame({"preset": ["vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip"],
+                            "test_accuracy_mean": [0.19, 0.13, 0.17, 0.27], "test_accuracy_std": [0.03, 0.01, 0.02, 0.01]})
+    want = [preset_colour(p) for p in summary["preset"]]
+    obj = T.summary_bars(summary)
+    fig, plt = _mpl_axes(obj)
+    try:
+        ax = fig.axes[0]
+        faces = [_hex(p.get_facecolor()) for p in ax.patches if p.get_height() > 0]
+        assert faces == [c.lower() for c in want]
+        assert [t.get_text() for t in ax.get_xticklabels()] == summary["preset"].tolist()
+    finally:
+        plt.close(fig)
+    bk = hv.render(obj, backend="bokeh")
+    (bars,) = [r for r in bk.renderers if type(r.glyph).__name__ == "VBar"]
+    src = bars.data_source.data
+    assert list(src["color"]) == want and list(src["preset"]) == summary["preset"].tolist()
+
+    # grouped ablation bars: both settings of a preset in its colour, α := 0 lighter
+    ab = T.ablation_bars(_training_metrics(("skipless-osa", "pure-osa")))
+    fig, plt = _mpl_axes(ab)
+    try:
+        patches = [p for p in fig.axes[0].patches if p.get_height() > 0]
+        assert [_hex(p.get_facecolor()) for p in patches] == [
+            preset_colour(p).lower() for p in ("skipless-osa", "pure-osa")] * 2
+        assert [p.get_alpha() for p in patches] == [1.0, 1.0, 0.45, 0.45]
+    finally:
+        plt.close(fig)
+    bk = hv.render(ab, backend="bokeh")
+    (bars,) = [r for r in bk.renderers if type(r.glyph).__name__ == "VBar"]
+    src = bars.data_source.data
+    assert [c for c in src["color"]] == [preset_colour(str(f[0]) if isinstance(f, tuple) else p)
+                                         for f, p in zip(src["xoffsets"], src["preset"], strict=True)]
+
+    paired = pd.DataFrame({"preset": ["vit", "skipless-ssa"], "diff_mean": [-0.01, 0.05],
+                           "ci_low": [-0.03, 0.02], "ci_high": [0.01, 0.08]})
+    pp = T.paired_differences_plot(paired)
+    bk = hv.render(pp, backend="bokeh")
+    (pts,) = [r for r in bk.renderers if type(getattr(r, "glyph", None)).__name__ == "Scatter"]
+    assert list(pts.data_source.data["color"]) == [preset_colour("vit"), preset_colour("skipless-ssa")]
+
+
+def _assert_integer_ticks(obj, bokeh: bool = True) -> None:
+    from bokeh.models import AdaptiveTicker, FixedTicker, SingleIntervalTicker
+
+    fig, plt = _mpl_axes(obj)
+    try:
+        for ax in fig.axes:
+            if not ax.get_xlabel():  # colour bars
+                continue
+            lo, hi = sorted(ax.get_xlim())
+            ticks = [t for t in ax.get_xticks() if lo - 1e-9 <= t <= hi + 1e-9]
+            assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_xlabel(), ticks)
+    finally:
+        plt.close(fig)
+    if not bokeh:
+        return
+    bk = hv.render(obj, backend="bokeh")
+    figs = [bk] if hasattr(bk, "xaxis") else [f for f in bk.select({"type": __import__("bokeh").plotting.figure})]
+    assert figs
+    for f in figs:
+        for axis in f.xaxis:
+            t = axis.ticker
+            if isinstance(t, FixedTicker):
+                assert all(float(v).is_integer() for v in t.ticks)
+            elif isinstance(t, SingleIntervalTicker):
+                assert float(t.interval).is_integer() and t.interval >= 1
+            else:
+                assert isinstance(t, AdaptiveTicker) and t.min_interval >= 1 and t.num_minor_ticks == 0, t
+                assert all(float(m).is_integer() for m in t.mantissas)
+        for grid in f.xgrid:  # the grid lines follow the same ticks
+            assert grid.ticker is f.xaxis[0].ticker
+
+
+def test_layer_and_epoch_axes_have_integer_ticks_only():
+    """Reports 02/03 and the dashboard showed half- and quarter-layer ticks (1.25, 1.5, …) at small
+    depths; every layer/depth/epoch axis must tick whole numbers only, in both backends."""
+    from osa_lab.plots import training as T
+
+    for depth in (3, 4):
+        _assert_integer_ticks(D.metric_vs_depth(_metrics(depth=depth), "token_cosine"))
+        _assert_integer_ticks(D.kappa_vs_depth(_jacobian(depth=depth)))
+    _assert_integer_ticks(T.learning_curves(_training_metrics(), "test_accuracy"))
+    _assert_integer_ticks(T.mixing_profiles(_training_metrics(), "mixing_ratio"))
+    _assert_integer_ticks(D.spectra_heatmaps(_spectra(depth=3)))
+    _assert_integer_ticks(D.spectra_lines(_spectra(depth=3)))
+    # a continuous parameter keeps ordinary ticks
+    df = pd.DataFrame({"preset": "pure-osa", "alpha": [0.1, 0.2, 0.3], "seed": 0, "kappa": [1.0, 2.0, 3.0]})
+    assert not hv.Store.lookup_options("bokeh", list(D.kappa_vs_parameter(df, "alpha"))[1], "plot").kwargs.get("hooks")
+
+
+def test_integer_layer_ticks_survive_the_dashboards_dynamic_map():
+    """The dashboard shows figures through a DynamicMap whose own options replace the overlay's
+    hooks; the integer ticker is installed per element and so still applies."""
+    from bokeh.models import AdaptiveTicker
+
+    fig = D.kappa_vs_depth(_jacobian(depth=3))
+    pipe = hv.streams.Pipe(data=fig)
+    dmap = hv.DynamicMap(lambda data: data, streams=[pipe]).opts(framewise=True, hooks=[lambda p, e: None],
+                                                                  backend="bokeh")
+    plot = hv.renderer("bokeh").get_plot(dmap)
+    assert isinstance(plot.state.xaxis[0].ticker, AdaptiveTicker) and plot.state.xaxis[0].ticker.min_interval >= 1
+    pipe.send(D.kappa_vs_depth(_jacobian(depth=4)))  # a data update keeps it
+    assert plot.state.xaxis[0].ticker.min_interval >= 1
+
+
+def test_spectra_line_legend_covers_no_axis_label_or_curve_panel():
+    """Report 02: the legends of the spectra lines (below each panel) covered the "index" label.
+    Matplotlib: one legend, to the right of the last panel, overlapping no axes and no label."""
+    layout = D.spectra_lines(_spectra(presets=FOUR)).cols(4).opts(hspace=0.5, vspace=0.35, backend="matplotlib")
+    fig, plt = _mpl_axes(layout)
+    try:
+        r = fig.canvas.get_renderer()
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        assert len(legends) == 1
+        box = legends[0].get_window_extent(r)
+        for ax in fig.axes:
+            for artist in (ax, ax.xaxis.label, ax.yaxis.label, ax.title):
+                other = artist.get_window_extent(r)
+                assert not box.overlaps(other), f"legend overlaps {artist} of {ax.get_title()!r}"
+    finally:
+        plt.close(fig)

@@ -44,6 +44,7 @@ from osa_lab.plots.style import (
     curves_with_bands,
     dual_options,
     ensure_backends,
+    integer_xticks,
     require_columns,
     spans_decades,
 )
@@ -247,7 +248,7 @@ def spectra_heatmaps(
                 invert_yaxis=True,
             ),
         )
-        panels.append(img)
+        panels.append(integer_xticks(img))
     layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
@@ -269,8 +270,10 @@ def spectra_lines(
     ``layers=None`` picks the input, a quarter, the middle and the last layer. Curves are the
     mean over seeds; the same layer has the same colour and dash in every panel, later layers
     are drawn thinner on top so that coinciding spectra (e.g. an orthogonal stack, whose
-    spectrum does not change) stay visible. The y axis ends just above 1 (σᵢ/σ₁ ≤ 1) and the
-    legend sits below the axes, never over the curves.
+    spectrum does not change) stay visible. The y axis ends just above 1 (σᵢ/σ₁ ≤ 1). The
+    legend never covers curves or axis labels: in bokeh it sits in its own area below each
+    panel; in matplotlib (where a legend below the axes covers the "index" label) one legend,
+    valid for every panel, sits to the right of the last panel.
     """
     grids = spectra_grid(spectra, site=site, depth=depth)
     all_layers = sorted({int(x) for g in grids.values() for x in g[0]})
@@ -294,7 +297,8 @@ def spectra_lines(
         floor = max(min(mins), LOG_FLOOR)
     ylim = (floor / 3, 2.0)
     panels = []
-    for preset, (lays, _frac, z) in grids.items():
+    n_panels = len(grids)
+    for p_i, (preset, (lays, _frac, z)) in enumerate(grids.items()):
         curves = []
         k = z.shape[0]
         index = np.arange(1, k + 1)
@@ -313,11 +317,14 @@ def spectra_lines(
                 )
             )
         common = dict(title=str(preset), logy=True, show_grid=True, ylim=ylim)
+        last = p_i == n_panels - 1
         panels.append(
-            dual_options(
-                hv.Overlay(curves),
-                dict(common, width=panel_width, height=340, legend_position="bottom", legend_cols=2),
-                dict(common, fig_inches=(4, 3.6), legend_position="bottom", legend_cols=2),
+            integer_xticks(
+                dual_options(
+                    hv.Overlay(curves),
+                    dict(common, width=panel_width, height=340, legend_position="bottom", legend_cols=2),
+                    dict(common, fig_inches=(4, 3.6), legend_position="right", show_legend=last, legend_cols=1),
+                )
             )
         )
     layout = dual_options(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format=""))

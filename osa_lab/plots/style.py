@@ -8,7 +8,7 @@ and a log axis its limits wherever it appears (docs/design.md §6).
 * log axes: :data:`LOG_FLOOR`, :data:`LOG_CEILING`, :func:`spans_decades`;
 * backends: :func:`ensure_backends` (bokeh + matplotlib, called once at import);
 * helpers: :func:`require_columns`, :func:`dual_options`, :func:`band_over_seeds`,
-  :func:`curves_with_bands`.
+  :func:`curves_with_bands`, :func:`integer_xticks`, :func:`bars_by_preset`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ __all__ = [
     "PALETTE",
     "PRESET_COLOURS",
     "band_over_seeds",
+    "bars_by_preset",
     "colour_map",
     "curves_with_bands",
     "dual_options",
     "ensure_backends",
+    "integer_xticks",
+    "is_integral",
     "preset_colour",
     "require_columns",
     "spans_decades",
@@ -69,13 +72,16 @@ def preset_colour(name: str) -> str:
 def colour_map(groups: Iterable[object]) -> dict[object, str]:
     """Colours for the values of a grouping column.
 
-    When every value is a preset name each gets its fixed :data:`PRESET_COLOURS` entry;
-    otherwise (layers, token counts, …) the values get distinct colours in order of appearance.
+    Every preset name gets its fixed :data:`PRESET_COLOURS` entry, whatever else is in the
+    group and in whatever order; other values (layers, token counts, …) get distinct colours in
+    order of appearance, skipping the colours the presets present already use.
     """
     groups = list(dict.fromkeys(groups))
-    if groups and all(str(g) in PRESET_COLOURS for g in groups):
-        return {g: PRESET_COLOURS[str(g)] for g in groups}
-    return {g: OTHER_COLOURS[i % len(OTHER_COLOURS)] for i, g in enumerate(groups)}
+    out: dict[object, str] = {g: PRESET_COLOURS[str(g)] for g in groups if str(g) in PRESET_COLOURS}
+    free = [c for c in OTHER_COLOURS if c not in set(out.values())] or OTHER_COLOURS
+    others = [g for g in groups if g not in out]
+    out.update({g: free[i % len(free)] for i, g in enumerate(others)})
+    return {g: out[g] for g in groups}
 
 
 #: Colour per preset, stable across figures (Okabe–Ito, colour-blind safe).
@@ -177,6 +183,99 @@ def band_over_seeds(df: pd.DataFrame, x: str, y: str, by: Sequence[str] = ("pres
     return out.sort_values(["_o", *by[1:], x]).drop(columns="_o").reset_index(drop=True)
 
 
+def is_integral(values: np.ndarray | pd.Series | Sequence[float]) -> bool:
+    """True when every finite value is a whole number (layers, depths, epochs, steps, …)."""
+    v = np.asarray(values)
+    if v.dtype.kind in "iu":
+        return v.size > 0
+    if v.dtype.kind != "f":
+        return False
+    v = v[np.isfinite(v)]
+    return bool(v.size and np.all(v == np.round(v)))
+
+
+def _bokeh_integer_xticks(plot, element) -> None:
+    """Bokeh hook: integer ticks (1, 2, 5, 10, … layers apart) on the x axis and its grid."""
+    from bokeh.models import AdaptiveTicker
+
+    fig = plot.state
+    if not hasattr(fig, "xaxis"):
+        return
+    for axis in fig.xaxis:
+        if getattr(axis.ticker, "min_interval", 0) >= 1 and getattr(axis.ticker, "num_minor_ticks", 1) == 0:
+            continue  # already integer (a data update of the same figure)
+        ticker = AdaptiveTicker(min_interval=1, mantissas=[1, 2, 5], num_minor_ticks=0)
+        axis.ticker = ticker
+        for grid in fig.xgrid:
+            grid.ticker = ticker
+
+
+def _mpl_integer_xticks(plot, element) -> None:
+    """Matplotlib hook: integer ticks on the x axis (``MaxNLocator(integer=True)``)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis = plot.handles.get("axis")
+    if axis is not None:
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def integer_xticks(obj):
+    """Integer-only ticks on the x axis of ``obj`` in both backends (returns ``obj``).
+
+    A layer, depth or epoch axis must not show half or quarter layers (issue 15). Matplotlib
+    gets a ``MaxNLocator(integer=True)``; bokeh an ``AdaptiveTicker(min_interval=1)`` installed
+    by a hook on each element (element level, so the hook survives the dashboard's DynamicMap,
+    whose own options replace the overlay's hooks), which keeps integer ticks when zoomed.
+    """
+    targets = list(obj) if isinstance(obj, hv.Overlay) else [obj]
+    for el in targets:
+        hooks = list(hv.Store.lookup_options("bokeh", el, "plot").kwargs.get("hooks", []) or [])
+        if _bokeh_integer_xticks not in hooks:
+            el.opts(hooks=[*hooks, _bokeh_integer_xticks], backend="bokeh")
+    hooks = list(hv.Store.lookup_options("matplotlib", obj, "plot").kwargs.get("hooks", []) or [])
+    if _mpl_integer_xticks not in hooks:
+        obj.opts(hooks=[*hooks, _mpl_integer_xticks], backend="matplotlib")
+    return obj
+
+
+def _mpl_colour_bars(plot, element) -> None:
+    """Matplotlib hook of :func:`bars_by_preset`: colour each bar by its preset.
+
+    HoloViews' matplotlib bars take one style per category, so a per-bar colour is set here:
+    the bars of a container follow the first key dimension's declared ``values`` (the presets
+    in order); a second key dimension (grouped bars) draws its later categories lighter and
+    hatched.
+    """
+    order = list(element.kdims[0].values)
+    containers = plot.handles.get("artist") or []
+    for c, container in enumerate(containers):
+        for preset, patch in zip(order, container.patches, strict=False):
+            patch.set_facecolor(preset_colour(str(preset)))
+            patch.set_alpha(1.0 if c == 0 else 0.45)
+            if c:
+                patch.set_hatch("//")
+            patch.set_edgecolor("white" if c else "none")
+
+
+def bars_by_preset(bars: hv.Bars) -> hv.Bars:
+    """Colour each bar of ``bars`` (first key dimension: preset) by the preset's fixed colour.
+
+    Both backends: bokeh through a ``dim`` colour mapping (grouped bars: later categories of the
+    second key dimension lighter), matplotlib through :func:`_mpl_colour_bars`. The preset
+    dimension gets explicit ``values`` (its order of appearance) so both draw the same order.
+    """
+    pdim = bars.kdims[0]
+    presets = list(dict.fromkeys(bars.dimension_values(pdim).tolist()))
+    bars = bars.redim.values(**{pdim.name: presets})
+    colours = {p: preset_colour(str(p)) for p in presets}
+    bokeh: dict[str, object] = dict(color=hv.dim(pdim.name).categorize(colours))
+    if len(bars.kdims) > 1:
+        cats = list(dict.fromkeys(bars.dimension_values(bars.kdims[1]).tolist()))
+        bokeh["alpha"] = hv.dim(bars.kdims[1].name).categorize({c: 1.0 if i == 0 else 0.45 for i, c in enumerate(cats)})
+        bokeh["show_legend"] = False
+    return dual_options(bars, bokeh, dict(hooks=[_mpl_colour_bars], show_legend=False))
+
+
 def curves_with_bands(
     data: pd.DataFrame,
     x: str,
@@ -188,10 +287,19 @@ def curves_with_bands(
     width: int = 520,
     height: int = 340,
     extra: Sequence[hv.Element] = (),
+    colours: dict[object, str] | None = None,
+    dashes: dict[object, str] | None = None,
 ) -> hv.Overlay:
-    """One curve (mean) and one shaded band (min–max) per ``group`` value (then ``extra`` elements)."""
+    """One curve (mean) and one shaded band (min–max) per ``group`` value (then ``extra`` elements).
+
+    Each band takes its curve's colour in both backends (``colours``, default :func:`colour_map`,
+    so a preset has its fixed colour); ``dashes`` (``"solid"``, ``"dashed"``, …) per group value
+    is optional. An x axis of whole numbers (layers, epochs, steps) gets integer ticks
+    (:func:`integer_xticks`).
+    """
     groups = list(dict.fromkeys(data[group].tolist()))
-    colours = colour_map(groups)
+    colours = {**colour_map(groups), **(colours or {})}
+    dashes = dashes or {}
     elements = []
     ydim = hv.Dimension("mean", label=ylabel)
     for g in groups:
@@ -201,15 +309,18 @@ def curves_with_bands(
                 d[c] = d[c].clip(lower=LOG_FLOOR, upper=LOG_CEILING)
         label = str(g)
         vdims = [ydim, "lo", "hi", "n", group]
+        colour = colours[g]
+        # matplotlib's Area defaults to facecolor=Cycle(), which wins over `color`: set both
         area = dual_options(
             hv.Area((d[x], d["lo"], d["hi"]), x, [ydim, "hi"], label=label),
-            dict(color=colours[g], alpha=0.2, line_width=0),
-            dict(color=colours[g], alpha=0.2, linewidth=0),
+            dict(color=colour, fill_color=colour, alpha=0.2, line_width=0),
+            dict(color=colour, facecolor=colour, alpha=0.2, linewidth=0),
         )
+        dash = dashes.get(g, "solid")
         curve = dual_options(
             hv.Curve(d, x, vdims, label=label),
-            dict(color=colours[g], line_width=2, tools=["hover"], hover_line_width=3),
-            dict(color=colours[g], linewidth=2, marker="o"),
+            dict(color=colour, line_width=2, line_dash=dash, tools=["hover"], hover_line_width=3),
+            dict(color=colour, linewidth=2, linestyle=dash, marker="o"),
         )
         elements += [area, curve]
     elements += list(extra)
@@ -234,4 +345,6 @@ def curves_with_bands(
         dict(**lims, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
              show_grid=True),
     )
+    if not logx and is_integral(data[x]):
+        integer_xticks(overlay)
     return overlay

@@ -22,11 +22,11 @@ import pandas as pd
 from osa_lab.errors import OSAInputError
 from osa_lab.plots.depth import png_bytes
 from osa_lab.plots.style import (
-    PALETTE,
     band_over_seeds,
-    colour_map,
+    bars_by_preset,
     curves_with_bands,
     dual_options,
+    preset_colour,
     require_columns,
     spans_decades,
 )
@@ -209,20 +209,17 @@ def depth_profiles(
     """The metric against layer at initialisation (dashed) and after training (solid), per preset."""
     data = depth_profiles_data(metrics, metric)
     label = _label(metric)
-    overlay = curves_with_bands(data, "layer", label, title or f"{label} across depth: init vs trained",
-                                 _logy(data, logy), group="profile")  # fmt: skip
-    presets = list(dict.fromkeys(p.split(" · ")[0] for p in data["profile"]))
-    colours = colour_map(presets)
-    for el in overlay:
-        preset, _, stage = str(el.label).partition(" · ")
-        dash = "dashed" if stage == "init" else "solid"
-        if isinstance(el, hv.Curve):
-            dual_options(
-                el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash)
-            )
-        elif isinstance(el, hv.Scatter | hv.Area):
-            dual_options(el, dict(color=colours[preset]), dict(color=colours[preset]))
-    return overlay
+    return curves_with_bands(data, "layer", label, title or f"{label} across depth: init vs trained",
+                             _logy(data, logy), group="profile", **_profile_styles(data))  # fmt: skip
+
+
+def _profile_styles(data: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Colours (the preset's fixed colour, bands included) and dashes (init dashed, trained solid)
+    of the ``"<preset> · init|trained"`` profiles."""
+    profiles = list(dict.fromkeys(data["profile"]))
+    colours = {p: preset_colour(p.split(" · ")[0]) for p in profiles}
+    dashes = {p: "dashed" if p.partition(" · ")[2] == "init" else "solid" for p in profiles}
+    return dict(colours=colours, dashes=dashes)
 
 
 # ----------------------------------------------------------------------------- summary
@@ -233,7 +230,8 @@ def summary_bars(
 ) -> hv.Overlay:
     """Bars of mean final test accuracy (%) per preset with ± std error bars (from :func:`osa_lab.studies.training.summarize_runs`).
 
-    The axis starts at 0 (issue 15: a truncated axis exaggerated the gaps between presets).
+    The axis starts at 0 (issue 15: a truncated axis exaggerated the gaps between presets); each
+    bar has its preset's fixed colour (:func:`~osa_lab.plots.style.preset_colour`).
     """
     require_columns(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
     d = summary.assign(
@@ -241,9 +239,9 @@ def summary_bars(
     )
     lo = 0.0
     bars = dual_options(
-        hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %"),
-        dict(color=PALETTE[0], tools=["hover"], ylim=(lo, 100), xrotation=20),
-        dict(color=PALETTE[0], ylim=(lo, 100), xrotation=20),
+        bars_by_preset(hv.Bars(d, "preset", ["accuracy", "err"]).redim.label(accuracy="test accuracy %")),
+        dict(tools=["hover"], ylim=(lo, 100), xrotation=20),
+        dict(ylim=(lo, 100), xrotation=20),
     )
     errors = hv.ErrorBars(d, "preset", ["accuracy", "err"])
     return dual_options(
@@ -286,18 +284,8 @@ def mixing_profiles(
     """How much each OSA layer mixes tokens, at init (dashed) and after training (solid)."""
     data = mixing_profiles_data(metrics, metric)
     label = {"mixing_ratio": "‖exp(S)V − V‖ / ‖V‖", "s_norm": "‖S‖₂"}.get(metric, _label(metric))
-    overlay = curves_with_bands(data, "layer", label, title or f"{label} per OSA layer: init vs trained",
-                                 _logy(data, logy), group="profile")  # fmt: skip
-    presets = list(dict.fromkeys(p.split(" · ")[0] for p in data["profile"]))
-    colours = colour_map(presets)
-    for el in overlay:
-        preset, _, stage = str(el.label).partition(" · ")
-        dash = "dashed" if stage == "init" else "solid"
-        if isinstance(el, hv.Curve):
-            dual_options(el, dict(color=colours[preset], line_dash=dash), dict(color=colours[preset], linestyle=dash))
-        elif isinstance(el, hv.Scatter | hv.Area):
-            dual_options(el, dict(color=colours[preset]), dict(color=colours[preset]))
-    return overlay
+    return curves_with_bands(data, "layer", label, title or f"{label} per OSA layer: init vs trained",
+                             _logy(data, logy), group="profile", **_profile_styles(data))  # fmt: skip
 
 
 def mixing_summary(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -348,13 +336,17 @@ def ablation_data(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned α vs α := 0 after training") -> hv.Overlay:
-    """Grouped bars per OSA preset: held-out accuracy as trained and with every α set to 0."""
+    """Grouped bars per OSA preset: held-out accuracy as trained and with every α set to 0.
+
+    Bars take the preset's fixed colour; the α := 0 bar of each preset is lighter (and hatched in
+    the matplotlib backend).
+    """
     d = ablation_data(metrics)
     long = pd.concat([
         d.assign(setting="as trained", accuracy=100 * d["accuracy_mean"]),
         d.assign(setting="α := 0", accuracy=100 * d["alpha0_mean"]),
     ])[["preset", "setting", "accuracy"]]  # fmt: skip
-    bars = hv.Bars(long, ["preset", "setting"], "accuracy").redim.label(accuracy="held-out accuracy %")
+    bars = bars_by_preset(hv.Bars(long, ["preset", "setting"], "accuracy").redim.label(accuracy="held-out accuracy %"))
     return dual_options(
         bars,
         dict(title=title, width=520, height=340, show_grid=True, tools=["hover"], xrotation=20, ylim=(0, 100)),
@@ -384,7 +376,12 @@ def paired_differences_plot(paired: pd.DataFrame, *, title: str | None = None) -
         pos=100 * (paired["ci_high"] - paired["diff_mean"]).fillna(0.0),
     )
     title = title or "skipless-osa − preset, test accuracy points (95 % CI)"
-    pts = hv.Scatter(d, "preset", "diff").redim.label(diff="difference (points)")
+    colours = {p: preset_colour(str(p)) for p in dict.fromkeys(d["preset"])}
+    pts = dual_options(
+        hv.Scatter(d, "preset", "diff").redim.label(diff="difference (points)"),
+        dict(color=hv.dim("preset").categorize(colours), size=10),
+        dict(color=hv.dim("preset").categorize(colours), s=60),
+    )
     err = hv.ErrorBars(d, "preset", ["diff", "neg", "pos"])
     zero = hv.HLine(0.0)
     return dual_options(
