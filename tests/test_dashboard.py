@@ -100,7 +100,7 @@ def _pane_data(view, key):
     obj = view.panes[key].object
     if isinstance(obj, hv.DynamicMap):
         frame = obj[()]
-        assert frame is view.figures[key]
+        assert frame is dash_views.prepared(view.figures[key])[0]  # the figure with its update options
         return frame
     return obj
 

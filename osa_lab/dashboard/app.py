@@ -52,6 +52,7 @@ from osa_lab.dashboard.views import (
     RankCollapseView,
     SpectraView,
     message_pane,
+    prepared,
     throttled,
 )
 
@@ -265,7 +266,9 @@ def prewarm() -> None:
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
     for cache_key, build in app.rank_view.specs().values():
         with FIGURE_LOCK:
-            FIGURES.put(cache_key, build())
+            hit = build()
+            prepared(hit[0])
+            FIGURES.put(cache_key, hit)
     log.info("dashboard caches warmed in %.1f s", time.perf_counter() - start)
 
 
