@@ -211,12 +211,13 @@ def _bokeh_integer_xticks(plot, element) -> None:
 
 
 def _mpl_integer_xticks(plot, element) -> None:
-    """Matplotlib hook: integer ticks on the x axis (``MaxNLocator(integer=True)``)."""
+    """Matplotlib hook: integer ticks on the x axis (``MaxNLocator(integer=True)`` with the tick
+    density of matplotlib's default ``AutoLocator``)."""
     from matplotlib.ticker import MaxNLocator
 
     axis = plot.handles.get("axis")
     if axis is not None:
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
 
 
 def integer_xticks(obj):
