@@ -493,18 +493,34 @@ def test_layer_and_epoch_axes_have_integer_ticks_only():
 
 
 def test_integer_layer_ticks_survive_the_dashboards_dynamic_map():
-    """The dashboard shows figures through a DynamicMap whose own options replace the overlay's
-    hooks; the integer ticker is installed per element and so still applies."""
+    """The dashboard shows figures through a DynamicMap, with overlay-level options (``hooks``)
+    of its own that replace the overlay's; the integer ticker is installed per element and so
+    still applies, also after a data update."""
     from bokeh.models import AdaptiveTicker
 
-    fig = D.kappa_vs_depth(_jacobian(depth=3))
-    pipe = hv.streams.Pipe(data=fig)
-    dmap = hv.DynamicMap(lambda data: data, streams=[pipe]).opts(framewise=True, hooks=[lambda p, e: None],
-                                                                  backend="bokeh")
-    plot = hv.renderer("bokeh").get_plot(dmap)
-    assert isinstance(plot.state.xaxis[0].ticker, AdaptiveTicker) and plot.state.xaxis[0].ticker.min_interval >= 1
-    pipe.send(D.kappa_vs_depth(_jacobian(depth=4)))  # a data update keeps it
-    assert plot.state.xaxis[0].ticker.min_interval >= 1
+    def noop(plot, element):
+        return None
+
+    def on_dmap(fig):
+        pipe = hv.streams.Pipe(data=fig)
+        return hv.DynamicMap(lambda data: data, streams=[pipe]).opts(framewise=True, hooks=[noop],
+                                                                      backend="bokeh"), pipe
+
+    def on_overlay(fig):  # options set on the figure itself (cloned) before it goes into the map
+        def prep(f):
+            return f.opts(framewise=True, hooks=[noop], backend="bokeh", clone=True)
+
+        pipe = hv.streams.Pipe(data=prep(fig))
+        dmap = hv.DynamicMap(lambda data: data, streams=[pipe])
+        return dmap, type("P", (), {"send": staticmethod(lambda f: pipe.send(prep(f)))})
+
+    for wrap in (on_dmap, on_overlay):
+        dmap, pipe = wrap(D.kappa_vs_depth(_jacobian(depth=3)))
+        plot = hv.renderer("bokeh").get_plot(dmap)
+        ticker = plot.state.xaxis[0].ticker
+        assert isinstance(ticker, AdaptiveTicker) and ticker.min_interval >= 1, wrap.__name__
+        pipe.send(D.kappa_vs_depth(_jacobian(depth=4)))  # a data update keeps it
+        assert plot.state.xaxis[0].ticker.min_interval >= 1
 
 
 def test_spectra_line_legend_covers_no_axis_label_or_curve_panel():
