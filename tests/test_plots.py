@@ -539,3 +539,18 @@ def test_spectra_line_legend_covers_no_axis_label_or_curve_panel():
                 assert not box.overlaps(other), f"legend overlaps {artist} of {ax.get_title()!r}"
     finally:
         plt.close(fig)
+
+
+def test_dashed_profiles_show_their_dash_in_the_matplotlib_legend():
+    """Report 04: the init (dashed) and trained (solid) legend entries looked alike at the default
+    handle length; the legend's lines are long enough to show the dash."""
+    from osa_lab.plots import training as T
+
+    fig, plt = _mpl_axes(T.mixing_profiles(_training_metrics(), "mixing_ratio"))
+    try:
+        legend = fig.axes[0].get_legend()
+        assert legend.handlelength >= 4.0
+        styles = {t.get_text(): h.get_linestyle() for t, h in zip(legend.get_texts(), legend.legend_handles, strict=True)}
+        assert styles["skipless-osa · init"] != styles["skipless-osa · trained"] == "-"
+    finally:
+        plt.close(fig)

@@ -346,6 +346,8 @@ def curves_with_bands(
         dict(**lims, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),
              show_grid=True),
     )
+    if any(dashes.get(g, "solid") != "solid" for g in groups):  # long enough legend lines to show the dash
+        overlay.opts(legend_opts={"handlelength": 4.0}, backend="matplotlib")
     if not logx and is_integral(data[x]):
         integer_xticks(overlay)
     return overlay
