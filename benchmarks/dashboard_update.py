@@ -58,6 +58,12 @@ class _Dashboard:
         self.build_app = app.build_app
         self.compute_sweep, self.compute_osa_check, self.FIGURES = state.compute_sweep, state.compute_osa_check, \
             state.FIGURES
+        self.SWEEPS, self.CHECKS = state.SWEEPS, state.CHECKS
+
+    def clear(self) -> None:
+        """Empty every process-wide cache (sweeps, OSA checks, figures): the next update computes."""
+        for cache in (self.compute_sweep, self.compute_osa_check, self.FIGURES, self.SWEEPS, self.CHECKS):
+            cache.clear()
 
 
 def load_dashboard() -> _Dashboard:
@@ -83,9 +89,7 @@ def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
 
     uncached, cached = [], []
     for _ in range(repeat):
-        dash.compute_sweep.clear()
-        dash.compute_osa_check.clear()
-        dash.FIGURES.clear()
+        dash.clear()
         update(depths[1])  # computed now (uncached), revisited below
         uncached.append(update(depths[0]))
         cached.append(update(depths[1]))  # back to settings computed a moment ago
@@ -146,9 +150,7 @@ def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
     render_lock = threading.Lock()
     medians, slowest = [], []
     for r in range(repeat):
-        dash.compute_sweep.clear()
-        dash.compute_osa_check.clear()
-        dash.FIGURES.clear()
+        dash.clear()
         times = [0.0] * sessions
         barrier = threading.Barrier(sessions)
 

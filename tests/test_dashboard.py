@@ -508,3 +508,39 @@ def test_a_depth_change_is_a_data_update_of_the_figure_drawn(app):
     assert view.panes["metric"].object is not dmap
     app.controls.depth = 3
     assert _layers(_pane_data(view, "metric")) == [0, 1, 2, 3]
+
+
+def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch):
+    """A session whose settings another session (or the pre-warm) computed gets its sweep, OSA
+    check and figures synchronously (issue 15 item 7: the first document carries the figure, no
+    placeholder and no second round trip); nothing is recomputed."""
+    first = dash.build_app(**SMALL)  # computes (synchronously outside a server) and fills the caches
+    pn.panel(first)
+    assert first.state.metrics is not None and first.check_view.result is not None
+
+    monkeypatch.setattr(dash_views, "is_served", lambda: True)  # as in a server session
+    from osa_lab.dashboard import state as dash_state
+
+    monkeypatch.setattr(dash_state, "is_served", lambda: True)
+
+    def no_compute(**_):
+        raise AssertionError("cached settings were recomputed")
+
+    monkeypatch.setattr(dash_state, "compute_sweep", no_compute)
+    second = dash.build_app(compute_now=False, **SMALL)
+    pn.panel(second)
+    assert second.state.metrics is None  # nothing yet: the served page would show placeholders
+    second.show_cached()
+    assert second.state.metrics is first.state.metrics and not second.state.busy
+    assert second.check_view.result == first.check_view.result and not second.check_view.job.busy
+    fig = _pane_data(second.rank_view, "metric")  # the drawn figure (asserted inside), not a placeholder
+    assert isinstance(fig, hv.Overlay) and not second.rank_view.job.busy
+    assert "Computing" not in dash_views.plots.figure_title(fig)
+
+
+def test_show_cached_leaves_uncached_settings_to_the_page_load(dash):
+    """Settings nobody computed are not computed at session creation (the page's load does it)."""
+    a = dash.build_app(compute_now=False, depth=5, tokens=4, dim=8, seeds=1)
+    pn.panel(a)
+    a.show_cached()
+    assert a.state.metrics is None and a.check_view.result is None

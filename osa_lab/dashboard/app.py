@@ -32,10 +32,12 @@ from panel.theme.fast import Fast
 
 from osa_lab.dashboard import jobs
 from osa_lab.dashboard.state import (
+    CHECKS,
     FIGURE_LOCK,
     FIGURES,
     JACOBIANS,
     PRESET_HEADS,
+    SWEEPS,
     URL_PARAMETERS,
     VIEW_LABELS,
     VIEWS,
@@ -55,6 +57,7 @@ from osa_lab.dashboard.views import (
     prepared,
     throttled,
 )
+from osa_lab.errors import ConfigurationError
 
 log = logging.getLogger("osa_lab.dashboard")
 
@@ -106,6 +109,21 @@ class Dashboard(pn.viewable.Viewer):
         self._on_view()
         if compute_now:
             self.state.refresh()
+
+    def show_cached(self) -> None:
+        """Apply the sweep and OSA check of the current controls now if they are already cached
+        (the pre-warmed default view, or settings another session computed), so a new session's
+        first document carries its figures instead of placeholders and a second round trip;
+        anything not cached is left to the page's load (with loading indicators)."""
+        try:
+            self.controls.validate()
+            cfg, args = self.controls.config(), self.controls.check_args()
+        except ConfigurationError:
+            return
+        if SWEEPS.get(tuple(sorted(cfg.items()))) is not None:
+            self.state.refresh()
+        if CHECKS.get(args) is not None:
+            self.check_view.refresh()
 
     @param.depends("controls.view", watch=True)
     def _on_view(self) -> None:
@@ -260,8 +278,9 @@ def prewarm() -> None:
     app = Dashboard(compute_now=False)
     app.controls.validate()
     cfg = app.controls.config()
-    compute_sweep(**cfg)
-    compute_osa_check(int(app.controls.tokens), int(app.controls.dim), app.controls.check_heads(), None)
+    SWEEPS.put(tuple(sorted(cfg.items())), compute_sweep(**cfg))
+    check_args = app.controls.check_args()
+    CHECKS.put(check_args, compute_osa_check(*check_args))
     app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
     for cache_key, build in app.rank_view.specs().values():
@@ -287,6 +306,7 @@ def serve_session() -> Dashboard:
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
         dashboard.apply_url(pn.state.session_args)
+    dashboard.show_cached()  # pre-warmed or earlier settings: drawn in the first document
     pn.state.on_session_destroyed(lambda _ctx, d=dashboard: d.stop())
     dashboard.template().servable()
 

@@ -128,6 +128,13 @@ FIGURES: LRU = LRU(96)
 JACOBIANS: LRU = LRU(256)
 
 
+#: Sweep results by configuration, filled as sessions compute them (and by the pre-warm): what
+#: :meth:`SweepState.refresh` can apply at once. Same size as :func:`compute_sweep`'s cache.
+SWEEPS: LRU = LRU(32)
+#: OSA check results by arguments (see :class:`osa_lab.dashboard.views.OSACheckView`).
+CHECKS: LRU = LRU(64)
+
+
 @pn.cache(max_items=32)
 def compute_sweep(
     presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
@@ -258,6 +265,10 @@ class Controls(param.Parameterized):
             if get_preset(p).attention == "osa":
                 return self.heads_of(p)
         return self.heads_value or 1
+
+    def check_args(self) -> tuple[int, int, int, float | None]:
+        """Arguments of :func:`compute_osa_check` for the current settings."""
+        return int(self.tokens), int(self.dim), self.check_heads(), self.alpha_value
 
     def derived_alpha0(self) -> float:
         """The derived α₀ of the OSA check's heads at the current N and d."""
@@ -430,9 +441,27 @@ class Job(param.Parameterized):
         super().__init__(**params)
         self._generation = 0
 
-    def run(self, compute: Callable[[], object], apply: Callable[[object], None]) -> None:
-        """Compute now (tests, scripts) or in a daemon thread, applying on the server's loop."""
+    def run(
+        self,
+        compute: Callable[[], object],
+        apply: Callable[[object], None],
+        cached: Callable[[], object | None] | None = None,
+    ) -> None:
+        """Compute now (tests, scripts) or in a daemon thread, applying on the server's loop.
+
+        ``cached()`` (optional) returns the value when it is already at hand (``None`` if not):
+        it is then applied at once, without a thread hop or a loading indicator, so returning to
+        computed settings and a session's first view of pre-warmed settings cost no round trip.
+        """
         self._generation += 1
+        value = cached() if cached is not None else None
+        if value is not None:
+            self.error, self.seconds, self.busy = "", 0.0, False  # overtakes any older run
+            try:
+                apply(value)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
+                self.error = describe_error(exc)
+            return
         if is_served():
             generation = self._generation
 
@@ -499,8 +528,16 @@ class SweepState(Job):
             self.error = ""
             return  # e.g. the α slider following α₀ while derived
 
+        key = tuple(sorted(cfg.items()))
+
         def compute():
-            return cfg, compute_sweep(**cfg)
+            result = compute_sweep(**cfg)
+            SWEEPS.put(key, result)
+            return cfg, result
+
+        def cached():
+            hit = SWEEPS.get(key)
+            return None if hit is None else (cfg, hit)
 
         def apply(value):
             cfg, (metrics, spectra) = value
@@ -509,4 +546,4 @@ class SweepState(Job):
                 self.metrics = metrics
                 self.spectra = spectra
 
-        self.run(compute, apply)
+        self.run(compute, apply, cached)

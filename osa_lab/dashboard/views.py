@@ -28,6 +28,7 @@ import param
 from osa_lab.dashboard import jobs
 from osa_lab.dashboard.state import (
     AUTO_JACOBIAN_SECONDS,
+    CHECKS,
     FIGURE_LOCK,
     FIGURES,
     JACOBIANS,
@@ -222,12 +223,16 @@ class FigureView(pn.viewable.Viewer):
                 out[key] = hit
             return out
 
+        def cached():
+            hits = {key: FIGURES.get(k) if k is not None else None for key, (k, _) in specs.items()}
+            return hits if all(v is not None for v in hits.values()) else None
+
         def apply(out):
             for key, (obj, table) in out.items():
                 self.figures[key], self.tables[key] = obj, table
                 self.show(key, obj)
 
-        self.job.run(compute, apply)
+        self.job.run(compute, apply, cached)
 
     def show(self, key: str, obj: hv.core.Dimensioned) -> None:
         """Put ``obj`` on screen in pane ``key``: as a data update of the figure already drawn when
@@ -638,18 +643,19 @@ class OSACheckView(pn.viewable.Viewer):
         c = self.controls
         try:
             c.validate()
-            heads = c.check_heads()
+            args = c.check_args()
         except ConfigurationError:
             return
-        args = (int(c.tokens), int(c.dim), heads, c.alpha_value)
 
         def compute():
-            return compute_osa_check(*args)
+            result = compute_osa_check(*args)
+            CHECKS.put(args, result)
+            return result
 
         def apply(value):
             self.result = value
 
-        self.job.run(compute, apply)
+        self.job.run(compute, apply, lambda: CHECKS.get(args))
 
     @staticmethod
     def badges_html(result: dict | None) -> str:
