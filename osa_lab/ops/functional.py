@@ -60,6 +60,11 @@ def _dense(q, k, v, scale):
 
 def _engine(name: str) -> Callable:
     def run(q, k, v, scale):
+        if name == "qr" and q.shape[-2] <= 4 * q.shape[-1] and q.shape[0] and v.shape[-1]:
+            # small N: exp(S)V through the N×N S, backward fused down to q, k, α (no J built)
+            y = expm.osa_chebyshev_action(q, k, scale, v)
+            if y is not None:
+                return y
         return expm.blocked_action(q, k, expm.osa_skew_core(q.shape[-1], scale), v, name, osa_core=True)
 
     return run
