@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -494,3 +495,40 @@ def test_pure_osa_with_preset_default_heads_is_flat(server, browser):
     assert series["pure-ssa"][-1] < 0.5 * series["pure-ssa"][0]
     _assert_clean(watch)
     page.context.close()
+
+
+def test_sigterm_to_osa_lab_dashboard_stops_the_server(tmp_path):
+    """``osa-lab dashboard`` (the CLI, not panel serve itself) stops serving on SIGTERM: the
+    wrapper used to run panel serve as a child that outlived it and kept answering."""
+    port = _free_port()
+    log = open(tmp_path / "dashboard.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "osa_lab.cli", "dashboard", "--port", str(port),
+                             "--address", "127.0.0.1"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"})
+
+    def answers() -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/")
+            conn.getresponse()
+            conn.close()
+            return True
+        except OSError:
+            return False
+
+    try:
+        deadline = time.time() + 300
+        while not answers():
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "dashboard.log").read_text()[-2000:]
+            time.sleep(0.3)
+        start = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        assert time.perf_counter() - start < 5.0
+        time.sleep(0.5)
+        assert not answers(), "the dashboard still answers after SIGTERM to osa-lab dashboard"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()

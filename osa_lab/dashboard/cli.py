@@ -105,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
         print(" ".join(cmd))
         return 0
     print(f"serving {cmd[4]} at http://{args.address}:{args.port}/osa_dashboard (Ctrl-C to stop)", flush=True)
-    try:
+    if os.name == "posix":
+        # Become the server (exec), so that SIGTERM/SIGINT sent to `osa-lab dashboard` reach it
+        # directly: as a child it outlived a terminated wrapper and kept serving (found 2026-12-01).
+        sys.stderr.flush()
+        os.execv(cmd[0], cmd)
+    try:  # elsewhere: a child process; Ctrl-C reaches both
         return subprocess.call(cmd)
     except KeyboardInterrupt:
         return 0
