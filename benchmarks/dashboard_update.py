@@ -62,7 +62,7 @@ class _Dashboard:
 
     def clear(self) -> None:
         """Empty every process-wide cache (sweeps, OSA checks, figures): the next update computes."""
-        for cache in (self.compute_sweep, self.compute_osa_check, self.FIGURES, self.SWEEPS, self.CHECKS):
+        for cache in (self.FIGURES, self.SWEEPS, self.CHECKS):
             cache.clear()
 
 

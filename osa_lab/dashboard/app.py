@@ -47,6 +47,7 @@ from osa_lab.dashboard.state import (
     compute_sweep,
     compute_unit,
     jacobian_layers,
+    sweep_key,
 )
 from osa_lab.dashboard.views import (
     JacobianView,
@@ -120,7 +121,7 @@ class Dashboard(pn.viewable.Viewer):
             cfg, args = self.controls.config(), self.controls.check_args()
         except ConfigurationError:
             return
-        if SWEEPS.get(tuple(sorted(cfg.items()))) is not None:
+        if SWEEPS.get(sweep_key(cfg)) is not None:
             self.state.refresh()
         if CHECKS.get(args) is not None:
             self.check_view.refresh()
@@ -278,9 +279,7 @@ def prewarm() -> None:
     app = Dashboard(compute_now=False)
     app.controls.validate()
     cfg = app.controls.config()
-    SWEEPS.put(tuple(sorted(cfg.items())), compute_sweep(**cfg))
-    check_args = app.controls.check_args()
-    CHECKS.put(check_args, compute_osa_check(*check_args))
+    compute_osa_check(*app.controls.check_args())
     app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
     for cache_key, build in app.rank_view.specs().values():

@@ -128,36 +128,52 @@ FIGURES: LRU = LRU(96)
 JACOBIANS: LRU = LRU(256)
 
 
-#: Sweep results by configuration, filled as sessions compute them (and by the pre-warm): what
-#: :meth:`SweepState.refresh` can apply at once. Same size as :func:`compute_sweep`'s cache.
+#: Sweep results by configuration (:func:`sweep_key`), filled by :func:`compute_sweep`: what
+#: :meth:`SweepState.refresh` can apply at once.
 SWEEPS: LRU = LRU(32)
-#: OSA check results by arguments (see :class:`osa_lab.dashboard.views.OSACheckView`).
+#: OSA check results by the arguments of :func:`compute_osa_check`.
 CHECKS: LRU = LRU(64)
 
 
-@pn.cache(max_items=32)
+def sweep_key(cfg: dict[str, Any]) -> tuple:
+    """The :data:`SWEEPS` key of a configuration (:meth:`Controls.config`)."""
+    return tuple(sorted(cfg.items()))
+
+
 def compute_sweep(
     presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`).
+    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`),
+    cached process-wide in :data:`SWEEPS`.
 
     ``heads=None`` gives every preset its own head count (the pure stacks one head).
     """
+    key = sweep_key(dict(presets=presets, depth=depth, tokens=tokens, dim=dim, heads=heads, alpha=alpha,
+                         seeds=seeds))
+    hit = SWEEPS.get(key)
+    if hit is not None:
+        return hit
     from osa_lab.analysis import sweep
 
     result = sweep(
         list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
         seeds=list(range(seeds)), site="both", progress=False,
     )
+    SWEEPS.put(key, (result.metrics, result.spectra))
     return result.metrics, result.spectra
 
 
-@pn.cache(max_items=64)
 def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) -> dict[str, object]:
-    """The OSA check of :mod:`osa_lab.checks` for these sizes (seed 0, float32)."""
-    from osa_lab.checks import osa_check
+    """The OSA check of :mod:`osa_lab.checks` for these sizes (seed 0, float32), cached
+    process-wide in :data:`CHECKS`."""
+    args = (tokens, dim, heads, alpha)
+    hit = CHECKS.get(args)
+    if hit is None:
+        from osa_lab.checks import osa_check
 
-    return osa_check(tokens, dim, heads, alpha, seed=0)
+        hit = osa_check(tokens, dim, heads, alpha, seed=0)
+        CHECKS.put(args, hit)
+    return hit
 
 
 #: Computes one Jacobian unit in this process (tests and scripts; served sessions use a worker).
@@ -528,15 +544,11 @@ class SweepState(Job):
             self.error = ""
             return  # e.g. the α slider following α₀ while derived
 
-        key = tuple(sorted(cfg.items()))
-
         def compute():
-            result = compute_sweep(**cfg)
-            SWEEPS.put(key, result)
-            return cfg, result
+            return cfg, compute_sweep(**cfg)
 
         def cached():
-            hit = SWEEPS.get(key)
+            hit = SWEEPS.get(sweep_key(cfg))
             return None if hit is None else (cfg, hit)
 
         def apply(value):

@@ -648,9 +648,7 @@ class OSACheckView(pn.viewable.Viewer):
             return
 
         def compute():
-            result = compute_osa_check(*args)
-            CHECKS.put(args, result)
-            return result
+            return compute_osa_check(*args)
 
         def apply(value):
             self.result = value

@@ -703,7 +703,7 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
 
 
 #: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
-#: :func:`_small_n_action`: covers ``‖S‖₂ ≲ 10`` in float32 and ``≲ 6`` in float64. One product
+#: :func:`_small_n_action`: covers ``‖S‖₂ ≲ 10`` in float32 and ``≲ 4.5`` in float64. One product
 #: costs ``d/N`` of an N×N product, so 24 of them at N = 49, d = 16 cost what the 8 N×N
 #: products of the short-Taylor path (``SHORT_TAYLOR_MAX_PRODUCTS``) cost.
 ACTION_MAX_DEGREE = 24
@@ -733,7 +733,7 @@ def bessel_j_sequence(x: float, count: int) -> list[float]:
 #: working dtype: float64's unit roundoff; for float32 1e-7, 20× below the float32 accuracy
 #: target (2e-6 while ‖S‖₂ ≤ 10, see ``GRAM_TOLERANCE``) and below the rounding of the float32
 #: products themselves (≈ √N·eps₃₂/2 ≈ 4e-7 at N = 49): 1.7× the unit roundoff, which saves a
-#: term at trained-network norms (degree 7 instead of 8 at ‖S‖₂ ≤ 0.9).
+#: term near trained-network norms (degree 7 instead of 8 at ‖S‖₂ = 0.9).
 ACTION_TOLERANCE = {torch.float64: torch.finfo(torch.float64).eps / 2, torch.float32: 1e-7}
 
 
@@ -1020,14 +1020,8 @@ def blocked_action(
     """
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
-    if engine == "qr":
-        osa_core = osa_core and a.shape[-1] == b.shape[-1]
-        if osa_core and 0 < a.shape[-2] <= 2 * (a.shape[-1] + b.shape[-1]) and v.shape[0]:
-            # small N: the N×N S with the backward fused down to q, k and α (issue 13, item 6)
-            y = osa_chebyshev_action(a, b, j[:, 0, a.shape[-1]], v)
-            if y is not None:
-                return y
-        return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core)
+    if engine == "qr":  # (osa() tries osa_chebyshev_action before building J; not again here)
+        return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
     y, est = gram_action(a, b, j, v, replaced=engine != "gram", osa_core=osa_core)
