@@ -98,9 +98,26 @@ def test_unresolved_and_infinite_values_are_drawn_at_the_ceiling():
     out = D.band_over_seeds(df, "layer", "value").set_index("layer")
     assert out.loc[1, "lo"] == D.LOG_CEILING and out.loc[1, "hi"] == 1e280
     obj = D.kappa_vs_parameter(df.assign(preset="a", kappa=df["value"]), "layer", logy=True)
-    ylim = hv.Store.lookup_options("bokeh", obj, "plot").kwargs["ylim"]
-    assert ylim[1] == 2 * D.LOG_CEILING
+    opts = hv.Store.lookup_options("bokeh", obj, "plot").kwargs
+    ylim, xlim = opts["ylim"], opts["xlim"]
+    # the ceiling plus headroom of 5 % of the 15.7 decades shown (data from 1 to the ceiling),
+    # so the ✕ markers at the ceiling are not cut by the frame
+    pad = 10 ** (0.05 * np.log10(D.LOG_CEILING))
+    assert ylim == pytest.approx((1.0 / pad, D.LOG_CEILING * pad))
+    assert np.isfinite(ylim[1]) and ylim[1] < 1e17
+    assert xlim == pytest.approx((-0.3, 1.3))  # whole markers at the first and last layer
     _renders_both(obj)  # matplotlib log ticks overflow without the ceiling
+
+
+def test_jacobian_histogram_has_integer_decade_ticks():
+    sv = pd.DataFrame({"preset": ["a"] * 50, "sigma": np.logspace(-13, 0, 50)})
+    obj = D.jacobian_histogram(sv)
+    import matplotlib.pyplot as plt
+
+    fig = hv.render(obj, backend="matplotlib")
+    ticks = [t for t in fig.axes[0].get_xticks() if -13 <= t <= 0]
+    plt.close(fig)
+    assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks)
 
 
 def test_metric_vs_depth_data_reduces_over_seeds_for_block_site():

@@ -455,11 +455,12 @@ def jacobian_histogram(
     method = _method_label(svals)
     if title is None:
         title = "Singular values of the end-to-end Jacobian" + (f" [{method}]" if method else "")
-    return dual_options(
+    # whole decades on the log10 σ axis: fractional ticks (−12.5, −10.0, −7.5) ran into each other
+    return integer_xticks(dual_options(
         hv.Overlay(hists),
         dict(title=title, width=520, height=340, legend_position="right"),
         dict(title=title, fig_inches=(6, 3.6), legend_position="right"),
-    )
+    ))
 
 
 def kappa_vs_parameter(
@@ -476,12 +477,12 @@ def kappa_vs_parameter(
 
     One curve per ``group`` value (a column, e.g. ``preset`` or ``tokens``) with a min–max band
     over seeds and other repeated rows. ``logx``/``logy`` default to log when the positive
-    values span more than a decade (x) / two decades (y).
+    values span more than a decade (x, only when every x is positive) / two decades (y).
     """
     require_columns(table, [group, parameter, y], "table")
     data = band_over_seeds(table, parameter, y, by=(group,))
-    if logx is None:
-        logx = spans_decades(data[parameter], decades=1.0)
+    if logx is None:  # a zero on the x axis (layer 0, α = 0) has no place on a log axis
+        logx = bool((data[parameter] > 0).all()) and spans_decades(data[parameter], decades=1.0)
     if logy is None:
         logy = spans_decades(data[["lo", "hi"]].to_numpy().ravel())
     ylabel = "κ(J)" if y == "kappa" else y

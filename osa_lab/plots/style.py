@@ -13,6 +13,7 @@ and a log axis its limits wherever it appears (docs/design.md §6).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Sequence
 
@@ -326,11 +327,20 @@ def curves_with_bands(
         elements += [area, curve]
     elements += list(extra)
     lims: dict[str, object] = {}
-    if logy:  # a log axis spanning exactly the data (HoloViews would pad down towards the band's base)
+    if logy:  # a log axis spanning the data (HoloViews would pad down towards the band's base)
         vals = data[["mean", "lo", "hi"]].to_numpy(dtype=float).ravel()
         vals = np.clip(vals[np.isfinite(vals)], LOG_FLOOR, LOG_CEILING)
         if vals.size:
-            lims["ylim"] = (float(vals.min()) / 2, float(vals.max()) * 2)
+            lo, hi = float(vals.min()), float(vals.max())
+            # headroom of 5 % of the decades shown (at least ×2), so markers at the extremes
+            # (e.g. κ at the float64 ceiling) are not cut by the frame
+            pad = max(2.0, 10 ** (0.05 * math.log10(hi / lo)))
+            lims["ylim"] = (lo / pad, hi * pad)
+    xs = data[x].to_numpy(dtype=float)
+    xs = xs[np.isfinite(xs)]
+    if not logx and xs.size and is_integral(xs):  # whole markers at the first and last layer
+        x_pad = max(0.3, 0.03 * float(xs.max() - xs.min()))
+        lims["xlim"] = (float(xs.min()) - x_pad, float(xs.max()) + x_pad)
     overlay = dual_options(
         hv.Overlay(elements),
         dict(
