@@ -126,8 +126,8 @@ def test_initial_build_draws_the_visible_view(app):
     assert _layers(fig) == [0, 1, 2, 3]
     data = app.rank_view.tables["metric"]
     assert (data["n"] == 2).all()  # two seeds per point
-    # the hidden Spectra tab is not drawn until it is shown
-    assert app.spectra_view.stale and "Computing" in _title(_pane_data(app.spectra_view, "heatmaps"))
+    # the hidden Spectra tab is neither built nor drawn until it is shown
+    assert app.spectra_view.stale and not app.spectra_view.panes and not app.tabs[1].objects
     app.controls.view = "spectra"
     assert app.tabs.active == 1
     heat = _pane_data(app.spectra_view, "heatmaps")

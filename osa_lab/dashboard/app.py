@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import holoviews as hv
 import panel as pn
 import param
 from panel.io.resources import CDN_DIST
@@ -102,8 +103,11 @@ class Dashboard(pn.viewable.Viewer):
         self.spectra_view = SpectraView(controls=controls, state=self.state)
         self.jacobian_view = JacobianView(controls=controls)
         self.views = {"rank": self.rank_view, "spectra": self.spectra_view, "jacobian": self.jacobian_view}
+        # Each tab holds an empty column until first shown: a new session builds only the visible
+        # view (the hidden views' widgets and figure panes cost ≈ 0.1 s of the first page).
+        self._tab_bodies = {v: pn.Column(sizing_mode="stretch_width") for v in VIEWS}
         self.tabs = pn.Tabs(
-            *((label, self.views[v]) for label, v in VIEW_LABELS.items()),
+            *((label, self._tab_bodies[v]) for label, v in VIEW_LABELS.items()),
             dynamic=True, sizing_mode="stretch_width", active=VIEWS.index(controls.view),
         )
         self.tabs.param.watch(lambda e: setattr(self.controls, "view", VIEWS[e.new]), "active")
@@ -131,6 +135,9 @@ class Dashboard(pn.viewable.Viewer):
         index = VIEWS.index(self.controls.view)
         if self.tabs.active != index:
             self.tabs.active = index
+        body = self._tab_bodies[self.controls.view]
+        if not body.objects:
+            body.objects = [self.views[self.controls.view]]
         for name, view in self.views.items():
             view.active = name == self.controls.view
 
@@ -264,6 +271,17 @@ def limit_torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def canvas_figures() -> None:
+    """Draw the served figures on an HTML canvas, not WebGL (HoloViews' default).
+
+    The figures are a few lines and bands per preset, for which WebGL brings nothing; a browser
+    without a GPU (a headless or remote session, software GL) drew the first page ≈ 0.25 s later
+    with it (``ws`` open to rendered 0.86–1.04 s with WebGL, 0.65–0.69 s without; probe of
+    2026-12-01), and its ``bokeh-gl`` path logged GPU-stall warnings.
+    """
+    hv.renderer("bokeh").webgl = False
+
+
 def prewarm() -> None:
     """Fill the process-wide caches with the default view (first sweep and figure), once per process.
 
@@ -299,6 +317,7 @@ def serve_session() -> Dashboard:
     """
     serve_resources_locally()
     limit_torch_threads()
+    canvas_figures()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
     prewarm()
@@ -360,5 +379,5 @@ def _install_process_hooks() -> None:
 __all__ = [
     "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast",
     "RankCollapseView", "SpectraView", "SweepState", "build_app", "compute_osa_check", "compute_sweep",
-    "compute_unit", "jacobian_layers", "limit_torch_threads", "prewarm", "serve_resources_locally", "serve_session",
+    "canvas_figures", "compute_unit", "jacobian_layers", "limit_torch_threads", "prewarm", "serve_resources_locally", "serve_session",
 ]
