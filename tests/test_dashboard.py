@@ -440,12 +440,26 @@ def test_jacobian_worker_process_can_be_cancelled():
     assert time.perf_counter() - start < 3 and not job.process.is_alive() and job.finished
 
 
-def test_template_builds_offline_design(app, dash):
+def test_template_is_bootstrap_and_the_page_omits_unused_bokeh_bundles(app, dash):
+    import panel.io.server as server
+    from bokeh.resources import Resources
+
     tmpl = app.template()
-    assert isinstance(tmpl, pn.template.FastListTemplate)
-    assert tmpl.design is dash.OfflineFast
-    assert dash.OfflineFast._resources["font"] == {}
-    assert tmpl.font_url == ""
+    assert isinstance(tmpl, pn.template.BootstrapTemplate)
+    assert tmpl.header_background == dash.ACCENT
+    original = server.bundle_resources
+    try:
+        assert dash.lean_page_resources() and dash.lean_page_resources()  # idempotent
+        assert server.bundle_resources is not original and server.bundle_resources.osa_lab_lean
+        bundle = server.bundle_resources([pn.pane.Markdown("$x$").get_root()], Resources(mode="server"))
+        files = " ".join(map(str, bundle.js_files))
+        assert "bokeh.min.js" in files and "bokeh-widgets" in files and "bokeh-tables" in files
+        assert "bokeh-mathjax" not in files and "bokeh-gl" not in files
+    finally:
+        server.bundle_resources = original
+    # unpatched, Panel lists MathJax for any Markdown pane (what the wrapper removes)
+    full = " ".join(map(str, original([pn.pane.Markdown("$x$").get_root()], Resources(mode="server")).js_files))
+    assert "bokeh-mathjax" in full
 
 
 def test_dashboard_package_imports_no_private_names_and_has_no_cycles():

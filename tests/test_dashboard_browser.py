@@ -58,6 +58,15 @@ JS_TITLES = """() => {
 }"""
 
 
+JS_BACKENDS = """() => {
+  const out = [];
+  for (const doc of (window.Bokeh ? Bokeh.documents : []))
+    for (const m of doc.all_models)
+      if (m.output_backend !== undefined) out.push(String(m.output_backend));
+  return out;
+}"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,6 +206,12 @@ def test_served_dashboard_draws_and_follows_depth(server, browser):
     assert page.locator(".osa-badge").count() == 4
     titles = page.evaluate(JS_TITLES)  # Bokeh draws titles into the canvas: read its models
     assert any("after each block · depth 4 · N 16 · d 16" in t for t in titles), titles
+    # the page loads BokehJS without the MathJax and WebGL bundles, and draws on canvas
+    scripts = [urlparse(u).path for u in watch.requests if urlparse(u).path.endswith(".js")]
+    assert any(p.endswith("bokeh.min.js") for p in scripts), scripts
+    assert not [p for p in scripts if "bokeh-mathjax" in p or "bokeh-gl" in p], scripts
+    backends = page.evaluate(JS_BACKENDS)
+    assert backends and set(backends) == {"canvas"}, backends
     _set_depth(page, 4, 6)
     assert _wait_layers(page, 6)
     assert "depth=6" in page.url  # the control state is in the URL

@@ -4,11 +4,12 @@ Serve it with::
 
     panel serve dashboards/osa_dashboard.py --warm --show      # or: osa-lab dashboard
 
-Layout (docs/dashboard.md): a :class:`~panel.template.FastListTemplate` whose sidebar holds the
+Layout (docs/dashboard.md): a :class:`~panel.template.BootstrapTemplate` whose sidebar holds the
 :class:`~osa_lab.dashboard.state.Controls` (presets, depth, tokens N, width d, heads, α, seeds,
 metric) and whose main area holds the OSA-check badges and one tab per view
 (:mod:`osa_lab.dashboard.views`). Everything on screen is mirrored in the page URL; a copied
-link restores the view. The page loads no resource from the internet (:class:`OfflineFast`).
+link restores the view. The page loads no resource from the internet, and only the BokehJS
+bundles it uses (:func:`lean_page_resources`).
 
 The served entry scripts (``dashboards/osa_dashboard.py`` and the copy inside this package that
 ``osa-lab dashboard`` serves) only call :func:`serve_session`; all code lives in this package,
@@ -28,8 +29,6 @@ from typing import Any
 import holoviews as hv
 import panel as pn
 import param
-from panel.io.resources import CDN_DIST
-from panel.theme.fast import Fast
 
 from osa_lab.dashboard import jobs
 from osa_lab.dashboard.state import (
@@ -65,25 +64,6 @@ log = logging.getLogger("osa_lab.dashboard")
 
 _WARM = False
 _WARM_LOCK = threading.Lock()
-
-
-class OfflineFast(Fast):
-    """The Fast design without its Google Fonts stylesheet, every script served by the app.
-
-    ``Fast`` lists ``fonts.googleapis.com/css?family=Open+Sans``; offline that request fails.
-    The text falls back to the system sans-serif font. The design's own module is pointed at
-    Panel's bundled copy (a subclass would otherwise look for it under its own name).
-    """
-
-    _resources = {
-        **Fast._resources,
-        "font": {},
-        "js_modules": {
-            **Fast._resources["js_modules"],
-            "fast-design": f"{CDN_DIST}bundled/fast/js/fast_design.js",
-        },
-    }
-
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -233,16 +213,19 @@ class Dashboard(pn.viewable.Viewer):
         )
         return [widgets, status]
 
-    def template(self) -> pn.template.FastListTemplate:
-        """The page: a FastListTemplate with the offline Fast design."""
-        return pn.template.FastListTemplate(
+    def template(self) -> pn.template.BootstrapTemplate:
+        """The page: a BootstrapTemplate (served offline: Panel bundles Bootstrap and loads no font).
+
+        Not the FastListTemplate used before 2026-12-01: its Fast web components (0.9 MB of
+        script) made the browser's part of the first load the largest one (page to
+        ``DOMContentLoaded`` 1.62 s with Fast, 0.87 s with Bootstrap, medians of 6 alternating
+        runs on the 2-core CI machine, see BENCHMARKS.md).
+        """
+        return pn.template.BootstrapTemplate(
             title="osa_lab · Orthogonal vs softmax self-attention across depth",
             sidebar=self.sidebar(),
             main=[self.main()],
-            design=OfflineFast,
-            font_url="",
-            font="system-ui, 'DejaVu Sans', sans-serif",
-            accent="#0072B2",
+            header_background=ACCENT,
             sidebar_width=330,
         )
 
@@ -269,6 +252,44 @@ def limit_torch_threads() -> int:
     threads = int(os.environ.get("OSA_DASHBOARD_TORCH_THREADS", "1"))
     torch.set_num_threads(max(threads, 1))
     return torch.get_num_threads()
+
+
+#: The page's accent colour (the header; Okabe–Ito blue, as the OSA presets' lines).
+ACCENT = "#0072B2"
+
+#: BokehJS bundles the page never needs: no TeX anywhere (MathJax, 1.8 MB) and canvas figures
+#: (:func:`canvas_figures`), not WebGL (0.2 MB).
+OMITTED_BOKEH_BUNDLES = ("bokeh-mathjax", "bokeh-gl")
+
+
+def lean_page_resources() -> bool:
+    """Serve the page without the BokehJS bundles in :data:`OMITTED_BOKEH_BUNDLES`.
+
+    Panel's server page lists every BokehJS bundle, and MathJax whenever a Markdown or HTML
+    pane is present, whatever the page uses; parsing them was part of the browser's first load.
+    This wraps ``panel.io.server.bundle_resources`` (the function that lists the page's scripts)
+    once per process. Returns ``False``, changing nothing, when that function is missing (a
+    Panel version that renamed it): the page then loads the full set, which works, only slower.
+    """
+    import panel.io.server as server
+
+    original = getattr(server, "bundle_resources", None)
+    if original is None:
+        log.warning("panel.io.server.bundle_resources not found: serving every BokehJS bundle")
+        return False
+    if getattr(original, "osa_lab_lean", False):
+        return True
+
+    def bundle_resources(roots, resources, *args, **kwargs):
+        if resources is not None and hasattr(resources, "clone"):
+            resources = resources.clone(
+                components=[c for c in resources.components if c not in OMITTED_BOKEH_BUNDLES])
+        kwargs["enable_mathjax"] = False
+        return original(roots, resources, *args, **kwargs)
+
+    bundle_resources.osa_lab_lean = True
+    server.bundle_resources = bundle_resources
+    return True
 
 
 def canvas_figures() -> None:
@@ -318,6 +339,7 @@ def serve_session() -> Dashboard:
     serve_resources_locally()
     limit_torch_threads()
     canvas_figures()
+    lean_page_resources()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
     prewarm()
@@ -377,7 +399,7 @@ def _install_process_hooks() -> None:
 
 
 __all__ = [
-    "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView", "OSACheckView", "OfflineFast",
+    "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView", "OSACheckView",
     "RankCollapseView", "SpectraView", "SweepState", "build_app", "compute_osa_check", "compute_sweep",
-    "canvas_figures", "compute_unit", "jacobian_layers", "limit_torch_threads", "prewarm", "serve_resources_locally", "serve_session",
+    "ACCENT", "OMITTED_BOKEH_BUNDLES", "canvas_figures", "compute_unit", "jacobian_layers", "lean_page_resources", "limit_torch_threads", "prewarm", "serve_resources_locally", "serve_session",
 ]
