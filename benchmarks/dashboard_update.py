@@ -195,6 +195,11 @@ JS_DRAWN = """() => {
 }"""
 
 
+#: navigation timing of the page (seconds from navigation start)
+JS_NAVIGATION = """() => { const n = performance.getEntriesByType('navigation')[0];
+  return {html: n.responseStart / 1000, dom: n.domContentLoadedEventEnd / 1000}; }"""
+
+
 def served(repeat: int) -> list[dict]:
     """First plot of a fresh server's first session, and of 3 sessions at once (browser)."""
     try:
@@ -241,17 +246,24 @@ def served(repeat: int) -> list[dict]:
                     page.goto(url, wait_until="commit", timeout=120_000)
                     page.wait_for_function(JS_DRAWN, timeout=300_000, polling=100)
                     results[index] = time.perf_counter() - t0
+                    parts[index] = page.evaluate(JS_NAVIGATION)  # where the time went
                     b.close()
 
-            times = []
+            times, pages = [], []
             for _ in range(repeat):
-                out = [None]
+                out, parts = [None], [None]
                 first_plot(out, 0)
                 times.append(out[0])
+                pages.append(parts[0])
             rows.append({"measure": "first_plot", "presets": 2, "seconds": times[0]})
             rows.append({"measure": "first_plot_later_sessions", "presets": 2,
                          "seconds": statistics.median(times[1:]) if len(times) > 1 else times[0]})
-            out = [None] * 3
+            # the parts of the first plot (medians over all sessions in a row): the server's
+            # answer to the page request (it builds the session), the page's scripts run
+            for key, measure in (("html", "first_plot_page_answered"), ("dom", "first_plot_scripts_run")):
+                rows.append({"measure": measure, "presets": 2,
+                             "seconds": statistics.median(p[key] for p in pages)})
+            out, parts = [None] * 3, [None] * 3
             threads = [threading.Thread(target=first_plot, args=(out, i)) for i in range(3)]
             for t in threads:
                 t.start()
