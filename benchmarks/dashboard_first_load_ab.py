@@ -1,0 +1,112 @@
+"""First plot of the served dashboard for two (or more) versions side by side, alternating.
+
+Each version is served by its own ``panel serve --warm`` (started together, idle between turns);
+every round opens a fresh headless Chromium per version, in alternating order, and records the
+seconds from navigation to the rank-collapse plot drawn in the page, the server's answer to the
+page request and the page's scripts run (``DOMContentLoaded``). Alternation puts both versions
+under the same host load, which on the shared 2-core machine moves single runs by ±0.5 s.
+
+    python benchmarks/dashboard_first_load_ab.py ROUNDS LABEL=SCRIPT[@PYTHONPATH] ...
+
+e.g. an older commit checked out with ``git worktree add /tmp/base <commit>``::
+
+    python benchmarks/dashboard_first_load_ab.py 8 \\
+        base=/tmp/base/osa_lab/dashboard/osa_dashboard.py@/tmp/base \\
+        now=osa_lab/dashboard/osa_dashboard.py
+
+Prints one line per page and the medians; no assertion on time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("OSA_LAB_CHROMIUM", "/usr/bin/chromium")
+JS_DRAWN = """() => { for (const doc of (window.Bokeh ? Bokeh.documents : [])) for (const m of doc.all_models)
+  if (m.type === 'Title' && String(m.text).includes('after each block')) return true; return false; }"""
+JS_NAVIGATION = """() => { const n = performance.getEntriesByType('navigation')[0];
+  return [n.responseStart / 1000, n.domContentLoadedEventEnd / 1000]; }"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(label: str, spec: str) -> tuple[str, int, subprocess.Popen, str]:
+    script, _, pythonpath = spec.partition("@")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "panel", "serve", script, "--port", str(port), "--address", "127.0.0.1", "--warm",
+           "--allow-websocket-origin", f"127.0.0.1:{port}"]
+    env = {**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    log = open(ROOT / "bench_results" / f"first_load_{label}.log", "w")  # noqa: SIM115 - lives with the server
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return label, port, proc, Path(script).stem
+
+
+def _wait_up(port: int, proc: subprocess.Popen) -> None:
+    start = time.perf_counter()
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/")
+            conn.getresponse()
+            return
+        except OSError:
+            if proc.poll() is not None or time.perf_counter() - start > 300:
+                raise RuntimeError(f"panel serve on port {port} did not start") from None
+            time.sleep(0.3)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or not argv[0].isdigit() or not all("=" in a for a in argv[1:]):
+        print(__doc__.strip().splitlines()[0] + "\nusage: dashboard_first_load_ab.py ROUNDS LABEL=SCRIPT[@PYTHONPATH] ...",
+              file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    (ROOT / "bench_results").mkdir(exist_ok=True)
+    servers = [_serve(*a.split("=", 1)) for a in argv[1:]]
+    results: dict[str, list[tuple[float, float, float]]] = {label: [] for label, *_ in servers}
+    try:
+        for _, port, proc, _ in servers:
+            _wait_up(port, proc)
+        with sync_playwright() as pw:
+            for r in range(int(argv[0])):
+                for label, port, _, name in servers if r % 2 == 0 else servers[::-1]:
+                    browser = pw.chromium.launch(executable_path=CHROMIUM,
+                                                 args=["--headless", "--no-sandbox", "--disable-gpu"])
+                    page = browser.new_page()
+                    t0 = time.perf_counter()
+                    page.goto(f"http://127.0.0.1:{port}/{name}", wait_until="commit", timeout=120_000)
+                    page.wait_for_function(JS_DRAWN, timeout=120_000, polling=50)
+                    drawn = time.perf_counter() - t0
+                    html, dom = page.evaluate(JS_NAVIGATION)
+                    browser.close()
+                    results[label].append((drawn, html, dom))
+                    print(f"round {r} {label:10s} drawn {drawn:.2f} s  page answered {html:.2f} s  "
+                          f"scripts run {dom:.2f} s", flush=True)
+    finally:
+        for _, _, proc, _ in servers:
+            proc.terminate()
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    for label, rows in results.items():
+        drawn, html, dom = (statistics.median(col) for col in zip(*rows, strict=True))
+        print(f"{label:10s} median of {len(rows)}: drawn {drawn:.2f} s, page answered {html:.2f} s, "
+              f"scripts run {dom:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
