@@ -127,11 +127,14 @@ nb.show(plots.jacobian_histogram(sigmas))
 sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99])
 
 # %% [markdown]
-# **Reading the figures.** OSA's attention matrix is orthogonal, so an OSA layer is an
-# isometry up to the α-dependent term, and the derived α₀ keeps that term small at any size —
-# the initialisation the paper relies on to train without skips. Softmax attention without
-# skips multiplies ill-conditioned averaging matrices, and its Jacobian's κ grows with depth
-# much faster than that of the skipless OSA network.
+# **Reading the figures.** What this notebook measures: κ of one OSA layer's Jacobian against
+# α and against N and d (sections 1–2), and κ of whole skipless networks across depth with the
+# spread of their singular values (sections 3–4). The table in section 3 gives this run's answer
+# to "does κ grow faster with depth in skipless SSA than in skipless OSA?": compare the
+# `kappa_last_layer` of the two rows, and the seed bands in the figure. What it does not
+# measure: *why*. That the OSA attention matrix is orthogonal is checked in notebook 01; that
+# softmax averaging collapses rank across depth is measured in notebook 02; the link from either
+# to κ is the paper's argument, not shown here.
 
 # %%
 nb.closing()
