@@ -125,12 +125,15 @@ nb.show(plots.spectra_heatmaps(spectra).cols(4).opts(hspace=0.7, vspace=0.35, ba
 nb.show(plots.spectra_lines(spectra).cols(4).opts(hspace=0.5, vspace=0.35, backend="matplotlib"))
 
 # %% [markdown]
-# **Reading the figures.** Softmax attention averages tokens; without skips the averages
-# compound layer after layer and the hidden states approach a rank-one matrix (token cosine
-# → 1, relative residual → 0, effective rank → 1). Skip connections (`vit`) or an
-# initialisation that starts near the identity (Value-SkipInit) hold the collapse off. OSA's
-# attention matrix is orthogonal, so the attention-only OSA stack is an isometry of the tokens:
-# nothing collapses however deep it goes.
+# **Reading the figures.** What the figures show, for the presets, depth and seeds of this run:
+# rank collapse reads as token cosine → 1, relative residual → 0 and effective rank → 1 across
+# depth, and the spectra heatmaps show the singular values σᵢ/σ₁ beyond the first falling
+# towards 0. Compare each preset's curve with these signs; the tidy table above holds the
+# numbers. The attention-only OSA stack (`pure-osa`, one head) should stay flat at every depth
+# shown, because an orthogonal attention matrix is an isometry of the tokens (its
+# orthogonality is measured in notebook 01). Why softmax stacks collapse (products of
+# row-stochastic averaging matrices) is the literature's account (Dong et al., 2021), not
+# something this notebook measures.
 
 # %%
 nb.closing()
