@@ -558,3 +558,19 @@ def test_show_cached_leaves_uncached_settings_to_the_page_load(dash):
     pn.panel(a)
     a.show_cached()
     assert a.state.metrics is None and a.check_view.result is None
+
+
+def test_status_line_says_when_the_sweep_came_from_the_cache(app):
+    from osa_lab.dashboard.state import SWEEPS
+
+    depth = app.controls.depth
+    SWEEPS.clear()
+    app.controls.depth = depth + 1  # computed (synchronously outside a server)
+    assert not app.state.from_cache
+    status = app._status(False, app.state.seconds, app.state.config, app.state.from_cache)
+    assert status.startswith("last sweep: ") and status.split(": ")[1].split(" s ")[0].replace(".", "").isdigit()
+    app.controls.depth = depth
+    app.controls.depth = depth + 1  # back to settings just computed: taken from the cache
+    assert app.state.from_cache
+    status = app._status(False, app.state.seconds, app.state.config, app.state.from_cache)
+    assert status.startswith("last sweep: from the cache · 2 presets × 2 seeds"), status

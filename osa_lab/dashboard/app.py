@@ -150,12 +150,13 @@ class Dashboard(pn.viewable.Viewer):
 
     # -- layout -----------------------------------------------------------------------------
 
-    def _status(self, busy: bool, seconds: float, config: dict) -> str:
+    def _status(self, busy: bool, seconds: float, config: dict, from_cache: bool = False) -> str:
         if busy:
             return "⏳ computing…"
         if not config:
             return ""
-        return f"last sweep: {seconds:.2f} s · {len(config['presets'])} presets × {config['seeds']} seeds"
+        took = "from the cache" if from_cache else f"{seconds:.2f} s"
+        return f"last sweep: {took} · {len(config['presets'])} presets × {config['seeds']} seeds"
 
     def _alpha_note(self, derived: bool, alpha: float, presets: list, tokens: int, dim: int, heads: object) -> str:
         if not derived:
@@ -193,7 +194,7 @@ class Dashboard(pn.viewable.Viewer):
         """The sidebar: controls and a status line."""
         c = self.controls
         status = pn.pane.Markdown(pn.bind(self._status, self.state.param.busy, self.state.param.seconds,
-                                          self.state.param.config))
+                                          self.state.param.config, self.state.param.from_cache))
         alpha_note = pn.pane.Markdown(
             pn.bind(self._alpha_note, c.param.derived_alpha, c.param.alpha, c.param.presets, c.param.tokens,
                     c.param.dim, c.param.heads), styles={"font-size": "12px"})

@@ -452,6 +452,7 @@ class Job(param.Parameterized):
     busy = param.Boolean(default=False, doc="A computation is running.")
     error = param.String(default="", doc="Message of the last failed computation ('' if it succeeded).")
     seconds = param.Number(default=0.0, doc="Wall time of the last successful computation.")
+    from_cache = param.Boolean(default=False, doc="The value shown came from a cache (nothing was computed).")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -472,7 +473,7 @@ class Job(param.Parameterized):
         self._generation += 1
         value = cached() if cached is not None else None
         if value is not None:
-            self.error, self.seconds, self.busy = "", 0.0, False  # overtakes any older run
+            self.error, self.seconds, self.from_cache, self.busy = "", 0.0, True, False  # overtakes older runs
             try:
                 apply(value)
             except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
@@ -493,7 +494,7 @@ class Job(param.Parameterized):
         start = time.perf_counter()
         try:
             value = compute()
-            self.seconds = time.perf_counter() - start
+            self.seconds, self.from_cache = time.perf_counter() - start, False
             self.error = ""
             apply(value)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
@@ -511,7 +512,7 @@ class Job(param.Parameterized):
         if generation != self._generation:
             return  # a newer request is running; its result will be shown
         try:
-            self.seconds = time.perf_counter() - start
+            self.seconds, self.from_cache = time.perf_counter() - start, False
             self.error = ""
             apply(value)
         except Exception as exc:  # noqa: BLE001
