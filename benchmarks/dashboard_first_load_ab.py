@@ -19,32 +19,19 @@ Prints one line per page and the medians; no assertion on time.
 
 from __future__ import annotations
 
-import http.client
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("OSA_LAB_CHROMIUM", "/usr/bin/chromium")
-JS_DRAWN = """() => { for (const doc of (window.Bokeh ? Bokeh.documents : [])) for (const m of doc.all_models)
-  if (m.type === 'Title' && String(m.text).includes('after each block')) return true; return false; }"""
-JS_NAVIGATION = """() => { const n = performance.getEntriesByType('navigation')[0];
-  return [n.responseStart / 1000, n.domContentLoadedEventEnd / 1000]; }"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dashboard_update import CHROMIUM, JS_DRAWN, JS_NAVIGATION, ROOT, free_port, wait_until_serving
 
 
 def _serve(label: str, spec: str) -> tuple[str, int, subprocess.Popen, str]:
     script, _, pythonpath = spec.partition("@")
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "panel", "serve", script, "--port", str(port), "--address", "127.0.0.1", "--warm",
            "--allow-websocket-origin", f"127.0.0.1:{port}"]
     env = {**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"}
@@ -53,20 +40,6 @@ def _serve(label: str, spec: str) -> tuple[str, int, subprocess.Popen, str]:
     log = open(ROOT / "bench_results" / f"first_load_{label}.log", "w")  # noqa: SIM115 - lives with the server
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     return label, port, proc, Path(script).stem
-
-
-def _wait_up(port: int, proc: subprocess.Popen) -> None:
-    start = time.perf_counter()
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/")
-            conn.getresponse()
-            return
-        except OSError:
-            if proc.poll() is not None or time.perf_counter() - start > 300:
-                raise RuntimeError(f"panel serve on port {port} did not start") from None
-            time.sleep(0.3)
 
 
 def main(argv: list[str]) -> int:
@@ -81,7 +54,7 @@ def main(argv: list[str]) -> int:
     results: dict[str, list[tuple[float, float, float]]] = {label: [] for label, *_ in servers}
     try:
         for _, port, proc, _ in servers:
-            _wait_up(port, proc)
+            wait_until_serving(port, proc, timeout=300)
         with sync_playwright() as pw:
             for r in range(int(argv[0])):
                 for label, port, _, name in servers if r % 2 == 0 else servers[::-1]:
@@ -92,7 +65,8 @@ def main(argv: list[str]) -> int:
                     page.goto(f"http://127.0.0.1:{port}/{name}", wait_until="commit", timeout=120_000)
                     page.wait_for_function(JS_DRAWN, timeout=120_000, polling=50)
                     drawn = time.perf_counter() - t0
-                    html, dom = page.evaluate(JS_NAVIGATION)
+                    nav = page.evaluate(JS_NAVIGATION)
+                    html, dom = nav["html"], nav["dom"]
                     browser.close()
                     results[label].append((drawn, html, dom))
                     print(f"round {r} {label:10s} drawn {drawn:.2f} s  page answered {html:.2f} s  "

@@ -181,10 +181,26 @@ def concurrent_sessions(dash, sessions: int, repeat: int) -> list[dict]:
     ]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free localhost TCP port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_serving(port: int, proc: subprocess.Popen, timeout: float = 600) -> float:
+    """Seconds until the server on ``port`` answers HTTP; raises if ``proc`` exits or ``timeout`` passes."""
+    start = time.perf_counter()
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/")
+            conn.getresponse()
+            return time.perf_counter() - start
+        except OSError:
+            if proc.poll() is not None or time.perf_counter() - start > timeout:
+                raise RuntimeError(f"panel serve on port {port} did not start") from None
+            time.sleep(0.3)
 
 
 JS_DRAWN = """() => {
@@ -210,7 +226,7 @@ def served(repeat: int) -> list[dict]:
     if not Path(CHROMIUM).exists():
         print(f"served measurements skipped: no Chromium at {CHROMIUM}")
         return []
-    port = _free_port()
+    port = free_port()
     log = open(ROOT / "bench_results" / "dashboard_serve.log", "w")
     import argparse
 
@@ -222,18 +238,7 @@ def served(repeat: int) -> list[dict]:
                             env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"})
     rows = []
     try:
-        start = time.perf_counter()
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/")
-                conn.getresponse()
-                break
-            except OSError:
-                if proc.poll() is not None or time.perf_counter() - start > 600:
-                    raise RuntimeError("panel serve did not start") from None
-                time.sleep(0.3)
-        rows.append({"measure": "server_start_with_warm", "presets": 2, "seconds": time.perf_counter() - start})
+        rows.append({"measure": "server_start_with_warm", "presets": 2, "seconds": wait_until_serving(port, proc)})
         url = f"http://127.0.0.1:{port}/osa_dashboard"
         if True:  # each measurement drives its own browser (a fresh session, like a new user)
 
