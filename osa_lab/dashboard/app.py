@@ -401,7 +401,8 @@ def _install_process_hooks() -> None:
 
 
 __all__ = [
-    "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView", "OSACheckView",
-    "RankCollapseView", "SpectraView", "SweepState", "build_app", "compute_osa_check", "compute_sweep",
-    "ACCENT", "OMITTED_BOKEH_BUNDLES", "canvas_figures", "compute_unit", "jacobian_layers", "lean_page_resources", "limit_torch_threads", "prewarm", "serve_resources_locally", "serve_session",
+    "ACCENT", "FIGURES", "JACOBIANS", "OMITTED_BOKEH_BUNDLES", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView",
+    "OSACheckView", "RankCollapseView", "SpectraView", "SweepState", "build_app", "canvas_figures", "compute_osa_check",
+    "compute_sweep", "compute_unit", "jacobian_layers", "lean_page_resources", "limit_torch_threads", "prewarm",
+    "serve_resources_locally", "serve_session",
 ]

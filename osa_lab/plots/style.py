@@ -337,8 +337,9 @@ def curves_with_bands(
             pad = max(2.0, 10 ** (0.05 * math.log10(hi / lo)))
             lims["ylim"] = (lo / pad, hi * pad)
     xs = data[x].to_numpy(dtype=float)
-    xs = xs[np.isfinite(xs)]
-    if not logx and xs.size and is_integral(xs):  # whole markers at the first and last layer
+    integral_x = not logx and is_integral(xs)  # layers, epochs, steps
+    if integral_x:  # whole markers at the first and last layer
+        xs = xs[np.isfinite(xs)]
         x_pad = max(0.3, 0.03 * float(xs.max() - xs.min()))
         lims["xlim"] = (float(xs.min()) - x_pad, float(xs.max()) + x_pad)
     overlay = dual_options(
@@ -358,6 +359,6 @@ def curves_with_bands(
     )
     if any(dashes.get(g, "solid") != "solid" for g in groups):  # long enough legend lines to show the dash
         overlay.opts(legend_opts={"handlelength": 4.0}, backend="matplotlib")
-    if not logx and is_integral(data[x]):
+    if integral_x:
         integer_xticks(overlay)
     return overlay
