@@ -6,7 +6,7 @@ seconds from navigation to the rank-collapse plot drawn in the page, the server'
 page request and the page's scripts run (``DOMContentLoaded``). Alternation puts both versions
 under the same host load, which on the shared 2-core machine moves single runs by ±0.5 s.
 
-    python benchmarks/dashboard_first_load_ab.py ROUNDS LABEL=SCRIPT[@PYTHONPATH] ...
+    python benchmarks/dashboard_first_load_ab.py ROUNDS LABEL=SCRIPT[@PYTHONPATH][?VAR=VALUE&...] ...
 
 e.g. an older commit checked out with ``git worktree add /tmp/base <commit>``::
 
@@ -14,7 +14,15 @@ e.g. an older commit checked out with ``git worktree add /tmp/base <commit>``::
         base=/tmp/base/osa_lab/dashboard/osa_dashboard.py@/tmp/base \\
         now=osa_lab/dashboard/osa_dashboard.py
 
-Prints one line per page and the medians; no assertion on time.
+or the same code with and without the spare session (an environment variable per version)::
+
+    python benchmarks/dashboard_first_load_ab.py 8 \\
+        spare=osa_lab/dashboard/osa_dashboard.py \\
+        none=osa_lab/dashboard/osa_dashboard.py?OSA_DASHBOARD_SPARE_SESSION=0
+
+``--gap SECONDS`` (default 0) waits that long before each page, e.g. for the idle time in which
+the server builds its spare session. Prints one line per page and the medians; no assertion on
+time.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ from dashboard_update import CHROMIUM, JS_DRAWN, JS_NAVIGATION, ROOT, free_port,
 
 
 def _serve(label: str, spec: str) -> tuple[str, int, subprocess.Popen, str]:
+    spec, _, variables = spec.partition("?")
     script, _, pythonpath = spec.partition("@")
     port = free_port()
     cmd = [sys.executable, "-m", "panel", "serve", script, "--port", str(port), "--address", "127.0.0.1", "--warm",
            "--allow-websocket-origin", f"127.0.0.1:{port}"]
-    env = {**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"}
+    env = {**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1",
+           **dict(v.split("=", 1) for v in variables.split("&") if v)}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     log = open(ROOT / "bench_results" / f"first_load_{label}.log", "w")  # noqa: SIM115 - lives with the server
@@ -43,8 +53,11 @@ def _serve(label: str, spec: str) -> tuple[str, int, subprocess.Popen, str]:
 
 
 def main(argv: list[str]) -> int:
+    gap = 0.0
+    if len(argv) > 1 and argv[0] == "--gap":
+        gap, argv = float(argv[1]), argv[2:]
     if len(argv) < 2 or not argv[0].isdigit() or not all("=" in a for a in argv[1:]):
-        print(__doc__.strip().splitlines()[0] + "\nusage: dashboard_first_load_ab.py ROUNDS LABEL=SCRIPT[@PYTHONPATH] ...",
+        print(__doc__.strip().splitlines()[0] + "\nusage: dashboard_first_load_ab.py [--gap S] ROUNDS LABEL=SCRIPT[@PYTHONPATH][?VAR=VALUE&...] ...",
               file=sys.stderr)
         return 2
     from playwright.sync_api import sync_playwright
@@ -58,6 +71,7 @@ def main(argv: list[str]) -> int:
         with sync_playwright() as pw:
             for r in range(int(argv[0])):
                 for label, port, _, name in servers if r % 2 == 0 else servers[::-1]:
+                    time.sleep(gap)
                     browser = pw.chromium.launch(executable_path=CHROMIUM,
                                                  args=["--headless", "--no-sandbox", "--disable-gpu"])
                     page = browser.new_page()

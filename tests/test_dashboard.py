@@ -574,3 +574,77 @@ def test_status_line_says_when_the_sweep_came_from_the_cache(app):
     assert app.state.from_cache
     status = app._status(False, app.state.seconds, app.state.config, app.state.from_cache)
     assert status.startswith("last sweep: from the cache · 2 presets × 2 seeds"), status
+
+
+class _FakeLoop:
+    def __init__(self):
+        self.later = []
+
+    def call_later(self, delay, callback, *args):
+        self.later.append((delay, callback, args))
+
+    def add_callback(self, callback, *args):
+        callback(*args)
+
+
+class _FakeSession:
+    destroyed = False
+
+    def __init__(self, session_id="spare-1"):
+        self.id, self.document, self._token, self.blocks = session_id, object(), "old", 1
+
+    def unblock_expiration(self):
+        self.blocks -= 1
+
+
+def _fake_handler(path="/osa_dashboard", query="", headers=None):
+    from types import SimpleNamespace
+    from urllib.parse import parse_qs
+
+    from bokeh.server.auth_provider import NullAuth
+
+    request = SimpleNamespace(path=path, query=query, arguments={k: [v[0].encode()] for k, v in parse_qs(query).items()},
+                              headers=headers or {})
+    app = SimpleNamespace(auth_provider=NullAuth(), secret_key=None, sign_sessions=False, session_token_expiration=300,
+                          io_loop=_FakeLoop())
+    return SimpleNamespace(request=request, application=app,
+                           _generate_token_payload=lambda: {"headers": {"User-Agent": "x"}, "cookies": {}, "arguments": {}})
+
+
+def test_spare_session_goes_only_to_a_plain_request_and_only_once():
+    """osa_lab.dashboard.spare: the spare answers a request for the app's path without a query or
+    a session id of its own, with a fresh token for the spare's id; then it is gone."""
+    from bokeh.util.token import get_session_id, get_token_payload
+
+    from osa_lab.dashboard.spare import SpareSessions
+
+    spares = SpareSessions()
+    session = _FakeSession()
+    spares.spares["/osa_dashboard"] = session
+    for refused in (_fake_handler(query="presets=vit,pure-osa"), _fake_handler(path="/other"),
+                    _fake_handler(headers={"Bokeh-Session-Id": "mine"})):
+        assert spares.take(refused) is None
+    handler = _fake_handler()
+    assert spares.take(handler) is session
+    assert get_session_id(session._token) == "spare-1" and session._token != "old"
+    assert get_token_payload(session._token)["headers"] == {"User-Agent": "x"}
+    assert spares.take(_fake_handler()) is None  # never handed out twice
+    assert session.document in spares.handed_out and session.blocks == 1  # protected until its page loads
+    delays = sorted(d for d, *_ in handler.application.io_loop.later)
+    assert delays == [20.0, 60.0]  # a fallback rebuild, and the release if the page never loads
+    spares.tornado = handler.application
+    spares.page_answered(session)
+    spares._page_loaded_on_loop(session.document)
+    assert session.blocks == 0 and not spares.handed_out and not spares.in_flight
+
+
+def test_spare_session_is_off_with_its_environment_variable(monkeypatch, capsys):
+    from osa_lab.cli import main
+    from osa_lab.dashboard import spare
+
+    monkeypatch.setenv(spare.ENV_VARIABLE, "0")
+    assert not spare.enabled()
+    monkeypatch.setenv(spare.ENV_VARIABLE, "1")
+    assert spare.enabled()
+    assert main(["dashboard", "--no-spare-session", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith(f"{spare.ENV_VARIABLE}=0 ")

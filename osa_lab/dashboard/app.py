@@ -30,7 +30,7 @@ import holoviews as hv
 import panel as pn
 import param
 
-from osa_lab.dashboard import jobs
+from osa_lab.dashboard import jobs, spare
 from osa_lab.dashboard.state import (
     CHECKS,
     FIGURE_LOCK,
@@ -339,11 +339,13 @@ def serve_session() -> Dashboard:
     and warms the caches (:func:`prewarm`).
     """
     serve_resources_locally()
+    log_to_server_output()
     limit_torch_threads()
     canvas_figures()
     lean_page_resources()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
+    spare.install()
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
@@ -357,9 +359,27 @@ def serve_session() -> Dashboard:
             d.link_url(pn.state.location)  # after the browser's own location has arrived
         d.state.refresh()
         d.check_view.refresh()
+        spare.page_loaded(pn.state.curdoc)  # the next page's session is built now, not on its request
 
     pn.state.onload(on_load)
     return dashboard
+
+
+def log_to_server_output() -> None:
+    """Let the dashboard's INFO messages (caches warmed, spare sessions built and handed out)
+    reach the server's log, beside Bokeh's own lines, once per process.
+
+    ``panel serve`` configures the root logger (Bokeh's ``basicConfig``) but raises only the
+    ``bokeh`` logger to INFO; the ``osa_lab`` logger is raised to INFO too unless a level was
+    set for it. Without any handler (the app run another way) one is added for stderr.
+    """
+    package = logging.getLogger("osa_lab")
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        package.addHandler(handler)
 
 
 def serve_resources_locally() -> str | None:
@@ -403,6 +423,7 @@ def _install_process_hooks() -> None:
 __all__ = [
     "ACCENT", "FIGURES", "JACOBIANS", "OMITTED_BOKEH_BUNDLES", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView",
     "OSACheckView", "RankCollapseView", "SpectraView", "SweepState", "build_app", "canvas_figures", "compute_osa_check",
-    "compute_sweep", "compute_unit", "jacobian_layers", "lean_page_resources", "limit_torch_threads", "prewarm",
+    "compute_sweep", "compute_unit", "jacobian_layers", "lean_page_resources", "limit_torch_threads", "log_to_server_output",
+    "prewarm",
     "serve_resources_locally", "serve_session",
 ]
