@@ -22,19 +22,26 @@ Two low-rank engines live here, both exact in exact arithmetic:
 
 ``"lowrank"`` runs ``"gram"`` and recomputes with ``"qr"`` exactly those matrices whose
 Cholesky factorisation failed or whose error estimate is above the dtype's tolerance.
+
+Below float64 every engine recomputes in float64 the matrices with ``‖S‖_F`` above
+:data:`FLOAT64_NORM` (float32 loses ≈ eps₃₂·‖S‖₂: relative error ≈ 0.5 at α = 1e6, measured), and
+every engine warns (:class:`~osa_lab.errors.OSAAccuracyWarning`) where even float64 rounding of
+``S`` spoils the result (:data:`FLOAT64_ROUNDING_WARN`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 
 import torch
 
 from osa_lab.deprecation import renamed
-from osa_lab.errors import OSAInputError, UntrustedResultError, unknown_name
+from osa_lab.errors import OSAAccuracyWarning, OSAInputError, UntrustedResultError, unknown_name
 from osa_lab.ops.guards import check_float_tensor, sum_is_finite
 
 #: Engines of :func:`lowrank_action` and :func:`blocked_action`.
@@ -51,6 +58,22 @@ GRAM_MAX_COND = {torch.float64: 300.0, torch.float32: 4.0}
 #: roundoff). For float32 inputs 1e-10 sits four orders below the float32 budget and saves a
 #: squaring or two (:func:`core_skew_exp`).
 CORE_TOLERANCE = {torch.float64: None, torch.float32: 1e-10}
+#: ``‖S‖_F`` (≥ ‖S‖₂; ``‖M‖_F`` of the small core, the same number) above which the low-rank
+#: engines recompute a float32 matrix in float64 and round only the result. The float32 engines
+#: lose ``≈ eps₃₂·‖S‖₂`` (rounding ``U``, ``G`` or ``R`` perturbs ``M`` by that much): measured
+#: against scipy's float64 ``expm`` of the same (float32-exact) inputs, N = 12–256, r = 8–16, the
+#: relative error of ``qr``, ``gram`` and ``lowrank`` was 0.6–4.6e-8 · ‖S‖₂, from ≤ 1.3e-6 at
+#: α = 1 to 5e-3–1.2e-2 at α = 1e4 and 0.45–0.76 at α = 1e6 (‖S‖₂ ≈ 1e7–1e8), with no warning.
+#: Recomputed in float64 they are within 3e-8 up to ‖S‖₂ = 1e8 (float64 rounding ≈ 2e-16·‖S‖₂
+#: adds to that), as ``method="dense"`` already was. Below this bound the float32 error stays
+#: ≲ 5e-4 and within the issue-2 budget ``1e-7·‖S‖₂`` (``GRAM_TOLERANCE``); trained layers sit at
+#: ‖S‖₂ of order 1–300, so the float32 speed is kept there.
+FLOAT64_NORM = 1e4
+#: ``eps₆₄/2 · ‖S‖_F`` above which the low-rank engines warn (:class:`OSAAccuracyWarning`): float64
+#: rounding alone then moves ``exp(S) V`` by about this much (the ``"dense"`` rule,
+#: ``functional.DENSE_ROUNDING_WARN``). Measured (N = 64, r = 8, float32 or float64 inputs):
+#: relative error 5.8e-5 at ‖S‖₂ = 4.1e11 (α = 1e10), 5.8e-3 at 4.1e13 (α = 1e12).
+FLOAT64_ROUNDING_WARN = 1e-4
 
 
 def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
@@ -618,14 +641,15 @@ class _GramAction(torch.autograd.Function):
         # The trust rule (estimate over the dtype's budget): > 1 means "use the QR engine".
         v_norm = torch.linalg.vector_norm(v, dim=(-2, -1))
         est = gram_trust_ratio(g, c, v_norm, ok, s_norm, cond, v.dtype)
-        # Rows whose Y the caller replaces (QR fallback) get no gradient from here.
-        keep = ok & (est <= 1.0) if replaced else ok
+        s_fro = torch.where(ok, s_norm * math.sqrt(g.shape[-1]), math.nan)  # ‖M‖_F = ‖S‖_F
+        # Rows whose Y the caller replaces (QR fallback, float64 recompute) get no gradient from here.
+        keep = ok & (est <= 1.0) & ~float64_needed(s_fro, v.dtype) if replaced else ok
         ctx.save_for_backward(a, b, j, v, g, p, c, keep)
-        ctx.mark_non_differentiable(est)
-        return y, est
+        ctx.mark_non_differentiable(est, s_fro)
+        return y, est, s_fro
 
     @staticmethod
-    def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor):  # noqa: D102
+    def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor, _gfro: torch.Tensor):  # noqa: D102
         a, b, j, v, g, p, c, keep = ctx.saved_tensors
         need_a, need_b, need_j, need_v = ctx.needs_input_grad[:4]
         ma = a.shape[-1]
@@ -674,10 +698,70 @@ def gram_action(
     Shapes ``a (b, N, m_a)``, ``b (b, N, m_b)``, ``j (b, m, m)`` skew with ``m = m_a + m_b``,
     ``v (b, N, d)``. A ratio above 1 means the result may miss the dtype's accuracy budget
     (``GRAM_TOLERANCE``, ``GRAM_MAX_COND``); where the Cholesky factorisation failed it is
-    ``inf`` and ``Y`` is unreliable. ``replaced=True`` promises that the caller replaces the
+    ``inf`` and ``Y`` is unreliable, and for inputs below float64 it is ``inf`` too where ``‖S‖_F``
+    is above :data:`FLOAT64_NORM` (the float32 result is off by ≈ eps₃₂·‖S‖₂; :func:`blocked_action`
+    recomputes those matrices in float64). ``replaced=True`` promises that the caller replaces the
     rows with a ratio above 1, which then get no gradient from here.
     """
-    return _GramAction.apply(a, b, j.to(torch.float64), v, replaced, osa_core)
+    y, est, s_fro = _GramAction.apply(a, b, j.to(torch.float64), v, replaced, osa_core)
+    return y, torch.where(float64_needed(s_fro, v.dtype), math.inf, est)
+
+
+def float64_needed(s_fro: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Mask of the matrices that ``dtype`` (below float64) cannot compute accurately: ``‖S‖_F``
+    (``s_fro``; NaN where unknown, e.g. a failed Cholesky factorisation) above
+    :data:`FLOAT64_NORM`. All False for float64. Device operations only."""
+    if dtype == torch.float64:
+        return torch.zeros_like(s_fro, dtype=torch.bool)
+    return s_fro > FLOAT64_NORM
+
+
+def _warn_float64_rounding(s_fro: torch.Tensor, engine: str) -> None:
+    """Warn (:class:`OSAAccuracyWarning`) when float64 rounding of ``S`` (``‖S‖_F`` ``s_fro``
+    per matrix) moves the result by more than :data:`FLOAT64_ROUNDING_WARN`."""
+    fro = _concrete(s_fro).detach()
+    worst = float(fro.nan_to_num(0.0, 0.0, 0.0).max()) if fro.numel() else 0.0
+    moved = torch.finfo(torch.float64).eps / 2 * worst
+    if moved > FLOAT64_ROUNDING_WARN:
+        frame, level = sys._getframe(0), 1  # point the warning at the first caller outside osa_lab/torch
+        while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("osa_lab", "torch"):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(
+            f"osa low-rank engine {engine!r}: ‖S‖_F = {worst:.3g} is so large that float64 rounding of S "
+            f"alone moves exp(S) v by about {moved:.1g} (relative); the result is inaccurate. Rescale q, k or α.",
+            OSAAccuracyWarning,
+            stacklevel=level,
+        )
+
+
+def _concrete(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without its torch.func wrappers: under ``vmap`` the values of the whole vmapped
+    batch, so that a decision on them ("does any matrix need float64?") holds for every call."""
+    wrapped, unwrap = torch._C._functorch.is_functorch_wrapped_tensor, torch._C._functorch.get_unwrapped
+    while wrapped(t):
+        t = unwrap(t)
+    return t
+
+
+def _any(mask: torch.Tensor) -> bool:
+    """Whether any entry of ``mask`` is True (under torch.func.vmap: anywhere in the vmapped batch)."""
+    return bool(_concrete(mask).any())
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    return x if idx is None else x[idx]
+
+
+def _replace_rows(
+    y: torch.Tensor, mask: torch.Tensor, compute: Callable[[torch.Tensor | None], torch.Tensor]
+) -> torch.Tensor:
+    """``y`` (b, …) with the matrices where ``mask`` (b,) holds replaced by ``compute(idx)``, their
+    recomputation from the rows ``idx``. Under torch.func transforms, which allow no shapes that
+    depend on values, ``compute(None)`` recomputes every row and ``torch.where`` selects."""
+    if _transformed(y, mask):
+        return torch.where(mask[..., None, None], compute(None), y)
+    idx = mask.nonzero().squeeze(-1)
+    return y.index_copy(0, idx, compute(idx))
 
 
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bool = False) -> torch.Tensor:
@@ -689,7 +773,9 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
     more than the low-rank problem (``N³ ≤ 4 N m²``) and is exponentiated directly
     (:func:`_small_n_action`); for ``N ≤ m`` this also avoids PyTorch's QR backward, which is
     undefined for wide rank-deficient ``U``. ``osa_core=True`` promises ``J`` of
-    :func:`osa_skew_core` (``S`` is then formed from one N×N×r product).
+    :func:`osa_skew_core` (``S`` is then formed from one N×N×r product). Below float64, matrices
+    with ``‖S‖_F`` above :data:`FLOAT64_NORM` are recomputed in float64 (float32 QR loses
+    ≈ eps₃₂·‖S‖₂: relative error 0.45 at α = 1e6, measured there).
     """
     if u.shape[-2] <= 2 * u.shape[-1]:
         y = _small_n_action(u, j, v, osa_core=osa_core)
@@ -699,7 +785,21 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
     e_minus_i = core_skew_exp(m, minus_identity=True)
-    return v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
+    y = v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
+    s_fro = torch.linalg.matrix_norm(m.detach())  # ‖M‖_F = ‖S‖_F
+    if u.dtype == torch.float64:
+        _warn_float64_rounding(s_fro, "qr")
+    else:
+        big = float64_needed(s_fro, u.dtype)
+        if _any(big):  # eps₃₂·‖S‖₂ would spoil them: those matrices again in float64
+
+            def again(idx: torch.Tensor | None) -> torch.Tensor:
+                y64 = qr_action(_rows(u, idx).double(), _rows(j, idx), _rows(v, idx).double(), osa_core=osa_core)
+                return y64.to(v.dtype)
+
+            one_batch = u.dim() == 3 and u.shape[:1] == j.shape[:-2] == v.shape[:1] == big.shape
+            return _replace_rows(y, big, again) if one_batch else again(None)
+    return y
 
 
 #: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
@@ -976,6 +1076,7 @@ def _small_n_action(
         return None
     u64 = u.double()
     s64 = u64 @ j.to(torch.float64) @ u64.mT
+    _warn_float64_rounding(torch.linalg.matrix_norm(s64.detach()), "qr")
     return (core_skew_exp(s64) @ v.double()).to(v.dtype)
 
 
@@ -1016,7 +1117,8 @@ def blocked_action(
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` given as 3-D blocks ``(batch, N, ·)`` (no broadcasting).
 
     The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``, ``osa_core=True``: ``j`` is
-    :func:`osa_skew_core`) and :func:`lowrank_action`.
+    :func:`osa_skew_core`) and :func:`lowrank_action`. Below float64, the matrices with ``‖S‖_F``
+    above :data:`FLOAT64_NORM` are recomputed by the same engine in float64 (measured there).
     """
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
@@ -1024,14 +1126,27 @@ def blocked_action(
         return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
-    y, est = gram_action(a, b, j, v, replaced=engine != "gram", osa_core=osa_core)
+    y, est, s_fro = _GramAction.apply(a, b, j.to(torch.float64), v, engine != "gram", osa_core)
+    if v.dtype == torch.float64:
+        _warn_float64_rounding(s_fro, engine)
+    big = float64_needed(s_fro, v.dtype)
+    if _any(big):  # below float64 with ‖S‖_F > FLOAT64_NORM: the same engine in float64 there
+
+        def in_float64(idx: torch.Tensor | None) -> torch.Tensor:
+            a64, b64, v64 = (_rows(x, idx).double() for x in (a, b, v))
+            return blocked_action(a64, b64, _rows(j, idx), v64, engine, osa_core=osa_core).to(v.dtype)
+
+        y = _replace_rows(y, big, in_float64)
+        est = torch.where(big, 0.0, est)  # settled by the float64 engine, which refuses or falls back itself
     if engine == "gram":
         return _refuse_untrusted_gram(a, b, v, y, est)
     bad = est > 1.0
-    if bool(bad.any()):
-        idx = bad.nonzero().squeeze(-1)
-        u_bad = torch.cat([a[idx], b[idx]], -1)
-        y = y.index_copy(0, idx, qr_action(u_bad, j[idx], v[idx]))
+    if _any(bad):
+
+        def by_qr(idx: torch.Tensor | None) -> torch.Tensor:
+            return qr_action(torch.cat([_rows(a, idx), _rows(b, idx)], -1), _rows(j, idx), _rows(v, idx))
+
+        y = _replace_rows(y, bad, by_qr)
     return y
 
 

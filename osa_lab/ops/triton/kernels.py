@@ -13,7 +13,8 @@ Forward
     2. **core** (torch, float64, batched): ``F, ok = expm.gram_core(G, J)``; ``C = F P``
        (2r × d). The error estimate of the torch Gram engine decides, per ``b``, whether the
        result is trusted; those that are not are recomputed by :func:`expm.qr_action` in
-       float32 (rank-deficient ``U``, ``N < 2r``, ``q = k``, ill-conditioned ``U``).
+       float32 (rank-deficient ``U``, ``N < 2r``, ``q = k``, ill-conditioned ``U``), or in
+       float64 where ``‖S‖_F > expm.FLOAT64_NORM`` (float32 loses ≈ eps₃₂·‖S‖₂ there).
     3. **apply pass** (Triton, elementwise over tokens): ``Y = V + q C_q + k C_k``.
 
 Backward (``gY`` given; the formulas of the torch engine, :func:`osa_lab.ops.expm.gram_action`)
@@ -708,12 +709,15 @@ def _untrusted(
     The torch engine's rule itself (:func:`osa_lab.ops.expm.gram_trust_ratio`): Cholesky failed,
     or cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``, with
     float32 values (the kernels accumulate in float32 whatever the input dtype; ``eps`` scaled by
-    ``_PRECISION_EPS_FACTOR`` for tf32x3 dots). ``ok``, ``s_norm`` and ``cond`` come from the
-    core. Device operations only (no host synchronisation).
+    ``_PRECISION_EPS_FACTOR`` for tf32x3 dots); or ``‖S‖_F`` above ``expm.FLOAT64_NORM``, where
+    float32 passes lose ≈ eps₃₂·‖S‖₂ (relative error 0.22 measured at α = 1e6, N = 40, r = 8) and
+    the fallback recomputes in float64. ``ok``, ``s_norm`` and ``cond`` come from the core.
+    Device operations only (no host synchronisation).
     """
     eps = torch.finfo(torch.float32).eps * _PRECISION_EPS_FACTOR[precision]
     ratio = expm.gram_trust_ratio(g, c, v_sq.clamp_min(0).sqrt(), ok, s_norm, cond, torch.float32, eps)
-    return ~(torch.isfinite(ratio) & (ratio <= 1))
+    s_fro = torch.where(ok, s_norm * math.sqrt(g.shape[-1]), math.nan)
+    return ~(torch.isfinite(ratio) & (ratio <= 1)) | expm.float64_needed(s_fro, torch.float32)
 
 
 #: Taylor degree and Paterson–Stockmeyer block of the fixed core plan (6 products + squarings).
@@ -893,7 +897,8 @@ def osa_triton(
 
     Returns ``(b, N, d_v)`` in the dtype of ``v``; differentiable w.r.t. q, k, v and scale.
     Batch elements the Gram engine cannot compute accurately (see :func:`_untrusted`) are
-    recomputed by :func:`osa_lab.expm.qr_action` in float32 (differentiable by autograd);
+    recomputed by :func:`osa_lab.expm.qr_action` in float32, or in float64 where ``‖S‖_F`` is
+    above ``expm.FLOAT64_NORM`` (differentiable by autograd);
     with ``config.core == "fixed"`` they are NaN instead and the call makes no host
     synchronisation (docs/triton.md, "Host synchronisations").
     """
