@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from osa_lab.errors import OSAInputError, UnknownNameError
+from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
 from osa_lab.studies.data import (
     DATASETS,
     MissingDataError,
@@ -119,6 +119,13 @@ def test_missing_mnist_says_where_to_get_and_put_files(tmp_path):
     with pytest.raises(MissingDataError, match="t10k-images") as err:
         load_mnist(tmp_path)
     assert "missing train-images" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["digits", "synthetic"])
+def test_data_dir_for_a_built_in_data_set_is_refused(tmp_path, name):
+    """``data_dir`` is read by MNIST and MNIST-1D only; elsewhere it used to be ignored silently."""
+    with pytest.raises(ConfigurationError, match=rf"used only by the mnist, mnist1d.*{name!r} needs no directory: drop data_dir"):
+        load_data(name, data_dir=tmp_path)
 
 
 def test_unknown_data_name_lists_valid_ones():

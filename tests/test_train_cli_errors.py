@@ -100,6 +100,16 @@ def test_train_limit_zero_is_refused_not_ignored(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("data", ["digits", "synthetic"])
+def test_data_dir_for_a_built_in_data_set_is_refused_not_ignored(tmp_path, capsys, data):
+    """Was: ``--data digits --data-dir X`` trained on the built-in digits and exited 0, X unread."""
+    args = ["train", "--preset", "skipless-osa", "--data", data, "--data-dir", str(tmp_path / "mine"),
+            "--epochs", "1", *TINY_ARGS, "--output", str(tmp_path / "out")]  # fmt: skip
+    code, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, "--data-dir is used only by --data mnist, mnist1d", f"--data {data}", "drop --data-dir")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_device_on_a_cpu_machine(tmp_path, capsys):
     code, err = run_cli(synthetic_args(tmp_path / "out", "--device", "cuda"), capsys)

@@ -53,6 +53,10 @@ MNIST1D_VARIANTS: dict[str, dict] = {
     "mnist1d-shuffle": {"shuffle_seq": True},
 }
 
+#: the data sets that read ``data_dir`` / ``--data-dir`` (MNIST's files, MNIST-1D's cache folder);
+#: the others are built in or generated and refuse a directory rather than ignore it
+DATA_DIR_DATASETS: tuple[str, ...] = ("mnist", *MNIST1D_VARIANTS)
+
 #: environment variable naming the cache folder of generated data (default ``~/.cache/osa_lab``)
 CACHE_DIR_ENV = "OSA_LAB_CACHE_DIR"
 
@@ -622,9 +626,15 @@ def load_data(name: str = "digits", *, data_dir: str | os.PathLike | None = None
     """Load a data set by name (one of :data:`DATASETS`); ``kwargs`` go to its loader.
 
     ``data_dir`` is used by ``"mnist"`` (the folder of its files) and the MNIST-1D variants
-    (the cache folder of generated arrays, default :func:`default_cache_dir`). An unknown name
-    raises :class:`~osa_lab.errors.UnknownNameError` listing the valid names.
+    (the cache folder of generated arrays, default :func:`default_cache_dir`); for the other sets
+    it raises :class:`~osa_lab.errors.ConfigurationError` (it used to be ignored silently). An
+    unknown name raises :class:`~osa_lab.errors.UnknownNameError` listing the valid names.
     """
+    if data_dir is not None and name in DATASETS and name not in DATA_DIR_DATASETS:
+        raise ConfigurationError(
+            f"data_dir={str(data_dir)!r} is used only by the {', '.join(DATA_DIR_DATASETS)} data sets; "
+            f"{name!r} needs no directory: drop data_dir"
+        )
     if name in MNIST1D_VARIANTS:
         return load_mnist1d(name, cache_dir=data_dir, **kwargs)
     if name == "digits":

@@ -72,6 +72,7 @@ from osa_lab.errors import (
 )
 from osa_lab.nn.models import alpha_zeroed, mixing_table, osa_layers
 from osa_lab.studies.data import (
+    DATA_DIR_DATASETS,
     DATASETS,
     ImageDataset,
     MissingDataError,
@@ -1484,7 +1485,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tune-seeds", type=int, nargs="+", default=list(g.seeds), metavar="SEED",
                         help=f"--tune: seeds of the tuning runs (default {list(g.seeds)}, disjoint from --seeds)")  # fmt: skip
     parser.add_argument("--data", default=d.data, help=f"data set: {', '.join(DATASETS)} (default {d.data})")
-    parser.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files or mnist.npz")
+    parser.add_argument("--data-dir", default=None,
+                        help="--data mnist: directory with the MNIST IDX files or mnist.npz; MNIST-1D: its cache folder")  # fmt: skip
     parser.add_argument("--train-limit", type=int, default=None, help="MNIST: use a fixed stratified subset")
     parser.add_argument("--epochs", type=int, default=d.epochs)
     parser.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -1535,6 +1537,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             raise unknown_name("OSA method", args.osa_method, [*OSA_METHODS, "auto"])
         model["osa_method"] = args.osa_method
     data_options = {}
+    if args.data_dir is not None and args.data not in DATA_DIR_DATASETS:
+        raise ConfigurationError(
+            f"--data-dir is used only by --data {', '.join(DATA_DIR_DATASETS)}; --data {args.data} needs no "
+            "directory: drop --data-dir"
+        )
     if args.train_limit is not None:
         if args.data != "mnist":
             raise ConfigurationError(f"--train-limit applies to --data mnist only, not {args.data!r}")
