@@ -91,6 +91,71 @@ def test_torch_func_transforms(method, n):
     assert rel_err(vmap(f)(vs), torch.stack([f(x) for x in vs])) <= 1e-14
 
 
+def _vmap_batch(dtype):
+    """(4 samples, 2 heads, N = 40, r = 4): N > 4r, so "auto" runs the Gram engine too."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(4, 2, 40, 4, dtype=torch.float64, generator=g).to(dtype) for _ in range(3))
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("method", ["gram", "lowrank", "auto"])
+@pytest.mark.parametrize("alpha", [0.5, 1e6], ids=["a0.5", "a1e6"])
+def test_gram_engine_under_vmap_equals_the_loop(method, dtype, alpha):
+    """Was: torch.func.vmap over the Gram engine raised PyTorch's "autograd.Function ... must
+    override the setup_context" error (and the gram refusal poisoned rows with NaN under vmap).
+    Now vmap equals the loop over the batch; at α = 1e6 float32 takes the float64 recompute."""
+    from torch.func import vmap
+
+    q, k, v = _vmap_batch(dtype)
+    if method != "gram":
+        k[1, 0] = q[1, 0]  # a rank-deficient head: the QR fallback under vmap
+    f = lambda a, b, c: osa_lab.osa(a, b, c, alpha, method=method)  # noqa: E731
+    want = torch.stack([f(*x) for x in zip(q, k, v, strict=True)])
+    got = vmap(f)(q, k, v)
+    assert not torch.isnan(got).any()
+    assert rel_err(got, want) <= (1e-12 if dtype == torch.float64 and alpha < 1 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_gram_refusal_under_vmap_raises_like_the_loop(dtype):
+    """One rank-deficient sample: the loop raises UntrustedResultError, so must vmap (no NaN rows)."""
+    from torch.func import vmap
+
+    q, k, v = _vmap_batch(dtype)
+    k[2, 1] = q[2, 1]
+    f = lambda a, b, c: osa_lab.osa(a, b, c, 0.5, method="gram")  # noqa: E731
+    with pytest.raises(osa_lab.UntrustedResultError, match="refuses 1 of 8 matrices"):
+        vmap(f)(q, k, v)
+    with pytest.raises(osa_lab.UntrustedResultError):
+        [f(*x) for x in zip(q, k, v, strict=True)]
+
+
+@pytest.mark.parametrize("method", ["gram", "lowrank"])
+def test_gram_engine_composes_with_jacrev_jacfwd_and_per_sample_grads(method):
+    """The Gram engine under jacrev / jacfwd / vmap(grad): the float64 dense derivatives."""
+    from torch.func import grad, jacfwd, jacrev, vmap
+
+    q, k, v = (x[:, 0] for x in _vmap_batch(torch.float64))
+    w = torch.randn_like(v)
+    if method == "lowrank":
+        k[1] = q[1]  # rank-deficient: the fallback must keep the per-sample gradients finite
+    for transform in (jacrev, jacfwd):
+        got = transform(lambda a, b: osa_lab.osa(a, b, v[0], 0.3, method=method), argnums=(0, 1))(q[0], k[0])
+        want = transform(lambda a, b: osa_lab.osa(a, b, v[0], 0.3, method="dense"), argnums=(0, 1))(q[0], k[0])
+        for x, y in zip(got, want, strict=True):
+            assert rel_err(x, y) <= 1e-12, transform.__name__
+
+    def loss(meth):
+        return lambda a, b, c, ww: (osa_lab.osa(a, b, c, 0.3, method=meth) * ww).sum()
+
+    got = vmap(grad(loss(method), argnums=(0, 1, 2)))(q, k, v, w)
+    per_sample = [grad(loss("dense"), argnums=(0, 1, 2))(*x) for x in zip(q, k, v, w, strict=True)]
+    want = [torch.stack(t) for t in zip(*per_sample, strict=True)]
+    for x, y in zip(got, want, strict=True):
+        assert rel_err(x, y) <= 1e-12
+
+
 # Issue 11: gram refuses rank-deficient [q k] (it returned zero gradients); the methods that
 # handle them must give the float64 dense gradients.
 def _rank_deficient(kind: str):

@@ -290,13 +290,13 @@ def _finite_max(t: torch.Tensor) -> float:
 
 def _may_reuse(*tensors: torch.Tensor) -> bool:
     """True when products may be written into scratch buffers: 3-D CPU tensors of one shape,
-    outside autograd and outside torch.func transforms (whose wrappers hide the real shape)."""
+    outside autograd, forward-mode AD and torch.func transforms (whose wrappers hide the real shape)."""
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     return (
         not grad
-        and all(t.dim() == 3 and t.device.type == "cpu" and not wrapped(t) for t in tensors)
+        and all(t.dim() == 3 and t.device.type == "cpu" for t in tensors)
         and all(t.shape == tensors[0].shape for t in tensors)
+        and not _transformed(*tensors)
     )
 
 
@@ -703,8 +703,47 @@ def gram_action(
     recomputes those matrices in float64). ``replaced=True`` promises that the caller replaces the
     rows with a ratio above 1, which then get no gradient from here.
     """
-    y, est, s_fro = _GramAction.apply(a, b, j.to(torch.float64), v, replaced, osa_core)
+    y, est, s_fro = _gram_engine(a, b, j, v, replaced, osa_core)
     return y, torch.where(float64_needed(s_fro, v.dtype), math.inf, est)
+
+
+def _gram_engine(
+    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool, osa_core: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Y, estimate / budget, ‖S‖_F)`` of the Gram engine: :class:`_GramAction`, or under
+    torch.func transforms and forward-mode AD (which its hand-written backward does not support:
+    vmap raised PyTorch's "must override the setup_context" error) :func:`_gram_action_reference`."""
+    j = j.to(torch.float64)
+    if _transformed(a, b, j, v):
+        return _gram_action_reference(a, b, j, v, replaced, osa_core)
+    return _GramAction.apply(a, b, j, v, replaced, osa_core)
+
+
+def _gram_action_reference(
+    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool, osa_core: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:class:`_GramAction`'s forward by plain tensor operations, differentiated by autograd or
+    torch.func. With ``replaced``, the rows the caller replaces are recomputed from ``G = I`` (no
+    gradient reaches them, and a singular ``G`` cannot put NaN into the others')."""
+
+    def run(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        chol_inv, e_minus_i, ok, (s_norm, cond) = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core)
+        c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)
+        y = v + a @ c[..., : a.shape[-1], :] + b @ c[..., a.shape[-1] :, :]
+        v_norm = torch.linalg.vector_norm(v.detach(), dim=(-2, -1))
+        est = gram_trust_ratio(g.detach(), c.detach(), v_norm, ok, s_norm.detach(), cond.detach(), v.dtype)
+        s_fro = torch.where(ok, s_norm.detach() * math.sqrt(g.shape[-1]), math.nan)
+        return y, est, s_fro, ok
+
+    g = block_gram(a, b)
+    p = torch.cat([a.mT @ v, b.mT @ v], -2)
+    y, est, s_fro, ok = run(g)
+    if replaced:
+        keep = ok & (est <= 1.0) & ~float64_needed(s_fro, v.dtype)
+        if not bool(_concrete(keep).all()):
+            eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+            y = run(torch.where(keep[..., None, None], g, eye))[0]
+    return y, est, s_fro
 
 
 def float64_needed(s_fro: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -1015,7 +1054,8 @@ def osa_chebyshev_action(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: t
 
 def _transformed(*tensors: torch.Tensor) -> bool:
     """True under torch.func transforms (jacrev, jacfwd, vmap, grad) or forward-mode AD, which the
-    hand-written backwards of :class:`_ChebyshevAction` do not support: the reference runs there."""
+    hand-written backwards of :class:`_ChebyshevAction` and :class:`_GramAction` do not support:
+    the plain-operation references run there."""
     from torch.autograd import forward_ad
 
     wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -1126,7 +1166,7 @@ def blocked_action(
         return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
-    y, est, s_fro = _GramAction.apply(a, b, j.to(torch.float64), v, engine != "gram", osa_core)
+    y, est, s_fro = _gram_engine(a, b, j, v, engine != "gram", osa_core)
     if v.dtype == torch.float64:
         _warn_float64_rounding(s_fro, engine)
     big = float64_needed(s_fro, v.dtype)
@@ -1157,18 +1197,17 @@ def _refuse_untrusted_gram(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, y:
     factorisation failed or the condition estimate of ``U = [a b]`` is over ``GRAM_MAX_COND``
     (rank-deficient ``U``: N < 2r, k ∥ q, q = 0; there the result is wrong by O(1) and its
     gradients are zero). Any untrusted matrix raises :class:`UntrustedResultError`, unless the
-    inputs hold NaN/Inf (the caller names those) or the estimate has no single value (under
-    ``torch.func.vmap``), where the untrusted rows become NaN instead of a wrong value.
+    inputs hold NaN/Inf (the caller names those), where the untrusted rows become NaN instead
+    of a wrong value. Under ``torch.func.vmap`` the decision is taken on the whole vmapped batch
+    (:func:`_concrete`), so vmap raises exactly where a loop over the batch would; it used to
+    turn those rows into NaN there.
     """
     bad = ~(est <= 1.0)  # NaN counts as untrusted
-    try:
-        any_bad = bool(bad.any())
-    except RuntimeError:  # under torch.func.vmap there is no single value: poison, don't raise
-        return torch.where(bad[..., None, None], torch.full_like(y, math.nan), y)
-    if not any_bad:
+    if not _any(bad):
         return y
-    if not all(sum_is_finite(t) for t in (a, b, v)):
+    if not all(sum_is_finite(_concrete(t)) for t in (a, b, v)):
         return torch.where(bad[..., None, None], torch.full_like(y, math.nan), y)
+    bad, est = _concrete(bad), _concrete(est)
     count, n, width = int(bad.sum()), a.shape[-2], a.shape[-1] + b.shape[-1]
     worst = float(est.max())
     why = (
