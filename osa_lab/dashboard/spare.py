@@ -17,8 +17,8 @@ How, on Bokeh's and Panel's own objects:
   from Bokeh's unused-session cleanup (``block_expiration``) until its page has loaded;
 * it is handed out only to a plain page request: the app's own path, **no query string** (a
   shared link with ``?presets=…`` is built for its URL as before), no Bokeh session id or token
-  of the client's own, no ``--reuse-sessions``, no login (OAuth, basic auth) and no
-  authorisation callback. The page gets a
+  of the client's own, no ``--reuse-sessions``, no ``--autoreload`` (a spare would hold the code
+  of before the reload), no login (OAuth, basic auth) and no authorisation callback. The page gets a
   fresh token for the spare's session id, with the request's headers and cookies in its payload
   (``pn.state.headers`` and ``cookies`` inside the session are those of the build, empty: the
   dashboard reads neither);
@@ -138,7 +138,7 @@ class SpareSessions:
         request = handler.request
         return (request.path in self.spares and not request.arguments and not request.query
                 and "Bokeh-Session-Id" not in request.headers and not config.reuse_sessions
-                and not config.authorize_callback
+                and not config.authorize_callback and not config.autoreload
                 and isinstance(getattr(handler.application, "auth_provider", None), NullAuth))
 
     def take(self, handler: Any) -> Any:
