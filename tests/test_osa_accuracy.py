@@ -243,7 +243,7 @@ def _scipy_reference(q, k, v, alpha):
 @pytest.mark.parametrize("n", [64, 24], ids=["N64-gram-engine", "N24-qr-form"])
 def test_lowrank_float32_is_accurate_at_large_alpha(n, method):
     """Was: relative error 5e-3 at α = 1e4 and 0.45–0.76 at α = 1e6 (‖S‖₂ ≈ 2e7–3e7), with no
-    warning (rounding U, G or R to float32 perturbs S by ≈ eps₃₂·‖S‖₂). Matrices with ‖S‖_F above
+    warning (rounding U, G or R to float32 perturbs S by ≈ eps₃₂·‖S‖₂). Matrices with ‖S‖₂ above
     expm.FLOAT64_NORM are now recomputed in float64: within 3e-8 of scipy (measured)."""
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(2, n, c, generator=g) for c in (8, 8, 8))
@@ -280,6 +280,130 @@ def test_lowrank_action_float32_is_accurate_at_large_norm():
     ref = torch.from_numpy(np.stack([scipy.linalg.expm(m) for m in s])) @ v.double()
     for engine in expm.ENGINES:
         assert rel_err(osa_lab.lowrank_action(u, j, v, engine=engine), ref) <= 1e-6, engine
+
+
+def _norms_of_s(q, k, alpha):
+    """(‖S‖_F, ‖S‖₂) without forming S: of ``M = R J Rᵀ`` with ``U = [q k] = B R``."""
+    r = q.shape[-1]
+    _, rr = torch.linalg.qr(torch.cat([q, k], -1).double())
+    m = rr @ expm.osa_skew_core(r, torch.tensor(float(alpha) / math.sqrt(r))) @ rr.mT
+    return float(torch.linalg.matrix_norm(m)), float(torch.linalg.matrix_norm(m, 2))
+
+
+def _spectral_case():
+    """Two heads, N = 512, r = d = 64 (unit-variance inputs: the 2r singular values of S are close,
+    ‖S‖_F ≈ 6.6 ‖S‖₂): head 0 at ‖S‖_F = 1.5e4 > FLOAT64_NORM but ‖S‖₂ ≈ 2.3e3 (float32 is
+    accurate there), head 1 at ‖S‖₂ = 3e4 > FLOAT64_NORM. α is float32-exact."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 512, 64, generator=g) for _ in range(3))
+    fro0, two0 = _norms_of_s(q[0], k[0], 1.0)
+    two1 = _norms_of_s(q[1], k[1], 1.0)[1]
+    alpha = torch.tensor([1.5e4 / fro0, 3e4 / two1], dtype=torch.float32)
+    norms = [_norms_of_s(q[h], k[h], float(alpha[h])) for h in range(2)]
+    assert norms[0][0] > expm.FLOAT64_NORM > 4 * norms[0][1] and norms[1][1] > expm.FLOAT64_NORM
+    return q, k, v, alpha, [two for _, two in norms]
+
+
+def _spy_replacements(monkeypatch):
+    """Record ``(what, mask)`` of every row replacement of the engines: ``in_float64`` (gram,
+    lowrank) and ``again`` (qr) are the float64 recomputes, ``by_qr`` the QR fallback."""
+    calls = []
+    replace = expm._replace_rows
+
+    def spy(y, mask, compute):
+        calls.append((compute.__name__, expm._concrete(mask).reshape(-1).tolist()))
+        return replace(y, mask, compute)
+
+    monkeypatch.setattr(expm, "_replace_rows", spy)
+    return calls
+
+
+@pytest.mark.parametrize("method", ["qr", "lowrank", "gram"])
+def test_float64_recompute_follows_the_spectral_norm(method, monkeypatch):
+    """Was: every float32 matrix with ‖S‖_F > FLOAT64_NORM was recomputed in float64, although
+    float32 loses ≈ eps₃₂·‖S‖₂ and ‖S‖_F is up to √(2r)·‖S‖₂: the core benchmark row (N = 16384,
+    r = 64, α = 0.5: ‖S‖_F ≈ 11,600, ‖S‖₂ ≈ 1,150) ran on the float64 path. Now ‖S‖₂ decides:
+    head 0 (‖S‖_F = 1.5e4, ‖S‖₂ ≈ 2.3e3) stays in float32, outputs and gradients within the
+    issue-2 budget 1e-7·‖S‖₂ (measured ≤ 1.7e-5 and ≤ 4.2e-5); head 1 (‖S‖₂ = 3e4) alone is recomputed."""
+    q, k, v, alpha, two = _spectral_case()
+    w = torch.randn(2, 512, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    leaves64 = [x.double().requires_grad_() for x in (q, k, v)]
+    ref = osa_lab.osa(*leaves64, alpha.double(), method="qr")
+    ref_grads = torch.autograd.grad((ref * w).sum(), leaves64)
+    recompute = "again" if method == "qr" else "in_float64"
+
+    calls = _spy_replacements(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", osa_lab.OSAAccuracyWarning)
+        y0 = osa_lab.osa(q[:1], k[:1], v[:1], alpha[:1], method=method)
+    assert calls == [] and y0.dtype == torch.float32  # head 0 alone: nothing recomputed
+    assert rel_err(y0[0], ref[0].detach()) <= 1e-7 * two[0]
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    y = osa_lab.osa(*leaves, alpha, method=method)
+    assert [mask for what, mask in calls if what == recompute] == [[False, True]]
+    grads = torch.autograd.grad((y.double() * w).sum(), leaves)
+    for head, budget in ((0, 1e-7 * two[0]), (1, 1e-6)):
+        assert rel_err(y[head], ref[head].detach()) <= budget, head
+        for name, got, want in zip("qkv", grads, ref_grads, strict=True):
+            assert rel_err(got[head], want[head]) <= budget, (head, name)
+
+
+@pytest.mark.parametrize("method", ["lowrank", "gram"])
+def test_float64_recompute_follows_the_spectral_norm_under_vmap(method, monkeypatch):
+    """The same decision under torch.func.vmap (the Gram engine's reference path and the
+    all-rows device path of spectral_norm_bound): only head 1 is recomputed; vmap equals the loop."""
+    from torch.func import vmap
+
+    q, k, v, alpha, two = _spectral_case()
+    ref = osa_lab.osa(q.double(), k.double(), v.double(), alpha.double(), method="qr")
+    f = lambda a, b, c: osa_lab.osa(a, b, c, alpha, method=method)  # noqa: E731
+    q2, k2, v2 = (torch.stack([x, x]) for x in (q, k, v))  # vmap over 2 samples of the 2 heads
+    calls = _spy_replacements(monkeypatch)
+    got = vmap(f)(q2, k2, v2)
+    assert [mask for what, mask in calls if what == "in_float64"] == [[False, True, False, True]]
+    loop = f(q, k, v)
+    for sample in range(2):
+        for head, budget in ((0, 1e-7 * two[0]), (1, 1e-6)):
+            assert rel_err(got[sample, head], ref[head]) <= budget, (sample, head)
+        assert rel_err(got[sample, 1], loop[1]) <= 1e-7
+
+
+def test_spectral_norm_bound_is_a_tight_upper_bound():
+    """spectral_norm_bound against the SVD: ≥ ‖M‖₂ and ≤ SPECTRAL_SLACK·‖M‖₂ wherever ‖M‖_F is
+    above the threshold (flat spectra, the worst case, included), by both the staged and the
+    all-rows device path; ‖M‖_F untouched at or below it; zero and non-finite rows handled."""
+    g = torch.Generator().manual_seed(1)
+    for width in (2, 16, 128):
+        x = torch.randn(5, width, width, dtype=torch.float64, generator=g)
+        m = (x - x.mT) * torch.tensor([1.0, 1e5, 1e-3, 0.0, 1e7], dtype=torch.float64)[:, None, None]
+        b, _ = torch.linalg.qr(torch.randn(width, width, dtype=torch.float64, generator=g))
+        m[0] = 40.0 * b @ expm.osa_skew_core(width // 2, torch.tensor(1.0)) @ b.mT  # all σ equal
+        fro, exact = torch.linalg.matrix_norm(m), torch.linalg.matrix_norm(m, 2)
+        for sync in (True, False):
+            bound = expm.spectral_norm_bound(m, fro, 10.0, sync=sync)
+            above = fro > 10.0
+            assert torch.equal(bound[~above], fro[~above])
+            ratio = bound[above] / exact[above]
+            assert (ratio >= 1 - 1e-12).all() and (ratio <= expm.SPECTRAL_SLACK).all(), (width, sync, ratio)
+    m = torch.full((2, 4, 4), math.inf, dtype=torch.float64)
+    fro = torch.linalg.matrix_norm(m)
+    assert torch.equal(expm.spectral_norm_bound(m, fro, 1.0), fro)
+
+
+@pytest.mark.parametrize("method", ["qr", "lowrank", "gram"])
+def test_float64_rounding_warning_follows_the_spectral_norm(method):
+    """The float64-rounding warning compares eps₆₄/2·‖S‖₂ (not ‖S‖_F) with FLOAT64_ROUNDING_WARN:
+    head 0 of the spectral case scaled to ‖S‖_F = 1.5 FLOAT64_ROUNDING_NORM has ‖S‖₂ ≈ 0.23 of
+    it (eps₆₄/2·‖S‖₂ ≈ 2e-5): no warning (the ‖S‖_F rule warned); ‖S‖₂ = 3 of it warns."""
+    q, k, v, _, _ = _spectral_case()
+    q, k, v = (x[:1].double() for x in (q, k, v))
+    fro, two = _norms_of_s(q[0], k[0], 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", osa_lab.OSAAccuracyWarning)
+        osa_lab.osa(q, k, v, 1.5 * expm.FLOAT64_ROUNDING_NORM / fro, method=method)
+    with pytest.warns(osa_lab.OSAAccuracyWarning, match="float64 rounding"):
+        osa_lab.osa(q, k, v, 3 * expm.FLOAT64_ROUNDING_NORM / two, method=method)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])

@@ -23,10 +23,13 @@ Two low-rank engines live here, both exact in exact arithmetic:
 ``"lowrank"`` runs ``"gram"`` and recomputes with ``"qr"`` exactly those matrices whose
 Cholesky factorisation failed or whose error estimate is above the dtype's tolerance.
 
-Below float64 every engine recomputes in float64 the matrices with ``‖S‖_F`` above
+Below float64 every engine recomputes in float64 the matrices with ``‖S‖₂`` above
 :data:`FLOAT64_NORM` (float32 loses ≈ eps₃₂·‖S‖₂: relative error ≈ 0.5 at α = 1e6, measured), and
 every engine warns (:class:`~osa_lab.errors.OSAAccuracyWarning`) where even float64 rounding of
-``S`` spoils the result (:data:`FLOAT64_ROUNDING_WARN`).
+``S`` spoils the result (:data:`FLOAT64_ROUNDING_WARN`). Both rules look at ``‖S‖₂ = ‖M‖₂`` of the
+2r×2r core, not at ``‖S‖_F`` (up to √(2r) times larger): ``‖S‖_F`` is computed anyway and settles
+every matrix at or below the bound; only matrices above it get the tighter
+:func:`spectral_norm_bound`.
 """
 
 from __future__ import annotations
@@ -58,22 +61,35 @@ GRAM_MAX_COND = {torch.float64: 300.0, torch.float32: 4.0}
 #: roundoff). For float32 inputs 1e-10 sits four orders below the float32 budget and saves a
 #: squaring or two (:func:`core_skew_exp`).
 CORE_TOLERANCE = {torch.float64: None, torch.float32: 1e-10}
-#: ``‖S‖_F`` (≥ ‖S‖₂; ``‖M‖_F`` of the small core, the same number) above which the low-rank
-#: engines recompute a float32 matrix in float64 and round only the result. The float32 engines
-#: lose ``≈ eps₃₂·‖S‖₂`` (rounding ``U``, ``G`` or ``R`` perturbs ``M`` by that much): measured
-#: against scipy's float64 ``expm`` of the same (float32-exact) inputs, N = 12–256, r = 8–16, the
-#: relative error of ``qr``, ``gram`` and ``lowrank`` was 0.6–4.6e-8 · ‖S‖₂, from ≤ 1.3e-6 at
-#: α = 1 to 5e-3–1.2e-2 at α = 1e4 and 0.45–0.76 at α = 1e6 (‖S‖₂ ≈ 1e7–1e8), with no warning.
-#: Recomputed in float64 they are within 3e-8 up to ‖S‖₂ = 1e8 (float64 rounding ≈ 2e-16·‖S‖₂
-#: adds to that), as ``method="dense"`` already was. Below this bound the float32 error stays
-#: ≲ 5e-4 and within the issue-2 budget ``1e-7·‖S‖₂`` (``GRAM_TOLERANCE``); trained layers sit at
-#: ‖S‖₂ of order 1–300, so the float32 speed is kept there.
+#: ``‖S‖₂`` above which the low-rank engines recompute a float32 matrix in float64 and round only
+#: the result. The float32 engines lose ``≈ eps₃₂·‖S‖₂`` (rounding ``U``, ``G`` or ``R`` perturbs
+#: ``M`` by that much): measured against scipy's float64 ``expm`` of the same (float32-exact)
+#: inputs, N = 12–256, r = 8–16, the relative error of ``qr``, ``gram`` and ``lowrank`` was
+#: 0.6–4.6e-8 · ‖S‖₂, from ≤ 1.3e-6 at α = 1 to 5e-3–1.2e-2 at α = 1e4 and 0.45–0.76 at α = 1e6
+#: (‖S‖₂ ≈ 1e7–1e8), with no warning. Recomputed in float64 they are within 3e-8 up to
+#: ‖S‖₂ = 1e8 (float64 rounding ≈ 2e-16·‖S‖₂ adds to that), as ``method="dense"`` already was.
+#: Below this bound the float32 error stays ≲ 5e-4 and within the issue-2 budget ``1e-7·‖S‖₂``
+#: (``GRAM_TOLERANCE``); trained layers sit at ‖S‖₂ of order 1–300, so the float32 speed is kept
+#: there. The rule is on the spectral norm, which the error follows, not on ``‖S‖_F`` (up to
+#: √(2r) times larger; nearly that for unit-variance q, k with N ≫ r, whose 2r singular values
+#: are close): the core benchmark's inputs (r = 64, α = 0.5) have ‖S‖_F ≈ 2,900 and
+#: ‖S‖₂ ≈ 310–320 at N = 4096, ‖S‖_F ≈ 11,600 and ‖S‖₂ ≈ 1,140–1,150 at N = 16384 (measured),
+#: where float32 is accurate; a rule on ‖S‖_F sent that N = 16384 row to the float64 path.
+#: ``‖S‖_F ≤`` this bound settles a matrix at no extra cost (``‖S‖₂ ≤ ‖S‖_F``); above it
+#: :func:`spectral_norm_bound` decides, within :data:`SPECTRAL_SLACK` of ``‖S‖₂``.
 FLOAT64_NORM = 1e4
-#: ``eps₆₄/2 · ‖S‖_F`` above which the low-rank engines warn (:class:`OSAAccuracyWarning`): float64
+#: ``eps₆₄/2 · ‖S‖₂`` above which the low-rank engines warn (:class:`OSAAccuracyWarning`): float64
 #: rounding alone then moves ``exp(S) V`` by about this much (the ``"dense"`` rule,
-#: ``functional.DENSE_ROUNDING_WARN``). Measured (N = 64, r = 8, float32 or float64 inputs):
-#: relative error 5.8e-5 at ‖S‖₂ = 4.1e11 (α = 1e10), 5.8e-3 at 4.1e13 (α = 1e12).
+#: ``functional.DENSE_ROUNDING_WARN``, which uses ``‖S‖₁``). Measured (N = 64, r = 8, float32 or
+#: float64 inputs): relative error 5.8e-5 at ‖S‖₂ = 4.1e11 (α = 1e10), 5.8e-3 at 4.1e13
+#: (α = 1e12). As for :data:`FLOAT64_NORM`, ``‖S‖₂`` (:data:`FLOAT64_ROUNDING_NORM`) and not
+#: ``‖S‖_F`` is compared.
 FLOAT64_ROUNDING_WARN = 1e-4
+#: ``‖S‖₂`` at which :data:`FLOAT64_ROUNDING_WARN` is reached: ``2·FLOAT64_ROUNDING_WARN/eps₆₄`` ≈ 9.0e11.
+FLOAT64_ROUNDING_NORM = 2 * FLOAT64_ROUNDING_WARN / torch.finfo(torch.float64).eps
+#: Largest factor by which :func:`spectral_norm_bound` may exceed ``‖S‖₂`` (in exact arithmetic it
+#: is never below it).
+SPECTRAL_SLACK = 1.01
 
 
 def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
@@ -464,19 +480,29 @@ def gram_core(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     ``F = L⁻ᵀ (exp(Lᵀ J L) − I) L⁻¹`` with ``G = L Lᵀ``; ``ok`` is False where the Cholesky
     factorisation failed (rank-deficient ``U``). Runs in the dtype of ``g`` (float64 in use).
     """
-    f, ok, _ = gram_core_with_norm(g, j)
-    return f, ok
+    chol_inv, e_minus_i, ok, _ = gram_core_parts(g, j)
+    return chol_inv.mT @ e_minus_i @ chol_inv, ok
 
 
 def gram_core_parts(
-    g: torch.Tensor, j: torch.Tensor, tol: float | None = None, osa_core: bool = False
+    g: torch.Tensor,
+    j: torch.Tensor,
+    tol: float | None = None,
+    osa_core: bool = False,
+    norm_above: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
-    """``(L⁻¹, exp(M) − I, ok, (s_norm, cond))`` of the Gram core, ``F = L⁻ᵀ (exp(M) − I) L⁻¹``.
+    """``(L⁻¹, exp(M) − I, ok, (s_norm, cond, s_two))`` of the Gram core, ``F = L⁻ᵀ (exp(M) − I) L⁻¹``.
 
-    ``s_norm = ‖M‖_F / √m`` is a lower bound of ``‖S‖₂ = ‖M‖₂``; ``cond = ‖L‖_F ‖L⁻¹‖_F / m``
-    estimates cond(U). ``tol`` is the truncation tolerance of :func:`core_skew_exp`.
-    ``osa_core=True`` promises ``J = s·[[0, I], [−I, 0]]`` (:func:`osa_skew_core`): then
-    ``M = s (XᵀY − YᵀX)`` from the row blocks ``X, Y`` of ``L``, one half-size product instead of two.
+    ``S = B M Bᵀ`` with ``B = U L⁻ᵀ`` orthonormal (module docstring), so ``S`` and ``M`` have the
+    same nonzero singular values: ``‖S‖₂ = ‖M‖₂`` and ``‖S‖_F = ‖M‖_F``. ``s_norm = ‖M‖_F / √m``
+    is a lower bound of ``‖S‖₂``; ``s_two`` an upper bound: ``‖M‖_F``, and where that is above
+    ``norm_above`` :func:`spectral_norm_bound` (within :data:`SPECTRAL_SLACK` of ``‖S‖₂``; None:
+    never, ``s_two = ‖M‖_F``). ``cond = ‖L‖_F ‖L⁻¹‖_F / m`` estimates cond(U). ``tol`` is the
+    truncation tolerance of :func:`core_skew_exp`. ``osa_core=True`` promises
+    ``J = s·[[0, I], [−I, 0]]`` (:func:`osa_skew_core`): then ``M = s (XᵀY − YᵀX)`` from the row
+    blocks ``X, Y`` of ``L``, one half-size product instead of two. One host synchronisation
+    (whether every factorisation succeeded and whether any ``‖M‖_F`` is above ``norm_above``),
+    more only where one is.
     """
     # Outside autograd every (b, m, m) temporary lives in per-thread scratch buffers (see
     # _Scratch); the returned L⁻¹ and exp(M) − I then do too, and are valid until the next call
@@ -485,23 +511,102 @@ def gram_core_parts(
     width = g.shape[-1]
     eye = torch.eye(width, dtype=g.dtype, device=g.device)
     chol, chol_inv, ok = cholesky_with_inverse(g, None if bufs is None else (bufs[6], bufs[9]))
+    m_out = None if bufs is None else (bufs[7], bufs[8])
+    # M before the one host decision, so that "all factorisations succeeded?" and "any ‖M‖_F above
+    # norm_above?" are read together (rows that failed hold garbage until replaced below).
+    m = core_matrix(chol, j, osa_core, m_out)
+    fro = torch.linalg.matrix_norm(m.detach())
+    big = None if norm_above is None else ok & (fro > norm_above)
     try:
-        all_ok = bool(ok.all())
+        if big is None:
+            all_ok, any_big = bool(ok.all()), False
+        else:
+            all_ok, any_big = (bool(x) for x in torch.stack((ok.all(), big.any())).tolist())
     except RuntimeError:  # under torch.func.vmap there is no single value: replace unconditionally
-        all_ok = False
+        all_ok, any_big = False, big is not None and _any(big)
     if not all_ok:
-        # Failed factorisations contain garbage; replace by I so the batch stays finite.
+        # Failed factorisations contain garbage; replace by I so the batch stays finite, and M
+        # again from there (the M above then feeds nothing, so no gradient passes its garbage).
         chol = torch.where(ok[..., None, None], chol, eye)
         chol_inv = torch.where(ok[..., None, None], chol_inv, eye)
-    m = core_matrix(chol, j, osa_core, None if bufs is None else (bufs[7], bufs[8]))
-    s_norm_lower = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
+        m = core_matrix(chol, j, osa_core, m_out)
+        fro = torch.linalg.matrix_norm(m.detach())
+    s_norm_lower = fro / math.sqrt(width)
+    s_two = spectral_norm_bound(m, fro, norm_above, rows=big) if any_big else fro
     e_minus_i = _skew_exp(m, _truncation_unit(g.dtype, tol), None if bufs is None else bufs[:6])
     if bufs is None:
         e_minus_i = e_minus_i - eye
     else:
         e_minus_i.diagonal(dim1=-2, dim2=-1).sub_(1)
     cond = (torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach())) / width
-    return chol_inv, e_minus_i, ok, (s_norm_lower, cond)
+    return chol_inv, e_minus_i, ok, (s_norm_lower, cond, s_two)
+
+
+def spectral_norm_bound(
+    m: torch.Tensor, fro: torch.Tensor, above: float, *, rows: torch.Tensor | None = None, sync: bool = True
+) -> torch.Tensor:
+    """An upper bound of ``‖M‖₂`` for normal (e.g. skew-symmetric) ``M`` (..., w, w): ``fro``
+    (``‖M‖_F``, given), tightened where it is above ``above`` (or where ``rows`` holds) to
+    ``‖M^p‖_F^{1/p}``, within :data:`SPECTRAL_SLACK` of ``‖M‖₂``.
+
+    For normal ``M`` with singular values ``σᵢ``, ``‖M^p‖_F = (Σ σᵢ^{2p})^{1/2}``, so
+    ``‖M‖₂ ≤ ‖M^p‖_F^{1/p} ≤ w^{1/(2p)} ‖M‖₂``; ``p = 2^k`` comes from ``k`` squarings of
+    ``M / ‖M‖_F``, each renormalised (no overflow), with ``w^{1/(2p)} ≤ SPECTRAL_SLACK``
+    (8 squarings for w = 128). A matrix stops early once its bound is at or below ``above``
+    (one squaring for the N = 16384, α = 0.5 benchmark row), so the result is tight (within the
+    slack) exactly where it is above ``above``. Entries where it comes out non-finite keep
+    ``fro``. ``sync=False``, and under torch.func transforms, every selected matrix takes all
+    ``k`` squarings by device operations only (no host synchronisation, no data-dependent shapes).
+    """
+    width = m.shape[-1]
+    fro = fro.detach()
+    sel = (fro > above) if rows is None else rows
+    steps = _spectral_squarings(width)
+    tiny = torch.finfo(torch.float64).tiny
+    if not sync or _transformed(m, fro, sel):
+        x = m.detach().double()
+        scale = fro.double().clamp_min(tiny)
+        x, log_b = x / scale[..., None, None], scale.log()
+        for step in range(steps):
+            x, log_b = _normalised_square(x, log_b, step)
+        bound = log_b.exp().to(fro.dtype)
+        return torch.where(sel & torch.isfinite(bound), torch.minimum(bound, fro), fro)
+    flat = fro.reshape(-1).clone()
+    idx = sel.reshape(-1).nonzero().squeeze(-1)
+    if idx.numel() == 0:
+        return flat.reshape(fro.shape)
+    ms = m.detach().reshape(-1, width, width)[idx].double()
+    scale = flat[idx].double()
+    x, log_b = ms / scale[:, None, None], scale.log()
+    for step in range(steps):
+        x, log_b = _normalised_square(x, log_b, step)
+        bound = log_b.exp()
+        last = step == steps - 1
+        done = torch.ones_like(bound, dtype=torch.bool) if last else (bound <= above) | ~torch.isfinite(bound)
+        if last or bool(done.any()):
+            fin = torch.isfinite(bound) & done
+            flat[idx[fin]] = torch.minimum(bound[fin], scale[fin]).to(flat.dtype)
+            keep = ~done
+            idx, x, log_b, scale = idx[keep], x[keep], log_b[keep], scale[keep]
+            if idx.numel() == 0:
+                break
+    return flat.reshape(fro.shape)
+
+
+def _spectral_squarings(width: int) -> int:
+    """Squarings ``k`` of :func:`spectral_norm_bound`: the fewest with ``width^{1/2^{k+1}} ≤ SPECTRAL_SLACK``."""
+    k = 0
+    while width > 1 and math.log(width) / 2 ** (k + 1) > math.log(SPECTRAL_SLACK):
+        k += 1
+    return k
+
+
+def _normalised_square(x: torch.Tensor, log_b: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of :func:`spectral_norm_bound`: ``x = M^p/‖M^p‖_F`` → ``M^{2p}/‖M^{2p}‖_F`` and
+    ``log_b = log ‖M^p‖_F^{1/p}`` → ``log ‖M^{2p}‖_F^{1/(2p)}`` (``p = 2^step``)."""
+    x = x @ x
+    n = torch.linalg.matrix_norm(x).clamp_min(torch.finfo(x.dtype).tiny)
+    return x / n[..., None, None], log_b + n.log() / 2 ** (step + 1)
 
 
 def core_matrix(
@@ -556,9 +661,12 @@ def cholesky_with_inverse(
     return out[0], out[1], ok
 
 
-def gram_core_with_norm(g: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """:func:`gram_core` plus ``(s_norm, cond)`` of :func:`gram_core_parts`."""
-    chol_inv, e_minus_i, ok, extra = gram_core_parts(g, j)
+def gram_core_with_norm(
+    g: torch.Tensor, j: torch.Tensor, norm_above: float | None = FLOAT64_NORM
+) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """:func:`gram_core` plus ``(s_norm, cond, s_two)`` of :func:`gram_core_parts` (``s_two``
+    tight where above ``norm_above``, by default the float64-recompute bound :data:`FLOAT64_NORM`)."""
+    chol_inv, e_minus_i, ok, extra = gram_core_parts(g, j, norm_above=norm_above)
     return chol_inv.mT @ e_minus_i @ chol_inv, ok, extra
 
 
@@ -634,22 +742,23 @@ class _GramAction(torch.autograd.Function):
         ma = a.shape[-1]
         g = block_gram(a, b)
         p = torch.cat([a.mT @ v, b.mT @ v], -2)
-        chol_inv, e_minus_i, ok, (s_norm, cond) = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core)
+        parts = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core, spectral_refine_above(v.dtype))
+        chol_inv, e_minus_i, ok, (s_norm, cond, s_two) = parts
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
         y = torch.baddbmm(v, a, c[:, :ma])
         y.baddbmm_(b, c[:, ma:])
         # The trust rule (estimate over the dtype's budget): > 1 means "use the QR engine".
         v_norm = torch.linalg.vector_norm(v, dim=(-2, -1))
         est = gram_trust_ratio(g, c, v_norm, ok, s_norm, cond, v.dtype)
-        s_fro = torch.where(ok, s_norm * math.sqrt(g.shape[-1]), math.nan)  # ‖M‖_F = ‖S‖_F
+        s_two = torch.where(ok, s_two, math.nan)  # an upper bound of ‖M‖₂ = ‖S‖₂
         # Rows whose Y the caller replaces (QR fallback, float64 recompute) get no gradient from here.
-        keep = ok & (est <= 1.0) & ~float64_needed(s_fro, v.dtype) if replaced else ok
+        keep = ok & (est <= 1.0) & ~float64_needed(s_two, v.dtype) if replaced else ok
         ctx.save_for_backward(a, b, j, v, g, p, c, keep)
-        ctx.mark_non_differentiable(est, s_fro)
-        return y, est, s_fro
+        ctx.mark_non_differentiable(est, s_two)
+        return y, est, s_two
 
     @staticmethod
-    def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor, _gfro: torch.Tensor):  # noqa: D102
+    def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor, _gtwo: torch.Tensor):  # noqa: D102
         a, b, j, v, g, p, c, keep = ctx.saved_tensors
         need_a, need_b, need_j, need_v = ctx.needs_input_grad[:4]
         ma = a.shape[-1]
@@ -698,19 +807,20 @@ def gram_action(
     Shapes ``a (b, N, m_a)``, ``b (b, N, m_b)``, ``j (b, m, m)`` skew with ``m = m_a + m_b``,
     ``v (b, N, d)``. A ratio above 1 means the result may miss the dtype's accuracy budget
     (``GRAM_TOLERANCE``, ``GRAM_MAX_COND``); where the Cholesky factorisation failed it is
-    ``inf`` and ``Y`` is unreliable, and for inputs below float64 it is ``inf`` too where ``‖S‖_F``
+    ``inf`` and ``Y`` is unreliable, and for inputs below float64 it is ``inf`` too where ``‖S‖₂``
     is above :data:`FLOAT64_NORM` (the float32 result is off by ≈ eps₃₂·‖S‖₂; :func:`blocked_action`
     recomputes those matrices in float64). ``replaced=True`` promises that the caller replaces the
     rows with a ratio above 1, which then get no gradient from here.
     """
-    y, est, s_fro = _gram_engine(a, b, j, v, replaced, osa_core)
-    return y, torch.where(float64_needed(s_fro, v.dtype), math.inf, est)
+    y, est, s_two = _gram_engine(a, b, j, v, replaced, osa_core)
+    return y, torch.where(float64_needed(s_two, v.dtype), math.inf, est)
 
 
 def _gram_engine(
     a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool, osa_core: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(Y, estimate / budget, ‖S‖_F)`` of the Gram engine: :class:`_GramAction`, or under
+    """``(Y, estimate / budget, ‖S‖₂ bound)`` of the Gram engine (the bound is ``s_two`` of
+    :func:`gram_core_parts`, NaN where the factorisation failed): :class:`_GramAction`, or under
     torch.func transforms and forward-mode AD (which its hand-written backward does not support:
     vmap raised PyTorch's "must override the setup_context" error) :func:`_gram_action_reference`."""
     j = j.to(torch.float64)
@@ -726,47 +836,58 @@ def _gram_action_reference(
     torch.func. With ``replaced``, the rows the caller replaces are recomputed from ``G = I`` (no
     gradient reaches them, and a singular ``G`` cannot put NaN into the others')."""
 
-    def run(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        chol_inv, e_minus_i, ok, (s_norm, cond) = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core)
+    def run(g: torch.Tensor, norm_above: float | None) -> tuple[torch.Tensor, ...]:
+        parts = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core, norm_above)
+        chol_inv, e_minus_i, ok, (s_norm, cond, s_two) = parts
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)
         y = v + a @ c[..., : a.shape[-1], :] + b @ c[..., a.shape[-1] :, :]
         v_norm = torch.linalg.vector_norm(v.detach(), dim=(-2, -1))
         est = gram_trust_ratio(g.detach(), c.detach(), v_norm, ok, s_norm.detach(), cond.detach(), v.dtype)
-        s_fro = torch.where(ok, s_norm.detach() * math.sqrt(g.shape[-1]), math.nan)
-        return y, est, s_fro, ok
+        s_two = torch.where(ok, s_two.detach(), math.nan)
+        return y, est, s_two, ok
 
     g = block_gram(a, b)
     p = torch.cat([a.mT @ v, b.mT @ v], -2)
-    y, est, s_fro, ok = run(g)
+    y, est, s_two, ok = run(g, spectral_refine_above(v.dtype))
     if replaced:
-        keep = ok & (est <= 1.0) & ~float64_needed(s_fro, v.dtype)
+        keep = ok & (est <= 1.0) & ~float64_needed(s_two, v.dtype)
         if not bool(_concrete(keep).all()):
             eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-            y = run(torch.where(keep[..., None, None], g, eye))[0]
-    return y, est, s_fro
+            y = run(torch.where(keep[..., None, None], g, eye), None)[0]  # only Y is used: no ‖S‖₂ needed
+    return y, est, s_two
 
 
-def float64_needed(s_fro: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Mask of the matrices that ``dtype`` (below float64) cannot compute accurately: ``‖S‖_F``
-    (``s_fro``; NaN where unknown, e.g. a failed Cholesky factorisation) above
-    :data:`FLOAT64_NORM`. All False for float64. Device operations only."""
+def float64_needed(s_two: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Mask of the matrices that ``dtype`` (below float64) cannot compute accurately: ``‖S‖₂``
+    above :data:`FLOAT64_NORM`. ``s_two`` is an upper bound of ``‖S‖₂`` that is tight (within
+    :data:`SPECTRAL_SLACK`) wherever it is above the bound: ``s_two`` of :func:`gram_core_parts`
+    with ``norm_above = FLOAT64_NORM``, or :func:`spectral_norm_bound`; NaN where unknown (e.g. a
+    failed Cholesky factorisation) counts as not needed. All False for float64. Device operations only."""
     if dtype == torch.float64:
-        return torch.zeros_like(s_fro, dtype=torch.bool)
-    return s_fro > FLOAT64_NORM
+        return torch.zeros_like(s_two, dtype=torch.bool)
+    return s_two > FLOAT64_NORM
 
 
-def _warn_float64_rounding(s_fro: torch.Tensor, engine: str) -> None:
-    """Warn (:class:`OSAAccuracyWarning`) when float64 rounding of ``S`` (``‖S‖_F`` ``s_fro``
-    per matrix) moves the result by more than :data:`FLOAT64_ROUNDING_WARN`."""
-    fro = _concrete(s_fro).detach()
-    worst = float(fro.nan_to_num(0.0, 0.0, 0.0).max()) if fro.numel() else 0.0
+def spectral_refine_above(dtype: torch.dtype) -> float:
+    """``‖S‖`` above which an engine working on ``dtype`` inputs needs ``‖S‖₂`` itself rather than
+    ``‖S‖_F``: :data:`FLOAT64_NORM` below float64 (the float64 recompute), else
+    :data:`FLOAT64_ROUNDING_NORM` (the float64-rounding warning)."""
+    return FLOAT64_ROUNDING_NORM if dtype == torch.float64 else FLOAT64_NORM
+
+
+def _warn_float64_rounding(s_two: torch.Tensor, engine: str) -> None:
+    """Warn (:class:`OSAAccuracyWarning`) when float64 rounding of ``S`` moves the result by more
+    than :data:`FLOAT64_ROUNDING_WARN`: ``eps₆₄/2 · ‖S‖₂`` with ``s_two`` per matrix an upper bound
+    of ``‖S‖₂``, tight where above :data:`FLOAT64_ROUNDING_NORM` (:func:`spectral_norm_bound`)."""
+    two = _concrete(s_two).detach()
+    worst = float(two.nan_to_num(0.0, 0.0, 0.0).max()) if two.numel() else 0.0
     moved = torch.finfo(torch.float64).eps / 2 * worst
     if moved > FLOAT64_ROUNDING_WARN:
         frame, level = sys._getframe(0), 1  # point the warning at the first caller outside osa_lab/torch
         while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("osa_lab", "torch"):
             frame, level = frame.f_back, level + 1
         warnings.warn(
-            f"osa low-rank engine {engine!r}: ‖S‖_F = {worst:.3g} is so large that float64 rounding of S "
+            f"osa low-rank engine {engine!r}: ‖S‖₂ ≈ {worst:.3g} is so large that float64 rounding of S "
             f"alone moves exp(S) v by about {moved:.1g} (relative); the result is inaccurate. Rescale q, k or α.",
             OSAAccuracyWarning,
             stacklevel=level,
@@ -813,8 +934,10 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
     (:func:`_small_n_action`); for ``N ≤ m`` this also avoids PyTorch's QR backward, which is
     undefined for wide rank-deficient ``U``. ``osa_core=True`` promises ``J`` of
     :func:`osa_skew_core` (``S`` is then formed from one N×N×r product). Below float64, matrices
-    with ``‖S‖_F`` above :data:`FLOAT64_NORM` are recomputed in float64 (float32 QR loses
-    ≈ eps₃₂·‖S‖₂: relative error 0.45 at α = 1e6, measured there).
+    with ``‖S‖₂`` (``= ‖R J Rᵀ‖₂``: ``S = B M Bᵀ`` with orthonormal ``B``) above
+    :data:`FLOAT64_NORM` are recomputed in float64 (float32 QR loses ≈ eps₃₂·‖S‖₂: relative error
+    0.45 at α = 1e6, measured there); ``‖S‖_F`` settles the matrices at or below it, and only those
+    above get :func:`spectral_norm_bound`.
     """
     if u.shape[-2] <= 2 * u.shape[-1]:
         y = _small_n_action(u, j, v, osa_core=osa_core)
@@ -825,11 +948,13 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
     m = r64 @ j.to(torch.float64) @ r64.mT
     e_minus_i = core_skew_exp(m, minus_identity=True)
     y = v + b @ (e_minus_i @ (b.mT @ v).double()).to(v.dtype)
-    s_fro = torch.linalg.matrix_norm(m.detach())  # ‖M‖_F = ‖S‖_F
-    if u.dtype == torch.float64:
-        _warn_float64_rounding(s_fro, "qr")
-    else:
-        big = float64_needed(s_fro, u.dtype)
+    fro, above = torch.linalg.matrix_norm(m.detach()), spectral_refine_above(u.dtype)  # ‖M‖_F = ‖S‖_F
+    if _any(fro > above):  # else ‖S‖₂ ≤ ‖S‖_F ≤ above: no float64 recompute, no warning
+        s_two = spectral_norm_bound(m, fro, above)
+        if u.dtype == torch.float64:
+            _warn_float64_rounding(s_two, "qr")
+            return y
+        big = float64_needed(s_two, u.dtype)
         if _any(big):  # eps₃₂·‖S‖₂ would spoil them: those matrices again in float64
 
             def again(idx: torch.Tensor | None) -> torch.Tensor:
@@ -1116,7 +1241,9 @@ def _small_n_action(
         return None
     u64 = u.double()
     s64 = u64 @ j.to(torch.float64) @ u64.mT
-    _warn_float64_rounding(torch.linalg.matrix_norm(s64.detach()), "qr")
+    fro = torch.linalg.matrix_norm(s64.detach())
+    if _any(fro > FLOAT64_ROUNDING_NORM):  # else no warning: eps₆₄/2·‖S‖₂ ≤ eps₆₄/2·‖S‖_F ≤ the threshold
+        _warn_float64_rounding(spectral_norm_bound(s64, fro, FLOAT64_ROUNDING_NORM), "qr")
     return (core_skew_exp(s64) @ v.double()).to(v.dtype)
 
 
@@ -1157,8 +1284,9 @@ def blocked_action(
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` given as 3-D blocks ``(batch, N, ·)`` (no broadcasting).
 
     The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``, ``osa_core=True``: ``j`` is
-    :func:`osa_skew_core`) and :func:`lowrank_action`. Below float64, the matrices with ``‖S‖_F``
-    above :data:`FLOAT64_NORM` are recomputed by the same engine in float64 (measured there).
+    :func:`osa_skew_core`) and :func:`lowrank_action`. Below float64, the matrices with ``‖S‖₂``
+    above :data:`FLOAT64_NORM` are recomputed by the same engine in float64 (measured there);
+    ``‖S‖_F`` settles those at or below it without further cost (:func:`gram_core_parts`).
     """
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
@@ -1166,11 +1294,11 @@ def blocked_action(
         return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
     if v.shape[0] == 0 or v.shape[-2] == 0:
         return v.clone()
-    y, est, s_fro = _gram_engine(a, b, j, v, engine != "gram", osa_core)
+    y, est, s_two = _gram_engine(a, b, j, v, engine != "gram", osa_core)
     if v.dtype == torch.float64:
-        _warn_float64_rounding(s_fro, engine)
-    big = float64_needed(s_fro, v.dtype)
-    if _any(big):  # below float64 with ‖S‖_F > FLOAT64_NORM: the same engine in float64 there
+        _warn_float64_rounding(s_two, engine)
+    big = float64_needed(s_two, v.dtype)
+    if _any(big):  # below float64 with ‖S‖₂ > FLOAT64_NORM: the same engine in float64 there
 
         def in_float64(idx: torch.Tensor | None) -> torch.Tensor:
             a64, b64, v64 = (_rows(x, idx).double() for x in (a, b, v))

@@ -14,7 +14,8 @@ Forward
        (2r × d). The error estimate of the torch Gram engine decides, per ``b``, whether the
        result is trusted; those that are not are recomputed by :func:`expm.qr_action` in
        float32 (rank-deficient ``U``, ``N < 2r``, ``q = k``, ill-conditioned ``U``), or in
-       float64 where ``‖S‖_F > expm.FLOAT64_NORM`` (float32 loses ≈ eps₃₂·‖S‖₂ there).
+       float64 where ``‖S‖₂ > expm.FLOAT64_NORM`` (float32 loses ≈ eps₃₂·‖S‖₂ there; ``‖S‖₂``
+       is only worked out, from the core, where ``‖S‖_F`` is above that bound).
     3. **apply pass** (Triton, elementwise over tokens): ``Y = V + q C_q + k C_k``.
 
 Backward (``gY`` given; the formulas of the torch engine, :func:`osa_lab.ops.expm.gram_action`)
@@ -702,6 +703,7 @@ def _untrusted(
     ok: torch.Tensor,
     s_norm: torch.Tensor,
     cond: torch.Tensor,
+    s_two: torch.Tensor,
     precision: str = "ieee",
 ) -> torch.Tensor:
     """Per-b mask of results the Gram engine cannot deliver within the float32 budget.
@@ -709,15 +711,16 @@ def _untrusted(
     The torch engine's rule itself (:func:`osa_lab.ops.expm.gram_trust_ratio`): Cholesky failed,
     or cond(U) above ``GRAM_MAX_COND``, or ``eps·‖U‖_F‖C‖_F/‖V‖_F`` above ``GRAM_TOLERANCE``, with
     float32 values (the kernels accumulate in float32 whatever the input dtype; ``eps`` scaled by
-    ``_PRECISION_EPS_FACTOR`` for tf32x3 dots); or ``‖S‖_F`` above ``expm.FLOAT64_NORM``, where
+    ``_PRECISION_EPS_FACTOR`` for tf32x3 dots); or ``‖S‖₂`` above ``expm.FLOAT64_NORM``, where
     float32 passes lose ≈ eps₃₂·‖S‖₂ (relative error 0.22 measured at α = 1e6, N = 40, r = 8) and
-    the fallback recomputes in float64. ``ok``, ``s_norm`` and ``cond`` come from the core.
+    the fallback recomputes in float64. ``ok``, ``s_norm``, ``cond`` and ``s_two`` (an upper bound
+    of ``‖S‖₂``, tight where above ``expm.FLOAT64_NORM``) come from the core.
     Device operations only (no host synchronisation).
     """
     eps = torch.finfo(torch.float32).eps * _PRECISION_EPS_FACTOR[precision]
     ratio = expm.gram_trust_ratio(g, c, v_sq.clamp_min(0).sqrt(), ok, s_norm, cond, torch.float32, eps)
-    s_fro = torch.where(ok, s_norm * math.sqrt(g.shape[-1]), math.nan)
-    return ~(torch.isfinite(ratio) & (ratio <= 1)) | expm.float64_needed(s_fro, torch.float32)
+    s_two = torch.where(ok, s_two, math.nan)
+    return ~(torch.isfinite(ratio) & (ratio <= 1)) | expm.float64_needed(s_two, torch.float32)
 
 
 #: Taylor degree and Paterson–Stockmeyer block of the fixed core plan (6 products + squarings).
@@ -725,13 +728,15 @@ _FIXED_DEGREE, _FIXED_BLOCK = 16, 4
 
 
 def fixed_gram_core(
-    g: torch.Tensor, j: torch.Tensor, max_squarings: int = 12
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    g: torch.Tensor, j: torch.Tensor, max_squarings: int = 12, norm_above: float | None = expm.FLOAT64_NORM
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The Gram core ``F = L⁻ᵀ (exp(Lᵀ J L) − I) L⁻¹`` (paper's low-rank form; docs/triton.md)
     by a fixed sequence of device operations: no host synchronisation, so CUDA graphs and
     ``torch.compile`` can capture it.
 
-    Returns ``(F, ok, (s_norm, cond))`` like ``expm.gram_core_with_norm``. ``J`` must be
+    Returns ``(F, ok, (s_norm, cond, s_two))`` like ``expm.gram_core_with_norm``; ``s_two`` is
+    ``‖M‖_F``, and where that is above ``norm_above`` (None: nowhere)
+    ``expm.spectral_norm_bound`` by its all-squarings device path (``sync=False``). ``J`` must be
     :func:`osa_lab.expm.osa_skew_core`'s ``s·[[0, I], [−I, 0]]``. The exponential of the skew
     ``M = Lᵀ J L`` is the degree-16 Taylor polynomial (Paterson–Stockmeyer, block 4) of
     ``M / 2^{s_b}`` squared ``s_b`` times, where each matrix's ``s_b`` comes from the
@@ -747,7 +752,9 @@ def fixed_gram_core(
     chol = torch.where(okm, chol, eye)
     chol_inv = torch.where(okm, chol_inv, eye)
     m = expm.core_matrix(chol, j, True)
-    s_norm = torch.linalg.matrix_norm(m.detach()) / math.sqrt(width)
+    fro = torch.linalg.matrix_norm(m.detach())
+    s_norm = fro / math.sqrt(width)
+    s_two = fro if norm_above is None else expm.spectral_norm_bound(m, fro, norm_above, sync=False)
     m2 = m @ m
     m3 = m2 @ m
     m4 = m2 @ m2
@@ -770,13 +777,14 @@ def fixed_gram_core(
         e = torch.where(cm > step, e @ e, e)
     f = chol_inv.mT @ (e - eye) @ chol_inv
     cond = torch.linalg.matrix_norm(chol.detach()) * torch.linalg.matrix_norm(chol_inv.detach()) / width
-    return f, ok & fits, (s_norm, cond)
+    return f, ok & fits, (s_norm, cond, s_two)
 
 
-def _core(g: torch.Tensor, j: torch.Tensor, plan: _Plan):
+def _core(g: torch.Tensor, j: torch.Tensor, plan: _Plan, norm_above: float | None = None):
+    """The plan's core; ``norm_above``: where ``s_two`` must be tight (the forward's fallback rule)."""
     if plan.core == "fixed":
-        return fixed_gram_core(g, j, plan.max_squarings)
-    return expm.gram_core_with_norm(g, j)
+        return fixed_gram_core(g, j, plan.max_squarings, norm_above)
+    return expm.gram_core_with_norm(g, j, norm_above)
 
 
 class _OSATriton(torch.autograd.Function):
@@ -796,9 +804,9 @@ class _OSATriton(torch.autograd.Function):
         g = rows.index_select(2, idx)
         p = rows[:, :, 2 * plan.rp : 2 * plan.rp + plan.d]
         j = expm.osa_skew_core(r, scale.detach())
-        f, ok, (s_norm, cond) = _core(g, j, plan)
+        f, ok, (s_norm, cond, s_two) = _core(g, j, plan, expm.FLOAT64_NORM)
         c = f @ p
-        bad = _untrusted(g, c, v_sq, ok, s_norm, cond, plan.precision)
+        bad = _untrusted(g, c, v_sq, ok, s_norm, cond, s_two, plan.precision)
         keep = ~bad[:, None, None]
         g = torch.where(keep, g, torch.eye(2 * r, dtype=torch.float64, device=q.device))
         c = torch.where(keep, c, 0.0)
@@ -897,7 +905,7 @@ def osa_triton(
 
     Returns ``(b, N, d_v)`` in the dtype of ``v``; differentiable w.r.t. q, k, v and scale.
     Batch elements the Gram engine cannot compute accurately (see :func:`_untrusted`) are
-    recomputed by :func:`osa_lab.expm.qr_action` in float32, or in float64 where ``‖S‖_F`` is
+    recomputed by :func:`osa_lab.expm.qr_action` in float32, or in float64 where ``‖S‖₂`` is
     above ``expm.FLOAT64_NORM`` (differentiable by autograd);
     with ``config.core == "fixed"`` they are NaN instead and the call makes no host
     synchronisation (docs/triton.md, "Host synchronisations").
