@@ -281,7 +281,11 @@ def test_kappa_beyond_float64_is_marked_not_silently_clipped():
     assert len(marks) == 1 and "beyond float64" in marks[0].label
     assert marks[0].dimension_values(1).tolist() == [D.LOG_CEILING]
     assert not [el for el in D.kappa_vs_depth(_jacobian()) if type(el).__name__ == "Scatter"]
-    _renders_both(obj)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # matplotlib warned on the 'x' marker's edgecolor
+        _renders_both(obj)
 
 
 def test_preset_colours_are_fixed_across_figures_and_orders():

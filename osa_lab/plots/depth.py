@@ -408,7 +408,8 @@ def kappa_vs_depth(
             hv.Scatter((over["layer"], np.full(len(over), LOG_CEILING)), "layer", "mean",
                        label="κ beyond float64 (≥ 1/ε)"),
             dict(color="black", marker="x", size=12, line_width=2),
-            dict(color="black", marker="x", s=80, linewidth=2),
+            # edgecolors=None: HoloViews' default 'none' makes matplotlib warn for the unfilled 'x'
+            dict(color="black", marker="x", s=80, linewidth=2, edgecolors=None),
         ))
     return curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks)
 
