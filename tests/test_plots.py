@@ -7,6 +7,8 @@ the matplotlib backend (PNG bytes).
 
 from __future__ import annotations
 
+import warnings
+
 import holoviews as hv
 import numpy as np
 import pandas as pd
@@ -281,8 +283,6 @@ def test_kappa_beyond_float64_is_marked_not_silently_clipped():
     assert len(marks) == 1 and "beyond float64" in marks[0].label
     assert marks[0].dimension_values(1).tolist() == [D.LOG_CEILING]
     assert not [el for el in D.kappa_vs_depth(_jacobian()) if type(el).__name__ == "Scatter"]
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # matplotlib warned on the 'x' marker's edgecolor
         _renders_both(obj)

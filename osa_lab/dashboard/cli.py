@@ -101,7 +101,7 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     """Environment variables the served app reads, set by this command's options."""
     from osa_lab.dashboard.spare import ENV_VARIABLE
 
-    return {ENV_VARIABLE: "0"} if getattr(args, "no_spare_session", False) else {}
+    return {ENV_VARIABLE: "0"} if args.no_spare_session else {}
 
 
 def run(args: argparse.Namespace) -> int:

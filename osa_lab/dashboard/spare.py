@@ -64,6 +64,10 @@ def enabled() -> bool:
     return os.environ.get(ENV_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+#: Token payload of a request without headers, cookies or arguments (a spare's build).
+_EMPTY_PAYLOAD: dict = {"headers": {}, "cookies": {}, "arguments": {}}
+
+
 class SpareSessions:
     """At most one spare session per app path, built by Bokeh's application context."""
 
@@ -73,9 +77,16 @@ class SpareSessions:
         self.building: set[str] = set()
         self.handed_out: dict[Any, Any] = {}  # Document -> ServerSession (expiration still blocked)
         self.in_flight: dict[Any, float] = {}  # Document -> when its page was answered (not loaded yet)
-        self.stats = {"built": 0, "handed_out": 0, "failed": 0, "build_seconds": 0.0}
 
     # -- building ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _token(app: Any, session_id: str, payload: dict) -> str:
+        """A session token for ``session_id`` signed and timed as the server ``app``'s own."""
+        from bokeh.util.token import generate_jwt_token
+
+        return generate_jwt_token(session_id, secret_key=app.secret_key, signed=app.sign_sessions,
+                                  expiration=app.session_token_expiration, extra_payload=payload)
 
     def _context(self, path: str) -> Any:
         apps = getattr(self.tornado, "_applications", None)
@@ -94,7 +105,7 @@ class SpareSessions:
         self.tornado.io_loop.call_later(delay, self._build, path)
 
     async def _build(self, path: str) -> None:
-        from bokeh.util.token import generate_jwt_token, generate_session_id
+        from bokeh.util.token import generate_session_id
         from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
         now = time.monotonic()
@@ -112,18 +123,12 @@ class SpareSessions:
             request = HTTPServerRequest(method="GET", uri=path, version="HTTP/1.1",
                                         headers=HTTPHeaders({"Host": "localhost"}), host="localhost")
             request.route_params, request.app_path = {}, path  # as Panel's page handler sets them
-            payload = {"headers": {}, "cookies": {}, "arguments": {}}
-            payload.update(context.application.process_request(request))
-            token = generate_jwt_token(session_id, secret_key=app.secret_key, signed=app.sign_sessions,
-                                       expiration=app.session_token_expiration, extra_payload=payload)
-            session = await context.create_session_if_needed(session_id, request, token)
+            payload = {**_EMPTY_PAYLOAD, **context.application.process_request(request)}
+            session = await context.create_session_if_needed(session_id, request, self._token(app, session_id, payload))
             session.block_expiration()
             self.spares[path] = session
-            self.stats["built"] += 1
-            self.stats["build_seconds"] = time.perf_counter() - start
-            log.info("spare dashboard session for %s built in %.2f s", path, self.stats["build_seconds"])
+            log.info("spare dashboard session for %s built in %.2f s", path, time.perf_counter() - start)
         except Exception:  # noqa: BLE001 - a failed spare only means the next page is built per request
-            self.stats["failed"] += 1
             log.warning("could not build a spare dashboard session for %s", path, exc_info=True)
         finally:
             self.building.discard(path)
@@ -136,15 +141,13 @@ class SpareSessions:
         from panel.config import config
 
         request = handler.request
-        return (request.path in self.spares and not request.arguments and not request.query
+        return (request.path in self.spares and not request.query
                 and "Bokeh-Session-Id" not in request.headers and not config.reuse_sessions
                 and not config.authorize_callback and not config.autoreload
                 and isinstance(getattr(handler.application, "auth_provider", None), NullAuth))
 
     def take(self, handler: Any) -> Any:
         """The spare session for ``handler``'s request with a fresh token, or ``None``."""
-        from bokeh.util.token import generate_jwt_token
-
         if self.tornado is None:
             self.tornado = handler.application
         if not self.usable_by(handler):
@@ -153,15 +156,12 @@ class SpareSessions:
         session = self.spares.pop(path)
         if session.destroyed:
             return None
-        app = handler.application
         payload_of = getattr(handler, "_generate_token_payload", None)
-        payload = payload_of() if payload_of is not None else {"headers": {}, "cookies": {}, "arguments": {}}
-        session._token = generate_jwt_token(session.id, secret_key=app.secret_key, signed=app.sign_sessions,
-                                            expiration=app.session_token_expiration, extra_payload=payload)
+        payload = payload_of() if payload_of is not None else dict(_EMPTY_PAYLOAD)
+        session._token = self._token(handler.application, session.id, payload)
         self.handed_out[session.document] = session
-        self.stats["handed_out"] += 1
         log.info("page request for %s answered from the spare session", path)
-        loop = app.io_loop
+        loop = handler.application.io_loop
         loop.call_later(HANDOUT_GRACE_S, self._release, session.document)
         loop.call_later(FALLBACK_DELAY_S, self.schedule, path, 0.0)
         return session
