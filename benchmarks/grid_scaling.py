@@ -65,7 +65,8 @@ def warm_up(kind: str) -> None:
 
 
 def train_tasks(seeds: int, epochs: int) -> list[Task]:
-    from osa_lab.studies.training import TrainConfig, _compare_task
+    from osa_lab.studies.training.compare import _compare_task
+    from osa_lab.studies.training.config import TrainConfig
 
     base = TrainConfig(data="digits", epochs=epochs, diag_every=0, diag_samples=16,
                        model={"depth": 2, "dim": 32, "heads": 2})  # fmt: skip

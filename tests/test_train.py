@@ -17,6 +17,7 @@ from torch import nn
 import osa_lab.studies.training as T
 from osa_lab.cli import main as cli_main
 from osa_lab.errors import ConfigurationError, UnknownNameError
+from osa_lab.nn.models import osa_layers
 from osa_lab.studies.data import load_synthetic
 from osa_lab.studies.training import TrainConfig, TrainingDivergedError, compare, summarize_runs, train
 
@@ -154,7 +155,7 @@ class NaNAfter(nn.Module):
 @pytest.fixture
 def nan_at_step_6(monkeypatch):
     real = T.build_training_model
-    monkeypatch.setattr(T, "build_training_model", lambda cfg: NaNAfter(real(cfg), 7))  # 7th call = step 6
+    monkeypatch.setattr(T.loop, "build_training_model", lambda cfg: NaNAfter(real(cfg), 7))  # 7th call = step 6
 
 
 def test_diverging_run_names_step_preset_and_last_checkpoint(tmp_path, data, nan_at_step_6):
@@ -182,7 +183,7 @@ def test_nan_in_hidden_states_is_reported_as_divergence(data, monkeypatch):
             model.encoder.blocks[1].attn.to_v.weight.fill_(float("inf"))
         return model
 
-    monkeypatch.setattr(T, "build_training_model", poisoned)
+    monkeypatch.setattr(T.loop, "build_training_model", poisoned)
     with pytest.raises(TrainingDivergedError, match=r"step 0 .*layer 2"):
         train(tiny("skipless-ssa"), data=data, progress=False)
 
@@ -199,7 +200,7 @@ def test_compare_summarises_presets_and_records_divergence(tmp_path, data, monke
     real = T.build_training_model
     # make every skipless-ssa run diverge; the others must still run and be summarised
     monkeypatch.setattr(
-        T,
+        T.loop,
         "build_training_model",
         lambda cfg: NaNAfter(real(cfg), 3) if cfg.attention == "ssa" and not cfg.skip else real(cfg),
     )
@@ -370,9 +371,9 @@ def test_alpha_has_its_own_group_without_decay_and_with_the_multiplier():
 
     cfg = get_preset("skipless-osa", input="patches", image_size=8, patch_size=4, seed=0, **TINY)
     model = build_classifier(cfg)
-    groups = {g["name"]: g for g in T._param_groups(model, 0.05, lr=1e-3, alpha_lr_mult=10.0)}
+    groups = {g["name"]: g for g in T.loop._param_groups(model, 0.05, lr=1e-3, alpha_lr_mult=10.0)}
     assert set(groups) == {"decay", "no_decay", "alpha"}
-    alphas = [m.alpha for m in T.osa_layers(model)]
+    alphas = [m.alpha for m in osa_layers(model)]
     assert len(groups["alpha"]["params"]) == len(alphas) == 2
     assert all(any(p is a for p in groups["alpha"]["params"]) for a in alphas)
     assert groups["alpha"]["weight_decay"] == 0.0 and groups["alpha"]["lr"] == pytest.approx(1e-2)
@@ -381,14 +382,14 @@ def test_alpha_has_its_own_group_without_decay_and_with_the_multiplier():
     # one AdamW step: α moves lr·mult (Adam's first step is ≈ lr·sign(g)), the other weights lr
     def first_step(mult: float) -> tuple[torch.Tensor, torch.Tensor]:
         m = build_classifier(cfg)
-        opt = torch.optim.AdamW(T._param_groups(m, 0.0, lr=1e-3, alpha_lr_mult=mult), lr=1e-3)
-        a0 = torch.cat([x.alpha.detach().flatten() for x in T.osa_layers(m)])
+        opt = torch.optim.AdamW(T.loop._param_groups(m, 0.0, lr=1e-3, alpha_lr_mult=mult), lr=1e-3)
+        a0 = torch.cat([x.alpha.detach().flatten() for x in osa_layers(m)])
         w0 = m.head.weight.detach().clone()
         x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
         F_loss = m(x).logsumexp(-1).mean()
         F_loss.backward()
         opt.step()
-        a1 = torch.cat([x.alpha.detach().flatten() for x in T.osa_layers(m)])
+        a1 = torch.cat([x.alpha.detach().flatten() for x in osa_layers(m)])
         return (a1 - a0).abs(), (m.head.weight.detach() - w0).abs()
 
     da1, dw1 = first_step(1.0)
@@ -480,7 +481,7 @@ def test_alpha_zero_control_leaves_exp_s_the_identity(data):
     model = build_classifier(cfg)
     names = {n for n, _ in model.named_parameters()}
     assert not any(n.endswith("alpha") for n in names)  # α is a frozen buffer, not learned
-    layer = T.osa_layers(model)[0]
+    layer = osa_layers(model)[0]
     x = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0))
     q, k, v = (t.detach() for t in layer._split(x))
     # exp(S) = I: the layer's OSA returns its values unchanged, and S is exactly 0
@@ -629,3 +630,25 @@ def test_mixing_summary_reports_mean_abs_alpha(compared):
     got = mix[mix["preset"] == "skipless-osa"].set_index(["layer", "head"])["abs_alpha"]
     assert got.to_numpy() == pytest.approx(want.to_numpy())
     assert (got >= mix[mix["preset"] == "skipless-osa"].set_index(["layer", "head"])["alpha"].abs() - 1e-12).all()
+
+
+class _CodeRunningPayload:
+    """Unpickling this object would create ``marker`` (a stand-in for arbitrary code)."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path, data):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    marker = tmp_path / "code-ran"
+    torch.save({"format": 2, "payload": _CodeRunningPayload(str(marker))}, run_dir / T.CHECKPOINT_NAME)
+    with pytest.raises(ConfigurationError, match="never unpickles"):
+        train(tiny(), run_dir, data=data, progress=False)
+    assert not marker.exists()

@@ -233,7 +233,7 @@ def test_method_refusing_its_input_is_a_one_line_error_not_a_divergence(tmp_path
             raise OSAInputError("method 'gram' needs [q k] of full column rank; use method='lowrank' or 'qr'")
 
     build = T.build_training_model
-    monkeypatch.setattr(T, "build_training_model", lambda cfg: Refusing(build(cfg)))
+    monkeypatch.setattr(T.loop, "build_training_model", lambda cfg: Refusing(build(cfg)))
     out = tmp_path / "out"
     code, err = run_cli(synthetic_args(out, "--osa-method", "gram"), capsys)
     assert_one_line_error(code, err, "full column rank", "lowrank")
