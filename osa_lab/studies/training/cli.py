@@ -33,13 +33,25 @@ from osa_lab.studies.training.config import (
     comparison_presets,
     resolve_device,
 )
-from osa_lab.studies.training.lock import check_output_dir
+from osa_lab.studies.training.lock import RunLock, check_output_dir
 from osa_lab.studies.training.tune import TuneGrid, tune
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``osa-lab train``."""
     d = TrainConfig()
+    parser.add_argument(
+        "--experiment",
+        default=None,
+        metavar="FILE",
+        help="run (or resume) a named study from an experiment file, e.g. experiments/mnist1d_depth.yaml: "
+        "tuning that brackets each optimum, the final seeds, and tables + verdict in the file's results folder "
+        "(--output overrides it); the other training options are ignored",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="--experiment: use the file's `quick` profile (a few minutes; what CI runs)")  # fmt: skip
+    parser.add_argument("--summary-only", action="store_true",
+                        help="--experiment: regenerate the tables and verdict from the results folder, train nothing")  # fmt: skip
     parser.add_argument(
         "--preset",
         nargs="+",
@@ -176,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     folder owned by another run) prints one line naming the problem and the fix and returns 2;
     an output folder this call created is removed again so no partial output is left.
     """
+    if args.experiment is not None:
+        return run_experiment(args)
     presets = comparison_presets(args.data) if args.compare else list(args.preset)
     out = Path(args.output)
     existed = out.exists()
@@ -228,3 +242,29 @@ def run(args: argparse.Namespace) -> int:
     for _, r in failed.iterrows():
         print(f"osa-lab train: {r['preset']} seed {r['seed']} {r['status']}: {r['error']}", file=sys.stderr)
     return 1 if len(failed) else 0
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    """``osa-lab train --experiment FILE [--quick] [--summary-only]``: the named study (osa_lab.studies.depth_study)."""
+    from osa_lab.studies.depth_study import load_spec, run_study, summarise
+
+    try:
+        spec = load_spec(args.experiment, "quick" if args.quick else None)
+        explicit_output = args.output != "runs/train"
+        results = check_output_dir(args.output if explicit_output else spec.results)
+        if args.summary_only:
+            if not (results / "experiment.yaml").exists():
+                raise ConfigurationError(f"{results} holds no study results (no experiment.yaml); run the study first")
+            out = summarise(results, spec)
+        else:
+            if args.threads is not None:
+                torch.set_num_threads(args.threads)
+            options = options_from_args(args, progress=not args.quiet)
+            with RunLock(results):
+                out = run_study(spec, results, options=options)
+    except USER_ERRORS as err:
+        print(f"osa-lab train: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    print(out["verdict"])
+    print(f"wrote runs.csv, curves.csv, tuning.csv, summary.csv, claims.csv and verdict.md under {results}/")
+    return 0

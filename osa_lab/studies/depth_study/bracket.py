@@ -1,0 +1,99 @@
+"""A tuning grid that brackets its optimum: an edge optimum extends the grid by one ×factor step.
+
+The grid is a set of points on named log-scale axes (``lr``, ``alpha_lr_mult``). After each
+round of evaluations the best point (highest mean validation accuracy over the tuning seeds;
+ties: the smaller learning rate) is looked at along each axis, through the points that share
+its other coordinates. If it is the smallest (largest) value evaluated on that line, the next
+round adds the point one factor below (above) it, unless that edge was already extended
+``max_extensions`` times or the value would leave the axis' bounds. The search ends when no
+edge needs extending; a best point still on an edge is reported as such. A point that
+diverged on any tuning seed scores NaN: it can bound an optimum but never be chosen. When every
+point diverged, the learning-rate axis is extended downwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+Point = tuple[float, ...]
+
+
+@dataclass
+class BracketState:
+    """The search on one cell: axes, evaluated scores, and how often each edge was extended."""
+
+    axes: tuple[str, ...]
+    start: Mapping[str, Sequence[float]]
+    bounds: Mapping[str, tuple[float, float]]
+    factor: float = 3.0
+    max_extensions: int = 3
+    scores: dict[Point, float] = field(default_factory=dict)
+    extensions: dict[tuple[str, str], int] = field(default_factory=dict)
+    added_by_extension: set[Point] = field(default_factory=set)
+
+    def initial_points(self) -> list[Point]:
+        """The full product of the start values."""
+        points: list[Point] = [()]
+        for axis in self.axes:
+            points = [(*p, float(v)) for p in points for v in sorted(self.start[axis])]
+        return points
+
+    def best(self) -> Point | None:
+        """The best evaluated point (None while every point diverged)."""
+        finite = [(s, p) for p, s in self.scores.items() if not math.isnan(s)]
+        if not finite:
+            return None
+        return max(finite, key=lambda sp: (sp[0], -sp[1][0]))[1]
+
+    def _line(self, best: Point, i: int) -> list[float]:
+        return sorted({p[i] for p in self.scores if all(p[j] == best[j] for j in range(len(best)) if j != i)})
+
+    def edges(self) -> list[tuple[str, str]]:
+        """The (axis, "low"/"high") edges on which the best point sits now."""
+        best = self.best()
+        if best is None:
+            return [("lr", "low")] if "lr" in self.axes else []
+        out = []
+        for i, axis in enumerate(self.axes):
+            line = self._line(best, i)
+            if len(line) == 1:
+                continue  # a single value on this axis: nothing to bracket against
+            if best[i] == line[0]:
+                out.append((axis, "low"))
+            if best[i] == line[-1]:
+                out.append((axis, "high"))
+        return out
+
+    def next_points(self) -> list[Point]:
+        """Points of the next round (empty when the optimum is bracketed or the limits are reached)."""
+        best = self.best()
+        new: list[Point] = []
+        for axis, side in self.edges():
+            i = self.axes.index(axis)
+            if self.extensions.get((axis, side), 0) >= self.max_extensions:
+                continue
+            lo, hi = self.bounds[axis]
+            if best is None:  # everything diverged: go below the smallest learning rate at every other setting
+                anchors = {p[:i] + (min(q[i] for q in self.scores),) + p[i + 1 :] for p in self.scores}
+            else:
+                anchors = {best}
+            added = 0
+            for anchor in sorted(anchors):
+                edge = anchor[i]
+                value = edge / self.factor if side == "low" else edge * self.factor
+                if not lo * (1 - 1e-9) <= value <= hi * (1 + 1e-9):
+                    continue
+                point = anchor[:i] + (float(f"{value:.6g}"),) + anchor[i + 1 :]
+                if point not in self.scores and point not in new:
+                    new.append(point)
+                    added += 1
+            if added:
+                self.extensions[(axis, side)] = self.extensions.get((axis, side), 0) + 1
+        self.added_by_extension.update(new)
+        return new
+
+    def edge_after_limit(self) -> list[str]:
+        """Edges the best point still sits on (after the search): ``["lr low", …]``; empty when bracketed."""
+        return [f"{axis} {side}" for axis, side in self.edges()]

@@ -1,0 +1,265 @@
+"""The study's tables and verdict, regenerated from the results folder alone.
+
+:func:`summarise` reads every run's JSON under ``results/tune`` and ``results/final`` and writes
+``runs.csv`` (one row per final run), ``curves.csv`` (training curves of the final runs),
+``tuning.csv`` (one row per tuning run, with the grid extensions), ``summary.csv`` (per preset ×
+depth), ``claims.csv`` and ``verdict.md``. A study that is not finished says so in every table
+(``complete`` column) and in the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from osa_lab.studies.depth_study import stats
+from osa_lab.studies.depth_study.spec import StudySpec
+
+REFERENCE = "skipless-osa"
+
+#: (other preset, kind, wording): the claims of Zhang & Martens (2026) that the study tests, at every depth
+CLAIMS: tuple[tuple[str, str, str], ...] = (
+    ("vit", "equivalence", "skipless OSA is comparable to the skip-connected ViT"),
+    ("skipless-ssa", "superiority", "skipless OSA is better than skipless softmax attention"),
+    ("ssa-cutting-skip", "superiority", "skipless OSA is better than Cutting-the-Skip softmax attention"),
+    ("skipless-osa-alpha0", "superiority", "learned token mixing helps skipless OSA (vs α ≡ 0)"),
+)
+
+RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "status", "train_loss",
+               "train_accuracy", "steps_to_90", "val_accuracy", "test_accuracy", "kappa_init", "kappa_trained",
+               "effective_rank_init", "effective_rank_trained", "relative_residual_init",
+               "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
+
+
+def _read(folder: Path) -> list[dict]:
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # a damaged result is rerun by the study; here it is simply missing
+    return out
+
+
+def _mean(values) -> float:
+    values = [v for v in values or [] if v is not None and math.isfinite(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def run_table(results: Path) -> pd.DataFrame:
+    """One row per finished final run (:data:`RUN_COLUMNS`)."""
+    rows = []
+    for r in _read(results / "final"):
+        rank_i, rank_t = r.get("rank_init") or {}, r.get("rank_trained") or {}
+        rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS},
+                     "effective_rank_init": rank_i.get("effective_rank", math.nan),
+                     "effective_rank_trained": rank_t.get("effective_rank", math.nan),
+                     "relative_residual_init": rank_i.get("relative_residual", math.nan),
+                     "relative_residual_trained": rank_t.get("relative_residual", math.nan),
+                     "mixing_ratio_init": _mean(r.get("mixing_ratio_init")),
+                     "mixing_ratio_trained": _mean(r.get("mixing_ratio_trained"))})  # fmt: skip
+    df = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    return df.sort_values(["depth", "preset", "seed"], ignore_index=True)
+
+
+def curve_table(results: Path) -> pd.DataFrame:
+    """Per-epoch training curves of the final runs (preset, depth, seed, step, train_loss, …)."""
+    rows = []
+    for r in _read(results / "final"):
+        for c in r.get("curve") or []:
+            rows.append({"preset": r["preset"], "depth": r["depth"], "seed": r["seed"], **c})
+    return pd.DataFrame(rows)
+
+
+def tuning_table(results: Path) -> pd.DataFrame:
+    """One row per tuning run, with the cell's search record (extended, chosen, edge after the limit)."""
+    rows = [{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy")}
+            for r in _read(results / "tune")]  # fmt: skip
+    df = pd.DataFrame(rows, columns=["preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy"])
+    df = df.rename(columns={"seed": "tune_seed"})
+    df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
+    for rec in _read(results / "search"):
+        cell = (df["preset"] == rec["preset"]) & (df["depth"] == rec["depth"])
+        for lr, am in rec.get("extension_points", []):
+            df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "extended"] = True
+        if rec.get("chosen"):
+            lr, am = rec["chosen"]
+            df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "chosen"] = True
+        df.loc[cell, "edge_after_limit"] = ", ".join(rec.get("edge_after_limit", []))
+    return df.sort_values(["depth", "preset", "lr", "alpha_lr_mult", "tune_seed"], ignore_index=True)
+
+
+def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> pd.DataFrame:
+    """Per preset × depth: runs planned and finished, test accuracy with a 95 % interval, trainability and κ."""
+    rows = []
+    for preset, depth in spec.run_order():
+        r = runs[(runs["preset"] == preset) & (runs["depth"] == depth)]
+        ok = r[r["status"] == "ok"]
+        acc = ok["test_accuracy"].to_numpy(dtype=float)
+        lo, hi = stats.mean_interval(acc, 0.95)
+        t = tuning[(tuning["preset"] == preset) & (tuning["depth"] == depth)]
+        planned = len(spec.final_seeds(depth))
+        rows.append({
+            "preset": preset, "depth": depth, "planned": planned, "finished": len(r), "diverged": int((r["status"] == "diverged").sum()),
+            "complete": len(r) >= planned,
+            "lr": float(r["lr"].iloc[0]) if len(r) else math.nan,
+            "alpha_lr_mult": float(r["alpha_lr_mult"].iloc[0]) if len(r) else math.nan,
+            "grid_extended": bool(t["extended"].any()) if len(t) else False,
+            "edge_after_limit": t["edge_after_limit"].iloc[0] if len(t) else "",
+            "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
+            "test_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else math.nan,
+            "ci_low": lo, "ci_high": hi,
+            "train_accuracy_mean": float(ok["train_accuracy"].mean()) if len(ok) else math.nan,
+            "steps_to_90_median": float(ok["steps_to_90"].median()) if len(ok) else math.nan,
+            "reached_90": int(ok["steps_to_90"].notna().sum()),
+            "kappa_init_median": float(r["kappa_init"].median()) if len(r) else math.nan,
+            "kappa_trained_median": float(ok["kappa_trained"].median()) if len(ok) else math.nan,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd.DataFrame:
+    """Every claim × depth with ≥ 2 paired seeds: mean difference, interval, p, Holm-adjusted p, verdict."""
+    ok = runs[runs["status"] == "ok"]
+    acc = ok.pivot_table(index=["depth", "seed"], columns="preset", values="test_accuracy")
+    rows = []
+    depths = sorted({d for _, ds in spec.cells for d in ds})
+    for depth in depths:
+        if depth not in acc.index.get_level_values(0):
+            continue
+        at = acc.loc[depth]
+        for other, kind, text in CLAIMS:
+            if REFERENCE not in at or other not in at:
+                continue
+            d = (at[REFERENCE] - at[other]).dropna().to_numpy(dtype=float)
+            if len(d) < 2:
+                continue
+            m, s = float(d.mean()), float(d.std(ddof=1))
+            if kind == "equivalence":
+                p, p_rev = stats.tost(d, spec.equivalence_margin), math.nan
+                lo, hi = stats.mean_interval(d, 1 - 2 * alpha)
+            else:
+                p, p_rev = stats.one_sided_paired(d)
+                lo, hi = stats.mean_interval(d, 0.95)
+            rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
+                         "diff_std": s, "ci_low": lo, "ci_high": hi,
+                         "ci_level": 1 - 2 * alpha if kind == "equivalence" else 0.95, "p": p, "p_reverse": p_rev})  # fmt: skip
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    adjusted = stats.holm(list(df["p"]) + list(df["p_reverse"].dropna()))
+    df["p_holm"] = adjusted[: len(df)]
+    rev = iter(adjusted[len(df) :])
+    df["p_reverse_holm"] = [next(rev) if not math.isnan(v) else math.nan for v in df["p_reverse"]]
+    verdicts, needed = [], []
+    margin = spec.equivalence_margin
+    for _, r in df.iterrows():
+        if r["p_holm"] < alpha:
+            verdicts.append("shown")
+        elif r["kind"] == "equivalence" and (r["ci_low"] > margin or r["ci_high"] < -margin):
+            verdicts.append("refuted")
+        elif r["kind"] == "superiority" and r["p_reverse_holm"] < alpha:
+            verdicts.append("refuted")
+        else:
+            verdicts.append("inconclusive")
+        needed.append(stats.seeds_needed(r["diff_mean"], r["diff_std"], kind=r["kind"], margin=margin,
+                                         alpha=alpha / len(df)) if verdicts[-1] == "inconclusive" else math.nan)  # fmt: skip
+    df["verdict"], df["seeds_needed"] = verdicts, needed
+    return df
+
+
+def gate_status(summary: pd.DataFrame, spec: StudySpec) -> tuple[str, list[str]]:
+    """(``"passed"`` / ``"failed"`` / ``"not measured"``, one line per baseline)."""
+    lines, states = [], []
+    for preset, floor in spec.gate.items():
+        rows = summary[summary["preset"] == preset]
+        mean = float(rows["test_accuracy_mean"].iloc[0]) if len(rows) else math.nan
+        done = bool(rows["complete"].iloc[0]) if len(rows) else False
+        if math.isnan(mean) or not done:
+            states.append("not measured")
+            lines.append(f"`{preset}`: not finished ({int(rows['finished'].iloc[0]) if len(rows) else 0} runs)")
+        else:
+            states.append("passed" if mean >= floor else "failed")
+            lines.append(f"`{preset}`: {mean * 100:.1f} % mean test accuracy (floor {floor * 100:.0f} %): {states[-1]}")
+    state = "failed" if "failed" in states else "not measured" if "not measured" in states else "passed"
+    return state, lines
+
+
+def _pct(v: float) -> str:
+    return "—" if not math.isfinite(v) else f"{v * 100:.1f}"
+
+
+def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
+    """The verdict in Markdown, from the tables only."""
+    planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
+    complete = finished >= planned
+    lines = [f"# Verdict: {spec.name} ({spec.profile} profile)", ""]
+    lines.append(("**Complete**" if complete else "**PARTIAL**")
+                 + f": {finished} of {planned} planned final runs finished"
+                 + ("" if complete else "; every number below is provisional and the study resumes from this folder")
+                 + ".")  # fmt: skip
+    lines += ["", f"Budget: {spec.steps} steps (rounded up to whole epochs) at batch {spec.batch_size}, AdamW with warm-up "
+              f"and cosine decay, for every preset; test accuracy of the final checkpoint; learning rate (and OSA's "
+              f"α-lr multiplier) chosen per preset and depth on validation accuracy ({spec.val_fraction:g} of the training "
+              f"data) at {spec.tuning.steps} steps over tuning seeds {list(spec.tuning.seeds)}.", ""]  # fmt: skip
+    gate, gate_lines = gate_status(summary, spec)
+    lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
+    edges = summary[summary["edge_after_limit"].astype(str) != ""]
+    if len(edges):
+        lines += ["Tuning optimum still at a grid edge after the extension limit: "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} ({r.edge_after_limit})" for r in edges.itertuples()), ""]
+    lines += ["## Test accuracy (%), mean ± std over seeds [95 % interval]", ""]
+    for r in summary.itertuples():
+        if r.finished == 0:
+            lines.append(f"* `{r.preset}` depth {r.depth}: not run yet")
+            continue
+        std = "" if not math.isfinite(r.test_accuracy_std) else f" ± {r.test_accuracy_std * 100:.1f}"
+        lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
+                     f"{_pct(r.ci_high)}] ({r.finished - r.diverged} of {r.planned} seeds, {r.diverged} diverged; "
+                     f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. {r.steps_to_90_median:.0f}; "
+                     f"κ at init {r.kappa_init_median:.3g})")  # fmt: skip
+    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested)", ""]
+    if claims.empty:
+        lines.append("* no claim has two paired seeds yet")
+    for r in claims.itertuples():
+        extra = "" if not math.isfinite(r.seeds_needed) else f"; ≈ {r.seeds_needed:.0f} seeds would be needed"
+        if r.verdict == "inconclusive" and math.isinf(r.seeds_needed):
+            extra = "; no number of seeds would show it if the observed mean were the truth"
+        margin = f" (±{spec.equivalence_margin * 100:.0f} points)" if r.kind == "equivalence" else ""
+        lines.append(f"* depth {r.depth}: {r.claim}{margin}: **{r.verdict}** ({r.diff_mean * 100:+.1f} points, "
+                     f"{r.ci_level * 100:.0f} % CI [{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}], n = {r.n}, "
+                     f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra})")  # fmt: skip
+    lines += ["", "## Conclusion", ""]
+    if gate != "passed":
+        lines.append(f"The baselines' gate is {gate}: this study is not (yet) shown to be on the published MNIST-1D "
+                     "scale, so it draws no conclusion about the paper's claim.")  # fmt: skip
+    elif not complete:
+        lines.append("The study is partial: the claims above are provisional and no conclusion is drawn yet.")
+    else:
+        shown = claims[claims["verdict"] == "shown"]["claim"].unique().tolist()
+        lines.append("Shown: " + ("; ".join(shown) if shown else "none of the claims") + ".")
+    lines += ["", "Not shown by this study: the paper's 2-D MNIST numbers (a different task); widths, budgets and "
+              "optimisers other than the ones above; depths other than " + ", ".join(
+                  str(d) for d in sorted({d for _, ds in spec.cells for d in ds})) + "."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def summarise(results: str | Path, spec: StudySpec) -> dict[str, pd.DataFrame | str]:
+    """Regenerate every table and the verdict from ``results`` (written there too)."""
+    results = Path(results)
+    runs, tuning = run_table(results), tuning_table(results)
+    summary = summary_table(runs, tuning, spec)
+    claims = claims_table(runs, spec)
+    complete = bool(summary["complete"].all())
+    text = verdict_text(summary, claims, spec)
+    for name, df in (("runs", runs), ("tuning", tuning), ("summary", summary), ("claims", claims),
+                     ("curves", curve_table(results))):  # fmt: skip
+        df = df.copy()
+        df["complete"] = complete if name != "summary" else df.get("complete", complete)
+        df.to_csv(results / f"{name}.csv", index=False)
+    (results / "verdict.md").write_text(text)
+    return {"runs": runs, "tuning": tuning, "summary": summary, "claims": claims, "verdict": text}

@@ -1,0 +1,176 @@
+"""One run of the study as a grid task: train, measure signal propagation, write a small JSON result.
+
+The JSON (no checkpoint, a few kB) holds the run's settings, its final validation and test
+accuracy (of the **final** checkpoint), the per-epoch training curve, steps to 90 % training
+accuracy, and — for final runs — the end-to-end Jacobian condition number κ of the encoder
+(embedded tokens → last block, exact, float64) at initialisation and after training, the last
+layer's effective rank and relative residual, and OSA's per-layer mixing ratio. A run whose JSON
+exists is not run again: the results folder alone resumes and regenerates the study.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from osa_lab.errors import TrainingDivergedError
+from osa_lab.studies.data import load_data, split_validation
+from osa_lab.studies.training.config import TrainConfig, model_config_for
+from osa_lab.studies.training.loop import build_training_model, train
+from osa_lab.studies.training.tables import load_metrics
+
+#: runs at or above this training accuracy count as having fitted the training set
+TRAIN_ACCURACY_THRESHOLD = 0.9
+
+_DATA: dict[tuple, Any] = {}
+
+
+def result_name(stage: str, preset: str, depth: int, seed: int, lr: float, alpha_lr_mult: float) -> str:
+    """The file of one run under the results folder: ``<stage>/<preset>-d<depth>-lr<lr>-am<mult>-s<seed>.json``."""
+    return f"{stage}/{preset}-d{depth}-lr{lr:g}-am{alpha_lr_mult:g}-s{seed}.json"
+
+
+def study_data(name: str, val_fraction: float):
+    """The data set with its fixed validation split, loaded once per process."""
+    key = (name, val_fraction)
+    if key not in _DATA:
+        _DATA.clear()
+        _DATA[key] = split_validation(load_data(name), val_fraction)
+    return _DATA[key]
+
+
+def steps_to_threshold(curve: list[dict], threshold: float = TRAIN_ACCURACY_THRESHOLD) -> float:
+    """The first step at whose epoch end the epoch's running training accuracy reached ``threshold`` (NaN: never)."""
+    for row in curve:
+        if row["train_accuracy"] >= threshold:
+            return float(row["step"])
+    return math.nan
+
+
+def encoder_kappa(model: torch.nn.Module, x: torch.Tensor) -> float:
+    """Median over the inputs ``x`` of κ(∂X_L/∂X_0) of the encoder, exact in float64 (docs/analysis.md).
+
+    ``X_0`` are the embedded tokens of one input and ``X_L`` the last block's output; the
+    Jacobian is the full (N·d)×(N·d) matrix (:func:`osa_lab.studies.jacobian.exact_jacobian`). NaN
+    for models without a token encoder (``mlp``, ``cnn1d``).
+    """
+    from osa_lab.nn.models import ViTClassifier, functional_mode
+    from osa_lab.studies.jacobian import exact_jacobian
+
+    if not isinstance(model, ViTClassifier):
+        return math.nan
+    m = copy.deepcopy(model).double().eval()
+    kappas = []
+    with torch.no_grad():
+        tokens = m.embed(x.double())
+    with functional_mode(m):
+        for x0 in tokens:
+            J = exact_jacobian(lambda z: m.encoder(z[None])[0], x0)
+            s = torch.linalg.svdvals(J)
+            kappas.append(float(s[0] / s[-1]) if float(s[-1]) > 0 else math.inf)
+    return float(torch.tensor(kappas, dtype=torch.float64).median())
+
+
+def _hidden(metrics, epoch: int, metric: str) -> float:
+    sel = metrics[(metrics["kind"] == "hidden") & (metrics["metric"] == metric) & (metrics["epoch"] == epoch)]
+    return float(sel.sort_values("layer")["value"].iloc[-1]) if len(sel) else math.nan
+
+
+def _mixing(metrics, epoch: int) -> list[float]:
+    sel = metrics[(metrics["kind"] == "mixing") & (metrics["metric"] == "mixing_ratio") & (metrics["epoch"] == epoch)]
+    return [float(v) for v in sel.groupby("layer")["value"].median().sort_index()]
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=1, allow_nan=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def study_run(
+    *,
+    spec: dict,
+    stage: str,
+    preset: str,
+    depth: int,
+    seed: int,
+    lr: float,
+    alpha_lr_mult: float,
+    steps: int,
+    results_dir: str,
+    scratch_dir: str,
+    kappa: bool,
+    progress: bool = False,
+) -> dict:
+    """Train one configuration (resuming its checkpoint in ``scratch_dir``) and write its JSON result."""
+    out = Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult)
+    if out.exists():
+        return json.loads(out.read_text())
+    data = study_data(spec["data"], spec["val_fraction"])
+    n_train = len(data.y_train)
+    per_epoch = math.ceil(n_train / spec["batch_size"])
+    epochs = max(1, math.ceil(steps / per_epoch))
+    config = TrainConfig(
+        preset=preset, data=spec["data"], epochs=epochs, batch_size=spec["batch_size"], lr=float(lr),
+        alpha_lr_mult=float(alpha_lr_mult), val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
+        model={**spec["model"], "depth": int(depth)},
+    )  # fmt: skip
+    run_dir = Path(scratch_dir) / out.with_suffix("").relative_to(results_dir)
+    payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
+                               "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
+                               "checkpoint": "final"}  # fmt: skip
+    x_k = data.x_val[: int(spec["kappa_samples"])]
+    if kappa:
+        torch.manual_seed(config.seed)
+        payload["kappa_init"] = encoder_kappa(build_training_model(model_config_for(config, data)), x_k)
+    try:
+        result = train(config, run_dir, data=data, progress=progress)
+        metrics, status, error = result.metrics, "ok", ""
+    except TrainingDivergedError as err:
+        partial = run_dir / "metrics.csv"
+        metrics = load_metrics(partial) if partial.exists() else None
+        status, error, result = "diverged", " ".join(str(err).split()), None
+    payload.update(status=status, error=error)
+    curve = []
+    if metrics is not None and len(metrics):
+        wide = metrics[metrics["kind"].isin(["train", "eval"])].pivot_table(
+            index=["epoch", "step"], columns="metric", values="value"
+        ).reset_index()
+        for _, r in wide.iterrows():
+            curve.append({"epoch": int(r["epoch"]), "step": int(r["step"]),
+                          **{k: float(r[k]) for k in ("train_loss", "train_accuracy", "val_accuracy", "test_accuracy")
+                             if k in r and not math.isnan(r[k])}})  # fmt: skip
+        last = int(metrics["epoch"].max())
+        payload["rank_init"] = {"effective_rank": _hidden(metrics, 0, "effective_rank"),
+                                "relative_residual": _hidden(metrics, 0, "relative_residual")}  # fmt: skip
+        payload["mixing_ratio_init"] = _mixing(metrics, 0)
+        if status == "ok":
+            payload["rank_trained"] = {"effective_rank": _hidden(metrics, last, "effective_rank"),
+                                       "relative_residual": _hidden(metrics, last, "relative_residual")}  # fmt: skip
+            payload["mixing_ratio_trained"] = _mixing(metrics, last)
+    payload["curve"] = curve
+    final = curve[-1] if curve and status == "ok" else {}
+    payload.update(
+        train_loss=final.get("train_loss", math.nan), train_accuracy=final.get("train_accuracy", math.nan),
+        val_accuracy=final.get("val_accuracy", math.nan), test_accuracy=final.get("test_accuracy", math.nan),
+        steps_to_90=steps_to_threshold(curve),
+        epoch_time_s=float(metrics.loc[metrics["metric"] == "epoch_time_s", "value"].mean())
+        if metrics is not None and len(metrics) else math.nan,
+    )  # fmt: skip
+    if kappa:
+        payload["kappa_trained"] = encoder_kappa(result.model, x_k) if result is not None else math.nan
+    _write_json(out, payload)
+    return payload

@@ -1,0 +1,124 @@
+"""The study's driver: per preset × depth, a bracketing tuning search, then the final seeds.
+
+Cells run one after the other in :meth:`StudySpec.run_order`; within a cell every tuning round
+and the final seeds are one :func:`osa_lab.studies.grid.run_grid` each (in-process, a local Dask
+cluster, or ``--scheduler``). Each finished run writes its JSON under the results folder at
+once, the cell's search record goes to ``search/``, and the tables and verdict are regenerated
+after every cell — so the folder is always a consistent (possibly partial) study, and a rerun,
+here or on another machine, continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from osa_lab.studies.depth_study.bracket import BracketState
+from osa_lab.studies.depth_study.report import summarise
+from osa_lab.studies.depth_study.run import result_name, study_run
+from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
+from osa_lab.studies.training.config import presets_module
+
+
+def _learns_alpha(preset: str) -> bool:
+    cfg = presets_module().get_preset(preset)
+    return cfg.attention == "osa" and cfg.learn_alpha
+
+
+def _say(text: str) -> None:
+    print(f"[study {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+class StudyRunner:
+    """Runs :class:`StudySpec` into ``results`` (JSON per run) with checkpoints under ``scratch``."""
+
+    def __init__(self, spec: StudySpec, results: Path, scratch: Path, options: GridOptions) -> None:
+        self.spec, self.results, self.scratch, self.options = spec, results, scratch, options
+        self.spec_dict = {"data": spec.data, "val_fraction": spec.val_fraction, "batch_size": spec.batch_size,
+                          "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
+
+    def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int, kappa: bool) -> list[Task]:
+        tasks = []
+        for lr, mult in points:
+            for seed in seeds:
+                kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth, "seed": seed,
+                          "lr": lr, "alpha_lr_mult": mult, "steps": steps, "results_dir": str(self.results),
+                          "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
+                key = result_name(stage, preset, depth, seed, lr, mult).replace("/", "-").removesuffix(".json")
+                tasks.append(Task(study_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
+                                                      "alpha_lr_mult": mult, "seed": seed}, key=key,
+                                  progress_kwarg="progress"))  # fmt: skip
+        return tasks
+
+    def _run(self, tasks: list[Task], desc: str) -> list[dict | None]:
+        result = run_grid(tasks, self.options, desc=desc)
+        for line in result.failure_lines():
+            _say(f"failed (rerun retries it): {line}")
+        return [o.value if o.ok else None for o in result.outcomes]
+
+    def tune(self, preset: str, depth: int) -> tuple[float, float] | None:
+        """The bracketing search of one cell; returns the chosen (lr, α-lr multiplier), None if all diverged."""
+        t = self.spec.tuning
+        axes = ("lr", "alpha_lr_mult") if _learns_alpha(preset) else ("lr",)
+        state = BracketState(axes, {"lr": t.lr, "alpha_lr_mult": t.alpha_lr_mult},
+                             {"lr": t.lr_bounds, "alpha_lr_mult": t.alpha_lr_mult_bounds},
+                             factor=t.extension_factor, max_extensions=t.max_extensions)  # fmt: skip
+        points, rounds = state.initial_points(), 0
+        while points:
+            pairs = [(p[0], p[1] if len(p) > 1 else 1.0) for p in points]
+            values = self._run(self._tasks("tune", preset, depth, pairs, t.seeds, t.steps, False),
+                               f"tune {preset} d{depth} r{rounds}")  # fmt: skip
+            n = len(t.seeds)
+            for i, point in enumerate(points):
+                runs = values[i * n : (i + 1) * n]
+                ok = all(r is not None and r.get("status") == "ok" for r in runs)
+                state.scores[point] = sum(r["val_accuracy"] for r in runs) / n if ok else math.nan
+            points, rounds = state.next_points(), rounds + 1
+        best = state.best()
+        as_pair = (lambda p: [p[0], p[1] if len(p) > 1 else 1.0])  # noqa: E731
+        record = {"preset": preset, "depth": depth, "axes": list(axes), "rounds": rounds,
+                  "scores": [[*as_pair(p), s] for p, s in sorted(state.scores.items())],
+                  "extension_points": [as_pair(p) for p in sorted(state.added_by_extension)],
+                  "extensions": {f"{a} {s}": n for (a, s), n in state.extensions.items()},
+                  "chosen": as_pair(best) if best is not None else None,
+                  "edge_after_limit": state.edge_after_limit()}  # fmt: skip
+        path = self.results / "search" / f"{preset}-d{depth}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+        return tuple(record["chosen"]) if best is not None else None
+
+    def run(self) -> dict:
+        """Every cell in order; the tables are regenerated after each."""
+        self.results.mkdir(parents=True, exist_ok=True)
+        (self.results / "experiment.yaml").write_text(yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
+        t0 = time.perf_counter()
+        for preset, depth in self.spec.run_order():
+            _say(f"{preset} depth {depth}: tuning")
+            chosen = self.tune(preset, depth)
+            if chosen is None:
+                _say(f"{preset} depth {depth}: every tuning point diverged; no final runs")
+                continue
+            seeds = self.spec.final_seeds(depth)
+            _say(f"{preset} depth {depth}: lr {chosen[0]:g}, α-lr ×{chosen[1]:g}; {len(seeds)} final seeds")
+            self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
+                      f"final {preset} d{depth}")  # fmt: skip
+            summarise(self.results, self.spec)
+        out = summarise(self.results, self.spec)
+        _say(f"done in {time.perf_counter() - t0:.0f} s; tables and verdict under {self.results}/")
+        return out
+
+
+def run_study(spec: StudySpec, results: str | Path | None = None, scratch: str | Path | None = None,
+              options: GridOptions | None = None) -> dict:  # fmt: skip
+    """Run (or resume) the study; returns the tables of :func:`osa_lab.studies.depth_study.report.summarise`."""
+    results = Path(results or spec.results)
+    scratch = Path(scratch or Path("runs") / "experiments" / f"{spec.name}-{spec.profile}-checkpoints")
+    options = options or GridOptions.in_process(progress=False)
+    with shared_cluster(options) as shared:
+        return StudyRunner(spec, results, scratch, shared or options).run()
