@@ -652,3 +652,8 @@ def test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path, data
     with pytest.raises(ConfigurationError, match="never unpickles"):
         train(tiny(), run_dir, data=data, progress=False)
     assert not marker.exists()
+
+
+def test_tuning_seeds_that_are_also_final_seeds_are_refused(data):
+    with pytest.raises(ConfigurationError, match=r"tuning seeds \[1\] are also final seeds"):
+        T.tune(["vit"], [0, 1], tiny(), grid=T.TuneGrid(lrs=(1e-3,), seeds=(1, 1000)), progress=False)

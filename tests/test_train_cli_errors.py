@@ -364,3 +364,43 @@ def test_val_fraction_leaving_a_part_with_too_few_samples_is_refused_before_any_
             "--output", str(tmp_path / "out")]  # fmt: skip
     assert_cli_user_error(args, r"val_fraction.*at least 10", watch=[tmp_path])
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- what finished runs wrote
+
+
+def test_a_late_user_error_keeps_the_runs_that_finished(tmp_path, capsys):
+    out = tmp_path / "X"
+    args = ["train", "--preset", "vit", "skipless-osa", "--osa-method", "gram", "--data", "synthetic",
+            "--epochs", "1", "--patch-size", "4", *TINY_ARGS, "--serial", "--output", str(out)]  # fmt: skip
+    code, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, "gram")
+    assert (out / "vit" / "seed0" / T.CHECKPOINT_NAME).exists()
+    assert (out / "vit" / "seed0" / "metrics.csv").exists()
+
+
+def test_a_diverged_rerun_does_not_report_the_earlier_runs_metrics(tmp_path, capsys):
+    out = tmp_path / "X"
+    assert run_cli(synthetic_args(out, "--serial"), capsys)[0] == 0
+    first = (out / "metrics.csv").read_bytes()
+    code, _ = run_cli(synthetic_args(out, "--serial", "--no-resume", "--lr", "1e6", "--grad-clip", "0"), capsys)
+    assert code == 1  # the run diverged: reported, not a crash
+    assert (out / "metrics.csv").read_bytes() != first
+    assert not (out / "skipless-osa" / "seed0" / "metrics.csv").exists()
+
+
+def test_a_full_disk_during_training_is_one_line_and_leaves_nothing_partial(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from osa_lab.studies.training import checkpoints
+
+    def full(obj, fh):
+        fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.torch, "save", full)
+    out = tmp_path / "X"
+    code, err = run_cli(synthetic_args(out, "--serial"), capsys)
+    assert_one_line_error(code, err, "cannot write", "checkpoint.pt", "No space left")
+    left = [p.name for p in out.rglob("*")] if out.exists() else []
+    assert not [n for n in left if n.endswith(".tmp") or n == "metrics.csv"], left

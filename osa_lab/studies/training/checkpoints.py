@@ -6,13 +6,13 @@ import contextlib
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
-from osa_lab.errors import (
-    ConfigurationError,
-)
+from osa_lab.errors import ConfigurationError, OutputPathError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -21,20 +21,35 @@ CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2
 
 
-def write_checkpoint(obj: dict, path: Path) -> None:
-    """Save ``obj`` to ``path`` through a unique temporary in the same folder, renamed into place.
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` through a unique temporary in the same folder, renamed into place.
 
-    A failed write (a full disk) removes the temporary and leaves any earlier checkpoint intact.
+    ``write`` fills the open temporary file. A failed write (a full disk, a read-only folder)
+    removes the temporary, leaves any earlier ``path`` intact and raises
+    :class:`~osa_lab.errors.OutputPathError` naming the path.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise OutputPathError(f"cannot write {path} ({err.strerror or err}); free space or choose another --output") from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
+            write(fh)
         os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OutputPathError(f"cannot write {path} ({err.strerror or err}); free space or choose another --output") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_checkpoint(obj: dict, path: Path) -> None:
+    """Save the checkpoint ``obj`` to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
 def read_checkpoint(path: Path, device: torch.device) -> dict:

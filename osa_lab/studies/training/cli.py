@@ -25,6 +25,7 @@ from osa_lab.studies.grid import (
     options_from_args,
     shared_cluster,
 )
+from osa_lab.studies.training.checkpoints import CHECKPOINT_NAME
 from osa_lab.studies.training.compare import USER_ERRORS, compare, format_summary
 from osa_lab.studies.training.config import (
     CONTROLS,
@@ -181,12 +182,18 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+def _holds_results(folder: Path) -> bool:
+    """True when a run under ``folder`` got as far as writing metrics or a checkpoint (never delete those)."""
+    return any(folder.rglob("metrics.csv")) or any(folder.rglob(CHECKPOINT_NAME))
+
+
 def run(args: argparse.Namespace) -> int:
     """``osa-lab train``: train presets × seeds, write CSVs to ``--output``, print the summary.
 
     A user error (bad argument, missing or corrupt data, unusable device or output folder, a
     folder owned by another run) prints one line naming the problem and the fix and returns 2;
-    an output folder this call created is removed again so no partial output is left.
+    an output folder this call created is removed again if no run wrote anything into it yet
+    (what a finished run wrote is never deleted).
     """
     if args.experiment is not None:
         return run_experiment(args)
@@ -229,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             grid_options=grid_options,
         )
     except USER_ERRORS as err:
-        if not existed and out.is_dir() and not isinstance(err, RunLockedError):
+        if not existed and out.is_dir() and not isinstance(err, RunLockedError) and not _holds_results(out):
             shutil.rmtree(out, ignore_errors=True)
         print(f"osa-lab train: error: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ from osa_lab.studies.data import (
 from osa_lab.studies.training.checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
+    atomic_write,
     read_checkpoint,
     write_checkpoint,
 )
@@ -296,15 +297,18 @@ class _TrainingRun:
         self.run_path.mkdir(parents=True, exist_ok=True)
         if resume and self.ckpt_path.exists():
             self.resume(read_checkpoint(self.ckpt_path, self.device))
+        else:  # starting over: an earlier run's files must not be read as this run's (a divergence before
+            # the first checkpoint would otherwise leave the old metrics.csv standing for this run)
+            for stale in (self.run_path / "metrics.csv", self.ckpt_path):
+                stale.unlink(missing_ok=True)
         self.good_epoch = self.start_epoch
-        (self.run_path / "config.json").write_text(
-            json.dumps(
-                {"train": self.config.to_dict(), "model": dataclasses.asdict(self.model_config),
-                 "data": self.data.info, "data_fingerprint": self.fingerprint},  # fmt: skip
-                indent=2,
-                default=str,
-            )
+        text = json.dumps(
+            {"train": self.config.to_dict(), "model": dataclasses.asdict(self.model_config),
+             "data": self.data.info, "data_fingerprint": self.fingerprint},  # fmt: skip
+            indent=2,
+            default=str,
         )
+        atomic_write(self.run_path / "config.json", lambda fh: fh.write(text.encode()))
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint of the same configuration and data (else a ConfigurationError)."""
@@ -362,7 +366,8 @@ class _TrainingRun:
             self.ckpt_path,
         )
         self.last_good, self.good_epoch = self.ckpt_path, epoch
-        metrics_frame(self.rows).to_csv(self.run_path / "metrics.csv", index=False)
+        table = metrics_frame(self.rows)
+        atomic_write(self.run_path / "metrics.csv", lambda fh: table.to_csv(fh, index=False))
 
     # ------------------------------------------------------------------ metrics
 

@@ -100,6 +100,12 @@ def tune(
     ``summary.csv``, ``paired.csv``, ``verdict.md`` and ``summary.png`` go to ``output_dir``.
     """
     grid = grid or TuneGrid()
+    overlap = sorted(set(grid.seeds) & {int(s) for s in seeds})
+    if overlap:
+        raise ConfigurationError(
+            f"tuning seeds {overlap} are also final seeds {sorted(int(s) for s in seeds)}: the reported runs "
+            "would include the ones the choice was made on; give --tune-seeds outside --seeds"
+        )
     t0 = time.perf_counter()
     if base.val_fraction == 0:
         base = dataclasses.replace(base, val_fraction=0.1)

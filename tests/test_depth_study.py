@@ -1,0 +1,214 @@
+"""The depth study: experiment file, bracketing tuner, statistics, tables regenerated from results alone."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats as sps
+
+from osa_lab.errors import ConfigurationError
+from osa_lab.studies.depth_study import bracket, report, stats
+from osa_lab.studies.depth_study.spec import StudySpec, TuningSpec, load_spec, spec_from_dict
+
+EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "mnist1d_depth.yaml"
+
+
+# ----------------------------------------------------------------------------- experiment file
+
+
+@pytest.mark.parametrize("profile", [None, "quick"])
+def test_the_experiment_file_round_trips(profile):
+    spec = load_spec(EXPERIMENT, profile)
+    again = spec_from_dict(yaml.safe_load(yaml.safe_dump(spec.to_dict())), spec.profile)
+    assert again == spec
+
+
+def test_the_full_profile_meets_the_study_floors():
+    spec = load_spec(EXPERIMENT)
+    assert spec.steps >= 6000 and spec.batch_size == 100
+    at = {d: {p for p, dd in spec.run_order() if dd == d} for d in (4, 8, 16)}
+    four = {"vit", "skipless-osa", "skipless-ssa", "ssa-cutting-skip"}
+    assert four <= at[8] and four <= at[16]
+    assert four | {"skipless-osa-alpha0", "vit-no-attn", "mlp", "cnn1d"} <= at[4]
+    assert spec.seeds[4] >= 10 and spec.seeds[8] >= 3 and spec.seeds[16] >= 3
+    assert len(spec.tuning.seeds) >= 2 and len(spec.tuning.alpha_lr_mult) >= 2
+    assert spec.gate == {"cnn1d": 0.90, "mlp": 0.65}
+
+
+def test_the_quick_profile_is_small():
+    spec = load_spec(EXPERIMENT, "quick")
+    assert sorted({d for _, d in spec.run_order()}) == [2, 4]
+    assert all(n == 2 for n in spec.seeds.values()) and spec.steps <= 500
+
+
+def test_tuning_seeds_that_are_also_final_seeds_are_refused():
+    raw = yaml.safe_load(EXPERIMENT.read_text())
+    raw.pop("profiles")
+    raw["tuning"]["seeds"] = [3, 1000]
+    with pytest.raises(ConfigurationError, match=r"tuning seeds \[3\] are also final seeds"):
+        spec_from_dict(raw)
+
+
+def test_one_tuning_seed_is_refused():
+    with pytest.raises(ConfigurationError, match="≥ 2 distinct seeds"):
+        TuningSpec(seeds=(1000,))
+
+
+def test_unknown_keys_and_profiles_are_named(tmp_path):
+    path = tmp_path / "e.yaml"
+    path.write_text("name: x\ncells: [{presets: [vit], depths: [2]}]\nseeds: {2: 2}\nsteps_total: 5\n")
+    with pytest.raises(ConfigurationError, match="steps_total"):
+        load_spec(path)
+    with pytest.raises(ConfigurationError, match="no profile 'fast'"):
+        load_spec(EXPERIMENT, "fast")
+
+
+# ----------------------------------------------------------------------------- bracketing tuner
+
+
+def search(score, start, *, axes=("lr",), starts=None, max_extensions=3):
+    state = bracket.BracketState(axes, starts or {"lr": start}, {"lr": (1e-6, 1.0), "alpha_lr_mult": (0.1, 1e3)},
+                                 max_extensions=max_extensions)  # fmt: skip
+    points = state.initial_points()
+    while points:
+        for p in points:
+            state.scores[p] = score(*p)
+        points = state.next_points()
+    return state
+
+
+def test_an_edge_optimum_extends_the_grid_and_is_recorded():
+    state = search(lambda lr: -abs(math.log(lr / 0.05)), [1e-3, 3e-3, 1e-2])
+    assert state.best() == (0.03,)
+    assert (0.03,) in state.added_by_extension and (0.09,) in state.added_by_extension
+    assert state.extensions == {("lr", "high"): 2}
+    assert state.edge_after_limit() == []
+
+
+def test_an_optimum_beyond_the_limit_is_reported_at_the_edge():
+    state = search(lambda lr: -abs(math.log(lr / 0.9)), [1e-3, 3e-3, 1e-2], max_extensions=1)
+    assert state.best() == (0.03,) and state.edge_after_limit() == ["lr high"]
+
+
+def test_an_interior_optimum_is_not_extended():
+    state = search(lambda lr: -abs(math.log(lr / 3e-3)), [1e-3, 3e-3, 1e-2])
+    assert state.added_by_extension == set() and state.best() == (3e-3,)
+
+
+def test_a_diverged_point_bounds_the_optimum_but_is_never_chosen():
+    state = search(lambda lr: math.nan if lr > 0.02 else lr, [1e-3, 3e-3, 1e-2])
+    assert state.best() == (0.01,) and state.edge_after_limit() == []
+    assert math.isnan(state.scores[(0.03,)])
+
+
+def test_when_everything_diverges_the_learning_rate_goes_down():
+    state = search(lambda lr: math.nan if lr > 2e-4 else 1.0 - lr, [1e-3, 3e-3])
+    assert min(p[0] for p in state.scores) < 2e-4 and state.best() is not None
+
+
+def test_two_axes_extend_along_the_best_line_only():
+    def score(lr, mult):
+        return -abs(math.log(lr / 3e-3)) - abs(math.log(mult / 100))
+
+    state = search(score, None, axes=("lr", "alpha_lr_mult"),
+                   starts={"lr": [1e-3, 3e-3, 1e-2], "alpha_lr_mult": [1, 10]})  # fmt: skip
+    assert state.best() == (3e-3, 90.0)
+    assert {p for p in state.added_by_extension} == {(3e-3, 30.0), (3e-3, 90.0), (3e-3, 270.0)}
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_holm_matches_the_hand_computed_step_down():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, math.nan, 0.01]) == pytest.approx([0.5, math.nan, 0.02], nan_ok=True)
+    assert stats.holm([0.4, 0.3]) == pytest.approx([0.6, 0.6])  # monotone: never below an earlier step
+
+
+def test_tost_matches_two_one_sided_t_tests_by_hand():
+    d = np.array([0.004, -0.012, 0.009, 0.015, -0.003, 0.006])
+    margin, n = 0.02, len(d)
+    se = d.std(ddof=1) / math.sqrt(n)
+    p_low = 1 - sps.t.cdf((d.mean() + margin) / se, n - 1)
+    p_high = sps.t.cdf((d.mean() - margin) / se, n - 1)
+    assert stats.tost(d, margin) == pytest.approx(max(p_low, p_high), rel=1e-9)
+    assert stats.tost(d, margin) < 0.01  # tight around 0: equivalent within ±2 points
+    assert stats.tost(d + 0.03, margin) > 0.5  # shifted by 3 points: not equivalent
+
+
+def test_one_sided_paired_test_matches_the_t_distribution():
+    d = np.array([0.05, 0.02, 0.04, 0.01, 0.03])
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+    greater, less = stats.one_sided_paired(d)
+    assert greater == pytest.approx(1 - sps.t.cdf(t, len(d) - 1), rel=1e-9)
+    assert less == pytest.approx(sps.t.cdf(t, len(d) - 1), rel=1e-9)
+
+
+def test_seeds_needed_follows_the_normal_approximation():
+    n = stats.seeds_needed(0.01, 0.02, kind="superiority", alpha=0.05, power=0.8)
+    assert n == math.ceil(((sps.norm.ppf(0.95) + sps.norm.ppf(0.8)) * 2) ** 2)
+    assert stats.seeds_needed(-0.01, 0.02, kind="superiority") == math.inf
+    assert stats.seeds_needed(0.03, 0.02, kind="equivalence", margin=0.02) == math.inf
+
+
+# ----------------------------------------------------------------------------- tables from results alone
+
+
+def _spec(**kw) -> StudySpec:
+    return StudySpec(name="t", cells=((("vit", "skipless-osa", "skipless-ssa"), (4,)), (("mlp",), (4,))),
+                     seeds={4: 4}, gate={"mlp": 0.65}, **kw)  # fmt: skip
+
+
+def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok") -> None:
+    path = root / "final" / f"{preset}-d4-lr0.01-am1-s{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    curve = [{"epoch": e, "step": 36 * e, "train_loss": 1.0 / e, "train_accuracy": min(1.0, 0.5 + 0.1 * e),
+              "val_accuracy": acc, "test_accuracy": acc} for e in range(1, 7)]  # fmt: skip
+    path.write_text(json.dumps({"stage": "final", "preset": preset, "depth": 4, "seed": seed, "lr": 0.01,
+                                "alpha_lr_mult": 1.0, "steps": 216, "status": status, "curve": curve,
+                                "test_accuracy": acc if status == "ok" else math.nan, "val_accuracy": acc,
+                                "train_accuracy": 1.0, "train_loss": 0.1, "steps_to_90": 180.0,
+                                "kappa_init": 3.0, "kappa_trained": 9.0,
+                                "rank_init": {"effective_rank": 10.0, "relative_residual": 0.9}}))  # fmt: skip
+
+
+def test_the_summary_is_regenerated_from_the_results_folder_alone(tmp_path):
+    noise = [0.001, -0.002, 0.002, -0.001]
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85 + noise[s])
+        _write_run(tmp_path, "vit", s, 0.85 - noise[s] / 2)
+        _write_run(tmp_path, "skipless-ssa", s, 0.70 - noise[s])
+        _write_run(tmp_path, "mlp", s, 0.66 + noise[s])
+    out = report.summarise(tmp_path, _spec())
+    runs = json.loads(json.dumps(list(out["runs"]["preset"])))
+    assert len(runs) == 16 and (tmp_path / "runs.csv").exists()
+    claims = out["claims"].set_index("other")
+    assert claims.loc["vit", "verdict"] == "shown" and claims.loc["skipless-ssa", "verdict"] == "shown"
+    assert (claims["p_holm"] >= claims["p"]).all()
+    assert "**Complete**" in out["verdict"] and "`mlp`: 66.0 %" in out["verdict"]
+    assert "Shown: skipless OSA is comparable" in out["verdict"]
+
+
+def test_a_partial_study_says_so_everywhere(tmp_path):
+    for s in range(2):
+        _write_run(tmp_path, "skipless-osa", s, 0.85)
+        _write_run(tmp_path, "vit", s, 0.80 + 0.01 * s)
+    out = report.summarise(tmp_path, _spec())
+    assert "**PARTIAL**: 4 of 16 planned final runs" in out["verdict"]
+    assert "no conclusion" in out["verdict"]
+    for name in ("runs", "claims", "curves", "tuning"):
+        assert not bool(__import__("pandas").read_csv(tmp_path / f"{name}.csv")["complete"].any())
+
+
+def test_a_failed_gate_draws_no_conclusion(tmp_path):
+    for s in range(4):
+        for p, acc in (("skipless-osa", 0.9), ("vit", 0.7), ("skipless-ssa", 0.6), ("mlp", 0.40)):
+            _write_run(tmp_path, p, s, acc + 0.01 * s * (p == "vit"))
+    text = report.summarise(tmp_path, _spec())["verdict"]
+    assert "`mlp`: 40.0 % mean test accuracy (floor 65 %): failed" in text
+    assert "draws no conclusion" in text
