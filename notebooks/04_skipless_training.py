@@ -280,7 +280,7 @@ else:
 # %%
 final_root = Path(final_results)
 if final_results and not final_root.is_absolute() and not final_root.exists():
-    final_root = Path(T.__file__).resolve().parents[1] / final_results  # relative to the repository
+    final_root = Path(nb.__file__).resolve().parents[2] / final_results  # relative to the repository
 final_dirs = sorted(p for p in final_root.glob("mnist1d*") if (p / "summary.csv").exists()) if final_results else []
 for folder in final_dirs:
     display(Markdown(f"### `{folder.name}`"))

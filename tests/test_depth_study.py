@@ -212,3 +212,60 @@ def test_a_failed_gate_draws_no_conclusion(tmp_path):
     text = report.summarise(tmp_path, _spec())["verdict"]
     assert "`mlp`: 40.0 % mean test accuracy (floor 65 %): failed" in text
     assert "draws no conclusion" in text
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+TINY_EXPERIMENT = """
+name: tiny
+data: mnist1d
+steps: 36
+batch_size: 100
+model: {dim: 8, heads: 2}
+cells: [{presets: [vit, mlp], depths: [1]}]
+seeds: {1: 2}
+tuning: {steps: 36, seeds: [1000, 1001], lr: [0.003, 0.01], alpha_lr_mult: [10], max_extensions: 1}
+gate: {mlp: 0.65}
+kappa_samples: 1
+"""
+
+
+def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, capsys):
+    from osa_lab.cli import main as cli_main
+
+    exp = tmp_path / "tiny.yaml"
+    exp.write_text(TINY_EXPERIMENT)
+    out = tmp_path / "results"
+    args = ["train", "--experiment", str(exp), "--output", str(out), "--serial", "--quiet"]
+    assert cli_main(args) == 0
+    runs = __import__("pandas").read_csv(out / "runs.csv")
+    assert sorted(runs["preset"]) == ["mlp", "mlp", "vit", "vit"] and runs["steps"].eq(36).all()
+    assert runs.loc[runs["preset"] == "vit", "kappa_init"].gt(0).all()
+    assert runs.loc[runs["preset"] == "mlp", "kappa_init"].isna().all()
+    searches = sorted(p.name for p in (out / "search").glob("*.json"))
+    assert searches == ["mlp-d1.json", "vit-d1.json"]
+    tuning = __import__("pandas").read_csv(out / "tuning.csv")
+    assert tuning["chosen"].sum() == 4  # one chosen point per cell, two tuning seeds each
+    first = (out / "verdict.md").read_text()
+    capsys.readouterr()
+    # a rerun trains nothing (every run's JSON is there) and gives the same tables
+    before = {p: p.stat().st_mtime_ns for p in (out / "final").glob("*.json")}
+    assert cli_main(args) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "final").glob("*.json")} == before
+    assert (out / "verdict.md").read_text() == first
+    # the tables come back from the results folder alone
+    for name in ("runs.csv", "verdict.md", "summary.csv"):
+        (out / name).unlink()
+    assert cli_main([*args, "--summary-only"]) == 0
+    assert (out / "verdict.md").read_text() == first
+
+
+def test_a_bad_experiment_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from osa_lab.cli import main as cli_main
+
+    exp = tmp_path / "bad.yaml"
+    exp.write_text(TINY_EXPERIMENT.replace("seeds: [1000, 1001]", "seeds: [0, 1000]"))
+    assert cli_main(["train", "--experiment", str(exp), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "are also final seeds" in err[0]

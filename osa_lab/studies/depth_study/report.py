@@ -248,18 +248,24 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
     return "\n".join(lines) + "\n"
 
 
-def summarise(results: str | Path, spec: StudySpec) -> dict[str, pd.DataFrame | str]:
-    """Regenerate every table and the verdict from ``results`` (written there too)."""
+def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
+    """Regenerate every table and the verdict from the run results under ``results``.
+
+    Returns ``{"runs", "curves", "tuning", "summary", "claims": DataFrame, "verdict": str}``; with
+    ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``.
+    """
     results = Path(results)
     runs, tuning = run_table(results), tuning_table(results)
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
     text = verdict_text(summary, claims, spec)
-    for name, df in (("runs", runs), ("tuning", tuning), ("summary", summary), ("claims", claims),
-                     ("curves", curve_table(results))):  # fmt: skip
-        df = df.copy()
-        df["complete"] = complete if name != "summary" else df.get("complete", complete)
-        df.to_csv(results / f"{name}.csv", index=False)
-    (results / "verdict.md").write_text(text)
-    return {"runs": runs, "tuning": tuning, "summary": summary, "claims": claims, "verdict": text}
+    tables = {"runs": runs, "curves": curve_table(results), "tuning": tuning, "summary": summary, "claims": claims}
+    if write:
+        for name, df in tables.items():
+            df = df.copy()
+            if name != "summary":  # the summary has its per-row column; every other table says it for the study
+                df["complete"] = complete
+            df.to_csv(results / f"{name}.csv", index=False)
+        (results / "verdict.md").write_text(text)
+    return {**tables, "verdict": text}

@@ -1,0 +1,130 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 5 · The depth study: ease of training across depth, and what κ at initialisation predicts
+#
+# Zhang & Martens (arXiv 2602.05996) claim that skipless, normless transformers with
+# orthogonal self-attention train as easily as a skip-connected ViT, because OSA keeps signal
+# propagation (rank, Jacobian conditioning) healthy. This report draws the study of
+# `experiments/mnist1d_depth.yaml` (`osa-lab train --experiment …`, docs/training.md) **from its
+# committed results alone**: every preset × depth tuned on validation data by a grid that
+# brackets its optimum, trained on the same budget for every preset over several seeds, with
+# the end-to-end Jacobian κ measured at initialisation and after training.
+#
+# Every number and sentence below is generated from the results folder; a study that is not
+# finished says so in the verdict.
+
+# %% tags=["parameters"]
+experiment: str = "experiments/mnist1d_depth.yaml"
+profile: str = "full"  # "full" or "quick"
+results_dir: str = "docs/results/mnist1d-depth"
+
+# %%
+from osa_lab.reporting import kernel_setup as nb
+
+params = nb.opening("05_depth_study", globals())
+
+# %%
+from pathlib import Path
+
+from IPython.display import Markdown, display
+
+from osa_lab.plots import study as plots
+from osa_lab.studies.depth_study import load_spec, summarise
+
+
+def in_repository(path: str) -> Path:
+    """``path`` as given, or relative to the repository when papermill runs elsewhere."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else Path(nb.__file__).resolve().parents[2] / path
+
+
+spec = load_spec(in_repository(experiment), profile)
+results = in_repository(results_dir)
+tables = summarise(results, spec, write=False) if (results / "experiment.yaml").exists() else None
+
+# %% [markdown]
+# ## Verdict
+#
+# Generated from the tables (baselines' gate, paired per-seed differences, TOST for
+# "comparable", Holm's correction over every claim tested).
+
+# %%
+display(Markdown(tables["verdict"] if tables else f"No study results under `{results_dir}` yet: run "
+                 f"`osa-lab train --experiment {experiment}` first."))  # fmt: skip
+
+# %% [markdown]
+# ## Test accuracy against depth
+#
+# Mean test accuracy of the final checkpoint over the final seeds, with its 95 % interval, per
+# preset and depth (controls and baselines at depth 4 only).
+
+# %%
+if tables is not None and tables["summary"]["finished"].sum():
+    nb.show(plots.accuracy_vs_depth(tables["summary"]))
+    display(tables["summary"][["preset", "depth", "finished", "planned", "diverged", "lr", "alpha_lr_mult",
+                               "test_accuracy_mean", "ci_low", "ci_high", "steps_to_90_median",
+                               "kappa_init_median", "kappa_trained_median", "edge_after_limit"]].round(4))  # fmt: skip
+
+# %% [markdown]
+# ## Training loss per depth
+#
+# The primary measure of trainability: training loss against step, mean and min–max band over
+# the final seeds.
+
+# %%
+if tables is not None and len(tables["curves"]):
+    nb.show(plots.loss_curves_by_depth(tables["curves"]))
+
+# %% [markdown]
+# ## Tuning: validation accuracy against learning rate
+#
+# Each preset's search at each depth (mean and range over the tuning seeds); the grid was
+# extended by ×3 steps wherever the best value sat at its edge (column `extended` of
+# `tuning.csv`).
+
+# %%
+if tables is not None and len(tables["tuning"]):
+    for depth in sorted(tables["tuning"]["depth"].unique()):
+        nb.show(plots.tuning_curves(tables["tuning"], depth))
+
+# %% [markdown]
+# ## Does κ at initialisation predict trainability?
+#
+# One point per preset × depth (labelled L<depth>): median end-to-end Jacobian κ at
+# initialisation against median steps to 90 % training accuracy, and against test accuracy.
+# Runs that never reached 90 % have no point in the first figure.
+
+# %%
+if tables is not None and len(tables["runs"]):
+    for y in ("steps_to_90", "test_accuracy"):
+        if len(plots.kappa_vs_trainability_data(tables["runs"], y)):
+            nb.show(plots.kappa_vs_trainability(tables["runs"], y))
+        else:
+            display(Markdown(f"No finished run has both κ at initialisation and `{y}` (e.g. none reached 90 % "
+                             "training accuracy): no figure."))  # fmt: skip
+    data = plots.kappa_vs_trainability_data(tables["runs"], "test_accuracy").dropna()
+    if len(data) >= 4:
+        from scipy.stats import spearmanr
+
+        rho, p = spearmanr(data["kappa_init"], data["value"])
+        display(Markdown(f"Spearman rank correlation of κ at initialisation with test accuracy over the "
+                         f"{len(data)} preset × depth points: ρ = {rho:+.2f} (p = {p:.2g}); "
+                         + ("a negative ρ means worse-conditioned networks at initialisation reached lower accuracy."
+                            if p < 0.05 else "not significant at 5 %: these points do not show that κ predicts accuracy.")))  # fmt: skip
+    else:
+        display(Markdown(f"Only {len(data)} preset × depth points with κ so far: too few for a rank correlation."))
+
+# %%
+nb.closing()
