@@ -164,12 +164,15 @@ def _spec(**kw) -> StudySpec:
                      seeds={4: 4}, gate={"mlp": 0.65}, **kw)  # fmt: skip
 
 
-def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok") -> None:
-    path = root / "final" / f"{preset}-d4-lr0.01-am1-s{seed}.json"
+def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok", lr: float = 0.01) -> None:
+    search = root / "search" / f"{preset}-d4.json"
+    search.parent.mkdir(parents=True, exist_ok=True)
+    search.write_text(json.dumps({"preset": preset, "depth": 4, "chosen": [0.01, 1.0], "edge_after_limit": []}))
+    path = root / "final" / f"{preset}-d4-lr{lr:g}-am1-s{seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     curve = [{"epoch": e, "step": 36 * e, "train_loss": 1.0 / e, "train_accuracy": min(1.0, 0.5 + 0.1 * e),
               "val_accuracy": acc, "test_accuracy": acc} for e in range(1, 7)]  # fmt: skip
-    path.write_text(json.dumps({"stage": "final", "preset": preset, "depth": 4, "seed": seed, "lr": 0.01,
+    path.write_text(json.dumps({"stage": "final", "preset": preset, "depth": 4, "seed": seed, "lr": lr,
                                 "alpha_lr_mult": 1.0, "steps": 216, "status": status, "curve": curve,
                                 "test_accuracy": acc if status == "ok" else math.nan, "val_accuracy": acc,
                                 "train_accuracy": 1.0, "train_loss": 0.1, "steps_to_90": 180.0,
@@ -269,3 +272,52 @@ def test_a_bad_experiment_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["train", "--experiment", str(exp), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "are also final seeds" in err[0]
+
+
+def test_final_runs_of_a_superseded_choice_are_left_out(tmp_path):
+    for s in range(2):
+        _write_run(tmp_path, "vit", s, 0.80)
+    _write_run(tmp_path, "vit", 0, 0.10, lr=0.03)  # an earlier search chose 0.03; its run must not count
+    runs = report.summarise(tmp_path, _spec(), write=False)["runs"]
+    assert len(runs) == 2 and runs["test_accuracy"].eq(0.80).all()
+
+
+def _fake_runs(monkeypatch, score, fail=lambda kw: False):
+    """Replace training by ``score(lr)`` so the driver's logic runs in milliseconds."""
+    from osa_lab.studies.depth_study import runner
+
+    calls = []
+
+    def fake(**kw):
+        calls.append(kw)
+        if fail(kw):
+            raise RuntimeError("worker lost")
+        acc = score(kw["lr"])
+        return {"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": kw["seed"],
+                "lr": kw["lr"], "alpha_lr_mult": kw["alpha_lr_mult"], "status": "ok", "val_accuracy": acc}
+
+    monkeypatch.setattr(runner, "study_run", fake)
+    return calls
+
+
+def test_the_driver_extends_an_edge_optimum_and_records_the_search(tmp_path, monkeypatch):
+    from osa_lab.studies.depth_study import runner
+
+    calls = _fake_runs(monkeypatch, lambda lr: 1 - abs(math.log(lr / 0.05)) / 10)
+    spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2})
+    chosen = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False)).tune("vit", 2)
+    assert chosen == (0.03, 1.0)
+    record = json.loads((tmp_path / "search" / "vit-d2.json").read_text())
+    assert record["extension_points"] == [[0.03, 1.0], [0.09, 1.0]] and record["edge_after_limit"] == []
+    assert {c["seed"] for c in calls} == {1000, 1001} and all(c["stage"] == "tune" for c in calls)
+
+
+def test_a_failed_tuning_run_is_not_scored_as_a_divergence(tmp_path, monkeypatch, capsys):
+    from osa_lab.studies.depth_study import runner
+
+    _fake_runs(monkeypatch, lambda lr: lr, fail=lambda kw: kw["lr"] == 0.01 and kw["seed"] == 1001)
+    spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2})
+    study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
+    assert study.tune("vit", 2) is None
+    assert "1 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
+    assert not (tmp_path / "search" / "vit-d2.json").exists()  # a rerun searches again

@@ -50,10 +50,27 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+def _chosen(results: Path) -> dict[tuple[str, int], tuple[float, float] | None]:
+    """(preset, depth) → the setting its search chose (from ``search/``)."""
+    return {(r["preset"], int(r["depth"])): tuple(r["chosen"]) if r.get("chosen") else None
+            for r in _read(results / "search")}  # fmt: skip
+
+
+def _final_runs(results: Path) -> list[dict]:
+    """Final runs at the setting their cell's search chose (runs of a superseded choice are left out)."""
+    chosen = _chosen(results)
+    keep = []
+    for r in _read(results / "final"):
+        setting = chosen.get((r["preset"], int(r["depth"])))
+        if setting is not None and np.isclose(r["lr"], setting[0]) and np.isclose(r["alpha_lr_mult"], setting[1]):
+            keep.append(r)
+    return keep
+
+
 def run_table(results: Path) -> pd.DataFrame:
     """One row per finished final run (:data:`RUN_COLUMNS`)."""
     rows = []
-    for r in _read(results / "final"):
+    for r in _final_runs(results):
         rank_i, rank_t = r.get("rank_init") or {}, r.get("rank_trained") or {}
         rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS},
                      "effective_rank_init": rank_i.get("effective_rank", math.nan),
@@ -69,7 +86,7 @@ def run_table(results: Path) -> pd.DataFrame:
 def curve_table(results: Path) -> pd.DataFrame:
     """Per-epoch training curves of the final runs (preset, depth, seed, step, train_loss, …)."""
     rows = []
-    for r in _read(results / "final"):
+    for r in _final_runs(results):
         for c in r.get("curve") or []:
             rows.append({"preset": r["preset"], "depth": r["depth"], "seed": r["seed"], **c})
     return pd.DataFrame(rows)

@@ -11,6 +11,7 @@ exists is not run again: the results folder alone resumes and regenerates the st
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import torch
 
 from osa_lab.errors import TrainingDivergedError
 from osa_lab.studies.data import load_data, split_validation
-from osa_lab.studies.training.config import TrainConfig, model_config_for
+from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
 from osa_lab.studies.training.loop import build_training_model, train
 from osa_lab.studies.training.tables import load_metrics
 
@@ -128,7 +129,9 @@ def study_run(
         alpha_lr_mult=float(alpha_lr_mult), val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
         model={**spec["model"], "depth": int(depth)},
     )  # fmt: skip
-    run_dir = Path(scratch_dir) / out.with_suffix("").relative_to(results_dir)
+    # checkpoints of a run are keyed by its whole configuration: another model or budget never meets them
+    digest = hashlib.sha1(comparable_json(config.to_dict()).encode()).hexdigest()[:10]
+    run_dir = Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}"
     payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
                                "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
                                "checkpoint": "final"}  # fmt: skip

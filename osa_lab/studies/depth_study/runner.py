@@ -75,12 +75,18 @@ class StudyRunner:
             values = self._run(self._tasks("tune", preset, depth, pairs, t.seeds, t.steps, False),
                                f"tune {preset} d{depth} r{rounds}")  # fmt: skip
             n = len(t.seeds)
+            if any(v is None for v in values):  # a run failed (not diverged): choosing now would be on missing data
+                _say(f"{preset} depth {depth}: {sum(v is None for v in values)} tuning run(s) failed; the cell is "
+                     "skipped and a rerun retries them")  # fmt: skip
+                return None
             for i, point in enumerate(points):
                 runs = values[i * n : (i + 1) * n]
-                ok = all(r is not None and r.get("status") == "ok" for r in runs)
+                ok = all(r.get("status") == "ok" for r in runs)
                 state.scores[point] = sum(r["val_accuracy"] for r in runs) / n if ok else math.nan
             points, rounds = state.next_points(), rounds + 1
         best = state.best()
+        if best is None:
+            _say(f"{preset} depth {depth}: every tuning point diverged")
         as_pair = (lambda p: [p[0], p[1] if len(p) > 1 else 1.0])  # noqa: E731
         record = {"preset": preset, "depth": depth, "axes": list(axes), "rounds": rounds,
                   "scores": [[*as_pair(p), s] for p, s in sorted(state.scores.items())],
@@ -102,7 +108,7 @@ class StudyRunner:
             _say(f"{preset} depth {depth}: tuning")
             chosen = self.tune(preset, depth)
             if chosen is None:
-                _say(f"{preset} depth {depth}: every tuning point diverged; no final runs")
+                _say(f"{preset} depth {depth}: no setting chosen; no final runs")
                 continue
             seeds = self.spec.final_seeds(depth)
             _say(f"{preset} depth {depth}: lr {chosen[0]:g}, α-lr ×{chosen[1]:g}; {len(seeds)} final seeds")
