@@ -194,7 +194,7 @@ def test_the_summary_is_regenerated_from_the_results_folder_alone(tmp_path):
     assert claims.loc["vit", "verdict"] == "shown" and claims.loc["skipless-ssa", "verdict"] == "shown"
     assert (claims["p_holm"] >= claims["p"]).all()
     assert "**Complete**" in out["verdict"] and "`mlp`: 66.0 %" in out["verdict"]
-    assert "Shown: skipless OSA is comparable" in out["verdict"]
+    assert "* Shown: skipless OSA is comparable to the skip-connected ViT (depth 4)" in out["verdict"]
 
 
 def test_a_partial_study_says_so_everywhere(tmp_path):

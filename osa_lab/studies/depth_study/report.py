@@ -257,8 +257,10 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
     elif not complete:
         lines.append("The study is partial: the claims above are provisional and no conclusion is drawn yet.")
     else:
-        shown = claims[claims["verdict"] == "shown"]["claim"].unique().tolist()
-        lines.append("Shown: " + ("; ".join(shown) if shown else "none of the claims") + ".")
+        for word in ("shown", "refuted", "inconclusive"):
+            rows = claims[claims["verdict"] == word]
+            if len(rows):
+                lines.append(f"* {word.capitalize()}: " + "; ".join(f"{r.claim} (depth {r.depth})" for r in rows.itertuples()))
     lines += ["", "Not shown by this study: the paper's 2-D MNIST numbers (a different task); widths, budgets and "
               "optimisers other than the ones above; depths other than " + ", ".join(
                   str(d) for d in sorted({d for _, ds in spec.cells for d in ds})) + "."]  # fmt: skip

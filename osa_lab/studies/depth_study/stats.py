@@ -8,7 +8,9 @@ share the batch order and the data split), so each test is on the per-seed diffe
 * **equivalence** ("comparable", margin m): TOST (Schuirmann 1987) — two one-sided tests of
   H0: mean d ≤ −m and H0: mean d ≥ m, p = the larger of the two.
 
-The p-values of all claims tested are adjusted together by Holm's step-down method (Holm 1979).
+The p-values of every test made — each claim's own test and, for superiority claims, the
+reverse test that would refute it — are adjusted together by Holm's step-down method (Holm
+1979), which is conservative for the pair.
 A claim is *shown* when its adjusted p < α; *refuted* when the opposite is significant at α
 (superiority: mean d < 0 by the reverse one-sided test; equivalence: the (1 − 2α) interval lies
 wholly outside ±m); otherwise *inconclusive*, with the number of seeds a test of the same power
