@@ -14,8 +14,6 @@ import copy
 import hashlib
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch
 
 from osa_lab.errors import TrainingDivergedError
 from osa_lab.studies.data import load_data, split_validation
+from osa_lab.studies.training.checkpoints import atomic_write
 from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
 from osa_lab.studies.training.loop import build_training_model, train
 from osa_lab.studies.training.tables import load_metrics
@@ -91,14 +90,8 @@ def _mixing(metrics, epoch: int) -> list[float]:
 
 def _write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=1, allow_nan=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(payload, indent=1, allow_nan=True)
+    atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def study_run(
