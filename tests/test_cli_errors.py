@@ -1,5 +1,5 @@
 """Every sub-command refuses bad arguments cleanly: exit status 2, one line naming the problem,
-no traceback, no partial output files (issue 11).
+no traceback, no partial output files.
 
 The rows run ``osa_lab.cli.main`` in-process through :func:`tests.helpers.assert_cli_user_error`
 (the ``train`` rows live in ``tests/test_train.py`` and use the same helper); a few run the
@@ -45,7 +45,7 @@ SWEEP_ROWS = [
     (["--output", "{tmp}/r.csv", "--spectra-output", "{tmp}/r.csv"], r"output paths collide"),
     (["--output", "/proc/osa-lab-test/r.csv"], r"--output .*cannot write in /proc"),  # read-only location
     (["--bogus-flag"], r"unrecognized arguments: --bogus-flag"),
-    # adversarial review (issue 11): more bounds and grid options, all refused before any work
+    # more bounds and grid options, all refused before any work
     (["--workers", "0"], r"--workers: expected a positive integer"),
     (["--threads-per-worker", "0"], r"--threads-per-worker"),
     (["--seeds", "100000"], r"100000 models.*--allow-large"),

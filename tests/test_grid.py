@@ -24,7 +24,7 @@ import torch
 
 import osa_lab.studies.depth as A
 from osa_lab.cli import main as cli_main
-from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, SchedulerConnectionError
+from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, SchedulerConnectionError, TaskStoreWarning
 from osa_lab.studies.grid import ENV_SCHEDULER, GridOptions, Task, run_grid, task_key
 
 # Workers receive this module's task functions by value (they need not import tests/).
@@ -106,7 +106,7 @@ def test_a_raising_task_is_recorded_and_the_others_finish(tmp_path):
     with pytest.warns(GridTaskFailedWarning, match="1 of 4 tasks failed.*i=2"):
         result.warn_failures()
     # the failure is not stored: a rerun retries only it
-    assert len(list(tmp_path.glob("*.pkl"))) == 3
+    assert len(list(tmp_path.glob("*.npz"))) == 3
 
 
 def test_rerun_skips_finished_tasks_and_an_interrupted_grid_resumes(tmp_path):
@@ -125,8 +125,9 @@ def test_rerun_skips_finished_tasks_and_an_interrupted_grid_resumes(tmp_path):
     run_grid(tasks, GridOptions(serial=True, progress=False), store=store)
     assert len(calls(log)) == 6
     # a truncated result file is recomputed, not trusted
-    (store / f"{tasks[4].key}.pkl").write_bytes(b"\x80")
-    again = run_grid(tasks, GridOptions(serial=True, progress=False), store=store)
+    (store / f"{tasks[4].key}.npz").write_bytes(b"\x80")
+    with pytest.warns(TaskStoreWarning, match=rf"{tasks[4].key}\.npz: not a readable result archive.*again"):
+        again = run_grid(tasks, GridOptions(serial=True, progress=False), store=store)
     assert calls(log)[-1] == 4 and again.values()[4]["square"] == 16
 
 
@@ -290,7 +291,7 @@ def test_unreachable_scheduler_is_a_one_line_error(tmp_path):
 
 @pytest.mark.parametrize("address", ["notanaddress", "foo://bar:1", "tcp://127.0.0.1:port"])
 def test_malformed_scheduler_address_is_a_connection_error_and_creates_no_store(tmp_path, address):
-    # issue 11: was ValueError "missing port number" (a traceback from the CLI), and the store was made first
+    # a malformed address is a typed error before any store folder is made
     tasks = [Task(square, {"i": i}, {"i": i}) for i in range(2)]
     with pytest.raises(SchedulerConnectionError, match=r"invalid Dask scheduler address .*tcp://host:8786"):
         run_grid(tasks, GridOptions(scheduler=address, progress=False), store=tmp_path / "store")

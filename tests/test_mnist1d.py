@@ -1,4 +1,4 @@
-"""MNIST-1D loader (issue 13): offline generation, never the download path, cache, split sizes, variants."""
+"""MNIST-1D loader: offline generation, never the download path, cache, split sizes, variants."""
 
 from __future__ import annotations
 
