@@ -54,6 +54,9 @@ class _DescriptorWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
+    def fileno(self) -> int:
+        return self.fd
+
     def seekable(self) -> bool:
         return True
 
@@ -82,6 +85,25 @@ def _write_error(path: Path, exc: OSError, action: str = "write") -> OutputWrite
     )
 
 
+def _missing_folders(path: Path) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, deepest first."""
+    missing = []
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing.append(parent)
+    return missing
+
+
+def _remove_empty(folders: Sequence[Path]) -> None:
+    """Remove the folders a failed write created (deepest first), if they are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def _temporary(path: Path) -> tuple[int, Path]:
     """A new, uniquely named temporary file beside ``path`` (folders created)."""
     try:
@@ -101,7 +123,12 @@ def _temporary(path: Path) -> tuple[int, Path]:
 def _temporary_stream(path: Path, text: bool, encoding: str, newline: str | None) -> Iterator[tuple[IO, Path]]:
     """A stream to a fresh temporary beside ``path``, flushed and closed on exit; the temporary
     is removed (and :class:`OutputWriteError` raised for an ``OSError``) when the block fails."""
-    fd, tmp = _temporary(path)
+    created = _missing_folders(path)
+    try:
+        fd, tmp = _temporary(path)
+    except OutputWriteError:
+        _remove_empty(created)
+        raise
     try:
         raw = _DescriptorWriter(fd)
         buffered = io.BufferedWriter(raw)
@@ -118,9 +145,11 @@ def _temporary_stream(path: Path, text: bool, encoding: str, newline: str | None
                     raw.close()
     except OSError as exc:
         tmp.unlink(missing_ok=True)
+        _remove_empty(created)
         raise _write_error(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
+        _remove_empty(created)
         raise
 
 
@@ -183,6 +212,8 @@ def write_all_or_nothing(writes: Sequence[tuple[str | os.PathLike, Callable[[IO]
     their earlier content (:class:`~osa_lab.errors.OutputWriteError` names the failing path).
     """
     done: list[tuple[Path, Path]] = []
+    created = sorted({f for target, _, _ in writes for f in _missing_folders(Path(target))},
+                     key=lambda f: len(f.parts), reverse=True)  # fmt: skip
     try:
         for target, write, mode in writes:
             path = Path(target)
@@ -193,6 +224,9 @@ def write_all_or_nothing(writes: Sequence[tuple[str | os.PathLike, Callable[[IO]
     except BaseException:
         for tmp, _ in done:
             tmp.unlink(missing_ok=True)
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
     _rename_into_place(done)
     return [path for _, path in done]

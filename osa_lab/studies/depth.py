@@ -58,7 +58,13 @@ from torch import nn
 
 from osa_lab.arguments import finite_float, positive_int
 from osa_lab.deprecation import renamed
-from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
+from osa_lab.errors import (
+    ConfigurationError,
+    GridTaskFailedWarning,
+    OSAInputError,
+    TaskStoreWarning,
+    unknown_name,
+)
 from osa_lab.fileio import OutputLock, output_locks, write_all_or_nothing
 from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model
 from osa_lab.nn.presets import PRESETS, preset_names
@@ -841,8 +847,10 @@ def _run_locked(args: argparse.Namespace, out: Path, outputs: dict[str, Path], s
     from osa_lab.errors import UnknownNameError
 
     try:
-        with warnings.catch_warnings():  # failed tasks are listed below, once
+        # failed tasks are listed below, once; notes on the task store come after the tables
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("ignore", GridTaskFailedWarning)
+            warnings.simplefilter("always", TaskStoreWarning)
             result = sweep(
                 args.presets,
                 args.depth,
@@ -872,6 +880,11 @@ def _run_locked(args: argparse.Namespace, out: Path, outputs: dict[str, Path], s
     _write_tables(tables)
     for path, df in tables:
         print(f"wrote {path} ({len(df)} rows)")
+    for note in caught:
+        if issubclass(note.category, TaskStoreWarning):
+            print(f"osa-lab sweep: warning: {one_line(note.message)}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
     final = result.metrics[
         (result.metrics["layer"] == result.metrics["depth"]) & (result.metrics["site"] == "block")
     ]
