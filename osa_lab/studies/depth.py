@@ -835,8 +835,11 @@ def run(args: argparse.Namespace) -> int:
     store = args.cache_dir if args.cache_dir is not None else out.with_name(f"{out.stem}_tasks")
     check_output_dir(store, "--cache-dir")
     _check_jacobian_request(args)
-    # One sweep at a time writes these files: a second one on the same outputs is refused.
-    locks = [OutputLock.for_file(path, f"{flag} {path}") for flag, path in outputs.items()]
+    # One sweep at a time writes the files named after an --output (and an explicit
+    # --spectra-output): a second sweep on the same output is refused, naming the first.
+    locks = [OutputLock.for_file(out, f"--output {out}")]
+    if args.spectra_output is not None and not args.no_spectra:
+        locks.append(OutputLock.for_file(outputs["--spectra-output"], f"--spectra-output {outputs['--spectra-output']}"))
     with output_locks(locks):
         return _run_locked(args, out, outputs, store)
 
