@@ -162,13 +162,13 @@ class GridOptions:
         serial: run in-process, one task after the other (the same as ``workers=1``); giving
             it together with ``scheduler`` is an error.
         progress: show the tqdm bar over tasks.
-        host: the address the local cluster's scheduler, workers and dashboard listen on
-            (default ``127.0.0.1``: this machine only; ``"0.0.0.0"`` for every interface).
         dashboard_address: where the local cluster serves its dashboard (``":8787"``: that port
             on ``host``; ``None``: off).
         connect_timeout: seconds to wait for an external scheduler and its first worker.
         timeout: give up on tasks still unfinished after this many seconds (recorded as
             failed with ``GridTimeout``; ``None``: wait forever).
+        host: the address the local cluster's scheduler, workers and dashboard listen on
+            (default ``127.0.0.1``: this machine only; ``"0.0.0.0"`` for every interface).
     """
 
     workers: int | None = None
@@ -176,10 +176,10 @@ class GridOptions:
     scheduler: str | None = None
     serial: bool = False
     progress: bool = True
-    host: str = LOCAL_HOST
     dashboard_address: str | None = ":8787"
     connect_timeout: float = 30.0
     timeout: float | None = None
+    host: str = LOCAL_HOST
 
     def __post_init__(self) -> None:
         for name in ("workers", "threads_per_worker"):
