@@ -175,3 +175,21 @@ def test_unstorable_results_and_a_full_disk_only_warn(tmp_path, monkeypatch):
     odd = [Task(io.StringIO, {}, {"i": 0})]
     with pytest.warns(TaskStoreWarning, match="not stored.*StringIO"):
         run_grid(odd, SERIAL, store=tmp_path / "store2")
+
+
+def test_the_sweep_command_names_a_poisoned_store_file_and_recomputes_it(tmp_path, capsys):
+    from osa_lab.cli import main
+
+    marker, out = tmp_path / "marker", tmp_path / "r.csv"
+    argv = ["sweep", "--presets", "pure-osa", "--depth", "2", "--tokens", "4", "--dim", "4", "--seeds", "1",
+            "--no-progress", "--serial", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    first = out.read_text()
+    (path,) = (tmp_path / "r_tasks").glob("*.npz")
+    path.write_bytes(payload_bytes(marker))
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"osa-lab sweep: warning: {path}: not a readable result archive" in err and "again" in err
+    assert not marker.exists() and out.read_text() == first
+    assert not pd.read_csv(tmp_path / "r_tasks.csv")["cached"].any()
