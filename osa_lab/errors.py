@@ -54,8 +54,15 @@ class OutputPathError(ConfigurationError):
 
 
 class RunLockedError(ConfigurationError):
-    """A training output folder is owned by another live process (its lock file names the owner's
-    PID and host); a second writer would mix two runs' checkpoints and metrics."""
+    """An output (a training folder, a sweep's tables, a report folder) is owned by another live
+    process (its lock file names the owner's PID and host); a second writer would mix two runs'
+    outputs."""
+
+
+class OutputWriteError(OSError):
+    """An output file could not be written (a full disk, a read-only file system); the message
+    names the path. Nothing partial is left: the earlier file, if any, is kept
+    (:mod:`osa_lab.fileio`)."""
 
 
 class SchedulerConnectionError(ConfigurationError):
@@ -66,6 +73,27 @@ class SchedulerConnectionError(ConfigurationError):
 class GridTaskFailedWarning(UserWarning):
     """Some tasks of a grid (sweep, Jacobian study, training comparison) failed while the others
     finished; the message names each failed task's settings and error (``osa_lab.grid``)."""
+
+
+class TaskStoreWarning(UserWarning):
+    """A stored task result of a grid was not used (malformed, of another task, of the wrong kind,
+    or a pickle, which is never loaded) or a new one could not be stored; the task is computed
+    again (``osa_lab.grid``). The message names the file."""
+
+
+class UnstorableResultError(TypeError):
+    """A task result cannot be written without pickling (``osa_lab.studies.result_store``): it
+    is not made of numbers, strings, arrays, DataFrames, lists, tuples and string-keyed dicts."""
+
+
+class MalformedResultError(ValueError):
+    """A stored task result is not one osa_lab wrote for this task (damaged, truncated, a pickle,
+    another task's, an unknown format); it is never executed, and the grid computes it again."""
+
+
+class DataCacheWarning(UserWarning):
+    """A cached data file of generated data did not match its recorded content hash or generator
+    arguments (or was malformed) and was generated again; the message names the file."""
 
 
 class OptionalDependencyError(ImportError):

@@ -28,7 +28,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "osa_lab"
 #: floors from the bottom up (docs/architecture.md); a module's wing is the first name under
 #: ``osa_lab`` (the package or top-level module it belongs to).
 FLOORS: list[set[str]] = [
-    {"errors", "arguments", "version", "deprecation"},  # shared by all: exceptions, CLI argument checks, renames
+    # shared by all: exceptions, CLI argument checks, renames, whole-or-absent output files and locks
+    {"errors", "arguments", "version", "deprecation", "fileio"},
     {"ops"},  # the mathematics
     {"nn"},  # layers, models, presets
     {"plots"},  # figures from tidy tables

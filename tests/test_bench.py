@@ -37,7 +37,7 @@ def test_bench_quick_writes_the_table(tmp_path, capsys):
 
 
 def _check_roofline_table(roof: pd.DataFrame, main: pd.DataFrame) -> None:
-    """The roofline CSV of issue 16: its columns, positive limits, and numbers consistent with each other."""
+    """The roofline CSV: its columns, positive limits, and numbers consistent with each other."""
     expected = {"N", "bh", "pass", "ms", "gflop_f32", "gflop_f64", "mbytes", "flop_ms", "byte_ms", "roofline_ms",
                 "bound", "x_roofline", "f32_gflops", "f64_gflops", "copy_gbps", "target_x", "speedup_vs_sdpa"}
     assert expected <= set(roof.columns)
@@ -117,7 +117,7 @@ def test_bench_unwritable_output_is_refused_before_timing(tmp_path, monkeypatch)
                               watch=[tmp_path])  # fmt: skip
 
 
-# issue 11: no size bound — `bench --sizes 10000000` was OOM-killed, `bench --r 100000` a traceback
+# size bounds: huge `--sizes` or `--r` are refused before anything is allocated
 MEMORY_ROWS = [
     (["--sizes", "10000000"], r"--sizes 10000000 \(bh = 8\).*GiB.*--allow-large"),
     (["--sizes", "256", "--r", "100000"], r"--sizes 256 \(bh = 32\), r = 100000.*--allow-large"),

@@ -1,5 +1,5 @@
 """Every sub-command refuses bad arguments cleanly: exit status 2, one line naming the problem,
-no traceback, no partial output files (issue 11).
+no traceback, no partial output files.
 
 The rows run ``osa_lab.cli.main`` in-process through :func:`tests.helpers.assert_cli_user_error`
 (the ``train`` rows live in ``tests/test_train.py`` and use the same helper); a few run the
@@ -8,6 +8,12 @@ console entry point in a subprocess to show what reaches a terminal.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
 
@@ -45,7 +51,7 @@ SWEEP_ROWS = [
     (["--output", "{tmp}/r.csv", "--spectra-output", "{tmp}/r.csv"], r"output paths collide"),
     (["--output", "/proc/osa-lab-test/r.csv"], r"--output .*cannot write in /proc"),  # read-only location
     (["--bogus-flag"], r"unrecognized arguments: --bogus-flag"),
-    # adversarial review (issue 11): more bounds and grid options, all refused before any work
+    # more bounds and grid options, all refused before any work
     (["--workers", "0"], r"--workers: expected a positive integer"),
     (["--threads-per-worker", "0"], r"--threads-per-worker"),
     (["--seeds", "100000"], r"100000 models.*--allow-large"),
@@ -280,3 +286,171 @@ def test_dashboard_dry_run_accepts_good_values(capsys):
     assert cli.main(["dashboard", "--dry-run", "--port", "0", "--num-threads", "2", "--address", "0.0.0.0"]) == 0
     out = capsys.readouterr().out
     assert "panel serve" in out and "--port 0" in out and "--num-threads 2" in out
+
+
+# ----------------------------------------------------------------------------- full disks, concurrent writers
+
+
+def _fail_temporary_writes(monkeypatch, where: str) -> None:
+    """``os.write`` raises ENOSPC for every temporary (``*.tmp``) whose path contains ``where``."""
+    import errno
+    import os
+
+    real_write = os.write
+
+    def write(fd, data):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.endswith(".tmp") and where in target:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+def _earlier_outputs(folder, names) -> dict:
+    for name in names:
+        (folder / name).write_text(f"earlier {name}\n")
+    return {name: f"earlier {name}\n" for name in names}
+
+
+SWEEP_OUTPUTS = ["r.csv", "r_spectra.csv", "r_tasks.csv"]
+
+
+def test_sweep_on_a_full_disk_is_one_line_and_keeps_the_earlier_outputs(tmp_path, monkeypatch):
+    earlier = _earlier_outputs(tmp_path, SWEEP_OUTPUTS)
+    _fail_temporary_writes(monkeypatch, str(tmp_path))
+    out = tmp_path / "r.csv"
+    assert_cli_user_error([*SWEEP, "--output", str(out)], rf"cannot write {out} \(No space left on device\)",
+                          watch=[tmp_path])  # fmt: skip
+    assert {name: (tmp_path / name).read_text() for name in SWEEP_OUTPUTS} == earlier
+
+
+def test_sweep_tables_that_cannot_be_written_are_computed_once(tmp_path, monkeypatch, capsys):
+    """The task store took the results: after the disk is freed, the rerun only writes the tables."""
+    _fail_temporary_writes(monkeypatch, ".csv.")
+    out = tmp_path / "r.csv"
+    assert cli.main([*SWEEP, "--output", str(out)]) == 2
+    assert "osa-lab sweep: error: cannot write" in capsys.readouterr().err
+    assert not out.exists() and len(list((tmp_path / "r_tasks").glob("*.npz"))) == 1
+    monkeypatch.undo()
+    assert cli.main([*SWEEP, "--output", str(out)]) == 0
+    assert pd.read_csv(tmp_path / "r_tasks.csv")["cached"].all()
+
+
+def test_sweep_refuses_an_output_another_sweep_is_writing(tmp_path):
+    from osa_lab.fileio import OutputLock
+
+    out = tmp_path / "r.csv"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom osa_lab.fileio import OutputLock\n"
+         f"with OutputLock.for_file({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert_cli_user_error([*SWEEP, "--output", str(out)], rf"--output {out} is in use by process {holder.pid}",
+                              watch=[tmp_path])  # fmt: skip
+    finally:
+        holder.communicate("", timeout=60)
+    assert not OutputLock.for_file(out).path.exists()
+
+
+@pytest.mark.slow
+def test_two_concurrent_sweeps_on_one_output_never_mix_their_tables(tmp_path):
+    out = tmp_path / "r.csv"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    argv = [sys.executable, "-m", "osa_lab.cli", "sweep", "--presets", "pure-osa", "--depth", "6", "--tokens", "16",
+            "--dim", "16", "--seeds", "2", "--no-progress", "--serial", "--output", str(out), "--alpha"]  # fmt: skip
+    procs = [subprocess.Popen([*argv, alpha], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for alpha in ("0.5", "2.0")]  # fmt: skip
+    results = [(p.wait(600), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    for rc, err in results:
+        assert "Traceback" not in err, err
+        assert rc == 0 or (rc == 2 and "is in use by process" in err), (rc, err)
+    assert any(rc == 0 for rc, _ in results)
+    alphas = {name: set(pd.read_csv(tmp_path / name)["alpha"]) for name in SWEEP_OUTPUTS}
+    assert alphas["r.csv"] in ({0.5}, {2.0}) and len(set(map(frozenset, alphas.values()))) == 1, alphas
+    assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("*.lock"))
+
+
+BENCH_QUICK = ["--quick", "--repeat", "1", "--memory-sizes", "--roofline-sizes"]
+
+
+def test_bench_on_a_full_disk_is_one_line_and_keeps_the_earlier_csv(tmp_path, monkeypatch, capsys):
+    from osa_lab.benchmarking import runner as bench
+
+    out = tmp_path / "core.csv"
+    earlier = _earlier_outputs(tmp_path, ["core.csv"])
+    _fail_temporary_writes(monkeypatch, str(tmp_path))
+    assert bench.main([*BENCH_QUICK, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert errors == [f"osa-lab bench: error: cannot write {out} (No space left on device); nothing was written "
+                      "there (an earlier file is kept): free some space or choose another location"], err
+    assert "Traceback" not in err and out.read_text() == earlier["core.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["core.csv"]
+
+
+def test_report_refuses_a_folder_another_report_is_writing(tmp_path):
+    from osa_lab.fileio import OutputLock
+    from osa_lab.reporting.runner import REPORT_LOCK
+
+    reports = tmp_path / "reports"
+    with OutputLock.for_folder(reports, name=REPORT_LOCK):
+        assert_cli_user_error(["report", "--output", str(reports), "--only", "02", "--no-progress"],
+                              r"--output .*reports is in use by process")  # fmt: skip
+    assert list(reports.iterdir()) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs mounted at ``tmp_path / "disk"`` (root only; skipped where it cannot be mounted)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _fill_leaving_one_page(disk) -> None:
+    """Fill ``disk`` to the last byte, then free one page (room for a lock file and nothing else)."""
+    import errno
+    import os
+
+    fd = os.open(disk / "filler", os.O_CREAT | os.O_WRONLY)
+    try:
+        while True:
+            try:
+                os.write(fd, b"\0" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                break
+        os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) - 4096)
+    finally:
+        os.close(fd)
+
+
+def test_sweep_and_bench_on_a_full_tmpfs_keep_the_earlier_files(small_disk, capsys):
+    from osa_lab.benchmarking import runner as bench
+
+    earlier = _earlier_outputs(small_disk, [*SWEEP_OUTPUTS, "core.csv"])
+    _fill_leaving_one_page(small_disk)
+    before = sorted(p.name for p in small_disk.iterdir())
+    out = small_disk / "r.csv"
+    assert_cli_user_error([*SWEEP, "--output", str(out)], rf"cannot write {out} \(No space left on device\)")
+    assert bench.main([*BENCH_QUICK, "--output", str(small_disk / "core.csv")]) == 2
+    assert f"osa-lab bench: error: cannot write {small_disk / 'core.csv'} (No space" in capsys.readouterr().err
+    assert sorted(p.name for p in small_disk.iterdir()) == before  # no temporary, no lock, no task store
+    assert {name: (small_disk / name).read_text() for name in earlier} == earlier

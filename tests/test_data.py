@@ -145,7 +145,7 @@ def test_synthetic_is_deterministic_balanced_and_learnable():
     assert (pred == a.y_test).float().mean() > 0.9
 
 
-# ----------------------------------------------------------------------------- corrupt files (issue 11)
+# ----------------------------------------------------------------------------- corrupt files
 
 
 def test_corrupt_label_byte_is_refused_not_a_201_class_model(tmp_path):
@@ -198,7 +198,7 @@ def test_fingerprint_follows_contents_only():
 @pytest.mark.parametrize("empty", ["train", "test"])
 def test_empty_mnist_split_is_refused_before_standardising(tmp_path, empty):
     """An .npz with 0 training (or test) images: one clear OSAInputError naming the split, and no
-    NumPy RuntimeWarning from the mean/std of nothing (issue 11)."""
+    NumPy RuntimeWarning from the mean/std of nothing."""
     import warnings
 
     x = np.random.default_rng(0).integers(0, 256, (10, 28, 28), dtype=np.uint8)

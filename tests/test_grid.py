@@ -24,7 +24,12 @@ import torch
 
 import osa_lab.studies.depth as A
 from osa_lab.cli import main as cli_main
-from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, SchedulerConnectionError
+from osa_lab.errors import (
+    ConfigurationError,
+    GridTaskFailedWarning,
+    SchedulerConnectionError,
+    TaskStoreWarning,
+)
 from osa_lab.studies.grid import ENV_SCHEDULER, GridOptions, Task, run_grid, task_key
 
 # Workers receive this module's task functions by value (they need not import tests/).
@@ -106,7 +111,7 @@ def test_a_raising_task_is_recorded_and_the_others_finish(tmp_path):
     with pytest.warns(GridTaskFailedWarning, match="1 of 4 tasks failed.*i=2"):
         result.warn_failures()
     # the failure is not stored: a rerun retries only it
-    assert len(list(tmp_path.glob("*.pkl"))) == 3
+    assert len(list(tmp_path.glob("*.npz"))) == 3
 
 
 def test_rerun_skips_finished_tasks_and_an_interrupted_grid_resumes(tmp_path):
@@ -125,8 +130,9 @@ def test_rerun_skips_finished_tasks_and_an_interrupted_grid_resumes(tmp_path):
     run_grid(tasks, GridOptions(serial=True, progress=False), store=store)
     assert len(calls(log)) == 6
     # a truncated result file is recomputed, not trusted
-    (store / f"{tasks[4].key}.pkl").write_bytes(b"\x80")
-    again = run_grid(tasks, GridOptions(serial=True, progress=False), store=store)
+    (store / f"{tasks[4].key}.npz").write_bytes(b"\x80")
+    with pytest.warns(TaskStoreWarning, match=rf"{tasks[4].key}\.npz: not a readable result archive.*again"):
+        again = run_grid(tasks, GridOptions(serial=True, progress=False), store=store)
     assert calls(log)[-1] == 4 and again.values()[4]["square"] == 16
 
 
@@ -290,7 +296,7 @@ def test_unreachable_scheduler_is_a_one_line_error(tmp_path):
 
 @pytest.mark.parametrize("address", ["notanaddress", "foo://bar:1", "tcp://127.0.0.1:port"])
 def test_malformed_scheduler_address_is_a_connection_error_and_creates_no_store(tmp_path, address):
-    # issue 11: was ValueError "missing port number" (a traceback from the CLI), and the store was made first
+    # a malformed address is a typed error before any store folder is made
     tasks = [Task(square, {"i": i}, {"i": i}) for i in range(2)]
     with pytest.raises(SchedulerConnectionError, match=r"invalid Dask scheduler address .*tcp://host:8786"):
         run_grid(tasks, GridOptions(scheduler=address, progress=False), store=tmp_path / "store")
@@ -373,3 +379,81 @@ def test_shared_cluster_serves_several_grids_with_one_start(tmp_path):
     assert len(workers) <= 2 and all(w.startswith("tcp://") for w in workers)  # the same two workers
     with shared_cluster(GridOptions(serial=True)) as same:
         assert same == GridOptions(serial=True)
+
+
+def _listening(process) -> list:
+    connections = getattr(process, "net_connections", None) or process.connections
+    return [c.laddr for c in connections("tcp") if c.status == "LISTEN"]
+
+
+@pytest.mark.slow
+def test_the_local_cluster_listens_on_the_loopback_address_only(capsys):
+    import psutil
+
+    from osa_lab.studies.grid import dashboard_address, shared_cluster
+
+    assert dashboard_address(GridOptions(host="0.0.0.0")) == "0.0.0.0:8787"  # asked for: every interface
+    assert dashboard_address(GridOptions(host="::1", dashboard_address=":0")) == "[::1]:0"
+    with pytest.raises(ConfigurationError, match="host"):
+        GridOptions(host="tcp://0.0.0.0")
+    with deadline(240), shared_cluster(GridOptions(workers=2, progress=False)) as opts:
+        me = psutil.Process()
+        sockets = {p.pid: _listening(p) for p in [me, *me.children(recursive=True)]}
+    assert opts.scheduler.startswith("tcp://127.0.0.1:")
+    assert "dashboard: http://127.0.0.1:" in capsys.readouterr().err
+    assert len(sockets[me.pid]) >= 2  # the scheduler and its dashboard
+    assert {addr.ip for found in sockets.values() for addr in found} == {"127.0.0.1"}, sockets
+
+
+def done_after(i: int, delay: float, marker_dir: str) -> int:
+    """Sleeps, marks its end, returns i²."""
+    time.sleep(delay)
+    Path(marker_dir, f"done-{i}").touch()
+    return i * i
+
+
+@pytest.mark.slow
+def test_a_scheduler_lost_mid_grid_is_recorded_as_such(tmp_path):
+    from distributed import Client
+
+    from osa_lab.studies.grid import SCHEDULER_LOST
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    dask_cli = [sys.executable, "-m", "dask"]
+    scheduler = subprocess.Popen([*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                  "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    worker = subprocess.Popen([*dask_cli, "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
+                               "--memory-limit", "0"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    markers, store = tmp_path / "markers", tmp_path / "store"
+    markers.mkdir()
+    tasks = [Task(done_after, {"i": i, "delay": 1.5, "marker_dir": str(markers)}, {"i": i}) for i in range(6)]
+
+    def kill_scheduler_after_the_first_task() -> None:
+        stop = time.monotonic() + 200
+        while time.monotonic() < stop and not list(markers.glob("done-*")):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        scheduler.kill()  # the scheduler process this test started
+
+    try:
+        with deadline(300):
+            with Client(address, timeout=120) as probe:
+                probe.wait_for_workers(1, timeout=120)
+            killer = threading.Thread(target=kill_scheduler_after_the_first_task, daemon=True)
+            killer.start()
+            result = run_grid(tasks, GridOptions(scheduler=address, progress=False, connect_timeout=5), store=store)
+            killer.join(5)
+    finally:
+        for p in (worker, scheduler):  # only the two processes this test started
+            p.kill()
+            p.wait(30)
+    lost = [o for o in result.outcomes if not o.ok]
+    assert lost, "the grid finished before the scheduler was killed"
+    assert {o.error_type for o in lost} == {SCHEDULER_LOST}
+    assert all(f"the Dask scheduler at {address} was lost" in o.error for o in lost)
+    assert "NoneType" not in " ".join(result.failure_lines())
+    finished = [o for o in result.outcomes if o.ok]
+    assert len(list(store.glob("*.npz"))) == len(finished)  # what finished is kept for the rerun

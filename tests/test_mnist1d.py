@@ -1,15 +1,20 @@
-"""MNIST-1D loader (issue 13): offline generation, never the download path, cache, split sizes, variants."""
+"""MNIST-1D loader: offline generation, never the download path, cache, split sizes, variants."""
 
 from __future__ import annotations
 
+import pickle
 import random
+import re
 import socket
 import urllib.request
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from osa_lab.errors import DataCacheWarning
 from osa_lab.studies.data import MNIST1D_VARIANTS, load_data, load_mnist1d, mnist1d_args, split_validation
 
 
@@ -78,8 +83,83 @@ def test_generation_is_deterministic_and_keyed_by_arguments(offline, tmp_path):
     # a damaged cache entry is regenerated, not trusted
     path = next((tmp_path / "b" / "mnist1d").glob("*.npz"))
     path.write_bytes(b"garbage")
-    d = load_mnist1d(cache_dir=tmp_path / "b", num_samples=200)
+    with pytest.warns(DataCacheWarning, match="not a readable .npz archive"):
+        d = load_mnist1d(cache_dir=tmp_path / "b", num_samples=200)
     assert torch.equal(d.x_train, a.x_train)
+
+
+# ----------------------------------------------------------------------------- the cache is checked
+
+
+class Payload:
+    """Unpickling this object opens (creates) ``marker``: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _damage(path: Path, damage: str, marker: Path) -> None:
+    """Rewrite the cache file ``path`` with one kind of damage (its record is kept as it was)."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    x, y = arrays["x"], arrays["y"]
+    if damage == "permuted labels":
+        arrays["y"] = np.roll(y, 1)
+        assert not np.array_equal(arrays["y"], y)
+    elif damage == "truncated sequences":
+        arrays["x"] = x[:, :39]
+    elif damage == "fewer rows of x than y":
+        arrays["x"] = x[:-1]
+    elif damage == "NaN":
+        arrays["x"] = x.copy()
+        arrays["x"][3, 5] = np.nan
+    elif damage == "float labels":
+        arrays["y"] = y.astype(np.float64)
+    elif damage == "no record":
+        del arrays["record"]
+    elif damage == "pickle payload":
+        assert pickle.loads(pickle.dumps(Payload(marker))) and marker.exists()  # the payload is live
+        marker.unlink()
+        arrays["y"] = np.array([Payload(marker)], dtype=object)
+    with path.open("wb") as fh:
+        np.savez(fh, **arrays)
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("permuted labels", "does not match its recorded content hash"),
+        ("truncated sequences", r"train sequences of shape \(160, 39\); expected \(n, 40\)"),
+        ("fewer rows of x than y", r"159 train sequences but \(160,\) labels"),
+        ("NaN", "1 NaN/Inf value"),
+        ("float labels", "train labels of dtype float64; class labels are integers"),
+        ("no record", "lacks the arrays \\['record'\\]"),
+        ("pickle payload", "not a readable .npz archive"),
+    ],
+)
+def test_a_changed_or_damaged_cache_is_generated_again_with_a_warning(offline, tmp_path, damage, reason):
+    marker = tmp_path / "marker"
+    fresh = load_mnist1d(cache_dir=tmp_path, num_samples=200)
+    (path,) = (tmp_path / "mnist1d").glob("*.npz")
+    _damage(path, damage, marker)
+    with pytest.warns(DataCacheWarning) as record:
+        again = load_mnist1d(cache_dir=tmp_path, num_samples=200)
+    (warning,) = record
+    message = str(warning.message)
+    assert message.startswith(f"MNIST-1D cache {path} ") and message.endswith("generating it again")
+    assert re.search(reason, message), message
+    assert "download" not in message  # the data are generated here, not downloaded
+    assert not marker.exists()
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(again, name), getattr(fresh, name))
+    with warnings.catch_warnings():  # the file was rewritten: the next load is silent
+        warnings.simplefilter("error", DataCacheWarning)
+        third = load_mnist1d(cache_dir=tmp_path, num_samples=200)
+    assert torch.equal(third.y_train, fresh.y_train)
+    assert sorted(p.name for p in (tmp_path / "mnist1d").iterdir()) == [path.name]  # no temporary left
 
 
 def test_shuffle_variant_permutes_time_steps_of_the_same_samples(offline, tmp_path):

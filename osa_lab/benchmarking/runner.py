@@ -1,4 +1,4 @@
-"""Speed and memory benchmark of low-rank OSA against SDPA and dense OSA (issue 2).
+"""Speed and memory benchmark of low-rank OSA against SDPA and dense OSA.
 
 ``osa-lab bench`` (or ``python -m osa_lab.benchmarking.runner``) times, side by side in one process and
 for r = d_v = 64 in float32:
@@ -13,7 +13,7 @@ and reports the speed-up ratios, the achieved GFLOP/s of the low-rank path (coun
 of forward+backward measured in a fresh subprocess per N. It prints a table and writes CSVs.
 Timings are medians; nothing here asserts on time.
 
-The roofline table (issue 16, ``<stem>_roofline.csv``, at ``--roofline-sizes``) measures this
+The roofline table (``<stem>_roofline.csv``, at ``--roofline-sizes``) measures this
 machine's limits in the same interleaved rounds: the float32 matmul rate (the larger of a
 2048² product and a pass-shaped ``[q k]ᵀ[q k v]`` product), the float64 rate of the core's
 2r × 2r products and the copy bandwidth (read + write of a buffer larger than the caches). For
@@ -50,19 +50,20 @@ from osa_lab.benchmarking.timing import (
     time_interleaved,
 )
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
+from osa_lab.fileio import OutputLock, output_locks
 from osa_lab.ops import expm
 from osa_lab.ops.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
 DEFAULT_MEMORY_SIZES = (16384, 32768, 65536)
 DEFAULT_ROOFLINE_SIZES = (4096, 16384)
-#: Largest time ÷ roofline accepted by issue 16 (whole forward, forward+backward).
+#: Largest time ÷ roofline the benchmark targets (whole forward, forward+backward).
 ROOFLINE_TARGETS = {"whole forward": 1.5, "whole forward+backward": 2.0}
 ALPHA = 0.5
 
 
 def heads_for(n: int) -> int:
-    """batch·heads used at sequence length n (issue 2: 32, and 8 at N ≥ 16384)."""
+    """batch·heads used at sequence length n: 32, and 8 at N ≥ 16384."""
     return 8 if n >= 16384 else 32
 
 
@@ -368,9 +369,12 @@ def run(args: argparse.Namespace) -> int:
 
     Raises (before anything is timed): :class:`~osa_lab.errors.MethodUnavailableError` for
     ``--device cuda`` without a CUDA device, :class:`~osa_lab.errors.OutputPathError` for an
-    output CSV that cannot be written, :class:`~osa_lab.errors.ConfigurationError` for a row
+    output CSV that cannot be written, :class:`~osa_lab.errors.RunLockedError` for outputs another
+    benchmark is writing, :class:`~osa_lab.errors.ConfigurationError` for a row
     that needs more than :data:`MEMORY_FRACTION` of the available memory (:func:`check_memory`;
     ``--allow-large`` overrides). Sizes, rounds and widths are checked by argparse (ints ≥ 1).
+    Every CSV is written to a unique temporary and renamed; a failed write (a full disk) is an
+    :class:`~osa_lab.errors.OutputWriteError` naming the path, and the earlier file is kept.
     """
     if args.memory_probe is not None:
         print(json.dumps(memory_probe(args.memory_probe, args.r, args.d, args.bh)))
@@ -390,6 +394,15 @@ def run(args: argparse.Namespace) -> int:
     if measure_memory:
         check_output_file(mem_out, "--output (its <stem>_memory.csv)")
     check_memory(args, sizes, mem_sizes if measure_memory else [], roof_sizes if roofline else [])
+    outputs = [out] + ([roof_out] if roofline else []) + ([mem_out] if measure_memory else [])
+    # one benchmark at a time writes these files; each is replaced whole (emit_table) or kept
+    with output_locks([OutputLock.for_file(path, f"--output {path}") for path in outputs]):
+        _run_tables(args, sizes, mem_sizes, roof_sizes, out, roof_out, mem_out, roofline, measure_memory)
+    return 0
+
+
+def _run_tables(args, sizes, mem_sizes, roof_sizes, out, roof_out, mem_out, roofline, measure_memory) -> None:
+    """Time, print and write the tables of :func:`run` (the outputs are locked)."""
     info = machine_info()
     print("machine:", json.dumps(info))
     rows = [time_row(n, args.r, args.d, args.device, torch.float32, args.repeat) for n in tqdm(sizes, desc="bench")]
@@ -403,7 +416,6 @@ def run(args: argparse.Namespace) -> int:
     if measure_memory:
         emit_table(memory_rows(mem_sizes, args.r, args.d, args.bh), mem_out,
                    title=f"peak memory of low-rank forward+backward (bh={args.bh}, r={args.r}, d_v={args.d})")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

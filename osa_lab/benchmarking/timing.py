@@ -18,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from osa_lab.fileio import atomic_to_csv
+
 
 def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1, min_time: float = 0.0) -> float:
     """Median wall time in seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs.
@@ -136,22 +138,25 @@ def machine_info() -> dict[str, object]:
 
 
 def emit_table(rows: list[dict] | pd.DataFrame, csv_path: str | Path | None, title: str = "") -> pd.DataFrame:
-    """Print ``rows`` as an aligned table and write them to ``csv_path`` (directories created)."""
+    """Print ``rows`` as an aligned table and write them to ``csv_path`` (directories created).
+
+    The CSV is written to a unique temporary beside ``csv_path`` and renamed over it
+    (:func:`osa_lab.fileio.atomic_to_csv`): a failed write keeps the earlier file and raises
+    :class:`~osa_lab.errors.OutputWriteError` naming the path.
+    """
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if title:
         print(f"\n== {title} ==")
     with pd.option_context("display.max_rows", 500, "display.max_columns", 50, "display.width", 200):
         print(df.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if csv_path is not None:
-        path = Path(csv_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(path, index=False)
+        path = atomic_to_csv(df, csv_path)
         print(f"wrote {path}")
     return df
 
 
 # ------------------------------------------------------------------------------------------------
-# Roofline: the machine's own limits, measured in the same run (issue 16)
+# Roofline: the machine's own limits, measured in the same run
 # ------------------------------------------------------------------------------------------------
 
 

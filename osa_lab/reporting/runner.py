@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from osa_lab.errors import ReportError
+from osa_lab.fileio import OutputLock, atomic_write_text
 
 #: Folder of the notebook sources (the repository's ``notebooks/``).
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -49,6 +50,8 @@ QUICK_PARAMS = "ci_params.yaml"
 KERNEL_NAME = "python3"
 #: Default per-cell execution timeout (seconds) for default and quick parameters.
 CELL_TIMEOUT = 1200
+#: lock file of a report folder while ``osa-lab report`` writes into it
+REPORT_LOCK = "report.lock"
 QUICK_CELL_TIMEOUT = 300
 
 # An nbconvert template that drops every script loaded from the network (require.js,
@@ -382,9 +385,7 @@ def export_html(ipynb: str | Path, dest: str | Path) -> Path:
         embed_images=True,
     )
     body, _ = exporter.from_notebook_node(nbformat.read(str(ipynb), as_version=4))
-    dest = Path(dest)
-    dest.write_text(body, encoding="utf-8")
-    return dest
+    return atomic_write_text(dest, body)
 
 
 _EXTERNAL = re.compile(
@@ -510,6 +511,7 @@ def run_reports(
         ReportError: unknown notebook or parameter, a parameter of the wrong type, or a
             ``cell_timeout`` that is not a positive number of seconds.
         OutputPathError: ``output`` is a file or cannot be written.
+        RunLockedError: another live report run writes into ``output`` (its ``report.lock``).
     """
     from tqdm.auto import tqdm
 
@@ -531,7 +533,9 @@ def run_reports(
     started = _dt.datetime.now(_dt.UTC)
     results: list[NotebookResult] = []
     kernel_ctx = ensure_kernel(kernel_name) if register_kernel else contextlib.nullcontext(kernel_name)
-    with kernel_ctx as kernel, tempfile.TemporaryDirectory(prefix="osa-lab-report-") as staging:
+    # one report run at a time writes into ``output`` (a second one is refused, naming the first)
+    lock = OutputLock.for_folder(output, f"--output {output}", name=REPORT_LOCK)
+    with lock, kernel_ctx as kernel, tempfile.TemporaryDirectory(prefix="osa-lab-report-") as staging:
         bar = tqdm(list(names.items()), desc="reports", unit="notebook", disable=not progress, file=sys.stderr)
         for name, source in bar:
             bar.set_postfix_str(name)
@@ -551,7 +555,7 @@ def run_reports(
             for warning in result.warnings:
                 bar.write(f"{name}: warning: {warning}", file=sys.stderr)
         bar.close()
-    write_index(results, output, started=started, label=label)
+        write_index(results, output, started=started, label=label)
     return results
 
 
@@ -627,8 +631,7 @@ torch {html.escape(info["packages"].get("torch", "?"))} · {html.escape(str(devi
 </tbody></table>
 </body></html>
 """
-    index = output / "index.html"
-    index.write_text(page, encoding="utf-8")
+    index = atomic_write_text(output / "index.html", page)
     summary = {
         "started_utc": started.isoformat(timespec="seconds"),
         "label": label,
@@ -636,7 +639,7 @@ torch {html.escape(info["packages"].get("torch", "?"))} · {html.escape(str(devi
         "notebooks": [asdict(r) for r in results],
         "earlier": earlier,
     }
-    (output / "summary.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+    atomic_write_text(output / "summary.json", json.dumps(summary, indent=1, default=str))
     return index
 
 

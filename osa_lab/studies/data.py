@@ -26,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import json
 import os
 import pickle
+import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -36,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from osa_lab.errors import ConfigurationError, MissingDataError, OSAInputError, unknown_name
+from osa_lab.errors import ConfigurationError, DataCacheWarning, MissingDataError, OSAInputError, unknown_name
+from osa_lab.fileio import atomic_writer
 
 #: data-set names accepted by :func:`load_data`
 DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic", "mnist1d", "mnist1d-large", "mnist1d-shuffle")
@@ -442,7 +445,7 @@ def load_mnist(
                 f"MNIST {split} images have shape {x.shape} and labels {y.shape}; expected "
                 "(n, size, size) images and n labels"
             )
-        if len(x) == 0:  # before standardising: the mean/std of no images is NaN (issue 11)
+        if len(x) == 0:  # before standardising: the mean/std of no images is NaN
             raise OSAInputError(
                 f"MNIST {split} split has 0 images in {source}; the file is empty or truncated — "
                 "download MNIST again"
@@ -517,6 +520,92 @@ def _generate_mnist1d(args: dict) -> dict[str, np.ndarray]:
     }
 
 
+#: names of the arrays of an MNIST-1D cache file, in the order of its content hash
+MNIST1D_ARRAYS: tuple[str, ...] = ("x", "y", "x_test", "y_test")
+#: format tag of the record stored with every MNIST-1D cache file
+MNIST1D_CACHE_FORMAT = "osa_lab.mnist1d-cache"
+MNIST1D_CACHE_VERSION = 1
+
+
+def mnist1d_content_hash(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 (hex) of the MNIST-1D arrays: names, dtypes, shapes and bytes, in a fixed order."""
+    h = hashlib.sha256()
+    for name in MNIST1D_ARRAYS:
+        arr = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _mnist1d_problem(arrays: dict[str, np.ndarray], args: dict) -> str | None:
+    """What is wrong with MNIST-1D arrays made with ``args`` (shapes, dtypes, labels, NaN), or None."""
+    length = int(args["final_seq_length"])
+    for split, xn, yn in (("train", "x", "y"), ("test", "x_test", "y_test")):
+        x, y = arrays[xn], arrays[yn]
+        if x.ndim != 2 or x.shape[1] != length:
+            return f"holds {split} sequences of shape {x.shape}; expected (n, {length})"
+        if y.ndim != 1 or len(x) != len(y):
+            return f"holds {len(x)} {split} sequences but {y.shape} labels; the rows of x and y must match"
+        if not np.issubdtype(x.dtype, np.floating):
+            return f"holds {split} sequences of dtype {x.dtype}; expected floats"
+        if not np.issubdtype(y.dtype, np.integer):
+            return f"holds {split} labels of dtype {y.dtype}; class labels are integers 0–9"
+        bad = (y < 0) | (y > 9)
+        if bad.any():
+            return f"holds {int(bad.sum())} {split} label(s) outside 0–9"
+        n_bad = int((~np.isfinite(x)).sum())
+        if n_bad:
+            return f"holds {n_bad} NaN/Inf value(s) in its {split} sequences"
+    return None
+
+
+def _mnist1d_record(args: dict, version: str, digest: str) -> np.ndarray:
+    record = {"format": MNIST1D_CACHE_FORMAT, "version": MNIST1D_CACHE_VERSION, "generator_args": args,
+              "mnist1d": version, "sha256": digest}  # fmt: skip
+    return np.frombuffer(json.dumps(record, sort_keys=True).encode("utf-8"), dtype=np.uint8)
+
+
+def _read_mnist1d_cache(path: Path, args: dict, version: str) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The arrays of the cache file ``path`` if it is whole and was made by ``args``; else ``(None, why)``.
+
+    The file is opened with ``allow_pickle=False``: a cache file never runs code.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                return None, "is not an .npz archive"
+            absent = [k for k in (*MNIST1D_ARRAYS, "record") if k not in z.files]
+            if absent:
+                return None, f"lacks the arrays {absent}"
+            members = {k: z[k] for k in (*MNIST1D_ARRAYS, "record")}
+            if not all(isinstance(m, np.ndarray) for m in members.values()):
+                return None, "holds a member that is not a NumPy array"
+            arrays = {k: members[k] for k in MNIST1D_ARRAYS}
+            raw = members["record"]
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as err:
+        return None, f"is not a readable .npz archive ({type(err).__name__}: {_first_line(err)})"
+    try:
+        record = json.loads(raw.tobytes().decode("utf-8")) if raw.dtype == np.uint8 and raw.ndim == 1 else None
+    except (UnicodeDecodeError, ValueError):
+        record = None
+    if not isinstance(record, dict) or record.get("format") != MNIST1D_CACHE_FORMAT:
+        return None, "has no readable record of its generator arguments and content hash"
+    if record.get("version") != MNIST1D_CACHE_VERSION or record.get("mnist1d") != version:
+        return None, f"was written by another version (record {record.get('version')!r}, mnist1d {record.get('mnist1d')!r})"
+    if json.dumps(record.get("generator_args"), sort_keys=True) != json.dumps(args, sort_keys=True):
+        return None, "was generated with other arguments than its name says"
+    problem = _mnist1d_problem(arrays, args)
+    if problem is not None:
+        return None, problem
+    if record.get("sha256") != mnist1d_content_hash(arrays):
+        return None, "does not match its recorded content hash (it was changed after it was written)"
+    return arrays, ""
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def load_mnist1d(
     variant: str = "mnist1d",
     *,
@@ -534,11 +623,16 @@ def load_mnist1d(
     keyed by a hash of the generator arguments and the package version, so a changed argument
     never meets a stale cache. Inputs are standardised with the training mean and std.
 
+    The cache file also records the generator arguments and a SHA-256 of its arrays
+    (:func:`mnist1d_content_hash`); it is read without pickle. A file that does not match its
+    record (changed labels or sequences), has the wrong shapes or dtypes, NaN values or labels
+    outside 0–9, or cannot be read, is generated again and rewritten, with a
+    :class:`~osa_lab.errors.DataCacheWarning` naming the file and what was wrong.
+
     Published accuracies on the standard split (their Table): logistic regression 32 %, MLP
     68 %, CNN 94 %, GRU 91 %, human 96 %.
     """
     import importlib.metadata
-    import json
 
     args = mnist1d_args(variant, **generator_overrides)
     try:
@@ -549,24 +643,26 @@ def load_mnist1d(
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = folder / "mnist1d" / f"{variant}-{key}.npz"
     arrays = None
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: np.asarray(z[k]) for k in ("x", "y", "x_test", "y_test")}
-        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile):
-            arrays = None  # a damaged cache entry is regenerated
+    if path.exists():
+        arrays, why = _read_mnist1d_cache(path, args, version)
+        if arrays is None:
+            warnings.warn(f"MNIST-1D cache {path} {why}; generating it again", DataCacheWarning, stacklevel=2)
     if arrays is None:
         arrays = _generate_mnist1d(args)
+        problem = _mnist1d_problem(arrays, args)
+        if problem is not None:
+            raise OSAInputError(
+                f"the mnist1d {version} generator returned data that {problem}; this mnist1d version is not one "
+                "osa_lab works with"
+            )
+        digest = mnist1d_content_hash(arrays)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **arrays)
-            os.replace(tmp, path)
+            with atomic_writer(path, "wb") as fh:
+                np.savez(fh, **arrays, record=_mnist1d_record(args, version, digest))
         except OSError:
-            pass  # an unwritable cache only costs the regeneration next time
+            pass  # an unwritable cache only costs the regeneration next time; nothing partial is left
     x_tr, y_tr, x_te, y_te = arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"]
-    y_tr = check_labels(y_tr, 10, f"MNIST-1D train labels ({path})")
-    y_te = check_labels(y_te, 10, f"MNIST-1D test labels ({path})")
+    y_tr, y_te = y_tr.astype(np.int64), y_te.astype(np.int64)
     x_tr, y_tr = _limit(x_tr, y_tr, train_limit, SPLIT_SEED)
     x_tr_t, x_te_t = _standardise(x_tr[:, None, :], x_te[:, None, :])
     return ImageDataset(
@@ -627,7 +723,7 @@ def load_data(name: str = "digits", *, data_dir: str | os.PathLike | None = None
 
     ``data_dir`` is used by ``"mnist"`` (the folder of its files) and the MNIST-1D variants
     (the cache folder of generated arrays, default :func:`default_cache_dir`); for the other sets
-    it raises :class:`~osa_lab.errors.ConfigurationError` (it used to be ignored silently). An
+    it raises :class:`~osa_lab.errors.ConfigurationError` rather than being ignored. An
     unknown name raises :class:`~osa_lab.errors.UnknownNameError` listing the valid names.
     """
     if data_dir is not None and name in DATASETS and name not in DATA_DIR_DATASETS:

@@ -58,7 +58,14 @@ from torch import nn
 
 from osa_lab.arguments import finite_float, positive_int
 from osa_lab.deprecation import renamed
-from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, OSAInputError, unknown_name
+from osa_lab.errors import (
+    ConfigurationError,
+    GridTaskFailedWarning,
+    OSAInputError,
+    TaskStoreWarning,
+    unknown_name,
+)
+from osa_lab.fileio import OutputLock, output_locks, write_all_or_nothing
 from osa_lab.nn.models import Encoder, ModelConfig, ViTClassifier, build_model
 from osa_lab.nn.presets import PRESETS, preset_names
 from osa_lab.studies.families import model_family
@@ -127,14 +134,13 @@ class SweepResult:
         return summarize_over_seeds(self.metrics)
 
     def to_csv(self, path: str | Path, spectra_path: str | Path | None = None) -> tuple[Path, Path | None]:
-        """Write the metrics CSV to ``path`` and the spectra CSV beside it (``<stem>_spectra.csv``)."""
+        """Write the metrics CSV to ``path`` and the spectra CSV beside it (``<stem>_spectra.csv``);
+        both files are replaced together or not at all."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.metrics.to_csv(path, index=False)
         if spectra_path is None:
             spectra_path = path.with_name(f"{path.stem}_spectra{path.suffix or '.csv'}")
         spectra_path = Path(spectra_path)
-        self.spectra.to_csv(spectra_path, index=False)
+        _write_tables([(path, self.metrics), (spectra_path, self.spectra)])
         return path, spectra_path
 
 
@@ -507,8 +513,9 @@ def sweep(
         alphas: OSA α values (``None`` entries: the derived init). SSA presets run once, α = NaN.
         seeds: a number of seeds (``3`` → 0, 1, 2) or an explicit list.
         site: ``"block"``, ``"attention"`` or ``"both"``.
-        cache_dir: directory of a pickle cache, one file per model run, keyed by every parameter
-            and the osa_lab and torch versions.
+        cache_dir: folder of finished model runs, one ``.npz`` file per run (read without pickle,
+            so a file from elsewhere never runs code), keyed by every parameter and the osa_lab
+            and torch versions; a damaged or foreign file is computed again with a warning.
         progress: show a tqdm progress bar (on stderr).
         threads: torch intra-op threads while sweeping (default 1: the matrices are small and
             extra threads only contend, ~8× slower on a loaded 2-core machine); ``None`` keeps
@@ -642,6 +649,30 @@ def _profile_task(
     return prof.metrics, prof.spectra
 
 
+def _check_table(value: object, columns: list[str], what: str) -> None:
+    if not isinstance(value, pd.DataFrame):
+        raise TypeError(f"{what} must be a DataFrame, got {type(value).__name__}")
+    missing = [c for c in columns if c not in value.columns]
+    if missing:
+        raise ValueError(f"{what} lacks the columns {missing}")
+
+
+def check_profile_result(value: object) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``value`` is a sweep task's result: a pair of
+    (metrics, spectra) tables with :data:`METRIC_COLUMNS` and :data:`SPECTRA_COLUMNS`."""
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise TypeError(f"a depth profile is a pair of tables (metrics, spectra), got {type(value).__name__}")
+    _check_table(value[0], METRIC_COLUMNS, "the metrics table")
+    _check_table(value[1], SPECTRA_COLUMNS, "the spectra table")
+
+
+def check_jacobian_result(value: object) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``value`` is a κ-profile table (``KAPPA_COLUMNS``)."""
+    from osa_lab.studies.jacobian import KAPPA_COLUMNS
+
+    _check_table(value, list(KAPPA_COLUMNS), "the Jacobian κ table")
+
+
 def _sweep_tasks(
     units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian, allow_large=False
 ) -> list[Task]:
@@ -660,7 +691,8 @@ def _sweep_tasks(
             "dtype": dtype_name,
         }
         kwargs = {**params, "dtype": dtype}
-        tasks.append(Task(_profile_task, kwargs, settings, key=f"profile-{_cache_key(params)}"))
+        tasks.append(Task(_profile_task, kwargs, settings, key=f"profile-{_cache_key(params)}",
+                          check=check_profile_result))  # fmt: skip
     if jacobian != "none":
         from osa_lab.studies.jacobian import jacobian_depth_profile
 
@@ -670,7 +702,8 @@ def _sweep_tasks(
             key = f"jacobian-{_cache_key({**kwargs, 'kind': 'jacobian'})}"
             if allow_large:  # not part of the key: it changes whether a task runs, not its result
                 kwargs["max_input_dim"] = point.tokens * point.dim
-            tasks.append(Task(jacobian_depth_profile, kwargs, settings, key=key, progress_kwarg="progress"))
+            tasks.append(Task(jacobian_depth_profile, kwargs, settings, key=key, progress_kwarg="progress",
+                              check=check_jacobian_result))  # fmt: skip
     return tasks
 
 
@@ -772,26 +805,16 @@ def _check_jacobian_request(args: argparse.Namespace) -> None:
 
 
 def _write_tables(tables: list[tuple[Path, pd.DataFrame]]) -> None:
-    """Write every CSV to a temporary file beside it, then move them all into place; on an error
-    nothing is left behind (no partial outputs)."""
-    written: list[Path] = []
-    try:
-        for path, df in tables:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            written.append(tmp)
-            df.to_csv(tmp, index=False)
-        for (path, _), tmp in zip(tables, written, strict=True):
-            tmp.replace(path)
-    finally:
-        for tmp in written:
-            tmp.unlink(missing_ok=True)
+    """Write every CSV to a uniquely named temporary beside it, then move them all into place:
+    either every table is replaced or none is, and a failed write (a full disk) leaves no
+    temporary behind (:func:`osa_lab.fileio.write_all_or_nothing`)."""
+    write_all_or_nothing([(path, lambda fh, df=df: df.to_csv(fh, index=False), "w") for path, df in tables])
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``osa-lab sweep``: writes the tidy CSV(s) and prints a short summary."""
-    from osa_lab.arguments import check_output_dir, check_output_file, one_line
-    from osa_lab.errors import OutputPathError, UnknownNameError
+    from osa_lab.arguments import check_output_dir, check_output_file
+    from osa_lab.errors import OutputPathError
 
     # Every output path is checked before anything is computed.
     out = check_output_file(args.output, "--output")
@@ -812,10 +835,25 @@ def run(args: argparse.Namespace) -> int:
     store = args.cache_dir if args.cache_dir is not None else out.with_name(f"{out.stem}_tasks")
     check_output_dir(store, "--cache-dir")
     _check_jacobian_request(args)
+    # One sweep at a time writes the files named after an --output (and an explicit
+    # --spectra-output): a second sweep on the same output is refused, naming the first.
+    locks = [OutputLock.for_file(out, f"--output {out}")]
+    if args.spectra_output is not None and not args.no_spectra:
+        locks.append(OutputLock.for_file(outputs["--spectra-output"], f"--spectra-output {outputs['--spectra-output']}"))
+    with output_locks(locks):
+        return _run_locked(args, out, outputs, store)
+
+
+def _run_locked(args: argparse.Namespace, out: Path, outputs: dict[str, Path], store: str | Path) -> int:
+    """The part of :func:`run` that computes and writes, while the outputs are locked."""
+    from osa_lab.arguments import one_line
+    from osa_lab.errors import UnknownNameError
 
     try:
-        with warnings.catch_warnings():  # failed tasks are listed below, once
+        # failed tasks are listed below, once; notes on the task store come after the tables
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("ignore", GridTaskFailedWarning)
+            warnings.simplefilter("always", TaskStoreWarning)
             result = sweep(
                 args.presets,
                 args.depth,
@@ -845,6 +883,11 @@ def run(args: argparse.Namespace) -> int:
     _write_tables(tables)
     for path, df in tables:
         print(f"wrote {path} ({len(df)} rows)")
+    for note in caught:
+        if issubclass(note.category, TaskStoreWarning):
+            print(f"osa-lab sweep: warning: {one_line(note.message)}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
     final = result.metrics[
         (result.metrics["layer"] == result.metrics["depth"]) & (result.metrics["site"] == "block")
     ]

@@ -19,8 +19,12 @@ Guarantees
   and the results come back in task order, so ``--workers 1`` and ``--workers N`` give
   bit-identical tables on CPU.
 * **Resumable.** With a ``store`` folder, each finished task's result is written there as
-  ``<key>.pkl`` as soon as it arrives; a rerun loads those and runs only the rest, so an
-  interrupted grid resumes where it stopped. Failed tasks are not stored (a rerun retries them).
+  ``<key>.npz`` as soon as it arrives (:mod:`osa_lab.studies.result_store`: NumPy arrays and one
+  JSON record, read without pickle, so a stored file never runs code); a rerun loads those and
+  runs only the rest, so an interrupted grid resumes where it stopped. Failed tasks are not
+  stored (a rerun retries them). A stored file that is damaged, of another task, of the wrong
+  kind (:attr:`Task.check`) or a pickle (``<key>.pkl``) is not used: the task runs again, with a
+  :class:`~osa_lab.errors.TaskStoreWarning` naming the file.
 * **Failures are results.** A task that raises is recorded (settings, error type, message,
   traceback) and the rest of the grid finishes; :meth:`GridResult.table` lists every task with
   its status. A task whose worker dies is retried once (the local cluster's scheduler runs
@@ -28,6 +32,11 @@ Guarantees
   ``distributed.scheduler.allowed-failures``, 3 by default); a second loss is a failure.
 * **One progress bar** over tasks (finished / running / failed), and the Dask dashboard link
   printed (stderr) when a cluster is used.
+* **Local services stay local.** The embedded cluster's scheduler, workers and dashboard listen
+  on 127.0.0.1 only, unless ``GridOptions(host=…)`` (``--cluster-host``) says otherwise.
+* **A lost scheduler is named.** When the scheduler of a cluster goes away mid-grid, the tasks
+  it had not finished are recorded as failed with ``SchedulerLost`` (and finished ones stay
+  stored, so a rerun resumes).
 """
 
 from __future__ import annotations
@@ -38,7 +47,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import sys
 import time
 import traceback
@@ -52,7 +60,16 @@ from typing import Any
 
 import pandas as pd
 
-from osa_lab.errors import ConfigurationError, GridTaskFailedWarning, SchedulerConnectionError
+from osa_lab.errors import (
+    ConfigurationError,
+    GridTaskFailedWarning,
+    MalformedResultError,
+    OutputWriteError,
+    SchedulerConnectionError,
+    TaskStoreWarning,
+    UnstorableResultError,
+)
+from osa_lab.studies.result_store import load_result, save_result
 
 #: environment variable naming an existing scheduler (the ``dask`` convention)
 ENV_SCHEDULER = "DASK_SCHEDULER_ADDRESS"
@@ -60,7 +77,12 @@ ENV_SCHEDULER = "DASK_SCHEDULER_ADDRESS"
 #: columns of :meth:`GridResult.table` after the settings columns
 STATUS_COLUMNS = ("key", "status", "cached", "attempts", "seconds", "worker", "error_type", "error")
 
-_STORE_SUFFIX = ".pkl"
+_STORE_SUFFIX = ".npz"
+#: suffix of pickled results from earlier versions: never loaded (a pickle can run code)
+_PICKLE_SUFFIX = ".pkl"
+
+#: address the embedded local cluster listens on unless told otherwise (loopback only)
+LOCAL_HOST = "127.0.0.1"
 
 
 # --------------------------------------------------------------------------------------
@@ -87,6 +109,9 @@ class Task:
         progress_kwarg: name of a boolean keyword of ``fn`` that switches its own progress bar
             on; it is set to True only in-process with progress on (a cluster shows the one
             grid bar).
+        check: a module-level function that raises ``TypeError``/``ValueError`` for a value
+            that is not a result of ``fn`` (e.g. not a pair of tables); a stored result it
+            refuses is computed again. ``None``: any stored value is accepted.
     """
 
     fn: Callable[..., Any]
@@ -94,6 +119,7 @@ class Task:
     settings: Mapping[str, Any]
     key: str = ""
     progress_kwarg: str | None = None
+    check: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -136,10 +162,13 @@ class GridOptions:
         serial: run in-process, one task after the other (the same as ``workers=1``); giving
             it together with ``scheduler`` is an error.
         progress: show the tqdm bar over tasks.
-        dashboard_address: where the local cluster serves its dashboard (``":8787"``; ``None``: off).
+        dashboard_address: where the local cluster serves its dashboard (``":8787"``: that port
+            on ``host``; ``None``: off).
         connect_timeout: seconds to wait for an external scheduler and its first worker.
         timeout: give up on tasks still unfinished after this many seconds (recorded as
             failed with ``GridTimeout``; ``None``: wait forever).
+        host: the address the local cluster's scheduler, workers and dashboard listen on
+            (default ``127.0.0.1``: this machine only; ``"0.0.0.0"`` for every interface).
     """
 
     workers: int | None = None
@@ -150,6 +179,7 @@ class GridOptions:
     dashboard_address: str | None = ":8787"
     connect_timeout: float = 30.0
     timeout: float | None = None
+    host: str = LOCAL_HOST
 
     def __post_init__(self) -> None:
         for name in ("workers", "threads_per_worker"):
@@ -161,6 +191,10 @@ class GridOptions:
         if self.scheduler and (self.serial or self.workers is not None):
             raise ConfigurationError(
                 "give either a scheduler address (--scheduler) or a local size (--workers N / --serial), not both"
+            )
+        if not isinstance(self.host, str) or not self.host.strip() or "://" in self.host:
+            raise ConfigurationError(
+                f"`host` must be an interface address such as 127.0.0.1 or 0.0.0.0, got {self.host!r}"
             )
         if self.timeout is not None and not (self.timeout > 0):
             raise ConfigurationError(f"`timeout` must be a positive number of seconds, got {self.timeout!r}")
@@ -194,6 +228,9 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help=f"run on an existing Dask cluster, e.g. tcp://host:8786 (default: ${ENV_SCHEDULER} if set)")  # fmt: skip
     g.add_argument("--serial", action="store_true", help="run every task in this process (same as --workers 1)")
+    g.add_argument("--cluster-host", default=LOCAL_HOST, metavar="ADDRESS",
+                   help=f"address the local cluster's scheduler, workers and dashboard listen on (default "
+                   f"{LOCAL_HOST}: this machine only; 0.0.0.0: every interface)")  # fmt: skip
 
 
 def _positive_int(text: str) -> int:
@@ -213,6 +250,7 @@ def options_from_args(args: argparse.Namespace, *, progress: bool = True) -> Gri
         threads_per_worker=getattr(args, "threads_per_worker", 1),
         scheduler=getattr(args, "scheduler", None),
         progress=progress,
+        host=getattr(args, "cluster_host", LOCAL_HOST),
     )
 
 
@@ -342,24 +380,70 @@ def execute_task(fn: Callable[..., Any], kwargs: Mapping[str, Any], threads: int
     return {"ok": True, "value": value, "seconds": time.perf_counter() - t0, "worker": _where()}
 
 
-def _store_path(store: Path | None, task: Task) -> Path | None:
-    return None if store is None else store / f"{task.key}{_STORE_SUFFIX}"
+class _Store:
+    """The folder of finished results of one :func:`run_grid` call (``None``: nothing is stored)."""
 
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.pickles: list[Path] = []
+        self.writable = True
 
-def _load_stored(path: Path) -> tuple[bool, Any]:
-    try:
-        with path.open("rb") as fh:
-            return True, pickle.load(fh)
-    except Exception:  # noqa: BLE001 - a truncated or stale file is recomputed
-        return False, None
+    def path(self, task: Task) -> Path | None:
+        return None if self.folder is None else self.folder / f"{task.key}{_STORE_SUFFIX}"
 
+    def load(self, task: Task) -> tuple[bool, Any]:
+        """``(True, value)`` for a usable stored result of ``task``, else ``(False, None)``."""
+        path = self.path(task)
+        if path is None:
+            return False, None
+        if not path.exists():
+            legacy = path.with_suffix(_PICKLE_SUFFIX)
+            if legacy.exists():
+                self.pickles.append(legacy)
+            return False, None
+        try:
+            value = load_result(path, task.key)
+        except MalformedResultError as err:
+            warnings.warn(f"{_first_line(str(err))}; computing task {task.label} again", TaskStoreWarning,
+                          stacklevel=3)  # fmt: skip
+            return False, None
+        if task.check is not None:
+            try:
+                task.check(value)
+            except Exception as err:  # noqa: BLE001 - a refused stored value is recomputed, whatever the check raised
+                warnings.warn(
+                    f"{path}: not a result of task {task.label} ({type(err).__name__}: {_first_line(str(err))}); "
+                    "computing it again",
+                    TaskStoreWarning,
+                    stacklevel=3,
+                )
+                return False, None
+        return True, value
 
-def _save(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as fh:
-        pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    def warn_pickles(self) -> None:
+        if self.pickles:
+            warnings.warn(
+                f"{len(self.pickles)} stored result(s) in {self.folder} are pickles (e.g. {self.pickles[0].name}), "
+                "which are never loaded because a pickle can run code; those tasks are computed again and stored "
+                f"as {_STORE_SUFFIX}",
+                TaskStoreWarning,
+                stacklevel=3,
+            )
+
+    def save(self, task: Task, value: Any) -> None:
+        """Store ``value``; a value that cannot be stored or a failed write only warns (the grid goes on)."""
+        path = self.path(task)
+        if path is None or not self.writable:
+            return
+        try:
+            save_result(path, value, task.key)
+        except UnstorableResultError as err:
+            warnings.warn(f"task {task.label}: its result is not stored ({_first_line(str(err))}); a rerun "
+                          "computes it again", TaskStoreWarning, stacklevel=3)  # fmt: skip
+        except OutputWriteError as err:
+            self.writable = False
+            warnings.warn(f"{_first_line(str(err))}; no further results of this grid are stored (a rerun "
+                          "computes them again)", TaskStoreWarning, stacklevel=3)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------
@@ -417,8 +501,8 @@ def run_grid(
     Args:
         tasks: the grid; keys must be unique.
         options: where to run (default: in-process, one torch thread per task).
-        store: folder of finished results (``<key>.pkl``): those are loaded instead of run, and
-            each new result is written there as soon as it arrives. The folder is created with
+        store: folder of finished results (``<key>.npz``, read without pickle): those are loaded
+            instead of run, and each new result is written there as soon as it arrives. The folder is created with
             the first result, so a grid that fails before any task finishes (e.g. the scheduler
             cannot be reached) leaves no empty store behind.
         desc: label of the progress bar and of the Dask task names.
@@ -441,26 +525,25 @@ def run_grid(
                 "give each configuration once"
             )
         seen[t.key] = t
-    store_dir = Path(store) if store is not None else None
+    task_store = _Store(Path(store) if store is not None else None)
     t_start = time.perf_counter()
     outcomes: list[TaskOutcome | None] = [None] * len(tasks)
     todo: list[int] = []
     for i, t in enumerate(tasks):
-        path = _store_path(store_dir, t)
-        if path is not None and path.exists():
-            ok, value = _load_stored(path)
-            if ok:
-                outcomes[i] = TaskOutcome(t, "ok", value, cached=True)
-                continue
+        ok, value = task_store.load(t)
+        if ok:
+            outcomes[i] = TaskOutcome(t, "ok", value, cached=True)
+            continue
         todo.append(i)
+    task_store.warn_pickles()
     mode, where = options.plan(len(todo))
     bar = _Bar(len(tasks), len(tasks) - len(todo), desc, options.progress)
     link = None
     try:
         if mode == "serial":
-            _run_serial(tasks, todo, outcomes, options, store_dir, bar)
+            _run_serial(tasks, todo, outcomes, options, task_store, bar)
         else:
-            link = _run_dask(tasks, todo, outcomes, options, store_dir, bar, mode, where, desc)
+            link = _run_dask(tasks, todo, outcomes, options, task_store, bar, mode, where, desc)
         bar.status(0)  # a grid of stored results only still shows its full bar
     finally:
         bar.close()
@@ -478,21 +561,20 @@ def _outcome(task: Task, payload: dict, attempts: int) -> TaskOutcome:
                        traceback=payload["traceback"])  # fmt: skip
 
 
-def _record(outcome: TaskOutcome, store_dir: Path | None) -> TaskOutcome:
-    path = _store_path(store_dir, outcome.task)
-    if outcome.ok and path is not None:
-        _save(path, outcome.value)
+def _record(outcome: TaskOutcome, store: _Store) -> TaskOutcome:
+    if outcome.ok:
+        store.save(outcome.task, outcome.value)
     return outcome
 
 
-def _run_serial(tasks, todo, outcomes, options, store_dir, bar) -> None:
+def _run_serial(tasks, todo, outcomes, options, store, bar) -> None:
     for n, i in enumerate(todo):
         task = tasks[i]
         kwargs = dict(task.kwargs)
         if task.progress_kwarg and options.progress:
             kwargs[task.progress_kwarg] = True
         bar.status(1)
-        outcomes[i] = _record(_outcome(task, execute_task(task.fn, kwargs, options.threads_per_worker), 1), store_dir)
+        outcomes[i] = _record(_outcome(task, execute_task(task.fn, kwargs, options.threads_per_worker), 1), store)
         bar.done(outcomes[i].ok, 1 if n + 1 < len(todo) else 0)
 
 
@@ -506,6 +588,16 @@ def _check_address(address: str) -> None:
     get_backend(scheme)
     if scheme in ("tcp", "tls", "ws", "wss"):
         parse_host_port(location)
+
+
+def dashboard_address(options: GridOptions) -> str | None:
+    """Where the local cluster's dashboard listens: a bare port (``":8787"``) is put on
+    ``options.host`` (Dask itself would listen on every interface for a bare port)."""
+    address = options.dashboard_address
+    if address is None or not address.startswith(":"):
+        return address
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    return f"{host}{address}"
 
 
 def _worker_environ() -> dict[str, Any]:
@@ -545,7 +637,8 @@ def _client(options: GridOptions, mode: str, where: int | str) -> Iterator[tuple
                 threads_per_worker=1,
                 processes=True,
                 memory_limit=0,
-                dashboard_address=options.dashboard_address,
+                host=options.host,
+                dashboard_address=dashboard_address(options),
                 silence_logs=logging.ERROR,
                 scheduler_kwargs={"allowed_failures": 1},
             )
@@ -611,12 +704,13 @@ def shared_cluster(options: GridOptions | None) -> Iterator[GridOptions | None]:
                           timeout=options.timeout)  # fmt: skip
 
 
-def _run_dask(tasks, todo, outcomes, options, store_dir, bar, mode, where, desc) -> str | None:
+def _run_dask(tasks, todo, outcomes, options, store, bar, mode, where, desc) -> str | None:
     from distributed import as_completed
 
     with _client(options, mode, where) as (client, link):
         n_workers = len(client.scheduler_info().get("workers", {}))
         place = f"{n_workers} local workers" if mode == "local" else f"the cluster at {where} ({n_workers} workers)"
+        scheduler_name = "of the local cluster" if mode == "local" else f"at {where}"
         if link:
             print(f"{desc}: {len(todo)} tasks on {place}; Dask dashboard: {link}", file=sys.stderr)
         else:
@@ -638,7 +732,7 @@ def _run_dask(tasks, todo, outcomes, options, store_dir, bar, mode, where, desc)
         try:
             for fut in ac:
                 i = by_key[fut.key]
-                outcomes[i] = _record(_future_outcome(tasks[i], fut), store_dir)
+                outcomes[i] = _record(_future_outcome(tasks[i], fut, scheduler_name), store)
                 fut.release()
                 pending -= 1
                 if time.monotonic() - last > 1.0:
@@ -664,14 +758,27 @@ def _slots(client) -> int:
         return 1
 
 
-def _future_outcome(task: Task, fut) -> TaskOutcome:
+#: ``error_type`` of a task whose scheduler went away before it finished
+SCHEDULER_LOST = "SchedulerLost"
+
+
+def _future_outcome(task: Task, fut, scheduler: str = "?") -> TaskOutcome:
     if fut.status == "finished":
         try:
             return _outcome(task, fut.result(), 1)
         except Exception as err:  # noqa: BLE001 - e.g. a result that cannot be unpickled here
             return TaskOutcome(task, "failed", error_type=type(err).__name__, error=str(err),
                                traceback=traceback.format_exc())  # fmt: skip
-    err = fut.exception()
+    try:
+        err = fut.exception()
+    except Exception as raised:  # noqa: BLE001 - a cancelled future may raise instead of returning
+        err = raised
+    if err is None or fut.status in ("cancelled", "lost") or type(err).__name__ == "CancelledError":
+        # The client cancels every pending future when its connection to the scheduler is gone
+        # for good; the future then carries no exception of its own.
+        return TaskOutcome(task, "failed", error_type=SCHEDULER_LOST, attempts=0, error=(
+            f"the Dask scheduler {scheduler} was lost before this task finished (its connection closed and did "
+            "not come back); finished tasks are kept, rerun to compute the others"))  # fmt: skip
     name = type(err).__name__
     message = str(err) or repr(err)
     attempts = 1
@@ -697,11 +804,14 @@ def summary_lines(result: GridResult, what: str) -> list[str]:
 
 __all__: Sequence[str] = (
     "ENV_SCHEDULER",
+    "LOCAL_HOST",
+    "SCHEDULER_LOST",
     "GridOptions",
     "GridResult",
     "Task",
     "TaskOutcome",
     "add_grid_arguments",
+    "dashboard_address",
     "execute_task",
     "options_from_args",
     "run_grid",
