@@ -257,9 +257,10 @@ class OutputLock:
     (``folder/run.lock``). ``what`` names the output in the messages (``"--output results.csv"``).
     """
 
-    def __init__(self, path: str | os.PathLike, what: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, what: str | None = None, instead: str = "another output") -> None:
         self.path = Path(path)
         self.what = what or str(self.path)
+        self.instead = instead  # what the message suggests choosing instead
         self.owner = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -315,7 +316,7 @@ class OutputLock:
                     continue
                 raise RunLockedError(
                     f"{self.what} is in use by process {pid} on host {host} (started {info.get('started', '?')}: "
-                    f"{info.get('command', '?')}); wait for it to finish or choose another output"
+                    f"{info.get('command', '?')}); wait for it to finish or choose {self.instead}"
                     + ("" if same_host else f" (if that process is gone, delete {self.path})")
                 ) from None
             except OSError as exc:  # read-only or special file system: a user error, not a crash

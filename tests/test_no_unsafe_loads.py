@@ -23,10 +23,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "osa_lab"
 
 #: (module path relative to the package, enclosing function, call) that are known and tolerated.
-KNOWN_UNSAFE: set[tuple[str, str, str]] = {
-    # fixed in the training package
-    ("studies/training.py", "_read_checkpoint", "torch.load"),
-}
+KNOWN_UNSAFE: set[tuple[str, str, str]] = set()
 
 _ALWAYS_UNSAFE = {
     "pickle.load", "pickle.loads", "pickle.Unpickler", "_pickle.load", "_pickle.loads", "cPickle.load",

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from osa_lab.errors import TrainingDivergedError
+from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
-from osa_lab.studies.training.checkpoints import atomic_write
 from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
 from osa_lab.studies.training.loop import build_training_model, train
 from osa_lab.studies.training.tables import load_metrics
@@ -89,9 +89,7 @@ def _mixing(metrics, epoch: int) -> list[float]:
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=1, allow_nan=True)
-    atomic_write(path, lambda fh: fh.write(text.encode()))
+    atomic_write_text(path, json.dumps(payload, indent=1, allow_nan=True))
 
 
 def study_run(

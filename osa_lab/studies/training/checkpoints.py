@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pickle
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
-from osa_lab.errors import ConfigurationError, OutputPathError
+from osa_lab.errors import ConfigurationError
+from osa_lab.fileio import atomic_writer
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -21,35 +17,10 @@ CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write ``path`` through a unique temporary in the same folder, renamed into place.
-
-    ``write`` fills the open temporary file. A failed write (a full disk, a read-only folder)
-    removes the temporary, leaves any earlier ``path`` intact and raises
-    :class:`~osa_lab.errors.OutputPathError` naming the path.
-    """
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as err:
-        raise OutputPathError(f"cannot write {path} ({err.strerror or err}); free space or choose another --output") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise OutputPathError(f"cannot write {path} ({err.strerror or err}); free space or choose another --output") from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_checkpoint(obj: dict, path: Path) -> None:
-    """Save the checkpoint ``obj`` to ``path`` atomically (:func:`atomic_write`)."""
-    atomic_write(path, lambda fh: torch.save(obj, fh))
+    """Save the checkpoint ``obj`` to ``path`` whole or not at all (:func:`osa_lab.fileio.atomic_writer`)."""
+    with atomic_writer(path, "wb") as fh:
+        torch.save(obj, fh)
 
 
 def read_checkpoint(path: Path, device: torch.device) -> dict:

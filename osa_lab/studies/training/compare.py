@@ -19,6 +19,7 @@ from osa_lab.errors import (
     MethodUnavailableError,
     OSADtypeError,
     OSAInputError,
+    OutputWriteError,
     TrainingDivergedError,
     UnknownNameError,
 )
@@ -47,6 +48,7 @@ from osa_lab.studies.training.tables import final_value, load_metrics, metrics_f
 
 #: errors that mean "bad input or environment": one line on stderr and exit 2, never a traceback
 USER_ERRORS: tuple[type[BaseException], ...] = (
+    OutputWriteError,
     UnknownNameError,
     MissingDataError,
     ConfigurationError,

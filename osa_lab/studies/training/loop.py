@@ -24,6 +24,7 @@ from osa_lab.errors import (
     OSAInputError,
     TrainingDivergedError,
 )
+from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.nn.models import alpha_zeroed, mixing_table, osa_layers
 from osa_lab.studies.data import (
     ImageDataset,
@@ -34,7 +35,6 @@ from osa_lab.studies.data import (
 from osa_lab.studies.training.checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
-    atomic_write,
     read_checkpoint,
     write_checkpoint,
 )
@@ -308,7 +308,7 @@ class _TrainingRun:
             indent=2,
             default=str,
         )
-        atomic_write(self.run_path / "config.json", lambda fh: fh.write(text.encode()))
+        atomic_write_text(self.run_path / "config.json", text)
 
     def resume(self, state: dict) -> None:
         """Continue from a checkpoint of the same configuration and data (else a ConfigurationError)."""
@@ -366,8 +366,7 @@ class _TrainingRun:
             self.ckpt_path,
         )
         self.last_good, self.good_epoch = self.ckpt_path, epoch
-        table = metrics_frame(self.rows)
-        atomic_write(self.run_path / "metrics.csv", lambda fh: table.to_csv(fh, index=False))
+        atomic_to_csv(metrics_frame(self.rows), self.run_path / "metrics.csv", index=False)
 
     # ------------------------------------------------------------------ metrics
 
