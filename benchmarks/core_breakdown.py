@@ -1,12 +1,12 @@
 """Where the time of a low-rank OSA forward goes, stage by stage (table + CSV; no asserts).
 
-The Gram engine (``osa_lab.expm._GramAction``) at the issue-2 benchmark shapes: r = d_v = 64,
+The Gram engine (``osa_lab.ops.expm._GramAction``) at the issue-2 benchmark shapes: r = d_v = 64,
 float32, α = 0.5. Stages: the Gram products ``UᵀU`` (3 products), ``UᵀV`` (2), the float64
 2r × 2r core (Cholesky and inverse, ``M``, ``exp(M)``), ``C = L⁻ᵀ(e^M − I)L⁻¹P`` and the output
 ``V + q C_q + k C_k``. Also the core exponential alone against ``torch.linalg.matrix_exp`` and
 one 2r × 2r product, and the counted flops of the token passes at the machine's matmul rate
 (the floor for this algorithm). Every quantity is timed interleaved, round by round
-(``osa_lab.benchtools.time_interleaved``), medians reported.
+(``osa_lab.benchmarking.timing.time_interleaved``), medians reported.
 
 Run: ``.venv/bin/python benchmarks/core_breakdown.py [--rounds 9] [--output benchmarks/results/core_breakdown.csv]``.
 ``--variants`` times the ideas of issue 16 against the current code instead (blocked one-pass

@@ -5,7 +5,7 @@
     python benchmarks/gpu_check.py --prebuild-cache DIR     # CPU: compile every variant for sm_90 into DIR
     python benchmarks/gpu_check.py --dry-run                # CPU, Triton interpreter, toy sizes
 
-The workloads (shapes, dtypes, configurations) are ``osa_lab.kernels.compile_check.GPU_CHECK``,
+The workloads (shapes, dtypes, configurations) are ``osa_lab.ops.triton.compile_check.GPU_CHECK``,
 so ``--prebuild-cache`` compiles exactly the variants the GPU run launches (with a stand-in
 driver, no GPU; the cache is used by the same triton version, 3.6 on the GPU machine).
 

@@ -1,4 +1,4 @@
-"""Scaling of the Dask grid runner (osa_lab.grid): a Jacobian or training grid at 1 and 2 workers,
+"""Scaling of the Dask grid runner (osa_lab.studies.grid): a Jacobian or training grid at 1 and 2 workers,
 and the scheduler's per-task overhead for tiny tasks (table + CSV; no asserts).
 
 Cases (each run once; the tables are checked to be identical across placements):
@@ -61,7 +61,7 @@ def warm_up(kind: str) -> None:
         for preset in ("pure-osa", "pure-ssa"):
             jacobian_depth_profile(preset=preset, depth=2, tokens=8, dim=8, seed=0, method="exact")
     else:
-        import osa_lab.train  # noqa: F401
+        import osa_lab.studies.training  # noqa: F401
 
 
 def train_tasks(seeds: int, epochs: int) -> list[Task]:
@@ -143,7 +143,7 @@ def main() -> None:
     t0 = time.perf_counter()
     with _client(opts, "local", args.workers) as (client, _):
         start_s = time.perf_counter() - t0
-        warm_imports = "osa_lab.jacobian" if args.kind == "jacobian" else "osa_lab.train"
+        warm_imports = "osa_lab.studies.jacobian" if args.kind == "jacobian" else "osa_lab.studies.training"
         import_s, _ = _timed(lambda: client.run(warm_up, args.kind))
         address = client.scheduler.address
         warm_s, warm = _timed(lambda: run_grid(tasks, GridOptions(scheduler=address, **quiet)))

@@ -9,7 +9,7 @@
   (no skips, no norms; same sizes).
 
 A step is forward, cross-entropy against random labels, and backward (no optimizer update). The
-configurations are timed interleaved round by round (:func:`osa_lab.benchtools.time_interleaved`),
+configurations are timed interleaved round by round (:func:`osa_lab.benchmarking.timing.time_interleaved`),
 so load that comes and goes on a shared machine hits all of them alike; read the ratio column.
 
     .venv/bin/python benchmarks/timm_step.py                     # batch 8, 2 threads, 5 rounds

@@ -1,7 +1,7 @@
 """Training-step throughput: skipless OSA against a skip-connected ViT of the same size (CPU).
 
 Target (issue 7): one skipless-OSA training step costs at most 1.5× a ``vit`` step of the same
-depth, width, heads and MLP. A "step" is what :func:`osa_lab.train.train` does per batch:
+depth, width, heads and MLP. A "step" is what :func:`osa_lab.studies.training.train` does per batch:
 forward, cross-entropy, backward, gradient clip and an AdamW update.
 
 Both models (and ``skipless-ssa`` for reference, and OSA with each ``--osa-methods`` entry of

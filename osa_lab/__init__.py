@@ -1,17 +1,26 @@
-"""osa_lab: Orthogonal Self-Attention (Zhang & Martens, arXiv 2602.05996) against softmax attention."""
+"""osa_lab: Orthogonal Self-Attention (Zhang & Martens, arXiv 2602.05996) against softmax attention.
 
-from osa_lab import compat
-from osa_lab.deprecation import renamed
+The names here are the core (:mod:`osa_lab.ops`, :mod:`osa_lab.nn`, :mod:`osa_lab.errors`), which
+needs torch and numpy only. The laboratory wings (:mod:`osa_lab.studies`, :mod:`osa_lab.plots`,
+:mod:`osa_lab.reporting`, :mod:`osa_lab.dashboard`, …) need ``pip install "osa_lab[lab]"``
+(:mod:`osa_lab.extras`).
+"""
+
 from osa_lab.errors import (
     CausalMaskError,
     ConfigurationError,
     MethodUnavailableError,
+    NonFiniteError,
     NonFiniteHiddenStateError,
+    OptionalDependencyError,
     OSAAccuracyWarning,
     OSADtypeError,
     OSAInputError,
+    OSALabError,
+    OSALabWarning,
     UnknownNameError,
     UntrustedResultError,
+    UserError,
 )
 from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
 from osa_lab.nn.models import ModelConfig, build_classifier, build_model
@@ -26,19 +35,19 @@ from osa_lab.ops.expm import (
     skew_symmetric_from_qk,
 )
 from osa_lab.ops.functional import OSA_METHODS, osa
-from osa_lab.studies.metrics import METRICS
 from osa_lab.version import __version__
-
-# ``import osa_lab.analysis`` and the other pre-regrouping module paths keep working
-compat.install()
 
 __all__ = [
     "__version__",
     "OSA_METHODS",
-    "METRICS",
     "PRESETS",
     "ModelConfig",
+    "NonFiniteError",
     "NonFiniteHiddenStateError",
+    "OSALabError",
+    "OSALabWarning",
+    "OptionalDependencyError",
+    "UserError",
     "build_classifier",
     "build_model",
     "get_preset",
@@ -64,16 +73,3 @@ __all__ = [
     "skew_symmetric_from_qk",
 ]
 
-
-_renamed = renamed(
-    __name__, {"METHODS": "OSA_METHODS", "skew_expm": "reference_skew_exp", "skew_matrix_exp": "core_skew_exp"}
-)
-
-
-def __getattr__(name: str):
-    """Renamed public names (with a DeprecationWarning) and ``osa_lab.analysis`` etc. (old module
-    paths) without an import statement."""
-    module = compat.moved_module(name)
-    if module is not None:
-        return module
-    return _renamed(name)

@@ -4,7 +4,8 @@ Argument types (:func:`positive_int`, :func:`nonnegative_int`, :func:`finite_flo
 :func:`positive_float`), output checks that run before any work starts
 (:func:`check_output_file`, :func:`check_output_dir`), the two-line-error
 :class:`ArgumentParser` and :func:`run_command`, which runs one sub-command module with the
-one-line-error rule of :mod:`osa_lab.cli`. This module sits on the bottom floor beside
+one-line-error rule of :mod:`osa_lab.cli` (``is_user_error`` is re-exported from
+:mod:`osa_lab.errors`). This module sits on the bottom floor beside
 :mod:`osa_lab.errors`, so a study or runner can check its arguments without importing the
 command line that dispatches to it (docs/architecture.md).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
-from osa_lab.errors import OutputPathError
+from osa_lab.errors import OutputPathError, is_user_error
 
 #: Exit status of a user error (bad arguments, impossible configuration, unwritable output).
 USAGE_ERROR = 2
@@ -157,17 +158,13 @@ def check_output_dir(path: str | os.PathLike[str], flag: str = "--output") -> Pa
     return path
 
 
-def is_user_error(exc: BaseException) -> bool:
-    """True for the typed errors of osa_lab: any exception whose class (or a base) osa_lab defines."""
-    return any(cls.__module__.split(".")[0] == "osa_lab" for cls in type(exc).__mro__)
-
-
 def run_command(module: ModuleType, prog: str, description: str, argv: list[str]) -> int:
     """Parse ``argv`` with ``module.add_arguments`` and call ``module.run(args)``; the exit status.
 
     One sub-command of ``osa-lab`` (``module`` provides ``add_arguments(parser)`` and
-    ``run(args) -> int``). A typed osa_lab error (:func:`is_user_error`) prints one
-    ``PROG: error: …`` line and returns 2; anything else keeps its traceback.
+    ``run(args) -> int``). A user error (:class:`~osa_lab.errors.UserError`, see
+    :func:`~osa_lab.errors.is_user_error`) prints one ``PROG: error: …`` line and returns 2;
+    anything else keeps its traceback.
     """
     parser = ArgumentParser(prog=prog, description=description)
     module.add_arguments(parser)

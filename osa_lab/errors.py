@@ -1,7 +1,35 @@
-"""Typed exceptions raised by osa_lab.
+"""Typed exceptions and warnings raised by osa_lab, all below one root, :class:`OSALabError`.
 
 Every error names the argument, what it got and what it needs, following geotorch's
-practice of typed, explanatory exceptions (docs/design.md §6).
+practice of typed, explanatory exceptions (docs/design.md §6). Each type also keeps the builtin
+base its callers expect (``OSAInputError`` is a ``ValueError``, ``MissingDataError`` a
+``FileNotFoundError`` …), so ``except ValueError`` keeps working. The tree, by meaning:
+
+* :class:`OSALabError` — the root: ``except OSALabError`` catches everything osa_lab raises.
+
+  * :class:`UserError` — bad input or environment; the message says what to change. The one
+    definition of a user error (:func:`is_user_error`): the command line prints it on one line
+    and exits with status 2, the dashboard shows it as is.
+
+    * input: :class:`OSAInputError` (wrong shape, value or contents), with
+      :class:`NonFiniteError` (NaN/Inf; :class:`NonFiniteHiddenStateError` names the layer),
+      :class:`UntrustedResultError` (a named method refuses an input it cannot compute
+      accurately) and :class:`CausalMaskError`; :class:`OSADtypeError` (dtype or device);
+    * configuration: :class:`ConfigurationError` (impossible settings), with
+      :class:`OutputPathError`, :class:`RunLockedError`, :class:`SchedulerConnectionError`,
+      :class:`JacobianTooLargeError`; :class:`UnknownNameError` (a name osa_lab does not know);
+    * environment: :class:`MethodUnavailableError` (cannot run here), :class:`MissingDataError`
+      (a data file is absent), :class:`OptionalDependencyError` (an extra is not installed),
+      :class:`ReportError` (a report request cannot run), :class:`OutputWriteError` (an output
+      cannot be written: a full disk, a read-only folder), :class:`UnstorableResultError` (a task
+      result that cannot be stored without pickling).
+
+  * outcomes that are not the user's mistake: :class:`TrainingDivergedError`,
+    :class:`ComputationCancelledError`, :class:`MalformedResultError` (a damaged stored result,
+    computed again).
+  * :class:`OSALabWarning` — the root of osa_lab's warnings: :class:`OSAAccuracyWarning`,
+    :class:`SolverNotConvergedWarning`, :class:`GridTaskFailedWarning`, :class:`TaskStoreWarning`,
+    :class:`DataCacheWarning`.
 """
 
 from __future__ import annotations
@@ -9,15 +37,56 @@ from __future__ import annotations
 from pathlib import Path
 
 
-class OSAInputError(ValueError):
-    """An argument has the wrong shape, value or contents (NaN/Inf, mismatched sizes)."""
+class OSALabError(Exception):
+    """The root of every exception (and warning) type osa_lab defines."""
 
 
-class OSADtypeError(TypeError):
-    """An argument has a dtype or device combination that osa_lab cannot use."""
+class UserError(OSALabError):
+    """Bad input or environment: the message names the problem and the fix.
+
+    The command line prints it on one line and exits with status 2 (no traceback); the dashboard
+    shows the message on the page. Anything else osa_lab raises is a result (a diverged run, a
+    cancelled computation) or a bug.
+    """
 
 
-class CausalMaskError(ValueError):
+def is_user_error(exc: BaseException) -> bool:
+    """True for a :class:`UserError` (bad input or environment), the errors the CLI answers with exit 2."""
+    return isinstance(exc, UserError)
+
+
+# --------------------------------------------------------------------------------------------
+# input
+# --------------------------------------------------------------------------------------------
+
+
+class OSAInputError(UserError, ValueError):
+    """An argument has the wrong shape, value or contents (mismatched sizes, a bad table)."""
+
+
+class NonFiniteError(OSAInputError, FloatingPointError):
+    """A tensor holds NaN or Inf: an input, a parameter (α) or a value computed from finite
+    inputs (an overflow). Raised where a layer or the encoder detects them, so callers test the
+    type (e.g. training treats it as divergence), never the message."""
+
+
+class NonFiniteHiddenStateError(NonFiniteError):
+    """A hidden state contains NaN or Inf; ``.layer`` (0 = input) and ``.site`` say where it first appears."""
+
+    def __init__(self, message: str, layer: int, site: str) -> None:
+        super().__init__(message)
+        self.layer = layer
+        self.site = site
+
+
+class UntrustedResultError(OSAInputError):
+    """A method chosen by name cannot compute this input to its accuracy budget, by its own error
+    or condition estimate (e.g. ``method="gram"`` on a rank-deficient ``[q k]``: N < 2r, k ∥ q,
+    q = 0); it refuses instead of returning a wrong result. The message names the methods that
+    handle the input (``"qr"``, ``"lowrank"``, ``"auto"``)."""
+
+
+class CausalMaskError(OSAInputError):
     """A mask or causal flag was given to orthogonal self-attention.
 
     OSA is non-causal: exp(S) of a skew-symmetric S is dense and a causal mask destroys
@@ -25,27 +94,26 @@ class CausalMaskError(ValueError):
     """
 
 
-class UnknownNameError(ValueError):
-    """A method, preset or data-set name is not one osa_lab knows; the message lists the valid ones."""
+class OSADtypeError(UserError, TypeError):
+    """An argument has a dtype or device combination that osa_lab cannot use."""
 
 
-class ConfigurationError(ValueError):
+# --------------------------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------------------------
+
+
+class ConfigurationError(UserError, ValueError):
     """A model or analysis configuration is impossible (e.g. dim not divisible by heads)."""
 
 
-class MethodUnavailableError(RuntimeError):
-    """The requested computation method cannot run here (e.g. Triton on a CPU tensor)."""
+class UnknownNameError(UserError, ValueError):
+    """A method, preset or data-set name is not one osa_lab knows; the message lists the valid ones."""
 
 
 def unknown_name(kind: str, name: object, valid: list[str] | tuple[str, ...]) -> UnknownNameError:
     """Build an :class:`UnknownNameError` that lists the valid names."""
     return UnknownNameError(f"unknown {kind} {name!r}; valid {kind}s are: {', '.join(sorted(valid))}")
-
-
-class SolverNotConvergedWarning(UserWarning):
-    """An iterative eigen/singular-value solver stopped before converging; the value it gives is
-    a bound, not an estimate (e.g. matrix-free σ_min from partial Ritz values is an upper bound,
-    so κ is a lower bound)."""
 
 
 class OutputPathError(ConfigurationError):
@@ -59,88 +127,50 @@ class RunLockedError(ConfigurationError):
     outputs."""
 
 
-class OutputWriteError(OSError):
-    """An output file could not be written (a full disk, a read-only file system); the message
-    names the path. Nothing partial is left: the earlier file, if any, is kept
-    (:mod:`osa_lab.fileio`)."""
-
-
 class SchedulerConnectionError(ConfigurationError):
     """The Dask scheduler given to a grid (``--scheduler`` / ``DASK_SCHEDULER_ADDRESS``) cannot be
-    reached or has no workers; the message says how to start one (``osa_lab.grid``)."""
-
-
-class GridTaskFailedWarning(UserWarning):
-    """Some tasks of a grid (sweep, Jacobian study, training comparison) failed while the others
-    finished; the message names each failed task's settings and error (``osa_lab.grid``)."""
-
-
-class TaskStoreWarning(UserWarning):
-    """A stored task result of a grid was not used (malformed, of another task, of the wrong kind,
-    or a pickle, which is never loaded) or a new one could not be stored; the task is computed
-    again (``osa_lab.grid``). The message names the file."""
-
-
-class UnstorableResultError(TypeError):
-    """A task result cannot be written without pickling (``osa_lab.studies.result_store``): it
-    is not made of numbers, strings, arrays, DataFrames, lists, tuples and string-keyed dicts."""
-
-
-class MalformedResultError(ValueError):
-    """A stored task result is not one osa_lab wrote for this task (damaged, truncated, a pickle,
-    another task's, an unknown format); it is never executed, and the grid computes it again."""
-
-
-class DataCacheWarning(UserWarning):
-    """A cached data file of generated data did not match its recorded content hash or generator
-    arguments (or was malformed) and was generated again; the message names the file."""
-
-
-class OptionalDependencyError(ImportError):
-    """An optional package that a feature needs (e.g. ``timm`` for ``osa_lab.integrations.timm``)
-    is not installed; the message names the extra that installs it."""
-
-
-class UntrustedResultError(OSAInputError):
-    """A method chosen by name cannot compute this input to its accuracy budget, by its own error
-    or condition estimate (e.g. ``method="gram"`` on a rank-deficient ``[q k]``: N < 2r, k ∥ q,
-    q = 0); it refuses instead of returning a wrong result. The message names the methods that
-    handle the input (``"qr"``, ``"lowrank"``, ``"auto"``)."""
-
-
-class OSAAccuracyWarning(UserWarning):
-    """A result is computed but its accuracy is doubtful: ``‖S‖`` is so large that the working
-    precision's rounding error (about ``eps · ‖S‖``) is no longer small, or the output's column
-    norms drifted from those of ``v`` (``exp(S)`` is orthogonal, so they must match)."""
-
-
-class ComputationCancelledError(RuntimeError):
-    """A long computation stopped early because its ``should_stop`` hook returned True (e.g. the
-    dashboard's cancel button or a closed session); no partial result is returned."""
-
-
-# Exceptions that used to live beside the code raising them (their old import paths still work:
-# each of those modules imports its class from here).
-
-
-class NonFiniteHiddenStateError(FloatingPointError):
-    """A hidden state contains NaN or Inf; ``.layer`` (0 = input) and ``.site`` say where it first appears."""
-
-    def __init__(self, message: str, layer: int, site: str) -> None:
-        super().__init__(message)
-        self.layer = layer
-        self.site = site
+    reached or has no workers; the message says how to start one (``osa_lab.studies.grid``)."""
 
 
 class JacobianTooLargeError(ConfigurationError):
     """The Jacobian is too large to compute here; the message gives its size and the alternative."""
 
 
-class MissingDataError(FileNotFoundError):
+# --------------------------------------------------------------------------------------------
+# environment
+# --------------------------------------------------------------------------------------------
+
+
+class MethodUnavailableError(UserError, RuntimeError):
+    """The requested computation method cannot run here (e.g. Triton on a CPU tensor)."""
+
+
+class MissingDataError(UserError, FileNotFoundError):
     """A data file osa_lab needs is not on disk; the message says where to get it and put it."""
 
 
-class TrainingDivergedError(RuntimeError):
+class OptionalDependencyError(UserError, ImportError):
+    """An optional package that a feature needs is not installed (e.g. ``timm`` for
+    ``osa_lab.integrations.timm``, pandas for the laboratory); the message names the extra that
+    installs it (``pip install "osa_lab[lab]"``)."""
+
+
+class OutputWriteError(UserError, OSError):
+    """An output file could not be written (a full disk, a read-only file system); the message
+    names the path. Nothing partial is left: the earlier file, if any, is kept
+    (:mod:`osa_lab.fileio`)."""
+
+
+class ReportError(UserError, RuntimeError):
+    """A problem with a report request itself (unknown notebook, bad parameter file, no kernel)."""
+
+
+# --------------------------------------------------------------------------------------------
+# outcomes that are not the user's mistake
+# --------------------------------------------------------------------------------------------
+
+
+class TrainingDivergedError(OSALabError, RuntimeError):
     """The loss (or the weights, or hidden states) became NaN/Inf during training.
 
     Attributes ``step`` (optimiser steps taken), ``epoch`` (1-based epoch in progress),
@@ -153,8 +183,56 @@ class TrainingDivergedError(RuntimeError):
         self.step, self.epoch, self.preset, self.checkpoint = step, epoch, preset, checkpoint
 
 
-class ReportError(RuntimeError):
-    """A problem with a report request itself (unknown notebook, bad parameter file, no kernel)."""
+class UnstorableResultError(UserError, TypeError):
+    """A task result cannot be written without pickling (``osa_lab.studies.result_store``): it
+    is not made of numbers, strings, arrays, DataFrames, lists, tuples and string-keyed dicts."""
+
+
+class MalformedResultError(OSALabError, ValueError):
+    """A stored task result is not one osa_lab wrote for this task (damaged, truncated, a pickle,
+    another task's, an unknown format); it is never executed, and the grid computes it again."""
+
+
+class ComputationCancelledError(OSALabError, RuntimeError):
+    """A long computation stopped early because its ``should_stop`` hook returned True (e.g. the
+    dashboard's cancel button or a closed session); no partial result is returned."""
+
+
+# --------------------------------------------------------------------------------------------
+# warnings
+# --------------------------------------------------------------------------------------------
+
+
+class OSALabWarning(OSALabError, UserWarning):  # noqa: N818 - a warning, named as one
+    """The root of osa_lab's warnings (``warnings.simplefilter("error", OSALabWarning)`` turns them all into errors)."""
+
+
+class OSAAccuracyWarning(OSALabWarning):
+    """A result is computed but its accuracy is doubtful: ``‖S‖`` is so large that the working
+    precision's rounding error (about ``eps · ‖S‖``) is no longer small, or the output's column
+    norms drifted from those of ``v`` (``exp(S)`` is orthogonal, so they must match)."""
+
+
+class SolverNotConvergedWarning(OSALabWarning):
+    """An iterative eigen/singular-value solver stopped before converging; the value it gives is
+    a bound, not an estimate (e.g. matrix-free σ_min from partial Ritz values is an upper bound,
+    so κ is a lower bound)."""
+
+
+class GridTaskFailedWarning(OSALabWarning):
+    """Some tasks of a grid (sweep, Jacobian study, training comparison) failed while the others
+    finished; the message names each failed task's settings and error (``osa_lab.studies.grid``)."""
+
+
+class TaskStoreWarning(OSALabWarning):
+    """A stored task result of a grid was not used (malformed, of another task, of the wrong kind,
+    or a pickle, which is never loaded) or a new one could not be stored; the task is computed
+    again (``osa_lab.studies.grid``). The message names the file."""
+
+
+class DataCacheWarning(OSALabWarning):
+    """A cached data file of generated data did not match its recorded content hash or generator
+    arguments (or was malformed) and was generated again; the message names the file."""
 
 
 def heads_do_not_divide(

@@ -6,30 +6,31 @@ Walks every module of ``osa_lab`` with :mod:`ast` (no imports are executed) and 
 * a ``_private`` name of one osa_lab module used by another (``from osa_lab.x import _y`` or
   ``x._y`` on an imported osa_lab module): a helper two modules share is public;
 * an import that points up: a module may import its own wing and the wings below it, never a
-  higher one (the floors of docs/architecture.md, :data:`FLOORS`).
-
-Old module paths (``osa_lab.analysis`` …, see :mod:`osa_lab.compat`) are resolved to the
-module that now holds the code before any rule is applied.
+  higher one (the floors of docs/architecture.md, :data:`FLOORS`);
+* a retired module path (:data:`RETIRED_MODULES`) anywhere in the package, tests, docs,
+  notebooks, benchmarks or scripts, or a module file that still carries one.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from osa_lab.compat import MOVED
-
-PACKAGE = Path(__file__).resolve().parents[1] / "osa_lab"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "osa_lab"
 
 #: floors from the bottom up (docs/architecture.md); a module's wing is the first name under
 #: ``osa_lab`` (the package or top-level module it belongs to).
 FLOORS: list[set[str]] = [
-    # shared by all: exceptions, CLI argument checks, renames, whole-or-absent output files and locks
-    {"errors", "arguments", "version", "deprecation", "fileio"},
+    # shared by all: exceptions, CLI argument checks, the lab extra's check, the version,
+    # whole-or-absent output files and locks
+    {"errors", "arguments", "extras", "version", "fileio"},
     {"ops"},  # the mathematics
     {"nn"},  # layers, models, presets
     {"plots"},  # figures from tidy tables
@@ -37,9 +38,9 @@ FLOORS: list[set[str]] = [
     {"studies"},  # experiments: settings → tidy tables
     {"reporting"},  # report notebooks' runner and set-up
     {"integrations"},  # bridges to other libraries (timm)
-    # entry points: the command line, the dashboard app, the package's public face and its
-    # old-path finder
-    {"cli", "dashboard", "dashboard_cli", "dashboard_jobs", "__init__", "compat"},
+    # entry points: the command line (also ``python -m osa_lab``), the dashboard app, the
+    # package's public face
+    {"cli", "__main__", "dashboard", "__init__"},
 ]
 
 #: (importing module, imported module): the only upward imports allowed. Keep it tiny; each
@@ -50,7 +51,7 @@ ALLOWED_UPWARD: set[tuple[str, str]] = set()
 @dataclass(frozen=True)
 class Import:
     source: str  # importing module
-    target: str  # imported module (after resolving old paths)
+    target: str  # imported module (the module that holds the name)
     name: str | None  # the name taken from it by ``from target import name``; None for ``import``
     line: int
 
@@ -66,11 +67,7 @@ MODULES: dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE.rglob("*.p
 
 
 def real(name: str) -> str:
-    """The module that holds ``name``'s code: old paths resolved, an attribute's owner found."""
-    for old in sorted(MOVED, key=len, reverse=True):
-        if name == old or name.startswith(old + "."):
-            name = MOVED[old] + name[len(old) :]
-            break
+    """The module that holds ``name``: the name itself, or the module owning the attribute."""
     while name not in MODULES and "." in name:
         name = name.rsplit(".", 1)[0]
     return name
@@ -232,10 +229,10 @@ def test_imports_point_down():
 @pytest.mark.parametrize(
     "source, expected",
     [
-        ("import osa_lab.analysis as A", [("osa_lab.studies.depth", None)]),
+        ("import osa_lab.studies.depth as A", [("osa_lab.studies.depth", None)]),
         ("from osa_lab.ops import expm", [("osa_lab.ops.expm", None)]),
         ("from osa_lab.ops.expm import _x, y", [("osa_lab.ops.expm", "_x"), ("osa_lab.ops.expm", "y")]),
-        ("def f():\n    from osa_lab.jacobian import _build", [("osa_lab.studies.jacobian", "_build")]),
+        ("def f():\n    from osa_lab.studies.jacobian import _build", [("osa_lab.studies.jacobian", "_build")]),
         ("from osa_lab import osa", [("osa_lab", "osa")]),
     ],
 )
@@ -248,6 +245,58 @@ def test_the_checks_catch_a_cycle_and_an_attribute_access():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     tree = ast.parse("from osa_lab.ops import expm\nexpm.gram_core_with_norm(1)\n")
     assert module_aliases("osa_lab.probe", tree) == {"expm": "osa_lab.ops.expm"}
+
+
+def exception_classes_outside_the_root(tree: ast.Module, rooted: set[str]) -> list[str]:
+    """Classes (at any depth) that derive from an exception or warning type but from none of
+    ``rooted`` (the names of :class:`osa_lab.errors.OSALabError` and its subclasses)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = [(dotted(base) or "").split(".")[-1] for base in node.bases]
+        exception_like = any(
+            name.endswith(("Error", "Exception", "Warning"))
+            or isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException)
+            for name in bases
+        )
+        if exception_like and not any(name in rooted for name in bases):
+            found.append(f"{node.lineno} class {node.name}({', '.join(bases)})")
+    return found
+
+
+def test_every_exception_type_derives_from_osalaberror():
+    """One root: ``except OSALabError`` catches everything osa_lab raises, its warnings included."""
+    from osa_lab import errors
+
+    defined = [obj for obj in vars(errors).values()
+               if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__]  # fmt: skip
+    assert len(defined) > 20
+    assert [cls.__name__ for cls in defined if not issubclass(cls, errors.OSALabError)] == []
+    rooted = {cls.__name__ for cls in defined}
+    outside = [
+        f"{name}:{where}"
+        for name, tree in TREES.items()
+        for where in exception_classes_outside_the_root(tree, rooted)
+        if not (name == "osa_lab.errors" and where.endswith(" class OSALabError(Exception)"))  # the root itself
+    ]
+    assert outside == []
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("class BadTable(ValueError):\n    pass", ["1 class BadTable(ValueError)"]),
+        ("def f():\n    class _Stop(Exception):\n        pass", ["2 class _Stop(Exception)"]),
+        ("class Slow(UserWarning):\n    pass", ["1 class Slow(UserWarning)"]),
+        ("class Lost(distributed.CommClosedError):\n    pass", ["1 class Lost(CommClosedError)"]),
+        ("class Fine(errors.OSAInputError):\n    pass", []),
+        ("def f():\n    class _Stop(OSALabError):\n        pass", []),
+        ("class Model(nn.Module):\n    pass", []),
+    ],
+)
+def test_the_root_check_sees_every_exception_class(source, expected):
+    assert exception_classes_outside_the_root(ast.parse(source), {"OSALabError", "OSAInputError"}) == expected
 
 
 def test_every_exception_type_lives_in_errors():
@@ -272,3 +321,75 @@ def test_the_gram_trust_rule_is_written_once():
     names = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
     assert {"gram_trust_ratio", "gram_core_backward"} <= names
     assert not names & {"GRAM_TOLERANCE", "GRAM_MAX_COND", "grad"}
+
+
+#: Module paths that no longer exist (CHANGELOG.md, 0.2.0, names each replacement). Nothing may
+#: import or mention them, and no module may be named after them.
+RETIRED_MODULES: frozenset[str] = frozenset({
+    "osa_lab.analysis", "osa_lab.bench", "osa_lab.benchtools", "osa_lab.checks", "osa_lab.compat",
+    "osa_lab.dashboard_cli", "osa_lab.dashboard_jobs", "osa_lab.data", "osa_lab.deprecation",
+    "osa_lab.depth_facts", "osa_lab.expm", "osa_lab.expm_study", "osa_lab.functional", "osa_lab.grid",
+    "osa_lab.jacobian", "osa_lab.kernels", "osa_lab.layers", "osa_lab.metrics", "osa_lab.models",
+    "osa_lab.notebook", "osa_lab.presets", "osa_lab.provenance", "osa_lab.report", "osa_lab.train",
+    "osa_lab.validation",
+})  # fmt: skip
+
+#: where the scan looks: every text file a reader or an import can reach
+SCANNED = [("osa_lab", "*.py"), ("tests", "*.py"), ("docs", "*.md"), ("docs", "*.py"), ("notebooks", "*.py"),
+           ("benchmarks", "*.py"), ("examples", "*.py"), ("dashboards", "*.py"), ("scripts", "*"),
+           (".", "*.md"), (".", "*.toml"), (".", "*.yml"), (".", "Makefile")]  # fmt: skip
+
+_RETIRED_LEAVES = "|".join(sorted((name.split(".", 1)[1] for name in RETIRED_MODULES), key=len, reverse=True))
+#: ``osa_lab.<retired>`` as a dotted path, and ``from osa_lab import <retired>`` (also in parentheses)
+_RETIRED_PATH = re.compile(rf"(?<![\w.])osa_lab\.({_RETIRED_LEAVES})(?![\w])")
+_FROM_PACKAGE = re.compile(r"from\s+osa_lab\s+import\s+(\([^)]*\)|[^\n]*)")
+
+
+def retired_mentions(text: str) -> list[str]:
+    """Every retired module path that ``text`` names, in the order it names them."""
+    found = [f"osa_lab.{m.group(1)}" for m in _RETIRED_PATH.finditer(text)]
+    for match in _FROM_PACKAGE.finditer(text):
+        for item in re.split(r"[,()\s]+", match.group(1).split("#")[0]):
+            if f"osa_lab.{item}" in RETIRED_MODULES:
+                found.append(f"osa_lab.{item}")
+    return found
+
+
+def scanned_files() -> list[Path]:
+    files = {
+        path
+        for folder, pattern in SCANNED
+        for path in (ROOT / folder).glob(pattern if folder == "." else f"**/{pattern}")
+        if path.is_file() and ".venv" not in path.parts and "__pycache__" not in path.parts
+    }
+    skipped = {Path(__file__).resolve(), ROOT / "CHANGELOG.md"}
+    return sorted(files - skipped)
+
+
+def test_no_retired_module_path_is_used_or_mentioned():
+    assert len(scanned_files()) > 80
+    mentions = [
+        f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, text.find(name)) + 1} {name}"
+        for path in scanned_files()
+        for text in [path.read_text(encoding="utf-8", errors="replace")]
+        for name in retired_mentions(text)
+    ]
+    assert mentions == []
+    modules = sorted(name for name in MODULES if name in RETIRED_MODULES)
+    assert modules == []
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("import osa_lab.analysis as A", ["osa_lab.analysis"]),
+        (":func:`osa_lab.train.train`", ["osa_lab.train"]),
+        ("from osa_lab import (\n    jacobian,\n    osa,\n)", ["osa_lab.jacobian"]),
+        ("from osa_lab import notebook as nb", ["osa_lab.notebook"]),
+        ("from osa_lab.kernels import triton_osa", ["osa_lab.kernels"]),
+        ("osa_lab.studies.jacobian, osa_lab.reporting.runner, osa_lab.dashboard.cli", []),
+        ("from osa_lab import osa, OrthogonalSelfAttention", []),
+    ],
+)
+def test_the_retired_path_scan_sees_every_form(text, expected):
+    assert retired_mentions(text) == expected

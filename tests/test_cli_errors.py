@@ -225,7 +225,7 @@ def test_every_subcommand_prints_its_help(command, capsys):
 
 
 def test_typed_error_from_any_subcommand_is_one_line_but_bugs_keep_tracebacks(monkeypatch):
-    import osa_lab.dashboard_cli as dashboard_cli
+    import osa_lab.dashboard.cli as dashboard_cli
 
     def typed(args):
         raise OSAInputError("`x` is bad;\n  give a good one")
@@ -256,6 +256,51 @@ def test_is_user_error_covers_the_typed_errors():
         assert cli.is_user_error(exc), type(exc)
     for exc in (ValueError("x"), RuntimeError("x"), KeyError("x"), FileNotFoundError("x")):
         assert not cli.is_user_error(exc), type(exc)
+    # osa_lab's own outcomes that are not bad input: a bug-like traceback, not "fix your arguments"
+    from osa_lab.errors import ComputationCancelledError, TrainingDivergedError
+
+    for exc in (ComputationCancelledError("x"), TrainingDivergedError("x", step=1, epoch=1, preset="p", checkpoint=None)):
+        assert not cli.is_user_error(exc), type(exc)
+
+
+def test_the_top_level_help_describes_the_tool(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Orthogonal Self-Attention" in out and "skew-symmetric" in out
+    assert "each in its own module" not in out
+    for name in cli.SUBCOMMANDS:
+        assert f"osa-lab {name}" in out, f"the examples show no `osa-lab {name}`"
+
+
+def test_version(capsys):
+    from osa_lab.version import __version__
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"osa-lab {__version__}"
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "osa_lab.version.__version__"}
+    assert "version" in pyproject["project"]["dynamic"] and "version" not in pyproject["project"]
+
+
+def test_python_dash_m_osa_lab_is_the_command_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from osa_lab.version import __version__
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    version = subprocess.run([sys.executable, "-m", "osa_lab", "--version"], capture_output=True, text=True,
+                             cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"osa-lab {__version__}"
+    bad = subprocess.run([sys.executable, "-m", "osa_lab", "bogus"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and "usage: osa-lab" in bad.stderr and "unknown command 'bogus'" in bad.stderr
 
 
 # ---- in a subprocess: what a terminal shows ---------------------------------------------------

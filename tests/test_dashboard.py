@@ -77,15 +77,6 @@ def test_cli_serves_the_script_inside_the_package(monkeypatch):
     assert cmd[cmd.index("--unused-session-lifetime") + 1] == str(cli.UNUSED_SESSION_LIFETIME_MS)
 
 
-def test_old_module_names_are_aliases():
-    import osa_lab.dashboard.cli
-    import osa_lab.dashboard.jobs
-    import osa_lab.dashboard_cli
-    import osa_lab.dashboard_jobs
-
-    assert osa_lab.dashboard_jobs is osa_lab.dashboard.jobs and osa_lab.dashboard_cli is osa_lab.dashboard.cli
-
-
 @pytest.fixture
 def app(dash):
     dash.JACOBIANS.clear()
@@ -239,7 +230,7 @@ def test_layer_selection_draws_those_layers(app):
 
 
 def test_alpha_control_reaches_the_osa_preset_and_shows_derived_value(app):
-    from osa_lab.layers import derived_alpha_init
+    from osa_lab.nn.attention import derived_alpha_init
 
     assert app.controls.derived_alpha
     assert app.controls.alpha == pytest.approx(derived_alpha_init(8, 8, 8), rel=1e-4)  # pure-osa: 1 head, r = 8
@@ -395,7 +386,7 @@ def test_jacobian_layers_are_spread_and_end_at_depth(dash):
 
 
 def test_real_jacobian_tiny(app):
-    """The real osa_lab.jacobian at a tiny size: exact method, κ per layer, full spectrum."""
+    """The real osa_lab.studies.jacobian at a tiny size: exact method, κ per layer, full spectrum."""
     app.controls.param.update(depth=2, tokens=4, dim=4, seeds=1, points=2)
     app.controls.view = "jacobian"
     view = app.jacobian_view
@@ -429,7 +420,7 @@ def test_jacobian_worker_process_can_be_cancelled():
     """The served path: a worker process computing a long Jacobian stops at once when cancelled."""
     import time
 
-    from osa_lab import dashboard_jobs as jobs
+    from osa_lab.dashboard import jobs
 
     unit = jobs.Unit("pure-osa", 12, 32, 32, None, None, 0, "matrix-free", tuple(range(1, 13)))
     job = jobs.start_jacobian_job([unit])

@@ -110,7 +110,7 @@ def test_zero_tokens():
         osa_lab.osa(torch.randn(0, 3), torch.randn(0, 3), torch.randn(0, 4))
 
 
-def test_skew_expm_bad_inputs():
+def test_reference_skew_exp_bad_inputs():
     with pytest.raises(osa_lab.OSAInputError, match="NaN"):
         osa_lab.reference_skew_exp(torch.full((3, 3), float("nan")))
     with pytest.raises(osa_lab.OSADtypeError, match="floating dtype"):
@@ -137,3 +137,110 @@ def test_metrics_refuse_nan():
 
     with pytest.raises(osa_lab.OSAInputError, match="NaN"):
         METRICS["stable_rank"](torch.full((4, 3), float("nan")))
+
+
+# ---- one root, one meaning per type ---------------------------------------------------------
+
+
+def _error_types() -> list[type[BaseException]]:
+    from osa_lab import errors
+
+    return [obj for obj in vars(errors).values()
+            if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__]  # fmt: skip
+
+
+def test_every_error_type_is_below_the_root_and_keeps_its_builtin_base():
+    from osa_lab import errors
+
+    for cls in _error_types():
+        assert issubclass(cls, errors.OSALabError), cls
+    builtin_bases = {
+        errors.OSAInputError: ValueError,
+        errors.ConfigurationError: ValueError,
+        errors.UnknownNameError: ValueError,
+        errors.OSADtypeError: TypeError,
+        errors.NonFiniteError: FloatingPointError,
+        errors.MissingDataError: FileNotFoundError,
+        errors.OptionalDependencyError: ImportError,
+        errors.MethodUnavailableError: RuntimeError,
+        errors.TrainingDivergedError: RuntimeError,
+        errors.OSAAccuracyWarning: UserWarning,
+    }
+    for cls, base in builtin_bases.items():
+        assert issubclass(cls, base), (cls, base)
+
+
+def test_user_errors_are_one_subtree():
+    from osa_lab import errors
+
+    # outcomes, not mistakes: a diverged run, a cancelled computation, a damaged stored result (recomputed)
+    not_user = {errors.OSALabError, errors.TrainingDivergedError, errors.ComputationCancelledError,
+                errors.MalformedResultError}
+    not_user |= {cls for cls in _error_types() if issubclass(cls, Warning)}
+    for cls in _error_types():
+        assert issubclass(cls, errors.UserError) == (cls not in not_user), cls
+    assert errors.is_user_error(errors.RunLockedError("x")) and errors.is_user_error(errors.NonFiniteError("x"))
+    assert not errors.is_user_error(errors.ComputationCancelledError("x"))
+    assert not errors.is_user_error(ValueError("x"))
+    assert osa_lab.OSALabError is errors.OSALabError and osa_lab.UserError is errors.UserError
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_inputs_are_non_finite_errors(bad):
+    q, k, v = _qkv()
+    q[0, 0] = bad
+    with pytest.raises(osa_lab.NonFiniteError, match=r"`q` contains"):
+        osa_lab.osa(q, k, v)
+    with pytest.raises(osa_lab.NonFiniteError, match="`alpha` contains NaN or Inf"):
+        osa_lab.osa(*_qkv(), alpha=torch.tensor(bad))
+    layer = osa_lab.OrthogonalSelfAttention(8, 2)
+    x = torch.randn(1, 5, 8)
+    x[0, 1, 2] = bad
+    with pytest.raises(osa_lab.NonFiniteError):
+        layer(x)
+
+
+@pytest.mark.filterwarnings("ignore::osa_lab.OSAAccuracyWarning")
+@pytest.mark.parametrize("method", ["dense", "qr", "auto"])
+def test_an_overflow_from_finite_inputs_is_a_non_finite_error(method):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 4, generator=g) for _ in range(3))
+    with pytest.raises(osa_lab.NonFiniteError, match="non-finite values from finite inputs"):
+        osa_lab.osa(q, k, v, alpha=3e38, method=method)  # S = α(qkᵀ − kqᵀ) overflows float32
+
+
+@pytest.mark.filterwarnings("ignore::osa_lab.OSAAccuracyWarning")
+def test_the_encoder_names_the_layer_whose_attention_overflows():
+    """An α so large that the layer's output overflows from a finite input: the encoder raises the
+    typed hidden-state error naming that layer, not a bare input error."""
+    from osa_lab.nn.models import build_model
+    from osa_lab.nn.presets import get_preset
+
+    model = build_model(get_preset("pure-osa", depth=2, dim=16, tokens=8, seed=0))
+    with torch.no_grad():
+        model.blocks[1].attn.alpha.fill_(1e20)
+    with pytest.raises(osa_lab.NonFiniteHiddenStateError) as info:
+        model(torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(0)))
+    assert isinstance(info.value, osa_lab.NonFiniteError)
+    assert (info.value.layer, info.value.site) == (2, "attention")
+
+
+def test_metrics_refuse_nan_as_a_non_finite_error():
+    from osa_lab.studies.metrics import METRICS
+
+    with pytest.raises(osa_lab.NonFiniteError, match="NaN"):
+        METRICS["stable_rank"](torch.full((4, 3), float("nan")))
+
+
+def test_a_table_without_the_needed_columns_is_the_same_error_in_every_plot_and_summary():
+    import pandas as pd
+
+    from osa_lab.plots import depth as depth_plots
+    from osa_lab.plots import expm as expm_plots
+    from osa_lab.studies import summaries
+
+    table = pd.DataFrame({"x": [1.0]})
+    for build in (lambda: expm_plots.error_vs_n(table), lambda: depth_plots.metric_vs_depth(table, "stable_rank"),
+                  lambda: summaries.collapse_table(table)):  # fmt: skip
+        with pytest.raises(osa_lab.OSAInputError, match="lacks columns|lacks column"):
+            build()

@@ -1,4 +1,4 @@
-"""The Dask grid runner (osa_lab.grid): placement-independent results, resume, failures, lost workers.
+"""The Dask grid runner (osa_lab.studies.grid): placement-independent results, resume, failures, lost workers.
 
 The first tests run in-process (fast). The cluster tests start a 2-worker LocalCluster or
 `dask scheduler` + `dask worker` subprocesses on 127.0.0.1 with tiny settings; each is bounded

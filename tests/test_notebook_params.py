@@ -1,5 +1,5 @@
 """The report notebooks 01–03 declare bounds on their numeric parameters (``# ≥ 1`` comments,
-read by :func:`osa_lab.report.declared_bounds`): ``osa-lab report`` refuses a value outside
+read by :func:`osa_lab.reporting.runner.declared_bounds`): ``osa-lab report`` refuses a value outside
 them with one line and exit code 2 before running anything (issue 15)."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_opens_with_statement_and_provenance(name):
     assert "parameters" in code[0].metadata.get("tags", []), f"{name}: first code cell must be the parameters"
     assert "opening(" in code[1].source, f"{name}: the cell after the parameters must show provenance"
     assert "hv.extension" not in "".join(c.source for c in code), (
-        f"{name}: hv.extension loads JavaScript from a CDN; draw with osa_lab.notebook.show"
+        f"{name}: hv.extension loads JavaScript from a CDN; draw with osa_lab.reporting.kernel_setup.show"
     )
 
 

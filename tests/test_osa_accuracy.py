@@ -111,7 +111,7 @@ def test_dense_osa_matrix_is_special_orthogonal():
     assert float(osa_lab.orthogonality_error(2 * a).min()) == pytest.approx(3.0, abs=1e-9)
 
 
-def test_skew_expm_refuses_non_skew_input():
+def test_reference_skew_exp_refuses_non_skew_input():
     s = torch.randn(5, 5, dtype=torch.float64)
     with pytest.raises(osa_lab.OSAInputError, match="not skew-symmetric"):
         osa_lab.reference_skew_exp(s)

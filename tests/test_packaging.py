@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -99,8 +101,6 @@ def test_readme_example_runs():
 
 def test_nothing_cites_notes_outside_the_repository():
     """Code, notebooks and docs cite docs/design.md, never design notes a clone does not have."""
-    import subprocess
-
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     suffixes = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg"}
     offenders = []
@@ -114,3 +114,95 @@ def test_nothing_cites_notes_outside_the_repository():
                 offenders.append(f"{name}: {pattern}")
     assert not offenders, offenders
     assert (ROOT / "docs" / "design.md").is_file()
+
+
+# ---- the lean core and the lab extra ----------------------------------------------------------
+
+#: import name → distribution name, where they differ
+_DISTRIBUTION = {"yaml": "pyyaml", "sklearn": "scikit-learn"}
+
+
+def test_the_core_needs_only_torch_and_numpy():
+    deps = sorted(Requirement(d).name for d in _pyproject()["project"]["dependencies"])
+    assert deps == ["numpy", "torch"]
+
+
+def test_the_lab_extra_installs_what_the_lab_wings_check_for():
+    from osa_lab.extras import LAB_IMPORTS
+
+    lab = {Requirement(r).name for r in _pyproject()["project"]["optional-dependencies"]["lab"]}
+    assert {_DISTRIBUTION.get(name, name) for name in LAB_IMPORTS} <= lab
+    # the laboratory's data sets, grids, reports and dashboard come with it too
+    assert {"mnist1d", "scikit-learn", "dask", "panel", "papermill"} <= lab
+
+
+def test_ci_checks_the_lean_core_after_the_tests():
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = [line.strip() for line in ci.splitlines()]
+    assert "bash scripts/check_lean_core.sh" in lines
+    assert lines.index("bash scripts/check_lean_core.sh") > lines.index("make test")
+    script = (ROOT / "scripts" / "check_lean_core.sh").read_text()
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    (pin,) = re.findall(r"TORCH_SPEC:-(torch==[\d.]+)", setup)
+    assert f"TORCH_SPEC:-{pin}" in script, "the lean-core check and setup.sh must pin the same torch"
+    for needed in ("OrthogonalSelfAttention", "backward", "matplotlib", "pandas", "dask", 'osa_lab[lab]'):
+        assert needed in script, needed
+
+
+_BLOCK_LAB = """
+import sys
+for name in ("pandas", "scipy", "matplotlib", "holoviews", "bokeh", "panel", "param", "tqdm", "yaml",
+             "dask", "distributed", "sklearn", "mnist1d", "papermill"):
+    sys.modules[name] = None  # as if not installed: import and find_spec both fail
+"""
+
+
+def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300)  # fmt: skip
+
+
+def test_the_core_imports_and_runs_without_the_lab(tmp_path):
+    proc = _python(_BLOCK_LAB + """
+import torch
+import osa_lab
+y = osa_lab.osa(torch.randn(5, 2), torch.randn(5, 2), torch.randn(5, 3))
+osa_lab.OrthogonalSelfAttention(8, 2)(torch.randn(1, 5, 8)).sum().backward()
+osa_lab.build_model(osa_lab.get_preset("pure-osa", depth=2, dim=8, tokens=5))
+print("core ok", tuple(y.shape))
+""", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "core ok (5, 3)" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["osa_lab.studies", "osa_lab.studies.depth", "osa_lab.plots.depth", "osa_lab.reporting.runner",
+     "osa_lab.benchmarking.runner", "osa_lab.dashboard", "osa_lab.integrations.timm"],
+)  # fmt: skip
+def test_a_lab_module_without_the_extra_names_it(module, tmp_path):
+    proc = _python(_BLOCK_LAB + f"""
+import importlib
+from osa_lab.errors import OptionalDependencyError
+try:
+    importlib.import_module({module!r})
+except OptionalDependencyError as exc:
+    print("refused:", exc)
+""", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert 'refused:' in proc.stdout and 'pip install "osa_lab[lab]"' in proc.stdout, proc.stdout
+
+
+def test_a_lab_command_without_the_extra_is_one_line_and_exit_2(tmp_path):
+    proc = _python(_BLOCK_LAB + """
+import sys
+from osa_lab import cli
+sys.exit(cli.main(["sweep", "--depth", "2"]))
+""", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("osa-lab sweep: error:") and "osa_lab[lab]" in lines[0]

@@ -1,4 +1,4 @@
-"""Shared plot builders (osa_lab.plots.depth) and the OSA check (osa_lab.checks).
+"""Shared plot builders (osa_lab.plots.depth) and the OSA check (osa_lab.studies.self_check).
 
 The builders are tested on small synthetic tables with the analysis schema: the reduced data
 each figure draws, the axis choices, and that every figure renders under both the bokeh and

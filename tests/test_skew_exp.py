@@ -36,7 +36,7 @@ def _scipy_expm(m: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1, 2, 7, 32, 128], ids=lambda n: f"n{n}")
 @pytest.mark.parametrize("norm2", [0.0, 1e-8, 1e-3, 0.5, 3.0, 30.0, 300.0, 3000.0], ids=lambda x: f"norm{x:g}")
-def test_skew_matrix_exp_matches_scipy_float64(n, norm2):
+def test_core_skew_exp_matches_scipy_float64(n, norm2):
     m = _skew_batch(n, norm2, seed=n)
     got = expm.core_skew_exp(m)
     # exp is ‖M‖-conditioned on skew matrices: scipy's own error reaches ≈ 6e-15·‖M‖₂ here
@@ -49,7 +49,7 @@ def test_skew_matrix_exp_matches_scipy_float64(n, norm2):
 
 
 @pytest.mark.parametrize("theta", [0.3, 3.0, 30.0, 300.0, 3000.0], ids=lambda x: f"theta{x:g}")
-def test_skew_matrix_exp_exact_rotations(theta):
+def test_core_skew_exp_exact_rotations(theta):
     """exp([[0, θ], [−θ, 0]]) is the rotation by θ: exact to ≈ eps·θ (scipy: ≈ 6e-15·θ)."""
     m = torch.tensor([[[0.0, theta], [-theta, 0.0]]], dtype=torch.float64)
     exact = torch.tensor([[[math.cos(theta), math.sin(theta)], [-math.sin(theta), math.cos(theta)]]], dtype=torch.float64)
@@ -57,7 +57,7 @@ def test_skew_matrix_exp_exact_rotations(theta):
 
 
 @pytest.mark.parametrize("norm2", [0.1, 10.0, 300.0], ids=lambda x: f"norm{x:g}")
-def test_skew_matrix_exp_float32_and_tolerance(norm2):
+def test_core_skew_exp_float32_and_tolerance(norm2):
     m = _skew_batch(16, norm2, seed=3)
     ref = _scipy_expm(m)
     assert rel_err(expm.core_skew_exp(m.float()), ref) <= 1e-6 * max(1.0, norm2)
@@ -66,7 +66,7 @@ def test_skew_matrix_exp_float32_and_tolerance(norm2):
     assert rel_err(expm.core_skew_exp(m, tol=1e-10), ref) <= 1e-8 * max(1.0, norm2)
 
 
-def test_skew_matrix_exp_uses_fewer_squarings_than_the_one_norm_needs():
+def test_core_skew_exp_uses_fewer_squarings_than_the_one_norm_needs():
     """The spectral-radius plan: at ‖M‖₂ = 300 the 1-norm is ≈ 3× larger; the plan follows ‖M‖₂."""
     m = _skew_batch(128, 300.0, batch=2)
     one_norm = float(m.abs().sum(-2).amax())
@@ -80,14 +80,14 @@ def test_skew_matrix_exp_uses_fewer_squarings_than_the_one_norm_needs():
     assert squarings < squarings_one_norm
 
 
-def test_skew_matrix_exp_gradcheck():
+def test_core_skew_exp_gradcheck():
     leaf = _skew_batch(6, 4.0, batch=2).requires_grad_(True)
     assert torch.autograd.gradcheck(expm.core_skew_exp, (leaf,), eps=1e-6, atol=1e-8)
     leaf_small = _skew_batch(5, 0.01, batch=2).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: expm.core_skew_exp(x, minus_identity=True), (leaf_small,))
 
 
-def test_skew_matrix_exp_keeps_non_finite_input_in_its_own_slot():
+def test_core_skew_exp_keeps_non_finite_input_in_its_own_slot():
     """A NaN/Inf matrix gives a non-finite result; the other matrices of the batch stay exact."""
     m = _skew_batch(8, 2.0)
     ref = _scipy_expm(m)
@@ -106,7 +106,7 @@ def test_skew_matrix_exp_keeps_non_finite_input_in_its_own_slot():
     assert not bool(torch.isfinite(y[1]).all())
 
 
-def test_skew_matrix_exp_scales_each_matrix_when_norms_differ_widely():
+def test_core_skew_exp_scales_each_matrix_when_norms_differ_widely():
     """A tiny-norm matrix batched with a huge-norm one is not squared 2^Δs times too often."""
     m = torch.cat([_skew_batch(16, 0.1, batch=1, seed=1), _skew_batch(16, 1e7, batch=1, seed=2)])
     out = expm.core_skew_exp(m)
@@ -116,7 +116,7 @@ def test_skew_matrix_exp_scales_each_matrix_when_norms_differ_widely():
     assert rel_err(out[0], alone[0]) <= 1e-14
 
 
-def test_skew_matrix_exp_rejects_a_bad_tolerance():
+def test_core_skew_exp_rejects_a_bad_tolerance():
     from osa_lab.errors import OSAInputError
 
     for tol in (0, -1e-3, 1.5, "x"):
@@ -126,7 +126,7 @@ def test_skew_matrix_exp_rejects_a_bad_tolerance():
 
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(2, 40), norm2=st.floats(0.0, 200.0), seed=st.integers(0, 2**16))
-def test_skew_matrix_exp_is_orthogonal_with_det_one(n, norm2, seed):
+def test_core_skew_exp_is_orthogonal_with_det_one(n, norm2, seed):
     """docs/design.md §1: exp of a skew-symmetric matrix is orthogonal with determinant +1."""
     e = expm.core_skew_exp(_skew_batch(n, norm2, batch=2, seed=seed))
     assert float(expm.orthogonality_error(e).max()) <= 1e-12 * max(1.0, norm2)
@@ -138,7 +138,7 @@ def test_skew_matrix_exp_is_orthogonal_with_det_one(n, norm2, seed):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_skew_matrix_exp_results_do_not_alias_scratch_buffers():
+def test_core_skew_exp_results_do_not_alias_scratch_buffers():
     m1, m2 = _skew_batch(32, 5.0, seed=1), _skew_batch(32, 7.0, seed=2)
     e1 = expm.core_skew_exp(m1)
     kept = e1.clone()

@@ -1,4 +1,4 @@
-"""Triton low-rank OSA (osa_lab.kernels.triton_osa) against the torch paths and the dense reference.
+"""Triton low-rank OSA (osa_lab.ops.triton.kernels) against the torch paths and the dense reference.
 
 On the CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
 before triton is imported): tiny shapes only. GPU tests at realistic sizes are skipped without
@@ -28,7 +28,7 @@ import osa_lab
 from osa_lab.errors import MethodUnavailableError, OSADtypeError, OSAInputError
 
 triton = pytest.importorskip("triton")
-T = importlib.import_module("osa_lab.kernels.triton_osa")
+T = importlib.import_module("osa_lab.ops.triton.kernels")
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -117,8 +117,8 @@ def test_matches_dense_and_lowrank(case):
 
     # The torch low-rank path on the same (float32-upcast) inputs.
     q32, k32, v32, s32 = (x.detach().float().requires_grad_() for x in (q, k, v, scale))
-    y_lr = osa_lab.expm.lowrank_action(
-        torch.cat([q32, k32], -1), osa_lab.expm.osa_skew_core(r, s32), v32, engine="lowrank"
+    y_lr = osa_lab.ops.expm.lowrank_action(
+        torch.cat([q32, k32], -1), osa_lab.ops.expm.osa_skew_core(r, s32), v32, engine="lowrank"
     )
     g_lr = torch.autograd.grad(y_lr, (q32, k32, v32, s32), gy.float())
     for name, got, ref in zip(("y", "dq", "dk", "dv", "dscale"), (y, *grads), (y_lr, *g_lr), strict=True):
@@ -196,21 +196,21 @@ def test_float64_fallback_follows_the_spectral_norm(monkeypatch):
 
     def norms(h, scale):  # (‖S‖_F, ‖S‖₂) of head h from M = R J Rᵀ, U = [q k] = B R
         rr = torch.linalg.qr(torch.cat([q[h], k[h]], -1).double())[1]
-        m = rr @ osa_lab.expm.osa_skew_core(64, torch.tensor(scale)) @ rr.mT
+        m = rr @ osa_lab.ops.expm.osa_skew_core(64, torch.tensor(scale)) @ rr.mT
         return float(torch.linalg.matrix_norm(m)), float(torch.linalg.matrix_norm(m, 2))
 
     scale = torch.tensor([1.5e4 / norms(0, 1.0)[0], 3e4 / norms(1, 1.0)[1]], dtype=torch.float64)
     (fro0, two0), (_, two1) = norms(0, float(scale[0])), norms(1, float(scale[1]))
-    assert fro0 > osa_lab.expm.FLOAT64_NORM > 4 * two0 and two1 > osa_lab.expm.FLOAT64_NORM
+    assert fro0 > osa_lab.ops.expm.FLOAT64_NORM > 4 * two0 and two1 > osa_lab.ops.expm.FLOAT64_NORM
     ref = osa_lab.osa(q.double(), k.double(), v.double(), scale * 8, method="qr")
     calls = []
-    qr_action = osa_lab.expm.qr_action
+    qr_action = osa_lab.ops.expm.qr_action
 
     def spy(u, j, x, **kw):
         calls.append((u.dtype, u.shape[0]))
         return qr_action(u, j, x, **kw)
 
-    monkeypatch.setattr(osa_lab.expm, "qr_action", spy)
+    monkeypatch.setattr(osa_lab.ops.expm, "qr_action", spy)
     q, k, v = (x.to(DEV) for x in (q, k, v))
     y = T.osa_triton(q, k, v, scale.to(DEV)).cpu()
     assert calls == [(torch.float32, 1), (torch.float64, 1)]  # head 1 only, recomputed in float64
@@ -303,7 +303,7 @@ def test_kernels_compile_for_sm90():
     (`make gpu-compile-check` runs it with triton 3.6)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "osa_lab.kernels.compile_check"],
+        [sys.executable, "-m", "osa_lab.ops.triton.compile_check"],
         env=env, capture_output=True, text=True, timeout=3000,
     )  # fmt: skip
     if proc.returncode == 3:
@@ -496,9 +496,9 @@ def test_fixed_core_matches_adaptive_core():
     u = torch.randn(4, 40, 2 * r, generator=g, dtype=torch.float64)
     gram = u.mT @ u
     scale = torch.tensor([1e-3, 0.05, 1.0, 8.0], dtype=torch.float64)
-    j = osa_lab.expm.osa_skew_core(r, scale)
+    j = osa_lab.ops.expm.osa_skew_core(r, scale)
     f_fix, ok_fix, (sn_fix, cond_fix, two_fix) = T.fixed_gram_core(gram, j)
-    f_ad, ok_ad, (sn_ad, cond_ad, two_ad) = osa_lab.expm.gram_core_with_norm(gram, j)
+    f_ad, ok_ad, (sn_ad, cond_ad, two_ad) = osa_lab.ops.expm.gram_core_with_norm(gram, j)
     assert ok_fix.all() and ok_ad.all()
     assert rel_err(f_fix, f_ad) < 1e-12
     torch.testing.assert_close(sn_fix, sn_ad)
@@ -514,7 +514,7 @@ def test_fixed_core_matches_adaptive_core():
 def test_fixed_core_plan_end_to_end_and_sync_free():
     """core="fixed": outputs and gradients as the dense reference, with zero host
     synchronisations per forward and per backward and two Triton launches each (counted on the
-    CPU by a dispatch-mode counter, osa_lab.kernels.sync_count); the adaptive core's forward
+    CPU by a dispatch-mode counter, osa_lab.ops.triton.sync_count); the adaptive core's forward
     needs ≤ 5 (its plan), the old code 6 incl. a boolean-mask index."""
     from osa_lab.ops.triton.sync_count import count_syncs
 
@@ -569,7 +569,7 @@ def test_gpu_realistic_sizes(case):
     gy = torch.randn_like(y)
     grads = torch.autograd.grad(y, (q, k, v, scale), gy)
     q64, k64, v64, s64 = (x.detach().double().requires_grad_() for x in (q, k, v, scale))
-    y64 = osa_lab.expm.lowrank_action(torch.cat([q64, k64], -1), osa_lab.expm.osa_skew_core(r, s64), v64)
+    y64 = osa_lab.ops.expm.lowrank_action(torch.cat([q64, k64], -1), osa_lab.ops.expm.osa_skew_core(r, s64), v64)
     want = (y64, *torch.autograd.grad(y64, (q64, k64, v64, s64), gy.double()))
     for name, got, ref in zip(("y", "dq", "dk", "dv", "dscale"), (y, *grads), want, strict=True):
         tol = (

@@ -4,3 +4,8 @@
 * :mod:`osa_lab.benchmarking.timing`: timing helpers shared by the runner, the studies and
   ``benchmarks/`` (interleaved timing, machine information, table output).
 """
+
+from osa_lab.extras import require_lab
+
+require_lab("osa_lab.benchmarking")
+

@@ -169,7 +169,7 @@ def time_row(n: int, r: int, d: int, device: str, dtype: torch.dtype, repeat: in
     """Time every path at sequence length ``n``; returns one row of the table.
 
     Low-rank OSA, SDPA and a 2048 × 2048 matmul (the machine's rate) run interleaved, round by
-    round (:func:`~osa_lab.benchtools.time_interleaved`), so each ratio compares medians taken
+    round (:func:`~osa_lab.benchmarking.timing.time_interleaved`), so each ratio compares medians taken
     under the same conditions. SDPA at N ≥ 16384 (seconds per call) runs fewer rounds.
     """
     bh = heads_for(n)

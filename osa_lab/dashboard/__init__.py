@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from osa_lab.extras import require_lab
+
+require_lab("osa_lab.dashboard", "panel", "param")
+
 __all__ = ["Dashboard", "build_app"]
 
 

@@ -161,8 +161,8 @@ class Dashboard(pn.viewable.Viewer):
     def _alpha_note(self, derived: bool, alpha: float, presets: list, tokens: int, dim: int, heads: object) -> str:
         if not derived:
             return ""
-        from osa_lab.layers import derived_alpha_init
-        from osa_lab.presets import get_preset
+        from osa_lab.nn.attention import derived_alpha_init
+        from osa_lab.nn.presets import get_preset
 
         parts = []
         for p in presets:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from osa_lab.errors import MissingDataError
+
 #: The served entry script, shipped inside this package (the page's path is its stem).
 APP_SCRIPT = Path(__file__).with_name("osa_dashboard.py")
 
@@ -32,14 +34,15 @@ CHECK_UNUSED_SESSIONS_MS = 1000
 def app_path() -> Path:
     """Path of the dashboard entry script inside the installed package.
 
-    ``OSA_LAB_DASHBOARD`` overrides it. Raises ``FileNotFoundError`` with a hint when absent.
+    ``OSA_LAB_DASHBOARD`` overrides it. Raises :class:`~osa_lab.errors.MissingDataError` (a
+    ``FileNotFoundError``) with a hint when absent.
     """
     override = os.environ.get("OSA_LAB_DASHBOARD")
     path = Path(override) if override else APP_SCRIPT
     if not path.is_file():
-        raise FileNotFoundError(
-            f"dashboard script not found at {path}; reinstall osa_lab with its dashboard extra "
-            "(pip install 'osa_lab[dashboard]') or set OSA_LAB_DASHBOARD to the path of osa_dashboard.py"
+        raise MissingDataError(
+            f"dashboard script not found at {path}; reinstall osa_lab with its laboratory extra "
+            "(pip install \"osa_lab[lab]\") or set OSA_LAB_DASHBOARD to the path of osa_dashboard.py"
         )
     return path
 

@@ -8,8 +8,8 @@ runs each job in a separate process started by :func:`start_jacobian_job`, so th
 * the server's event loop and the other sessions stay responsive meanwhile.
 
 The worker computes one *unit* (preset × seed) after another with
-:func:`osa_lab.jacobian.jacobian_depth_profile` and, for exact Jacobians,
-:func:`osa_lab.jacobian.jacobian_singular_values`, and sends each finished unit back through a
+:func:`osa_lab.studies.jacobian.jacobian_depth_profile` and, for exact Jacobians,
+:func:`osa_lab.studies.jacobian.jacobian_singular_values`, and sends each finished unit back through a
 pipe, so the parent can show progress and cache every unit on its own (a later request that
 shares presets or seeds computes only the missing units).
 """
@@ -46,14 +46,14 @@ class Unit:
 def resolve_method(method: str, tokens: int, dim: int, depth: int = 12, points: int = 6) -> str:
     """The method that runs for ``method`` at this size: ``"auto"`` picks the cheaper one.
 
-    Uses :func:`osa_lab.jacobian.estimate_jacobian_seconds` when that cost model exists (it is
+    Uses :func:`osa_lab.studies.jacobian.estimate_jacobian_seconds` when that cost model exists (it is
     measured); otherwise exact wherever the exact Jacobian fits (``N·d ≤ MAX_EXACT_DIM``),
     which measured cheaper at every size where both ran (5.7 s exact against 158 s matrix-free
     at N·d = 256).
     """
     if method != "auto":
         return method
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
     if estimate is not None:
@@ -76,7 +76,7 @@ _EXACT_PER_UNIT, _MF_PER_SOLVE = 2.8, 13.0
 
 def estimate_seconds(unit_count: int, method: str, tokens: int, dim: int, depth: int, points: int) -> float:
     """A rough wall-time estimate of ``unit_count`` units, shown before a job starts."""
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
     if estimate is not None:
@@ -94,7 +94,7 @@ def estimate_seconds(unit_count: int, method: str, tokens: int, dim: int, depth:
 
 def compute_unit(unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """κ profile (both scopes) and, for exact Jacobians, the last layer's singular values."""
-    from osa_lab import jacobian
+    from osa_lab.studies import jacobian
 
     prof = jacobian.jacobian_depth_profile(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads, unit.alpha,
                                            unit.seed, method=unit.method, layers=list(unit.layers))
@@ -134,7 +134,7 @@ def _context():
     with _CTX_LOCK:
         try:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["osa_lab.dashboard.jobs", "osa_lab.jacobian"])
+            ctx.set_forkserver_preload(["osa_lab.dashboard.jobs", "osa_lab.studies.jacobian"])
         except ValueError:  # pragma: no cover - platforms without forkserver
             ctx = mp.get_context("spawn")
         return ctx

@@ -24,13 +24,14 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
-from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
+from osa_lab.errors import ConfigurationError, UserError
 
 log = logging.getLogger("osa_lab.dashboard")
 
-#: Errors whose message is shown to the user as is (bad or too-expensive settings).
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigurationError, OSAInputError, UnknownNameError, ValueError,
-                                                MemoryError)
+#: Errors whose message is shown to the user as is (bad or too-expensive settings): osa_lab's user
+#: errors (:class:`~osa_lab.errors.UserError`), the ``ValueError`` s of the URL parser below and
+#: the ``MemoryError`` of a size this machine cannot hold.
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, MemoryError)
 
 #: Controls mirrored in the page URL's query string, in this order (shareable links).
 URL_PARAMETERS = ("presets", "view", "depth", "tokens", "dim", "heads", "seeds", "derived_alpha", "alpha", "metric",
@@ -61,15 +62,15 @@ AUTO_JACOBIAN_SECONDS = 8.0
 
 
 def preset_names() -> list[str]:
-    """Names of the model presets (:mod:`osa_lab.presets`)."""
-    from osa_lab.presets import preset_names as names
+    """Names of the model presets (:mod:`osa_lab.nn.presets`)."""
+    from osa_lab.nn.presets import preset_names as names
 
     return names()
 
 
 def preset_heads(name: str) -> int:
-    """The head count a preset uses by default (:mod:`osa_lab.presets`)."""
-    from osa_lab.presets import get_preset
+    """The head count a preset uses by default (:mod:`osa_lab.nn.presets`)."""
+    from osa_lab.nn.presets import get_preset
 
     return int(get_preset(name).heads)
 
@@ -85,9 +86,9 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 
 
 # Model computations of different sessions run concurrently (no global compute lock): models
-# receive their dtype explicitly (osa_lab.models) and inputs come from private generators; only
+# receive their dtype explicitly (osa_lab.nn.models) and inputs come from private generators; only
 # the seeded construction of a block, which draws from torch's global generator, is serialised
-# inside osa_lab.models.
+# inside osa_lab.nn.models.
 #: Serialises building HoloViews objects (their option trees are global state).
 FIGURE_LOCK: threading.Lock = threading.Lock()
 
@@ -124,7 +125,7 @@ class LRU:
 #: Built figures (HoloViews objects and the reduced tables they draw), keyed by view, settings
 #: and options: returning to computed settings needs no rebuild.
 FIGURES: LRU = LRU(96)
-#: Jacobian results per :class:`osa_lab.dashboard_jobs.Unit` (preset × seed × resolved method).
+#: Jacobian results per :class:`osa_lab.dashboard.jobs.Unit` (preset × seed × resolved method).
 JACOBIANS: LRU = LRU(256)
 
 
@@ -143,7 +144,7 @@ def sweep_key(cfg: dict[str, Any]) -> tuple:
 def compute_sweep(
     presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.analysis.sweep`),
+    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.studies.depth.sweep`),
     cached process-wide in :data:`SWEEPS`.
 
     ``heads=None`` gives every preset its own head count (the pure stacks one head).
@@ -153,7 +154,7 @@ def compute_sweep(
     hit = SWEEPS.get(key)
     if hit is not None:
         return hit
-    from osa_lab.analysis import sweep
+    from osa_lab.studies.depth import sweep
 
     result = sweep(
         list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
@@ -164,12 +165,12 @@ def compute_sweep(
 
 
 def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) -> dict[str, object]:
-    """The OSA check of :mod:`osa_lab.checks` for these sizes (seed 0, float32), cached
+    """The OSA check of :mod:`osa_lab.studies.self_check` for these sizes (seed 0, float32), cached
     process-wide in :data:`CHECKS`."""
     args = (tokens, dim, heads, alpha)
     hit = CHECKS.get(args)
     if hit is None:
-        from osa_lab.checks import osa_check
+        from osa_lab.studies.self_check import osa_check
 
         hit = osa_check(tokens, dim, heads, alpha, seed=0)
         CHECKS.put(args, hit)
@@ -275,7 +276,7 @@ class Controls(param.Parameterized):
 
     def check_heads(self) -> int:
         """Heads of the OSA check: those of the first OSA preset shown (1 if none)."""
-        from osa_lab.presets import get_preset
+        from osa_lab.nn.presets import get_preset
 
         for p in self.presets:
             if get_preset(p).attention == "osa":
@@ -288,7 +289,7 @@ class Controls(param.Parameterized):
 
     def derived_alpha0(self) -> float:
         """The derived α₀ of the OSA check's heads at the current N and d."""
-        from osa_lab.layers import derived_alpha_init
+        from osa_lab.nn.attention import derived_alpha_init
 
         heads = self.check_heads()
         return derived_alpha_init(int(self.tokens), int(self.dim), int(self.dim) // heads)
@@ -525,8 +526,8 @@ class SweepState(Job):
     """The current sweep of one session: tidy metrics and spectra tables of the last good settings."""
 
     controls = param.ClassSelector(class_=Controls)
-    metrics = param.DataFrame(default=None, allow_None=True, doc="Tidy metrics table (osa_lab.analysis).")
-    spectra = param.DataFrame(default=None, allow_None=True, doc="Tidy spectra table (osa_lab.analysis).")
+    metrics = param.DataFrame(default=None, allow_None=True, doc="Tidy metrics table (osa_lab.studies.depth).")
+    spectra = param.DataFrame(default=None, allow_None=True, doc="Tidy spectra table (osa_lab.studies.depth).")
     config = param.Dict(default={}, doc="Configuration of the tables shown.")
 
     @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",

@@ -1,6 +1,6 @@
 """The dashboard's views: OSA-check badges, rank collapse, spectra and Jacobians.
 
-* :class:`OSACheckView`: orthogonality and dense-vs-low-rank error badges (:mod:`osa_lab.checks`);
+* :class:`OSACheckView`: orthogonality and dense-vs-low-rank error badges (:mod:`osa_lab.studies.self_check`);
 * :class:`RankCollapseView`: the chosen metric against layer, mean and band over seeds;
 * :class:`SpectraView`: spectra heatmaps per preset (shared log colour scale) and selected layers;
 * :class:`JacobianView`: κ across depth and the end-to-end Jacobian's singular-value histogram.

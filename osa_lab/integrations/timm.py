@@ -1,4 +1,4 @@
-"""Orthogonal self-attention in timm's Vision Transformers (``pip install 'osa_lab[timm]'``).
+"""Orthogonal self-attention in timm's Vision Transformers (``pip install 'osa_lab[lab,timm]'``).
 
 Zhang & Martens (arXiv 2602.05996) replace softmax attention ``softmax(q kᵀ/√r) v`` by
 ``exp(S) v`` with ``S = α/√r (q kᵀ − k qᵀ)`` skew-symmetric, so every head's token mixing is
@@ -11,20 +11,20 @@ PyTorch vision researchers use:
     parameter names (``qkv``, ``proj``, ``q_norm``, ``k_norm``, ``norm``, ``gate``), so a timm
     state dict loads into it strictly and back (:func:`to_timm_state_dict` drops the one extra
     parameter, ``alpha``, one α per head). α starts at the derived value
-    :func:`osa_lab.layers.derived_alpha_init` for the model's token count (``docs/initialisation.md``);
+    :func:`osa_lab.nn.attention.derived_alpha_init` for the model's token count (``docs/initialisation.md``);
     the layer computes :func:`osa_lab.osa` with ``method="auto"`` (Triton on CUDA) and refuses
     masks with :class:`~osa_lab.errors.CausalMaskError` (OSA is non-causal).
 :class:`SkiplessBlock` and :func:`block_fn`
     a ``block_fn`` for ``VisionTransformer`` with the skips and the norms each switched on or off
     (``block_fn(skip=False, norm=False)`` is the paper's block), with the initialisation of
-    osa_lab's presets ``skipless-osa`` / ``skipless-ssa`` (``osa_lab.presets``): Gaussian
+    osa_lab's presets ``skipless-osa`` / ``skipless-ssa`` (``osa_lab.nn.presets``): Gaussian
     W_Q, W_K of variance 1/d, orthogonal W_V, W_O, and a variance-preserving orthogonal MLP.
 :func:`create_osa_vit` and :func:`convert_to_osa`
     build any timm ViT variant with OSA (skipless and normless by default), or swap the attention
     of an existing timm model in place keeping its weights, with a :class:`ConversionReport`.
 :func:`timm_hidden_states`, :func:`timm_depth_profile`, :func:`timm_jacobian_profile`
     osa_lab's rank-collapse metrics and Jacobian κ across depth for a timm ViT (hidden states
-    taken block by block); :func:`osa_lab.analysis.depth_profile` accepts a timm ViT directly.
+    taken block by block); :func:`osa_lab.studies.depth.depth_profile` accepts a timm ViT directly.
 
 timm without torchvision
     timm imports torchvision at import time (``timm.layers.create_norm`` imports
@@ -161,7 +161,7 @@ def import_timm() -> types.ModuleType:
     if importlib.util.find_spec("timm") is None:
         raise OptionalDependencyError(
             f"osa_lab.integrations.timm needs timm ({TIMM_SPEC}); install it with `pip install "
-            "'osa_lab[timm]'` (or, beside a CPU-only torch, `pip install --no-deps 'timm>=1.0.20,<1.1'`)"
+            "'osa_lab[lab,timm]'` (or, beside a CPU-only torch, `pip install --no-deps 'timm>=1.0.20,<1.1'`)"
         )
     if _torchvision_imports():
         import timm
@@ -236,7 +236,7 @@ def init_qkv_orthogonal(attn: nn.Module) -> None:
 def init_mlp_orthogonal(mlp: nn.Module) -> None:
     """The presets' variance-preserving orthogonal MLP init on timm's ``Mlp`` (``fc1``, ``act``, ``fc2``).
 
-    As :meth:`osa_lab.models.MLP.init_orthogonal`: ``fc1`` orthogonal with gain ``√(hidden/d)``,
+    As :meth:`osa_lab.nn.models.MLP.init_orthogonal`: ``fc1`` orthogonal with gain ``√(hidden/d)``,
     ``fc2`` orthogonal with gain ``1/√E[φ(z)²]``, zero biases, so a skipless stack neither grows
     nor shrinks unit-variance tokens at initialisation.
     """
@@ -276,7 +276,7 @@ class OSAAttention(nn.Module):
         norm_layer, device, dtype.
     Keyword-only (OSA's):
         alpha_init: initial α of every head; ``None`` uses
-            :func:`~osa_lab.layers.derived_alpha_init` for ``tokens``.
+            :func:`~osa_lab.nn.attention.derived_alpha_init` for ``tokens``.
         tokens: sequence length N the derived α₀ is tuned for (default :data:`DEFAULT_TOKENS`).
         learn_alpha: α is a parameter (else a buffer).
         method: computation method of :func:`osa_lab.osa` (``"auto"``: Triton on CUDA).
@@ -884,12 +884,12 @@ def embed_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 
 def timm_hidden_states(model: nn.Module, images: torch.Tensor, *, check_finite: bool = True):
-    """:class:`~osa_lab.models.HiddenStates` of a timm ViT: the embedded tokens and every block's output.
+    """:class:`~osa_lab.nn.models.HiddenStates` of a timm ViT: the embedded tokens and every block's output.
 
     ``blocks[0]`` is the first block's input and ``blocks[l]`` block l's output; ``attention[l-1]``
     is block l's attention sub-layer output (with its skip) for timm's ``Block`` and
     :class:`SkiplessBlock` (empty for other block types). A NaN/Inf state raises
-    :class:`~osa_lab.models.NonFiniteHiddenStateError` naming the first layer where it appears.
+    :class:`~osa_lab.nn.models.NonFiniteHiddenStateError` naming the first layer where it appears.
     """
     from osa_lab.nn.models import HiddenStates, check_hidden_state_finite
 
@@ -964,7 +964,7 @@ def timm_depth_profile(
     spectra: bool = True,
     label: str | None = None,
 ):
-    """osa_lab's depth profile (:func:`osa_lab.analysis.depth_profile`) of a timm ViT.
+    """osa_lab's depth profile (:func:`osa_lab.studies.depth.depth_profile`) of a timm ViT.
 
     Rank-collapse metrics and singular-value spectra of the tokens after every block (and every
     attention sub-layer), averaged over ``batch`` images (default: N(0, 1) pixels from ``seed``).
@@ -1031,13 +1031,13 @@ def timm_jacobian_profile(
     seed: int = 0,
     label: str | None = None,
 ) -> pd.DataFrame:
-    """Jacobian κ across depth of a timm ViT, as :func:`osa_lab.jacobian.jacobian_depth_profile`.
+    """Jacobian κ across depth of a timm ViT, as :func:`osa_lab.studies.jacobian.jacobian_depth_profile`.
 
     At the embedded tokens ``X_0`` of one image (default: N(0, 1) pixels from ``seed``): κ of
     ``∂X_l/∂X_0`` (``scope="end_to_end"``) and of block l alone (``"layer"``). ``"exact"``
     multiplies the per-block Jacobians (chain rule); ``"matrix-free"`` finds the extreme singular
     values by ARPACK/lobpcg from jvp/vjp products; ``"auto"`` is exact up to ``max_exact_dim``
-    input entries (N·d). Returns the columns :data:`osa_lab.jacobian.KAPPA_COLUMNS`.
+    input entries (N·d). Returns the columns :data:`osa_lab.studies.jacobian.KAPPA_COLUMNS`.
     """
     from osa_lab.studies import jacobian as jac
 

@@ -19,7 +19,7 @@ Initialisation schemes (``ModelConfig.init``):
 
 ``"default"``
     OSA: the core's derived init (Gaussian W_Q, W_K with variance 1/d, orthogonal W_V, W_O,
-    α₀ from :func:`osa_lab.layers.derived_alpha_init`). SSA and MLP: PyTorch's ``nn.Linear`` init
+    α₀ from :func:`osa_lab.nn.attention.derived_alpha_init`). SSA and MLP: PyTorch's ``nn.Linear`` init
     (the "standard init" of a ViT).
 ``"orthogonal"``
     As ``"default"`` for attention except that SSA also gets Gaussian W_Q, W_K and orthogonal
@@ -57,6 +57,7 @@ from torch import nn
 
 from osa_lab.errors import (
     ConfigurationError,
+    NonFiniteError,
     NonFiniteHiddenStateError,
     OSAInputError,
     heads_do_not_divide,
@@ -436,8 +437,8 @@ class Encoder(nn.Module):
         for i, block in enumerate(self.blocks[:n_layers], start=1):
             try:
                 h = block.attention_part(x)
-            except OSAInputError as exc:
-                if not self.check_finite or "NaN" not in str(exc):
+            except NonFiniteError as exc:
+                if not self.check_finite:
                     raise
                 # The layer's input was finite: its own weights produced the NaN/Inf.
                 raise NonFiniteHiddenStateError(

@@ -20,10 +20,10 @@ The last four (:data:`TRAINING_PRESETS`, listed by ``preset_names(training=True)
 for the training comparison on MNIST-1D (issue 13): the two controls
 isolate what token mixing contributes in the same network, and ``mlp`` / ``cnn1d`` follow
 the MLP (68 %) and CNN (94 %) rows of Greydanus & Kobak's MNIST-1D table so the numbers sit
-on the published scale. The baselines are not transformers: :func:`osa_lab.train.model_config_for`
+on the published scale. The baselines are not transformers: :func:`osa_lab.studies.training.model_config_for`
 applies ``--depth/--dim/--heads`` to transformer presets only.
 
-``get_preset(name, **overrides)`` returns a :class:`~osa_lab.models.ModelConfig`; overrides are
+``get_preset(name, **overrides)`` returns a :class:`~osa_lab.nn.models.ModelConfig`; overrides are
 any of its fields (``depth=24, tokens=32, seed=0`` ...).
 
 The pure stacks default to one head: a single OSA head maps ``X ↦ A X W_V W_O`` with ``A``
@@ -108,7 +108,7 @@ PRESETS: dict[str, Preset] = {
 
 
 #: controls and baselines of the training comparison (issue 13), usable by name in training only
-#: (``osa-lab train``, :mod:`osa_lab.train`); the depth sweeps and the dashboard list :data:`PRESETS`.
+#: (``osa-lab train``, :mod:`osa_lab.studies.training`); the depth sweeps and the dashboard list :data:`PRESETS`.
 TRAINING_PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (

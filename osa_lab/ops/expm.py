@@ -43,7 +43,6 @@ from collections.abc import Callable
 
 import torch
 
-from osa_lab.deprecation import renamed
 from osa_lab.errors import OSAAccuracyWarning, OSAInputError, UntrustedResultError, unknown_name
 from osa_lab.ops.guards import check_float_tensor, sum_is_finite
 
@@ -978,7 +977,7 @@ def bessel_j_sequence(x: float, count: int) -> list[float]:
     ``J_{k−1} = (2k/x) J_k − J_{k+1}``, normalised by ``J₀ + 2 Σ J_{2k} = 1`` (stable; matches
     ``scipy.special.jv`` to ≈ 2e-16, tested)."""
     if x < 0 or not math.isfinite(x):
-        raise ValueError(f"bessel_j_sequence needs a finite x ≥ 0, got {x}")
+        raise OSAInputError(f"bessel_j_sequence needs a finite x ≥ 0, got {x}")
     if x == 0.0:
         return [1.0] + [0.0] * (count - 1)
     start = count + int(x) + 20
@@ -1133,12 +1132,12 @@ def chebyshev_action(
     do. One product per degree; for 3-D ``S`` (b, N, N) and ``V`` (b, N, d) the backward is
     hand-written (:class:`_ChebyshevAction`, ``2m`` products, ``Sᵀ = −S``); under torch.func
     transforms and forward-mode AD the autograd reference :func:`chebyshev_action_reference` runs.
-    Raises ``ValueError`` when no degree up to ``ACTION_MAX_DEGREE`` reaches the tolerance.
+    Raises :class:`~osa_lab.errors.OSAInputError` when no degree up to ``ACTION_MAX_DEGREE`` reaches the tolerance.
     """
     rho = _skew_norm_bound(s) if rho is None else float(rho)
     degree = chebyshev_degree(rho, s.dtype) if degree is None else degree
     if degree is None:
-        raise ValueError(f"‖S‖₂ bound {rho:.3g} needs more than ACTION_MAX_DEGREE = {ACTION_MAX_DEGREE} terms")
+        raise OSAInputError(f"‖S‖₂ bound {rho:.3g} needs more than ACTION_MAX_DEGREE = {ACTION_MAX_DEGREE} terms")
     rho = max(rho, 1e-30)  # S = 0: X = 0 and the expansion sums to V for any ρ > 0
     if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0] and not _transformed(s, v):
         return _ChebyshevAction.apply(s, v, rho, degree)
@@ -1350,7 +1349,3 @@ def _refuse_untrusted_gram(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, y:
         "and gradients would be wrong. Use method=\"qr\", \"lowrank\" or \"auto\" (engine \"qr\" or "
         "\"lowrank\" for lowrank_action), which handle any q, k."
     )
-
-
-#: renamed public names, kept for one release (osa_lab.deprecation)
-__getattr__ = renamed(__name__, {"skew_expm": "reference_skew_exp", "skew_matrix_exp": "core_skew_exp", "matrix_exp": "dense_exp"})

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     MethodUnavailableError,
+    NonFiniteError,
     OSAAccuracyWarning,
     OSADtypeError,
     OSAInputError,
@@ -139,7 +139,7 @@ def _alpha_tensor(alpha: float | torch.Tensor, q: torch.Tensor, batch: tuple[int
         if not alpha.is_floating_point():
             alpha = alpha.to(q.dtype)
         if not torch.isfinite(alpha).all():
-            raise OSAInputError(f"`alpha` contains NaN or Inf: {alpha}")
+            raise NonFiniteError(f"`alpha` contains NaN or Inf: {alpha}")
         shape = _alpha_view(tuple(alpha.shape), batch)
         if shape is None and alpha.dim() >= 2 and tuple(alpha.shape[-2:]) == (1, 1):
             shape = _alpha_view(tuple(alpha.shape[:-2]), batch)  # SDPA-style (..., H, 1, 1)
@@ -253,7 +253,7 @@ def _check_output(y: torch.Tensor, v3: torch.Tensor, inputs: tuple, name: str, n
         for arg, x in zip(("q", "k", "v"), inputs, strict=True):
             check_float_tensor(arg, x)
         if not bool(torch.isfinite(y).all()):
-            raise OSAInputError(
+            raise NonFiniteError(
                 f"OSA produced non-finite values from finite inputs (method {name!r}, N={n}, r={r}); "
                 "the inputs or α are too large for the dtype: rescale them or use float64"
             )
@@ -270,7 +270,3 @@ def _check_output(y: torch.Tensor, v3: torch.Tensor, inputs: tuple, name: str, n
             OSAAccuracyWarning,
             stacklevel=3,
         )
-
-
-#: renamed public names, kept for one release (osa_lab.deprecation)
-__getattr__ = renamed(__name__, {"METHODS": "OSA_METHODS"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from osa_lab.errors import CausalMaskError, OSADtypeError, OSAInputError
+from osa_lab.errors import CausalMaskError, NonFiniteError, OSADtypeError, OSAInputError
 
 _MASK_KEYS = ("mask", "attn_mask", "causal", "is_causal", "key_padding_mask")
 
@@ -26,7 +26,11 @@ def refuse_masks(kwargs: dict) -> None:
 def check_float_tensor(
     name: str, x: object, *, allow_half_on_cpu: bool = False, finite: bool = True
 ) -> torch.Tensor:
-    """Check that ``x`` is a floating-point tensor (with finite entries unless ``finite=False``)."""
+    """Check that ``x`` is a floating-point tensor (with finite entries unless ``finite=False``).
+
+    Raises :class:`~osa_lab.errors.OSADtypeError` for a non-tensor or an unusable dtype and
+    :class:`~osa_lab.errors.NonFiniteError` (counting the NaN and Inf entries) for NaN/Inf.
+    """
     if not isinstance(x, torch.Tensor):
         raise OSADtypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -46,7 +50,7 @@ def check_float_tensor(
         n_inf = int(torch.isinf(x).sum())
         if n_nan == 0 and n_inf == 0:
             return x  # the sum overflowed, the entries are finite
-        raise OSAInputError(
+        raise NonFiniteError(
             f"`{name}` contains {n_nan} NaN and {n_inf} Inf entries (shape {tuple(x.shape)}); "
             "OSA needs finite inputs. Check the layer that produced them."
         )

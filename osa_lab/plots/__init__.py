@@ -13,6 +13,10 @@ Render to bokeh (interactive, hover) or to matplotlib (static PNG) with ``holovi
 
 from __future__ import annotations
 
-from osa_lab.plots.style import OTHER_COLOURS, PRESET_COLOURS, colour_map, preset_colour
+from osa_lab.extras import require_lab
+
+require_lab("osa_lab.plots")  # before the builders import holoviews: a missing extra is named
+
+from osa_lab.plots.style import OTHER_COLOURS, PRESET_COLOURS, colour_map, preset_colour  # noqa: E402
 
 __all__ = ["OTHER_COLOURS", "PRESET_COLOURS", "preset_colour", "colour_map"]

@@ -3,7 +3,7 @@
 Shared by the Panel dashboard (``dashboards/osa_dashboard.py``, bokeh backend, hover tools) and
 the report notebooks (matplotlib backend, static PNG), following docs/design.md §6 ("tidy tables
 first, plots second"). Every builder takes one of the long-format tables of
-:mod:`osa_lab.analysis` / :mod:`osa_lab.jacobian` and returns a HoloViews object with options
+:mod:`osa_lab.studies.depth` / :mod:`osa_lab.studies.jacobian` and returns a HoloViews object with options
 set for **both** backends, so the same object renders with::
 
     hv.render(obj, backend="bokeh")        # interactive (dashboard)
@@ -148,7 +148,7 @@ def metric_vs_depth(
     """A depth-wise metric (docs/design.md §4) against layer: one curve per preset, min–max band over seeds.
 
     Args:
-        metrics: tidy metrics table of :func:`osa_lab.analysis.sweep`.
+        metrics: tidy metrics table of :func:`osa_lab.studies.depth.sweep`.
         metric: a name in its ``metric`` column (e.g. ``"relative_residual"``).
         site: which hidden state per layer (see :func:`select_site`).
         depth: network depth to show when the table holds several (default: the largest).
@@ -351,7 +351,7 @@ def kappa_vs_depth_data(
     """The reduced table :func:`kappa_vs_depth` draws: ``preset, layer, mean, lo, hi, std, n``.
 
     ``scope`` selects a Jacobian scope when the profile holds several (default: the first, which
-    for :func:`osa_lab.jacobian.jacobian_depth_profile` is the end-to-end Jacobian of the first
+    for :func:`osa_lab.studies.jacobian.jacobian_depth_profile` is the end-to-end Jacobian of the first
     l layers).
     """
     require_columns(jacobian, ["preset", "layer", "kappa"], "Jacobian profile")

@@ -1,17 +1,17 @@
 """HoloViews builders for the accuracy and cost of the OSA methods (report notebook 1).
 
-Inputs are the tidy tables of :mod:`osa_lab.expm_study`:
+Inputs are the tidy tables of :mod:`osa_lab.studies.expm_accuracy`:
 
 * :func:`error_vs_n`, :func:`error_vs_alpha`, :func:`error_vs_norm` — relative error against
   the float64 reference, per method and dtype (log axes);
 * :func:`orthogonality_vs_n` — ``max |AᵀA − I|`` of the applied matrix against N;
 * :func:`time_vs_n` — wall time against N on log–log axes with the fitted power laws of
-  :func:`osa_lab.expm_study.fit_slopes` drawn dashed and their slopes in the legend.
+  :func:`osa_lab.studies.expm_accuracy.fit_slopes` drawn dashed and their slopes in the legend.
 
 Every builder sets its options for both the bokeh backend (interactive, dashboard) and the
 matplotlib backend (static PNG in the exported reports); render with
 ``holoviews.render(obj, backend=...)``, :func:`osa_lab.plots.depth.png_bytes` or
-:func:`osa_lab.notebook.show`.
+:func:`osa_lab.reporting.kernel_setup.show`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import holoviews as hv
 import numpy as np
 import pandas as pd
 
+from osa_lab.errors import OSAInputError
 from osa_lab.plots.style import ensure_backends
 
 #: Colour per dtype and per timed method (Tableau palette; colour-blind friendly order).
@@ -52,9 +53,9 @@ def styled(obj: Any, *, bokeh: dict | None = None, mpl: dict | None = None, **co
 def _require(df: pd.DataFrame, columns: list[str], builder: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(
+        raise OSAInputError(
             f"{builder}: the table lacks columns {missing}; it has {list(df.columns)} "
-            "(pass the DataFrame returned by osa_lab.expm_study)"
+            "(pass the DataFrame returned by osa_lab.studies.expm_accuracy)"
         )
 
 
@@ -80,7 +81,7 @@ def _error_curves(acc: pd.DataFrame, x: str, y: str, builder: str) -> hv.Overlay
         dash = METHOD_DASH.get(str(method), ("-", "solid"))
         overlays.append(_curve(g, x, y, f"{method} {dtype}", color, dash))
     if not overlays:
-        raise ValueError(f"{builder}: no values of {y!r} to draw")
+        raise OSAInputError(f"{builder}: no values of {y!r} to draw")
     return hv.Overlay(overlays)
 
 
@@ -155,7 +156,7 @@ def error_vs_alpha(acc: pd.DataFrame, *, metric: str = "rel_error", n: int | Non
     n = int(acc["n"].max()) if n is None else n
     df = acc[acc["n"] == n]
     if df.empty:
-        raise ValueError(f"error_vs_alpha: no rows with n={n}; the table has n in {sorted(acc['n'].unique())}")
+        raise OSAInputError(f"error_vs_alpha: no rows with n={n}; the table has n in {sorted(acc['n'].unique())}")
     return _layout_opts(
         _error_curves(df, "alpha", metric, "error_vs_alpha"),
         f"N = {n}",
@@ -189,7 +190,7 @@ def error_vs_norm(acc: pd.DataFrame, *, metric: str = "rel_error") -> hv.Overlay
             )
         )
     if not layers:
-        raise ValueError(f"error_vs_norm: no values of {metric!r} with ‖S‖₂ > 0 to draw")
+        raise OSAInputError(f"error_vs_norm: no values of {metric!r} with ‖S‖₂ > 0 to draw")
     return _layout_opts(hv.Overlay(layers), "error against ‖S‖₂", "‖S‖₂", _LABELS.get(metric, metric))
 
 
@@ -199,7 +200,7 @@ def orthogonality_vs_n(acc: pd.DataFrame, *, alpha: float | None = None) -> hv.O
     alpha = float(acc["alpha"].max()) if alpha is None else alpha
     df = acc[np.isclose(acc["alpha"], alpha) & acc["orth_error"].notna()]
     if df.empty:
-        raise ValueError(f"orthogonality_vs_n: no orthogonality errors at alpha={alpha}")
+        raise OSAInputError(f"orthogonality_vs_n: no orthogonality errors at alpha={alpha}")
     return _layout_opts(
         _error_curves(df, "n", "orth_error", "orthogonality_vs_n"),
         f"orthogonality, α = {alpha:g}",
@@ -212,7 +213,7 @@ def orthogonality_vs_n(acc: pd.DataFrame, *, alpha: float | None = None) -> hv.O
 def time_vs_n(timings: pd.DataFrame, slopes: pd.DataFrame | None = None) -> hv.Overlay:
     """Wall time against N on log–log axes, one curve per method, fitted power laws dashed.
 
-    ``slopes`` is :func:`osa_lab.expm_study.fit_slopes` output; each fitted line spans the N
+    ``slopes`` is :func:`osa_lab.studies.expm_accuracy.fit_slopes` output; each fitted line spans the N
     range it was fitted on and its legend entry gives the slope.
     """
     _require(timings, ["method", "n", "seconds"], "time_vs_n")

@@ -1,8 +1,8 @@
 """Plot builders for training runs: learning curves, α over training, hidden-state diagnostics, summary.
 
-They draw from the tidy metrics table of :func:`osa_lab.train.train` / :func:`osa_lab.train.compare`
+They draw from the tidy metrics table of :func:`osa_lab.studies.training.train` / :func:`osa_lab.studies.training.compare`
 (columns ``preset, data, seed, epoch, step, kind, metric, layer, head, value``) and the summary
-table of :func:`osa_lab.train.summarize_runs` (docs/design.md §6, "tidy tables first, plots second").
+table of :func:`osa_lab.studies.training.summarize_runs` (docs/design.md §6, "tidy tables first, plots second").
 Every builder returns a HoloViews object with options for both backends (bokeh for the
 dashboard, matplotlib for the report notebooks) and reduces over seeds itself (mean line,
 min–max band); the ``*_data`` helpers return exactly the reduced table a plot draws.
@@ -258,7 +258,7 @@ def mixing_profiles_data(metrics: pd.DataFrame, metric: str = "mixing_ratio") ->
     """``profile, layer, mean, lo, hi, std, n``: a mixing metric per OSA layer at init and after training.
 
     ``metric`` is ``"mixing_ratio"`` (‖exp(S)V − V‖/‖V‖ on held-out inputs) or ``"s_norm"``
-    (‖S‖₂), logged per OSA layer and head by :func:`osa_lab.train.train`; heads are averaged
+    (‖S‖₂), logged per OSA layer and head by :func:`osa_lab.studies.training.train`; heads are averaged
     per seed, the band is min–max over seeds. ``layer`` is 1-based (the OSA layer in block
     order). ``profile`` is ``"<preset> · init"`` or ``"<preset> · trained"``.
     """
@@ -362,7 +362,7 @@ def ablation_percent(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_percent(paired: pd.DataFrame) -> pd.DataFrame:
-    """The paired-differences table of :func:`osa_lab.train.paired_differences` in points (percent)."""
+    """The paired-differences table of :func:`osa_lab.studies.training.paired_differences` in points (percent)."""
     cols = [c for c in ("diff_mean", "diff_std", "ci_low", "ci_high", "osa_mean", "other_mean") if c in paired]
     return paired.assign(**{c: 100 * paired[c] for c in cols}).rename(columns={c: c + " (points)" for c in cols})
 

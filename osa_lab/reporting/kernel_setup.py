@@ -31,7 +31,7 @@ def setup() -> None:
         ip = get_ipython()
         if ip is not None and hasattr(ip, "kernel"):
             ip.run_line_magic("matplotlib", "inline")
-    except ImportError:  # pragma: no cover - IPython ships with the reports extra
+    except ImportError:  # pragma: no cover - IPython ships with the lab extra
         pass
     matplotlib.rcParams["figure.dpi"] = DPI
     try:  # tqdm.auto warns in a kernel without ipywidgets; the reports need no widgets
@@ -63,7 +63,7 @@ def show(obj: Any, *, dpi: int = DPI) -> None:
             label = getattr(obj, "label", "") or type(obj).__name__
             bundle = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"<figure: {label}>"}
             display(bundle, raw=True)
-    except ImportError:  # pragma: no cover - IPython ships with the reports extra
+    except ImportError:  # pragma: no cover - IPython ships with the lab extra
         pass
 
 

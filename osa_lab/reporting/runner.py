@@ -335,9 +335,9 @@ def ensure_kernel(name: str = KERNEL_NAME) -> Iterator[str]:
 
     try:
         import ipykernel  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - part of the reports extra
+    except ImportError as exc:  # pragma: no cover - part of the lab extra
         raise ReportError(
-            f"ipykernel is not installed in {sys.executable}; install osa_lab[reports]"
+            f"ipykernel is not installed in {sys.executable}; install it with pip install \"osa_lab[lab]\""
         ) from exc
     old = os.environ.get("JUPYTER_PATH")
     with tempfile.TemporaryDirectory(prefix="osa-lab-kernel-") as tmp:

@@ -13,3 +13,8 @@
 
 This wing imports the wings below it (ops, nn, plots, benchmarking, errors), never above.
 """
+
+from osa_lab.extras import require_lab
+
+require_lab("osa_lab.studies")
+

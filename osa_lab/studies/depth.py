@@ -1,8 +1,8 @@
 """Rank collapse and singular-value spectra across depth: depth profiles, sweeps, the ``sweep`` CLI.
 
-Implements the measurements of docs/design.md §4 on the models of :mod:`osa_lab.models`: the tokens
+Implements the measurements of docs/design.md §4 on the models of :mod:`osa_lab.nn.models`: the tokens
 after every block (and every attention sub-layer) are scored by the metrics of
-:mod:`osa_lab.metrics` and their full singular-value spectra are recorded.
+:mod:`osa_lab.studies.metrics` and their full singular-value spectra are recorded.
 
 Tidy schema
 -----------
@@ -22,7 +22,7 @@ Every table is long format, one row per observation, keyed by all its parameters
 * ``seed``: seeds both the weights (:attr:`ModelConfig.seed`) and the Gaussian input tokens.
 * ``layer``: 0 = the input, l = after block l (``site="block"``) or after block l's attention
   sub-layer (``site="attention"``, layers 1..depth only).
-* ``metric``: a key of :data:`osa_lab.metrics.METRICS`; ``value``: float64, averaged over the
+* ``metric``: a key of :data:`osa_lab.studies.metrics.METRICS`; ``value``: float64, averaged over the
   input batch when ``batch > 1``.
 * ``index``: 0 = largest singular value; ``sigma_normalized = σ_i / σ_1``.
 
@@ -57,7 +57,6 @@ import torch
 from torch import nn
 
 from osa_lab.arguments import finite_float, positive_int
-from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     ConfigurationError,
     GridTaskFailedWarning,
@@ -117,9 +116,9 @@ class SweepResult:
     metrics: pd.DataFrame
     spectra: pd.DataFrame
     parameters: dict = field(default_factory=dict)
-    #: Jacobian κ across depth (``osa_lab.jacobian.KAPPA_COLUMNS``) when ``sweep(jacobian=…)``; else None
+    #: Jacobian κ across depth (``osa_lab.studies.jacobian.KAPPA_COLUMNS``) when ``sweep(jacobian=…)``; else None
     jacobian: pd.DataFrame | None = None
-    #: one row per grid task (its settings, ``kind``, status, error …; see :mod:`osa_lab.grid`)
+    #: one row per grid task (its settings, ``kind``, status, error …; see :mod:`osa_lab.studies.grid`)
     tasks: pd.DataFrame | None = None
 
     @property
@@ -287,7 +286,7 @@ def depth_profile(
         inputs: tokens ``(B, N, dim)`` (images ``(B, C, H, W)`` for a classifier); default
             ``batch`` samples of i.i.d. N(0, 1) tokens drawn from ``seed``.
         site: ``"block"``, ``"attention"`` or ``"both"``.
-        metrics: metric names (default: all of :data:`osa_lab.metrics.METRICS`).
+        metrics: metric names (default: all of :data:`osa_lab.studies.metrics.METRICS`).
         spectra: also build the spectra table.
         dtype: dtype the model is built in (float64 by default; ignored for a built model).
         label: the ``preset`` column for a model or config (default ``"custom"``).
@@ -505,7 +504,7 @@ def sweep(
     """Depth profiles over presets × depths × tokens × dims × heads × α × seeds, as tidy tables.
 
     Args:
-        presets: preset names (:func:`osa_lab.presets.preset_names`).
+        presets: preset names (:func:`osa_lab.nn.presets.preset_names`).
         depths: model depths; each model is run once at the largest depth and sliced (see module
             docstring), so ``depth`` in the tables is the depth of the model the row belongs to.
         tokens, dims: N and d values.
@@ -522,8 +521,8 @@ def sweep(
             the current setting.
         allow_large: run sweeps beyond the bounds of :func:`check_sweep_size` (depth > 1024, …).
         jacobian: also compute Jacobian κ across depth per model (``"auto"``, ``"exact"``,
-            ``"matrix-free"``; :func:`osa_lab.jacobian.jacobian_depth_profile`) into ``.jacobian``.
-        grid: where the model runs go (:class:`osa_lab.grid.GridOptions`: in-process, a local
+            ``"matrix-free"``; :func:`osa_lab.studies.jacobian.jacobian_depth_profile`) into ``.jacobian``.
+        grid: where the model runs go (:class:`osa_lab.studies.grid.GridOptions`: in-process, a local
             Dask cluster, or an existing one); default in-process with ``threads`` torch threads
             and ``progress``. Each model run (and each Jacobian profile) is one task; with
             ``cache_dir`` finished tasks are stored there and skipped on a rerun. A task that
@@ -906,7 +905,3 @@ def _run_locked(args: argparse.Namespace, out: Path, outputs: dict[str, Path], s
             print(f"  {settings}: {row['error_type']}: {one_line(row['error'])}", file=sys.stderr)
         return 1
     return 0
-
-
-#: renamed public names, kept for one release (osa_lab.deprecation)
-__getattr__ = renamed(__name__, {"summarize": "summarize_over_seeds"})

@@ -34,7 +34,7 @@ Long calls take ``progress`` (a callback receiving :class:`JacobianProgress`) an
 :class:`~osa_lab.errors.ComputationCancelledError`). Inputs above ``max_input_dim`` entries are
 refused with :class:`JacobianTooLargeError` naming the override.
 
-Models run under :func:`osa_lab.models.functional_mode` (OSA by the ``"qr"`` method, SSA by an
+Models run under :func:`osa_lab.nn.models.functional_mode` (OSA by the ``"qr"`` method, SSA by an
 explicit softmax) because the fast OSA engine and SDPA do not support ``torch.func`` transforms;
 the function computed is the same.
 """
@@ -54,7 +54,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from osa_lab.deprecation import renamed
 from osa_lab.errors import (
     ComputationCancelledError,
     ConfigurationError,
@@ -613,7 +612,7 @@ def jacobian_spectrum(
     Args:
         fn_or_model: a function of one tensor, or an ``nn.Module`` taking ``(1, N, d)`` (then
             ``x`` is one sample ``(N, d)`` or ``(1, N, d)`` and the module runs in
-            :func:`~osa_lab.models.functional_mode`).
+            :func:`~osa_lab.nn.models.functional_mode`).
         x: the point at which the Jacobian is taken.
         method: ``"auto"``, ``"exact"`` or ``"matrix-free"``; the result's ``method`` says which ran.
         max_exact_dim: largest input size that ``"auto"`` computes exactly.
@@ -958,7 +957,7 @@ def jacobian_depth_profile(
 ) -> pd.DataFrame:
     """κ across depth: of ``∂X_l/∂X_0`` (``scope="end_to_end"``) and of block l alone (``"layer"``).
 
-    The preset is built as in :func:`osa_lab.analysis.depth_profile` (weights and Gaussian input
+    The preset is built as in :func:`osa_lab.studies.depth.depth_profile` (weights and Gaussian input
     tokens from ``seed``). Exact: the per-block Jacobians ``J_l`` at the block inputs and their
     running product ``J_l ⋯ J_1`` (chain rule, no extra network passes). Matrix-free: one
     Lanczos (or ARPACK/lobpcg) solve per layer and scope (``layers`` selects which, default all).
@@ -1050,10 +1049,10 @@ def osa_layer_conditioning(
 ) -> pd.DataFrame:
     """κ of one OSA layer's Jacobian against α, N and d, at X ~ N(0, 1) tokens.
 
-    The layer is :class:`~osa_lab.layers.OrthogonalSelfAttention` with its default init
+    The layer is :class:`~osa_lab.nn.attention.OrthogonalSelfAttention` with its default init
     (Gaussian W_Q, W_K of variance 1/d, orthogonal W_V, W_O) and ``tokens=N``; ``alphas``
     entries are floats or ``"derived"`` / ``None`` for the core's
-    :func:`~osa_lab.layers.derived_alpha_init` at that N, d. Seeds draw the weights and the input.
+    :func:`~osa_lab.nn.attention.derived_alpha_init` at that N, d. Seeds draw the weights and the input.
 
     Returns columns ``alpha, alpha_source ("given"|"derived"), alpha_over_derived, tokens, dim,
     heads, seed, method, sigma_max, sigma_min, kappa, converged``. ``progress`` and
@@ -1097,7 +1096,3 @@ def osa_layer_conditioning(
                             }
                         )
     return pd.DataFrame(rows)
-
-
-#: renamed public names, kept for one release (osa_lab.deprecation)
-__getattr__ = renamed(__name__, {"METHODS": "JACOBIAN_METHODS"})

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from osa_lab.errors import OSAInputError, unknown_name
+from osa_lab.errors import NonFiniteError, OSAInputError, unknown_name
 
 
 def _as64(x: torch.Tensor, name: str = "x") -> torch.Tensor:
@@ -43,7 +43,7 @@ def _as64(x: torch.Tensor, name: str = "x") -> torch.Tensor:
     if not x.is_floating_point():
         x = x.to(torch.float64)
     if not bool(torch.isfinite(x).all()):
-        raise OSAInputError(
+        raise NonFiniteError(
             f"`{name}` (shape {tuple(x.shape)}) contains {int(torch.isnan(x).sum())} NaN and "
             f"{int(torch.isinf(x).sum())} Inf entries; metrics need finite hidden states "
             "(the model's NonFiniteHiddenStateError names the layer where they first appear)"

@@ -92,7 +92,7 @@ def osa_check(
     Args:
         tokens, dim, heads: N, d and the number of heads (``dim % heads == 0``; r = d / heads).
         alpha: OSA α; ``None`` uses the derived initialisation
-            :func:`osa_lab.layers.derived_alpha_init` (as the presets do).
+            :func:`osa_lab.nn.attention.derived_alpha_init` (as the presets do).
         seed: seed of the random tokens and weights.
         dtype: working dtype, float32 or float64.
         method: the low-rank method checked against the dense reference (``"auto"`` resolves

@@ -3,7 +3,7 @@
 docs/analysis.md lists facts the analysis must reproduce: a pure softmax-attention stack loses rank
 doubly exponentially with depth (Dong et al. 2021) while skip connections prevent it, and a
 pure OSA stack keeps every singular value of its input. These helpers reduce the tidy tables
-of :mod:`osa_lab.analysis` and :mod:`osa_lab.jacobian` to the few numbers a reader checks.
+of :mod:`osa_lab.studies.depth` and :mod:`osa_lab.studies.jacobian` to the few numbers a reader checks.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from osa_lab.errors import OSAInputError
+
 
 def _require(df: pd.DataFrame, columns: list[str], what: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{what} lacks columns {missing}; it has {list(df.columns)}")
+        raise OSAInputError(f"{what} lacks columns {missing}; it has {list(df.columns)}")
 
 
 def _block_site(df: pd.DataFrame) -> pd.DataFrame:
@@ -35,7 +37,7 @@ def collapse_table(metrics: pd.DataFrame, metric: str = "relative_residual") -> 
     _require(metrics, ["preset", "depth", "seed", "layer", "metric", "value"], "metrics table")
     df = _block_site(metrics[metrics["metric"] == metric])
     if df.empty:
-        raise ValueError(f"no rows for metric {metric!r}; metrics present: {sorted(metrics['metric'].unique())}")
+        raise OSAInputError(f"no rows for metric {metric!r}; metrics present: {sorted(metrics['metric'].unique())}")
     df = df[df["depth"] == df["depth"].max()]
     rows = []
     for preset, g in df.groupby("preset", sort=False):
@@ -89,11 +91,11 @@ def jacobian_sweep(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """κ across depth for several presets and seeds, and the last layer's Jacobian singular values.
 
-    Thin loop over :func:`osa_lab.jacobian.jacobian_depth_profile` (both scopes: end-to-end
-    ``∂X_l/∂X_0`` and each block alone) and :func:`osa_lab.jacobian.jacobian_singular_values`
+    Thin loop over :func:`osa_lab.studies.jacobian.jacobian_depth_profile` (both scopes: end-to-end
+    ``∂X_l/∂X_0`` and each block alone) and :func:`osa_lab.studies.jacobian.jacobian_singular_values`
     (end-to-end Jacobian of the whole network, seed ``histogram_seed``). Returns
     ``(kappa_table, singular_values)`` in that module's schemas. ``progress`` (True for tqdm
-    bars, or a callback receiving :class:`osa_lab.jacobian.JacobianProgress` for each call),
+    bars, or a callback receiving :class:`osa_lab.studies.jacobian.JacobianProgress` for each call),
     ``should_stop`` (cancel hook) and ``max_input_dim`` are passed to every call.
     """
     from osa_lab.studies import jacobian

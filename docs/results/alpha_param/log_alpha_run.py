@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn as nn
 
-from osa_lab import train as T
-from osa_lab.layers import OrthogonalSelfAttention
+from osa_lab.nn.attention import OrthogonalSelfAttention
+from osa_lab.studies import training as T
 
 
 class LogAlphaOSA(OrthogonalSelfAttention):

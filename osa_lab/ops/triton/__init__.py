@@ -14,12 +14,3 @@ def triton_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def __getattr__(name: str):
-    """``from osa_lab.kernels import triton_osa`` (the module's name before the regrouping)."""
-    if name == "triton_osa":
-        import importlib
-
-        return importlib.import_module("osa_lab.ops.triton.kernels")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

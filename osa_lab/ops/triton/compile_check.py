@@ -5,7 +5,7 @@
 compiles every kernel variant that ``benchmarks/gpu_check.py`` launches (the shapes, dtypes and
 configurations are defined here, :data:`GPU_CHECK`, and the GPU script reads them from here)
 through Triton's own JIT with a *stand-in driver* that reports an sm_90 device: the host code
-of each pass (:func:`osa_lab.kernels.triton_osa.reduce_pass`, ``forward_apply``, ``backward_apply``) runs
+of each pass (:func:`osa_lab.ops.triton.kernels.reduce_pass`, ``forward_apply``, ``backward_apply``) runs
 on ``meta`` tensors of the real shapes, and every launch becomes ``kernel.warmup(...)``. The
 JIT therefore specialises the arguments exactly as the GPU run will (integer divisibility,
 strides equal to 1, constexprs), and the cache entries it writes carry the keys the GPU run
@@ -29,6 +29,8 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+
+from osa_lab.errors import OSALabError
 
 #: Streaming multiprocessors of an H200 (the plan's split count depends on it; since splits
 #: are a runtime argument it changes no compiled kernel).
@@ -206,7 +208,7 @@ def compile_cases(
     results: dict[int, Compiled] = {}
     current = {"case": ""}
 
-    class _StopError(Exception):
+    class _StopError(OSALabError):
         pass
 
     def hook(kernel, grid, args, kwargs):

@@ -2,7 +2,7 @@
 
 Zhang & Martens, "Orthogonal Self-Attention" (arXiv 2602.05996): ``S = U J Uᵀ`` with
 ``U = [q k]`` (N × 2r) and ``J = s [[0, I], [−I, 0]]``, ``s = α/√r``. The Gram form of
-:mod:`osa_lab.expm` gives ``exp(S) V = V + U F (Uᵀ V)`` with ``F = F(G, J)``, ``G = UᵀU``
+:mod:`osa_lab.ops.expm` gives ``exp(S) V = V + U F (Uᵀ V)`` with ``F = F(G, J)``, ``G = UᵀU``
 (2r × 2r). This module computes it in three steps per (batch·head) ``b``:
 
 Forward
@@ -382,7 +382,7 @@ if HAVE_TRITON:
 
 #: When set, ``_launch`` hands every kernel launch to this callable
 #: ``hook(kernel, grid, args, kwargs)`` instead of launching it: the compile-only check
-#: (:mod:`osa_lab.kernels.compile_check`) compiles through it, the sync counter counts launches.
+#: (:mod:`osa_lab.ops.triton.compile_check`) compiles through it, the sync counter counts launches.
 LAUNCH_HOOK = None
 
 
@@ -737,11 +737,11 @@ def fixed_gram_core(
     Returns ``(F, ok, (s_norm, cond, s_two))`` like ``expm.gram_core_with_norm``; ``s_two`` is
     ``‖M‖_F``, and where that is above ``norm_above`` (None: nowhere)
     ``expm.spectral_norm_bound`` by its all-squarings device path (``sync=False``). ``J`` must be
-    :func:`osa_lab.expm.osa_skew_core`'s ``s·[[0, I], [−I, 0]]``. The exponential of the skew
+    :func:`osa_lab.ops.expm.osa_skew_core`'s ``s·[[0, I], [−I, 0]]``. The exponential of the skew
     ``M = Lᵀ J L`` is the degree-16 Taylor polynomial (Paterson–Stockmeyer, block 4) of
     ``M / 2^{s_b}`` squared ``s_b`` times, where each matrix's ``s_b`` comes from the
     spectral-radius bound ``ρ ≤ min(‖M‖₁, ‖M²‖₁^½, ‖M⁴‖₁^¼)`` on the device (as
-    :func:`osa_lab.expm.core_skew_exp` does on the host); all ``max_squarings`` squarings run,
+    :func:`osa_lab.ops.expm.core_skew_exp` does on the host); all ``max_squarings`` squarings run,
     masked per matrix. ``ok`` is False where the Cholesky factorisation failed or
     ``ρ > 2^max_squarings·θ₁₆`` (the plan cannot reach the float64 truncation tolerance).
     """
@@ -905,7 +905,7 @@ def osa_triton(
 
     Returns ``(b, N, d_v)`` in the dtype of ``v``; differentiable w.r.t. q, k, v and scale.
     Batch elements the Gram engine cannot compute accurately (see :func:`_untrusted`) are
-    recomputed by :func:`osa_lab.expm.qr_action` in float32, or in float64 where ``‖S‖₂`` is
+    recomputed by :func:`osa_lab.ops.expm.qr_action` in float32, or in float64 where ``‖S‖₂`` is
     above ``expm.FLOAT64_NORM`` (differentiable by autograd);
     with ``config.core == "fixed"`` they are NaN instead and the call makes no host
     synchronisation (docs/triton.md, "Host synchronisations").

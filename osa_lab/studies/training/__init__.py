@@ -45,7 +45,7 @@ and ``step`` the number of optimiser steps taken.
 from osa_lab.errors import TrainingDivergedError
 from osa_lab.studies.training.checkpoints import CHECKPOINT_NAME, read_checkpoint
 from osa_lab.studies.training.cli import add_arguments, config_from_args, run
-from osa_lab.studies.training.compare import USER_ERRORS, compare, format_summary, summarize_runs
+from osa_lab.studies.training.compare import compare, format_summary, summarize_runs
 from osa_lab.studies.training.config import (
     CONTROLS,
     DEFAULT_COMPARISON,
@@ -77,7 +77,7 @@ from osa_lab.studies.training.verdict import MNIST1D_PUBLISHED, PAPER_MNIST, ver
 
 __all__ = [
     "CHECKPOINT_NAME", "COLUMNS", "CONTROLS", "DEFAULT_COMPARISON", "DEFAULT_PATCH", "DEFAULT_SEQUENCE_PATCH",
-    "LOCK_NAME", "MNIST1D_PUBLISHED", "PAPER_MNIST", "REFERENCE_PRESET", "USER_ERRORS", "RunLock", "TrainConfig",
+    "LOCK_NAME", "MNIST1D_PUBLISHED", "PAPER_MNIST", "REFERENCE_PRESET", "RunLock", "TrainConfig",
     "TrainResult", "TrainingDivergedError", "TuneGrid", "TuneResult", "add_arguments", "alpha_values",
     "build_training_model", "check_dataset", "check_names", "check_output_dir", "comparison_presets", "compare",
     "config_from_args", "config_tag", "evaluate", "final_value", "format_summary", "hidden_diagnostics",

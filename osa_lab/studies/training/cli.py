@@ -14,6 +14,7 @@ import torch
 from osa_lab.errors import (
     ConfigurationError,
     RunLockedError,
+    UserError,
     unknown_name,
 )
 from osa_lab.studies.data import (
@@ -26,7 +27,7 @@ from osa_lab.studies.grid import (
     shared_cluster,
 )
 from osa_lab.studies.training.checkpoints import CHECKPOINT_NAME
-from osa_lab.studies.training.compare import USER_ERRORS, compare, format_summary
+from osa_lab.studies.training.compare import compare, format_summary
 from osa_lab.studies.training.config import (
     CONTROLS,
     DEFAULT_COMPARISON,
@@ -71,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="choose each preset's lr (and OSA's α-lr multiplier) on validation accuracy from the grids "
         "below, then train --seeds with the chosen setting and report test accuracy, paired differences "
-        "against skipless-osa and a verdict (osa_lab.train.tune)",
+        "against skipless-osa and a verdict (osa_lab.studies.training.tune)",
     )
     g = TuneGrid()
     parser.add_argument("--lr-grid", type=float, nargs="+", default=list(g.lrs), metavar="LR",
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             grid_options=grid_options,
         )
-    except USER_ERRORS as err:
+    except UserError as err:
         if not existed and out.is_dir() and not isinstance(err, RunLockedError) and not _holds_results(out):
             shutil.rmtree(out, ignore_errors=True)
         print(f"osa-lab train: error: {_one_line(err)}", file=sys.stderr)
@@ -269,7 +270,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             options = options_from_args(args, progress=not args.quiet)
             with RunLock(results):
                 out = run_study(spec, results, options=options)
-    except USER_ERRORS as err:
+    except UserError as err:
         print(f"osa-lab train: error: {_one_line(err)}", file=sys.stderr)
         return 2
     print(out["verdict"])

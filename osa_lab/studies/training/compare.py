@@ -14,18 +14,12 @@ import pandas as pd
 import torch
 
 from osa_lab.errors import (
-    CausalMaskError,
     ConfigurationError,
-    MethodUnavailableError,
-    OSADtypeError,
-    OSAInputError,
-    OutputWriteError,
     TrainingDivergedError,
-    UnknownNameError,
+    UserError,
 )
 from osa_lab.studies.data import (
     ImageDataset,
-    MissingDataError,
     check_val_fraction,
     load_data,
 )
@@ -46,26 +40,18 @@ from osa_lab.studies.training.lock import RunLock, check_output_dir
 from osa_lab.studies.training.loop import check_dataset, train
 from osa_lab.studies.training.tables import final_value, load_metrics, metrics_frame
 
-#: errors that mean "bad input or environment": one line on stderr and exit 2, never a traceback
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    OutputWriteError,
-    UnknownNameError,
-    MissingDataError,
-    ConfigurationError,
-    OSAInputError,
-    OSADtypeError,
-    MethodUnavailableError,
-    CausalMaskError,
-)
 
-
-def user_error_from_name(name: str, message: str) -> Exception:
-    """The typed osa_lab error called ``name`` with ``message`` (a grid task returns names, not objects)."""
+def user_error_from_name(name: str, message: str) -> UserError:
+    """The user error called ``name`` with ``message`` (a grid task returns names, not objects);
+    a :class:`~osa_lab.errors.ConfigurationError` when that type cannot be rebuilt from a message."""
     import osa_lab.errors as errors_module
 
-    cls = getattr(errors_module, name, None) or {"MissingDataError": MissingDataError}.get(name)
-    if isinstance(cls, type) and issubclass(cls, USER_ERRORS):
-        return cls(message)
+    cls = getattr(errors_module, name, None)
+    if isinstance(cls, type) and issubclass(cls, UserError):
+        try:
+            return cls(message)
+        except TypeError:  # a type with more constructor arguments than a message
+            pass
     return ConfigurationError(message)
 
 
@@ -102,7 +88,7 @@ def _compare_task(
         partial = Path(run_dir) / "metrics.csv" if run_dir else None
         frame = load_metrics(partial) if partial is not None and partial.exists() else None
         return {"status": "diverged", "metrics": frame, "params": None, "error": str(err)}
-    except USER_ERRORS as err:
+    except UserError as err:
         # bad input or environment (a refused method, a busy folder, a damaged checkpoint …): not a
         # result of the comparison; compare() raises it again as the same typed error
         return {"status": "user_error", "metrics": None, "params": None, "error": str(err),
@@ -132,7 +118,7 @@ def compare(
     worker) is recorded the same way with status ``failed`` (``failed`` column). Returns
     ``(metrics, summary)``.
 
-    Every run is one task of an :mod:`osa_lab.grid` grid: ``grid_options`` runs them on a
+    Every run is one task of an :mod:`osa_lab.studies.grid` grid: ``grid_options`` runs them on a
     local Dask cluster or an existing one (default: in-process, one after the other, with the
     current torch thread count). Each run resumes from its own checkpoint, so a rerun skips
     finished runs and an interrupted comparison resumes; the tables do not depend on where

@@ -59,8 +59,8 @@ class TrainConfig:
     """Everything that determines a training run (and nothing that does not, such as the device).
 
     Attributes:
-        preset: model preset name (``osa_lab.presets.preset_names()``).
-        data: data-set name (:data:`osa_lab.data.DATASETS`).
+        preset: model preset name (``osa_lab.nn.presets.preset_names()``).
+        data: data-set name (:data:`osa_lab.studies.data.DATASETS`).
         epochs: number of passes over the training set.
         batch_size: images per step.
         lr: peak learning rate of AdamW.
@@ -197,7 +197,7 @@ def model_config_for(config: TrainConfig, data: ImageDataset):
 
 
 def build_training_model(model_config) -> nn.Module:
-    """``osa_lab.models.build_classifier`` (indirected so tests can substitute a model)."""
+    """``osa_lab.nn.models.build_classifier`` (indirected so tests can substitute a model)."""
     from osa_lab.nn.models import build_classifier
 
     return build_classifier(model_config)

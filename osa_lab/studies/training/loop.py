@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import time
 import warnings
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from torch import nn
 
 from osa_lab.errors import (
     ConfigurationError,
+    NonFiniteError,
     OSAInputError,
     TrainingDivergedError,
 )
@@ -122,7 +122,7 @@ def alpha_values(model: nn.Module) -> list[tuple[int, int, float]]:
 def hidden_diagnostics(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str, float]]:
     """``(layer, metric, value)`` for each hidden state of ``model`` on ``x`` and each metric of ``METRICS``.
 
-    The metrics (docs/design.md §4, :mod:`osa_lab.metrics`) are computed per image in float64 and
+    The metrics (docs/design.md §4, :mod:`osa_lab.studies.metrics`) are computed per image in float64 and
     summarised by the **median** over the batch (a single rank-deficient image would make the
     mean condition number infinite). Non-finite hidden states raise the encoder's
     ``NonFiniteHiddenStateError`` naming the first bad layer.
@@ -163,20 +163,6 @@ def _batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The permutation of epoch ``epoch``: a function of (seed, epoch) only, so resuming replays it."""
     g = torch.Generator().manual_seed(1_000_003 * int(seed) + int(epoch))
     return torch.randperm(n, generator=g)
-
-
-_NON_FINITE = re.compile(r"\d+ NaN and \d+ Inf entries|non-finite values|contains NaN or Inf")
-
-
-def _is_non_finite(err: Exception) -> bool:
-    """True for the typed errors osa_lab raises on NaN/Inf activations (not for other bad input).
-
-    The encoder raises ``NonFiniteHiddenStateError`` (a ``FloatingPointError``); the layers
-    raise :class:`OSAInputError` whose message counts the NaN and Inf entries, or says OSA
-    produced non-finite values. Any other ``OSAInputError`` (e.g. a method refusing its input)
-    is a user error and is passed on unchanged.
-    """
-    return isinstance(err, FloatingPointError) or bool(_NON_FINITE.search(str(err)))
 
 
 def check_dataset(data: ImageDataset) -> None:
@@ -226,7 +212,7 @@ def train(
             returned without training). The checkpoint must come from the same config.
         device: torch device for the model and batches.
         progress: show a tqdm bar over steps.
-        data_dir: directory of the MNIST files (see :func:`osa_lab.data.load_mnist`).
+        data_dir: directory of the MNIST files (see :func:`osa_lab.studies.data.load_mnist`).
         on_epoch_end: called as ``on_epoch_end(epoch, metrics_so_far)`` after the epoch's
             checkpoint is written (tests use it to simulate an interruption).
 
@@ -403,9 +389,7 @@ class _TrainingRun:
                 self.add(epoch, "hidden", metric, value, layer=layer)
             for layer, head, metric, value in mixing_table(self.model, self.diag_x):
                 self.add(epoch, "mixing", metric, value, layer=layer, head=head)
-        except (OSAInputError, FloatingPointError) as err:
-            if not _is_non_finite(err):
-                raise
+        except NonFiniteError as err:  # NaN/Inf in the hidden states: a divergence, not bad input
             raise self.diverged(f"non-finite hidden states ({err})", epoch) from err
         return time.perf_counter() - t
 
@@ -424,9 +408,7 @@ class _TrainingRun:
         try:
             logits = self.model(xb)
             loss = F.cross_entropy(logits, yb)
-        except (OSAInputError, FloatingPointError) as err:
-            if not _is_non_finite(err):
-                raise
+        except NonFiniteError as err:  # NaN/Inf activations: a divergence, not bad input
             raise self.diverged(f"non-finite activations ({err})", epoch) from err
         if not torch.isfinite(loss):
             raise self.diverged(f"the loss is {float(loss.detach())}", epoch)

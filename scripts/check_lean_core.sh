@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# CI: the lean core. Builds a fresh venv holding only `pip install osa_lab` (torch and numpy; torch
+# is the CPU build on this machine class's disk, set TORCH_SPEC for another), then imports osa_lab
+# outside the checkout, runs osa() and OrthogonalSelfAttention forward and backward, checks that
+# no laboratory package came along and that a laboratory module names the extra that installs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+start=$(date +%s)
+work=$(mktemp -d "${TMPDIR:-/tmp}/osa-lab-core.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# the working tree's files (tracked and new, not ignored), so no stale build/ of the checkout ships
+mkdir "$work/src"
+git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+  [ -e "$f" ] && printf '%s\0' "$f"
+done | tar --null -T - -cf - | tar -xf - -C "$work/src"
+
+"$PYTHON" -m venv "$work/venv"
+py="$work/venv/bin/python"
+echo "[lean-core] source copied and venv created after $(( $(date +%s) - start )) s"
+# --no-compile: byte-compiling torch's sources would take most of the install's CPU time
+"$py" -m pip install --disable-pip-version-check -q --no-compile "$TORCH_SPEC"
+echo "[lean-core] $TORCH_SPEC installed after $(( $(date +%s) - start )) s"
+"$py" -m pip install --disable-pip-version-check -q --no-compile "$work/src"
+echo "[lean-core] osa_lab installed after $(( $(date +%s) - start )) s: $("$py" -m pip list --format=freeze --disable-pip-version-check | tr '\n' ' ')"
+
+cd "$work"  # import the installed package, not the checkout
+"$py" - <<'PY'
+import importlib.util
+import math
+
+import torch
+
+import osa_lab
+from osa_lab import OrthogonalSelfAttention, osa
+
+assert osa_lab.__file__.find("site-packages") > 0, osa_lab.__file__
+lab = ["matplotlib", "pandas", "dask", "distributed", "scipy", "holoviews", "bokeh", "panel", "sklearn",
+       "mnist1d", "papermill", "tqdm", "yaml"]
+present = [name for name in lab if importlib.util.find_spec(name) is not None]
+assert present == [], f"the core install brought laboratory packages: {present}"
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 3, 16, n, generator=g, dtype=torch.float64, requires_grad=True) for n in (4, 4, 8))
+y = osa(q, k, v, alpha=0.5)
+# exp(S) is orthogonal: each output column keeps the norm of v's column
+with torch.no_grad():
+    drift = float(((y.norm(dim=-2) - v.norm(dim=-2)).abs() / v.norm(dim=-2)).max())
+assert y.shape == v.shape and drift < 1e-10, drift
+y.square().sum().backward()
+for name, t in (("q", q), ("k", k), ("v", v)):
+    assert t.grad is not None and bool(torch.isfinite(t.grad).all()) and float(t.grad.abs().sum()) > 0, name
+
+layer = OrthogonalSelfAttention(32, 4)
+x = torch.randn(2, 10, 32, generator=g, requires_grad=True)
+out = layer(x)
+assert out.shape == x.shape and bool(torch.isfinite(out).all())
+out.pow(2).mean().backward()
+grads = [p.grad for p in layer.parameters()] + [x.grad]
+assert all(gr is not None and bool(torch.isfinite(gr).all()) for gr in grads)
+assert math.isfinite(float(sum(gr.abs().sum() for gr in grads))) and float(x.grad.abs().sum()) > 0
+
+try:
+    import osa_lab.studies  # noqa: F401
+except osa_lab.OptionalDependencyError as exc:
+    assert 'pip install "osa_lab[lab]"' in str(exc), exc
+else:
+    raise AssertionError("osa_lab.studies imported without the lab extra")
+import contextlib
+import io
+
+from osa_lab import cli
+
+stderr = io.StringIO()
+with contextlib.redirect_stderr(stderr):
+    status = cli.main(["sweep", "--depth", "2"])
+lines = stderr.getvalue().strip().splitlines()
+assert status == 2 and len(lines) == 1 and "osa_lab[lab]" in lines[0], (status, lines)
+print(f"[lean-core] osa_lab {osa_lab.__version__}: osa() and OrthogonalSelfAttention forward and backward ok; "
+      "a lab module and a lab command name the extra")
+PY
+
+"$work/venv/bin/osa-lab" --version  # the console script
+echo "[lean-core] passed in $(( $(date +%s) - start )) s"
