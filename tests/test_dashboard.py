@@ -6,8 +6,10 @@ assert on the data behind each plot (the HoloViews objects held by the bound pan
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -291,12 +293,97 @@ def test_bad_url_values_are_named_and_not_used(dash):
     d.apply_url({"presets": "vit,nope", "depth": "99", "heads": "3", "metric": "relative-residual", "dim": "16",
                  "zoom": "2"})
     text = " ".join(d.url_errors)
-    for bit in ("presets=vit,nope", "unknown preset(s) nope", "depth=99", "heads=3", "metric=relative-residual",
-                "unknown URL parameter `zoom`"):
+    for bit in ("presets=“vit,nope”", "unknown preset(s) “nope”", "depth=“99”", "heads=“3”",
+                "metric=“relative-residual”", "unknown URL parameter “zoom”"):
         assert bit in text, text
     assert d.controls.presets == ["pure-ssa", "pure-osa"] and d.controls.depth == 12 and d.controls.dim == 16
     assert "presets=pure-ssa,pure-osa" in "&".join(f"{k}={v}" for k, v in d.controls.to_query().items())
     assert "could not be used" in d._url_message(d.url_errors)
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e400", "0x1p-3", "1_0",
+                                   "٣", "", " ", "0.5.5", "1e", "½"])
+def test_non_finite_or_malformed_numbers_in_a_link_are_named_and_the_rest_applies(dash, value):
+    """A value that Python's float() or int() accepts but the controls cannot hold (NaN, inf, a
+    non-ASCII digit) or that is not a number is refused before anything is set, named in the
+    message; the link's other values are used."""
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": value, "derived_alpha": "false", "depth": value, "seeds": value, "points": value,
+                 "tokens": "16"})
+    text = " ".join(d.url_errors)
+    for name in ("alpha", "depth", "seeds", "points"):
+        assert f"{name}=“{value.strip()}” was ignored" in text, text
+    c = d.controls
+    assert c.tokens == 16 and c.derived_alpha is False
+    assert c.alpha == 0.05 or np.isfinite(c.alpha)
+    assert (c.depth, c.seeds, c.points) == (12, 2, 6)
+    assert "nan" not in str(c.to_query()).lower() and "inf" not in str(c.to_query()).lower()
+
+
+def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(dash, monkeypatch):
+    """Should a parsed value still be refused when set, the page builds and the message names it."""
+    d = dash.Dashboard(compute_now=False)
+    original = d.controls._parse
+
+    def lenient(key, text):
+        return float("nan") if key == "alpha" else original(key, text)
+
+    monkeypatch.setattr(d.controls, "_parse", lenient)
+    d.apply_url({"alpha": "0.3", "depth": "5"})
+    assert d.controls.depth == 5
+    assert any(e.startswith("alpha=“nan” was ignored") for e in d.url_errors), d.url_errors
+    monkeypatch.setattr(d.controls, "apply_query", lambda q: 1 / 0)
+    d.apply_url({"depth": "6"})
+    assert d.url_errors and "could not be applied" in d.url_errors[0]
+    pn.panel(d)  # the page still builds
+
+
+def test_alpha_in_the_url_is_written_without_float_noise(dash):
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": "0.5997"})
+    d.controls.alpha = d.controls.alpha + 0.00001  # the slider's step: 0.5997100000000001
+    assert d.controls.to_query()["alpha"] == "0.59971"
+
+
+#: Links someone else wrote: script in the keys and values (backticks close a code span).
+SCRIPT_PAYLOADS = [
+    "x` <img src=x onerror=\"document.title='XSS'\"> `",
+    "<script>document.title='XSS'</script>",
+    "[click](javascript:document.title='XSS')",
+    "<a href=\"javascript:document.title='XSS'\">click</a>",
+    "``<svg onload=alert(1)>``",
+    "*x* _y_ # z\n\n<iframe src=javascript:alert(1)>",
+    "&lt;img src=x onerror=alert(1)&gt;",
+    "<javascript:alert(1)>",
+    "![x](x\" onerror=\"alert(1))",
+]
+
+
+def _rendered_html(markdown: str) -> str:
+    """The HTML that Panel's Markdown pane (the dashboard's alerts) sends to the browser."""
+    return html.unescape(pn.pane.Alert(markdown)._transform_object(markdown)["object"])
+
+
+@pytest.mark.parametrize("payload", SCRIPT_PAYLOADS)
+def test_link_keys_and_values_reach_the_page_as_text_never_as_markup(dash, payload):
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({payload: "1", "metric": payload, "presets": f"vit,{payload}", "depth": payload})
+    assert len(d.url_errors) == 4
+    page = _rendered_html(d._url_message(d.url_errors))
+    body = page.split("</p>", 1)[1]  # after the message's bold heading
+    assert "<strong>" in page  # the heading is Markdown; what follows carries no tag but the list's
+    assert set(re.findall(r"<\s*/?\s*([a-zA-Z]+)", body)) <= {"ul", "li"}, body  # no <a>, <img>, <script>
+    assert not re.search(r"\son[a-z]+\s*=|href|src\s*=", re.sub(r"&[a-z]+;|“[^”]*”", "", body)), body
+    shown = html.unescape(re.sub(r"<[^>]+>", "", body))
+    first_line = payload.splitlines()[0]
+    assert first_line[:40] in shown, (first_line, shown)  # the text is shown as typed
+
+
+@pytest.mark.parametrize("payload", SCRIPT_PAYLOADS)
+def test_error_messages_reach_the_page_as_text(payload):
+    pane = dash_views.message_pane(pn.widgets.TextInput(value=f"failed for {payload}").param.value)
+    page = _rendered_html(pane.object)
+    assert set(re.findall(r"<\s*/?\s*([a-zA-Z]+)", page)) <= {"p"}, page
 
 
 def test_downloads_return_tidy_csv_and_the_png_on_screen(app):

@@ -44,6 +44,7 @@ from osa_lab.dashboard.state import (
     is_served,
     jacobian_layers,
     label_of,
+    markdown_literal,
 )
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
@@ -56,10 +57,12 @@ def placeholder(text: str) -> hv.Curve:
 
 
 def message_pane(*errors) -> pn.pane.Alert:
-    """One alert showing the distinct non-empty bound messages (each message once)."""
+    """One alert showing the distinct non-empty bound messages (each message once), as literal
+    text (:func:`~osa_lab.dashboard.state.markdown_literal`): error messages quote settings and
+    exception texts, which must never become markup."""
 
     def text(*messages: str) -> str:
-        return "\n\n".join(dict.fromkeys(m for m in messages if m))
+        return "\n\n".join(markdown_literal(m) for m in dict.fromkeys(m for m in messages if m))
 
     bound = pn.bind(text, *errors)
     return pn.pane.Alert(bound, alert_type="warning", visible=pn.bind(bool, bound), sizing_mode="stretch_width")
@@ -69,6 +72,13 @@ def _radio(parameter: param.Parameter, width: int) -> pn.widgets.RadioButtonGrou
     """A radio group whose selected option is filled in the accent colour (others outlined)."""
     return pn.widgets.RadioButtonGroup.from_param(parameter, button_type="primary", button_style="outline",
                                                   width=width, height=34, sizing_mode="fixed")
+
+
+#: Height in pixels of the line figures (rank collapse, κ across depth); they take the page's
+#: width, after data updates too (a fixed width would shrink them on the first slider move).
+FIGURE_HEIGHT = 380
+#: Height in pixels of the Jacobian singular-value histogram.
+HISTOGRAM_HEIGHT = 360
 
 
 def _small_title(obj: hv.core.Dimensioned) -> hv.core.Dimensioned:
@@ -304,7 +314,8 @@ class RankCollapseView(FigureView):
             label = label_of(METRIC_LABELS, metric)
             where = "after each block" if site == "block" else "after attention"
             title = f"{label} {where} · {settings}"
-            return _small_title(plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title)), table
+            return _small_title(plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title,
+                                                      width=None, height=FIGURE_HEIGHT)), table
 
         return {"metric": (("metric", tuple(sorted(cfg.items())), metric, site, scale), build)}
 
@@ -319,7 +330,7 @@ class RankCollapseView(FigureView):
         return io.BytesIO(self.state.spectra.to_csv(index=False).encode())
 
     def _build(self) -> pn.viewable.Viewable:
-        fig = self._pane("metric", min_height=380)
+        fig = self._pane("metric", min_height=FIGURE_HEIGHT)
         options = pn.Row(
             pn.pane.Markdown("hidden state after", margin=(0, 5, 0, 10), width=130, height=34, align="center",
                              sizing_mode="fixed"),
@@ -578,7 +589,8 @@ class JacobianView(FigureView):
 
         def kappa():
             title = f"Jacobian κ across depth ({label_of(SCOPE_LABELS, scope)}) [{method}] · {settings}"
-            fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title))
+            fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title, width=None,
+                                                    height=FIGURE_HEIGHT))
             return fig, plots.kappa_vs_depth_data(profile, scope=scope)
 
         def histogram():
@@ -586,7 +598,8 @@ class JacobianView(FigureView):
                 return placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
                                     f"(choose exact) · {settings}"), None
             title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
-            return _small_title(plots.jacobian_histogram(svals, title=title)), plots.jacobian_histogram_data(svals)
+            return (_small_title(plots.jacobian_histogram(svals, title=title, width=None, height=HISTOGRAM_HEIGHT)),
+                    plots.jacobian_histogram_data(svals))
 
         return {"kappa": (("kappa", key, scope), kappa), "histogram": (("histogram", key), histogram)}
 
@@ -600,8 +613,8 @@ class JacobianView(FigureView):
         return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
 
     def _build(self) -> pn.viewable.Viewable:
-        kappa = self._pane("kappa", min_height=380)
-        hist = self._pane("histogram", min_height=360)
+        kappa = self._pane("kappa", min_height=FIGURE_HEIGHT)
+        hist = self._pane("histogram", min_height=HISTOGRAM_HEIGHT)
         options = pn.Row(_radio(self.controls.param.jacobian, 330), _radio(self.controls.param.scope, 300))
         sizes = pn.Row(
             throttled(self.controls, "points", pn.widgets.IntSlider, name="layers evaluated", width=220),

@@ -40,6 +40,7 @@ from osa_lab.plots.style import (
     PALETTE,
     PRESET_COLOURS,
     band_over_seeds,
+    bokeh_size,
     colour_map,
     curves_with_bands,
     dual_options,
@@ -144,6 +145,8 @@ def metric_vs_depth(
     depth: int | None = None,
     logy: bool | None = None,
     title: str | None = None,
+    width: int | None = 520,
+    height: int = 340,
 ) -> hv.Overlay:
     """A depth-wise metric (docs/design.md §4) against layer: one curve per preset, min–max band over seeds.
 
@@ -153,12 +156,13 @@ def metric_vs_depth(
         site: which hidden state per layer (see :func:`select_site`).
         depth: network depth to show when the table holds several (default: the largest).
         logy: log y axis; ``None`` chooses log when the values span more than two decades.
+        width, height: bokeh size in pixels; ``width=None`` stretches to the container's width.
     """
     data = metric_vs_depth_data(metrics, metric, site=site, depth=depth)
     if logy is None:
         logy = spans_decades(data[["mean", "lo", "hi"]].to_numpy().ravel())
     label = metric.replace("_", " ")
-    return curves_with_bands(data, "layer", label, title or f"{label} across depth", logy)
+    return curves_with_bands(data, "layer", label, title or f"{label} across depth", logy, width=width, height=height)
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,6 +387,8 @@ def kappa_vs_depth(
     depth: int | None = None,
     logy: bool | None = None,
     title: str | None = None,
+    width: int | None = 520,
+    height: int = 340,
 ) -> hv.Overlay:
     """Condition number κ of the Jacobian against layer, one curve per preset, min–max band over seeds.
 
@@ -411,7 +417,7 @@ def kappa_vs_depth(
             # edgecolors=None: HoloViews' default 'none' makes matplotlib warn for the unfilled 'x'
             dict(color="black", marker="x", s=80, linewidth=2, edgecolors=None),
         ))
-    return curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks)
+    return curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks, width=width, height=height)
 
 
 def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> pd.DataFrame:
@@ -431,9 +437,11 @@ def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str =
 
 
 def jacobian_histogram(
-    svals: pd.DataFrame, *, bins: int = 30, group: str = "preset", title: str | None = None
+    svals: pd.DataFrame, *, bins: int = 30, group: str = "preset", title: str | None = None,
+    width: int | None = 520, height: int = 340,
 ) -> hv.Overlay:
-    """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset."""
+    """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset
+    (bokeh size ``width`` × ``height``; ``width=None`` stretches to the container's width)."""
     data = jacobian_histogram_data(svals, bins=bins, group=group)
     groups = list(dict.fromkeys(data[group].tolist()))
     colours = colour_map(groups)
@@ -459,7 +467,7 @@ def jacobian_histogram(
     # whole decades on the log10 σ axis: fractional ticks (−12.5, −10.0, −7.5) ran into each other
     return integer_xticks(dual_options(
         hv.Overlay(hists),
-        dict(title=title, width=520, height=340, legend_position="right"),
+        dict(title=title, **bokeh_size(width, height), legend_position="right"),
         dict(title=title, fig_inches=(6, 3.6), legend_position="right"),
     ))
 
