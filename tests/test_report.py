@@ -271,6 +271,39 @@ def test_index_keeps_notebooks_of_earlier_runs(tmp_path):
     assert "01_a" not in (out / "index.html").read_text()
 
 
+MALFORMED_SUMMARIES = [
+    [],
+    "text",
+    {"notebooks": "01_a"},
+    {"notebooks": [{"name": "01_a", "html": 5, "seconds": "1.0"}]},
+    {"notebooks": [{"name": "01_a", "html": "01_a.html", "seconds": "slow", "params": [1, 2], "warnings": 3,
+                    "ok": "yes", "failed_cell": "x", "error": {"a": 1}}]},
+    {"notebooks": [{"name": "01_a", "html": "01_a.html", "seconds": True, "failed_cell": 1.5}]},
+    {"notebooks": [{"name": "01_a", "html": "01_a.html", "seconds": 1e999}]},
+    {"provenance": [1], "notebooks": [{"name": 3, "html": "01_a.html"}], "earlier": [{"result": {"name": None}}]},
+    {"provenance": {"git": "abc"}, "earlier": [{"result": {"name": "01_a", "html": ["01_a.html"]}}, 7]},
+    {"notebooks": [{"name": "01_a", "html": "../../etc/passwd"}, {"name": "01_a", "html": "01_a.html",
+                                                                   "params": {"x": float("nan")}}]},
+]
+
+
+@pytest.mark.parametrize("stored", MALFORMED_SUMMARIES, ids=range(len(MALFORMED_SUMMARIES)))
+def test_index_is_written_over_a_malformed_earlier_summary(tmp_path, stored):
+    """A damaged or hand-edited summary.json of an earlier run never stops the index (it is written
+    after every notebook has run): values of the wrong type are left out or take their defaults."""
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "01_a.html").write_text("<html></html>")
+    (out / "summary.json").write_text(json.dumps(stored), encoding="utf-8")
+    report.write_index([report.NotebookResult("02_b", "02_b.py", {}, ok=True, seconds=3.0, html="02_b.html")], out)
+    index = (out / "index.html").read_text()
+    assert 'href="02_b.html"' in index and "passwd" not in index
+    summary = json.loads((out / "summary.json").read_text())
+    for entry in summary["earlier"]:
+        assert entry["result"]["name"] == "01_a" and entry["result"]["html"] == "01_a.html"
+        assert isinstance(entry["result"].get("seconds", 0.0), float | int)
+
+
 # ---------------------------------------------------------------------------------------------
 # issue 11: typed parameters, unwritable outputs, --params folder, --cell-timeout
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import contextlib
 import datetime as _dt
 import html
 import json
+import math
 import os
 import re
 import sys
@@ -649,23 +650,60 @@ def _earlier_notebooks(output: Path, current: set[str]) -> list[dict[str, Any]]:
         return []
     if not isinstance(previous, dict):
         return []
-    commit = (previous.get("provenance") or {}).get("git", {}).get("commit")
+    provenance = previous.get("provenance")
+    git = provenance.get("git") if isinstance(provenance, dict) else None
+    commit = git.get("commit") if isinstance(git, dict) else None
+    notebooks, earlier = previous.get("notebooks"), previous.get("earlier")
     candidates = [
         {"result": nb, "started_utc": previous.get("started_utc"), "commit": commit}
-        for nb in previous.get("notebooks", [])
+        for nb in (notebooks if isinstance(notebooks, list) else [])
         if isinstance(nb, dict)
-    ] + [e for e in previous.get("earlier", []) if isinstance(e, dict) and isinstance(e.get("result"), dict)]
-    known = {f.name for f in fields(NotebookResult)}
+    ] + [e for e in (earlier if isinstance(earlier, list) else [])
+         if isinstance(e, dict) and isinstance(e.get("result"), dict)]
     kept: list[dict[str, Any]] = []
     for entry in candidates:
-        nb = {k: v for k, v in entry["result"].items() if k in known}
-        name = nb.get("name")
-        if not name or name in current or any(e["result"]["name"] == name for e in kept):
+        nb = _stored_result(entry["result"])
+        if nb is None:
             continue
-        if not any(nb.get(key) and (output / nb[key]).is_file() for key in ("html", "ipynb")):
+        name = nb["name"]
+        if name in current or any(e["result"]["name"] == name for e in kept):
             continue
-        kept.append({**entry, "result": nb})
+        if not any(nb.get(key) and _inside(output, nb[key]) for key in ("html", "ipynb")):
+            continue
+        kept.append({"result": nb, "started_utc": str(entry.get("started_utc")), "commit": str(entry.get("commit"))})
     return kept
+
+
+def _stored_result(stored: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fields of a stored :class:`NotebookResult` that have the declared types, or ``None``
+    when its name is missing or not text. A hand-edited or damaged ``summary.json`` (a number
+    where a file name belongs, a list of warnings that is not a list) never stops the index
+    from being written: a field of the wrong type takes its default."""
+    name = stored.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    kinds: dict[str, tuple[type, ...]] = {
+        "source": (str,), "params": (dict,), "ok": (bool,), "seconds": (int, float), "ipynb": (str,), "html": (str,),
+        "failed_cell": (int,), "failed_exec_count": (int,), "failed_source": (str,), "error": (str,),
+        "warnings": (list,),
+    }
+    out: dict[str, Any] = {"name": name, "source": "", "params": {}}
+    for f in fields(NotebookResult):
+        value = stored.get(f.name)
+        if f.name not in kinds or not isinstance(value, kinds[f.name]):
+            continue
+        if isinstance(value, bool) and f.name != "ok":
+            continue  # JSON true/false where a number belongs
+        if f.name == "seconds" and not math.isfinite(value):
+            continue
+        out[f.name] = value
+    out["warnings"] = [str(w) for w in out.get("warnings", [])]
+    return out
+
+
+def _inside(output: Path, name: str) -> bool:
+    """``name`` is a file directly in ``output`` (not a path leading elsewhere)."""
+    return Path(name).name == name and name not in (".", "..") and (output / name).is_file()
 
 
 # --------------------------------------------------------------------------------------------
