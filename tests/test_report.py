@@ -46,6 +46,10 @@ import holoviews as hv
 nb.show(hv.Curve([(1, 1.0), (2, 4.0), (3, 9.0)]).opts(backend="matplotlib", logy=True))
 
 # %%
+nb.say(f"SAID {len(sizes)} sizes")
+nb.finding(f"the largest size is {max(sizes)} <b>")
+
+# %%
 nb.closing()
 '''
 
@@ -167,6 +171,47 @@ def test_html_renders_offline(three_result):
     figure = page.rfind("data:image/png;base64,")  # the plot (earlier ones belong to the page's theme)
     assert 0 <= summary < figure < table, (summary, figure, table)
     assert "git.commit" in page[table:]
+
+
+def test_index_gives_each_report_its_finding_beside_its_run_time(three_result):
+    out = three_result[0]
+    index = (out / "index.html").read_text()
+    row = next(r for r in index.split("<tr>") if 'href="01_ok.html"' in r)
+    assert "the largest size is 6 &lt;b&gt;" in row  # from the run's own parameters, escaped
+    assert re.search(r"the largest size is 6 &lt;b&gt;</td><td>\d+\.\d s", row), row
+    assert "(no finding recorded)" in next(r for r in index.split("<tr>") if 'href="03_last.html"' in r)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["notebooks"][0]["finding"] == "the largest size is 6 <b>"
+
+
+def test_report_html_hides_code_until_the_reader_asks_in_a_browser(three_result):
+    """The HTML report shows text, tables and figures but no code cell by default; the box at the
+    top shows the code. Driven in headless Chromium (skipped without it)."""
+    import os
+
+    chromium = os.environ.get("OSA_LAB_CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).exists():
+        pytest.skip(f"headless Chromium not found at {chromium}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    out = three_result[0]
+    page_text = (out / "01_ok.html").read_text()
+    assert "SAID 3 sizes" in page_text and page_text.count("jp-CodeCell") >= 4
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto((out / "01_ok.html").as_uri())
+            sources = page.locator(".jp-CodeCell .jp-Cell-inputWrapper")
+            assert sources.count() >= 4
+            assert not any(sources.nth(i).is_visible() for i in range(sources.count()))
+            assert page.get_by_text("import holoviews as hv").first.is_visible() is False
+            assert page.get_by_text("SAID 3 sizes").first.is_visible()  # generated text stays
+            assert page.locator("img").first.is_visible()  # the figure stays
+            page.get_by_text("show the code").click()
+            assert all(sources.nth(i).is_visible() for i in range(sources.count()))
+            assert page.get_by_text("import holoviews as hv").first.is_visible()
+        finally:
+            browser.close()
 
 
 def test_external_references_detects_cdn_scripts():
