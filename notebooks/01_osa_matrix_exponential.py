@@ -159,7 +159,6 @@ wide
 
 # %%
 nb.finding(texts.timing_finding(slopes))
-nb.say(texts.accuracy_text(acc))
 nb.say(texts.speedup_text(timings))
 
 # %%

@@ -137,11 +137,10 @@ nb.show(plots.spectra_lines(spectra).cols(4).opts(hspace=0.5, vspace=0.35, backe
 # %% [markdown]
 # **Reading the figures.** Rank collapse reads as token cosine → 1, relative residual → 0 and
 # stable and effective rank → 1 across depth, and as the spectra's σᵢ/σ₁ beyond the first
-# falling towards 0. What this run found, from its tables:
+# falling towards 0. What this run found, per preset, is listed under the headline tables; in one line:
 
 # %%
 nb.finding(texts.collapse_finding(metrics))
-nb.say(texts.rank_collapse_text(metrics, drift))
 
 # %% [markdown]
 # An OSA layer's attention matrix is orthogonal (measured in notebook 01), so it is an isometry

@@ -469,10 +469,35 @@ def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monke
     app.controls.tokens, app.controls.dim = 64, 64
     app.controls.view = "jacobian"
     notice = app.jacobian_view.notice
-    assert calls == [] and "Compute Jacobians" in notice and "estimated ≈" in notice
+    assert "Compute Jacobians" in notice and "estimated ≈" in notice
+    # meanwhile a preview at smaller sizes, estimated within the automatic budget, is drawn
+    assert calls and all(u.tokens < 64 or u.dim < 64 for u in calls), calls
+    p = calls[0]
+    assert f"preview at N = {p.tokens}, d = {p.dim}" in notice
+    assert dash_views.jobs.estimate_seconds(len(calls), p.method, p.tokens, p.dim, p.depth,
+                                            len(p.layers)) <= dash_views.AUTO_JACOBIAN_SECONDS
+    assert "PREVIEW at smaller N, d" in _title(_pane_data(app.jacobian_view, "kappa"))
+    assert f"N {p.tokens} · d {p.dim}" in _title(_pane_data(app.jacobian_view, "kappa"))
+    calls.clear()
     app.jacobian_view.param.trigger("compute")
     assert len(calls) == 2 and calls[0].tokens == 64 and app.jacobian_view.notice == ""
     assert calls[0].method == "matrix-free" and calls[0].layers == (1, 2, 3)
+    assert "PREVIEW" not in _title(_pane_data(app.jacobian_view, "kappa"))
+
+
+def test_default_jacobian_view_draws_a_preview_figure(dash, monkeypatch):
+    """At the default settings (estimated minutes) the Jacobian tab draws a figure at once, at
+    smaller N and d, and says so, instead of an empty placeholder."""
+    calls = []
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    d = dash.Dashboard(compute_now=False)
+    pn.panel(d)
+    d.controls.view = "jacobian"
+    view = d.jacobian_view
+    pn.panel(view)
+    view.request()
+    assert calls and view.profile is not None
+    assert "preview at N" in view.notice and "PREVIEW" in _title(_pane_data(view, "kappa"))
 
 
 def test_jacobian_layers_are_spread_and_end_at_depth(dash):

@@ -510,6 +510,24 @@ def test_png_after_a_mode_switch_is_the_figure_on_screen(server, browser):
     page.context.close()
 
 
+def test_default_jacobian_view_shows_a_figure(server, browser):
+    """At the default settings (minutes of exact Jacobians) the Jacobian tab draws a preview at
+    smaller N and d within seconds, titled as such, and keeps the estimate and Compute button."""
+    watch = _open(browser, f"{server}?view=jacobian")
+    page = watch.page
+    start = time.time()
+    titles = _wait_title(page, "PREVIEW at smaller N, d", timeout=120)
+    print(f"preview figure after {time.time() - start:.1f} s")  # measured, not asserted (shared machine)
+    assert any("Jacobian κ across depth" in t for t in titles), titles
+    assert page.get_by_text("preview at N =").count() >= 1
+    assert page.get_by_role("button", name="Compute Jacobians").is_enabled()
+    assert _figure_widths(page)[0] > 800
+    OUTPUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "dashboard_jacobian_default.png"), full_page=True)
+    _assert_clean(watch)
+    page.context.close()
+
+
 def _descendants(pid: int) -> list[int]:
     """Process ids below ``pid`` (from /proc)."""
     children: dict[int, list[int]] = {}

@@ -495,18 +495,55 @@ class JacobianView(FigureView):
         eta = jobs.estimate_seconds(len(missing), method, int(c.tokens), int(c.dim), int(c.depth), int(c.points))
         what = f"{len(missing)} {method} Jacobian profile{'s' if len(missing) > 1 else ''} (N·d = {c.tokens * c.dim})"
         if eta > AUTO_JACOBIAN_SECONDS and not force:
-            self.notice = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute "
-                           "Jacobians** to run them (*Cancel* stops them); the figures below are from earlier "
-                           "settings.")
-            self._nothing_shown("No Jacobian figures yet: press Compute Jacobians")
-            return
-        self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
-        if is_served():
-            self._start(units, missing, eta)
+            wait = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute Jacobians** to "
+                    "run them (*Cancel* stops them)")
+            preview = self.preview_units(units)
+            if preview is None:
+                self.notice = wait + "; the figures below are from earlier settings."
+                self._nothing_shown("No Jacobian figures yet: press Compute Jacobians")
+                return
+            p = preview[0]
+            self.notice = (wait + f". Meanwhile the figures show a **preview at N = {p.tokens}, d = {p.dim}** "
+                           "(same presets, depth and layers; their titles say so).")
+            units, missing = preview, [u for u in preview if u not in JACOBIANS]
+            if not missing:
+                self._show(units)
+                return
+            eta = jobs.estimate_seconds(len(missing), p.method, p.tokens, p.dim, p.depth, len(p.layers))
         else:
-            self._run_here(units, missing)
+            self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
+        self._nothing_shown("Computing Jacobians…")
+        done_notice = self.notice if units[0].tokens != int(c.tokens) or units[0].dim != int(c.dim) else ""
+        if is_served():
+            self._start(units, missing, eta, done_notice)
+        else:
+            self._run_here(units, missing, done_notice)
 
-    def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit]) -> None:
+    def preview_units(self, units: list[jobs.Unit]) -> list[jobs.Unit] | None:
+        """The units of a preview: the same presets, seeds, depth and layers at the largest N and d
+        (no larger than requested, d divisible by every preset's heads) whose Jacobians are
+        estimated to take at most :data:`AUTO_JACOBIAN_SECONDS`; ``None`` if none is that cheap."""
+        from dataclasses import replace
+
+        from osa_lab.dashboard.state import DIMS, TOKENS
+
+        first = units[0]
+        heads = [self.controls.heads_of(p) for p in self.controls.presets]
+        best = None
+        for n in (t for t in TOKENS if t <= first.tokens):
+            for d in (x for x in DIMS if x <= first.dim and all(x % h == 0 for h in heads)):
+                if (n, d) == (first.tokens, first.dim):
+                    continue
+                method = jobs.resolve_method(self.controls.jacobian, n, d, first.depth, len(first.layers))
+                eta = jobs.estimate_seconds(len(units), method, n, d, first.depth, len(first.layers))
+                if eta <= AUTO_JACOBIAN_SECONDS and (best is None or n * d > best[0] * best[1]):
+                    best = (n, d, method)
+        if best is None:
+            return None
+        n, d, method = best
+        return [replace(u, tokens=n, dim=d, method=method) for u in units]
+
+    def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit], done_notice: str = "") -> None:
         try:
             for unit in missing:
                 JACOBIANS.put(unit, compute_unit(unit))
@@ -515,10 +552,12 @@ class JacobianView(FigureView):
             self.notice = ""
             self._nothing_shown("No Jacobian figures: the computation failed (message above)")
             return
-        self.notice = ""
+        self.notice = done_notice
         self._show(units)
 
-    def _start(self, units: list[jobs.Unit], missing: list[jobs.Unit], eta: float) -> None:
+    def _start(self, units: list[jobs.Unit], missing: list[jobs.Unit], eta: float, done_notice: str = "") -> None:
+        """Compute ``missing`` in a worker process with progress and *Cancel*; then show ``units``
+        and set the notice to ``done_notice`` (a preview keeps saying what it is)."""
         job = jobs.start_jacobian_job(missing)
         self._job, self.running = job, True
         SESSION_JOBS.add(job)
@@ -547,7 +586,7 @@ class JacobianView(FigureView):
             if self._job is job:
                 self._job, self.running = None, False
                 if not job.cancelled and all(u in JACOBIANS for u in units):
-                    self.notice = ""
+                    self.notice = done_notice
                     self._show(units)
 
         pn.state.execute(follow)
@@ -564,8 +603,11 @@ class JacobianView(FigureView):
         results = [JACOBIANS.get(u) for u in units]
         profile = pd.concat([r[0] for r in results], ignore_index=True)
         svals = [r[1] for r in results if r[1] is not None]
+        cfg = self.controls.config()
+        preview = (units[0].tokens, units[0].dim) != (cfg["tokens"], cfg["dim"])
         with param.parameterized.batch_call_watchers(self):
-            self.shown = self.controls.config() | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units})}
+            self.shown = cfg | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units}),
+                                "tokens": units[0].tokens, "dim": units[0].dim, "preview": preview}
             self.profile = profile
             self.svals = pd.concat(svals, ignore_index=True) if len(svals) == len(results) else None
         self.redraw()
@@ -585,6 +627,8 @@ class JacobianView(FigureView):
         shown = dict(self.shown)
         method = self.methods_used()
         settings = self.controls.describe({**shown, "seeds": shown.get("jseeds", 1)})
+        if shown.get("preview"):
+            settings = f"PREVIEW at smaller N, d · {settings}"
         key = tuple(sorted((k, v) for k, v in shown.items()))
 
         def kappa():

@@ -67,8 +67,8 @@ def timing_text(slopes: pd.DataFrame, timings: pd.DataFrame) -> str:
     :func:`~osa_lab.studies.expm_accuracy.timing_table` it was fitted on.
     """
     repeats = sorted({int(r) for r in timings["repeats"]}) if "repeats" in timings else []
-    how = (f"median of {listing(repeats)} timed runs per point after one warm-up run" if repeats
-           else "one timed run per point")
+    how = (f"median of {listing(repeats)} timed run{'s' if max(repeats) > 1 else ''} per point after one "
+           "warm-up run" if repeats else "one timed run per point")
     lines = [f"Times are the {how}, {timings['threads'].iloc[0]} torch thread(s)." if "threads" in timings
              else f"Times are the {how}."]
     trusted, doubtful = [], []
@@ -87,7 +87,7 @@ def timing_text(slopes: pd.DataFrame, timings: pd.DataFrame) -> str:
         lines.append("A flagged slope says nothing about the method's complexity: rerun with more `repeat`s "
                      "and larger `ns_timing` on a quiet machine.")
     noisy = timings[(timings.get("seconds_min", timings["seconds"]) > 0)]
-    if {"seconds_min", "seconds_max"} <= set(noisy.columns) and len(noisy):
+    if {"seconds_min", "seconds_max"} <= set(noisy.columns) and len(noisy) and max(repeats, default=1) > 1:
         ratio = noisy["seconds_max"] / noisy["seconds_min"]
         worst = noisy.loc[ratio.idxmax()]
         lines.append(f"Noisiest point: {code(worst['method'])} at N = {int(worst['n'])}, whose repeats ranged "
