@@ -338,6 +338,36 @@ def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(das
     pn.panel(d)  # the page still builds
 
 
+def test_a_curve_hidden_under_another_is_named_below_the_figure(app):
+    view = app.rank_view
+    m = app.state.metrics
+    note = view.hidden_note(m, "relative_residual", "block")
+    assert note == ""  # pure-ssa collapses, pure-osa does not: both visible
+    twin = m[m["preset"] == "pure-osa"].assign(preset="vit")
+    note = view.hidden_note(pd.concat([m, twin]), "relative_residual", "block")
+    assert "pure\\-osa lies under vit" in note
+
+
+def test_figures_export_as_svg_and_high_resolution_png_named_by_their_settings(app):
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    buttons = {b.filename.rsplit(".", 1)[1]: b for b in app.rank_view.__panel__().select(pn.widgets.FileDownload)
+               if b.filename.startswith("rank_collapse")}
+    svg = buttons["svg"].callback().getvalue()
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg") and b"<path" in svg  # vector paths, not an embedded raster only
+    assert buttons["svg"].filename == ("rank_collapse_relative-residual-rank-collapse-after-each-block_depth-3_N-8_d-8_"
+                                       "preset-heads_alpha0-derived_2-seeds.svg")
+    png = buttons["png"].callback().getvalue()
+    assert Image.open(io.BytesIO(png)).info["dpi"][0] > 190
+    assert buttons["png"].filename.endswith("_depth-3_N-8_d-8_preset-heads_alpha0-derived_2-seeds.png")
+    app.controls.depth = 4
+    buttons["png"].callback()
+    assert "_depth-4_" in buttons["png"].filename
+
+
 def test_alpha_in_the_url_is_written_without_float_noise(dash):
     d = dash.Dashboard(compute_now=False)
     d.apply_url({"alpha": "0.5997"})

@@ -667,3 +667,14 @@ def test_dashed_profiles_show_their_dash_in_the_matplotlib_legend():
         assert styles["skipless-osa · init"] != styles["skipless-osa · trained"] == "-"
     finally:
         plt.close(fig)
+
+
+def test_figures_export_as_vector_formats_and_refuse_unknown_ones():
+    from osa_lab.plots.depth import figure_bytes
+
+    obj = D.metric_vs_depth(_metrics(), "relative_residual", title="a very long title " * 8)
+    assert figure_bytes(obj, "pdf", metadata={"Title": "t"}).startswith(b"%PDF")
+    svg = figure_bytes(obj, "svg", metadata={"Title": "t", "Software": "x"})
+    assert b"<svg" in svg and b"<path" in svg
+    with pytest.raises(OSAInputError, match="svg"):
+        figure_bytes(obj, "jpeg")

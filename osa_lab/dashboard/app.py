@@ -229,11 +229,10 @@ class Dashboard(pn.viewable.Viewer):
     def template(self) -> pn.template.BootstrapTemplate:
         """The page: a BootstrapTemplate (served offline: Panel bundles Bootstrap and loads no font).
 
-        Not the FastListTemplate used before 2026-12-01: its Fast web components add 0.9 MB of
-        script to the page. Measured side by side (BENCHMARKS.md, 2026-12-01), the page before (Fast,
-        every BokehJS bundle, WebGL, every tab built) drew its first plot in 4.47 s against 3.48 s
-        for this one while the 2-core machine was contended, and within 0.1 s of it (2.9 s) while
-        it was quiet.
+        Not a FastListTemplate: its Fast web components add 0.9 MB of script to the page. Measured
+        side by side (BENCHMARKS.md), a page with Fast, every BokehJS bundle, WebGL and every tab
+        built drew its first plot in 4.47 s against 3.48 s for this one while the 2-core machine
+        was contended, and within 0.1 s of it (2.9 s) while it was quiet.
         """
         return pn.template.BootstrapTemplate(
             title="osa_lab · Orthogonal vs softmax self-attention across depth",

@@ -268,28 +268,68 @@ class FigureView(pn.viewable.Viewer):
         self.panes[key].object = hv.DynamicMap(_identity, streams=[pipe])
 
     def png(self, key: str) -> bytes:
-        """PNG of the figure on screen in pane ``key``; its title goes into the PNG's metadata."""
+        """PNG of the figure on screen in pane ``key`` (:func:`export`)."""
+        return self.export(key, "png")
+
+    def export(self, key: str, format: str = "png") -> bytes:
+        """The figure on screen in pane ``key`` as PNG (at :data:`~osa_lab.plots.depth.EXPORT_DPI`),
+        SVG or PDF; its title goes into the file's metadata."""
         obj = self.figures.get(key)
         if obj is None:
             raise ConfigurationError("no figure to export yet")
         meta = {"Title": plots.figure_title(obj), "Description": f"data {_digest(self.tables.get(key))}",
                 "Software": "osa_lab dashboard"}
-        return plots.png_bytes(obj, metadata=meta)
+        return plots.figure_bytes(obj, format, metadata=meta)
 
-    def _png_download(self, key: str, filename: str) -> pn.widgets.FileDownload:
-        """A PNG button of pane ``key`` (rendered off the event loop, with a loading indicator)."""
-        button = pn.widgets.FileDownload(filename=filename, label=f"PNG: {filename}", button_type="light",
-                                         embed=False, width=260)
+    def export_filename(self, key: str, stem: str, format: str) -> str:
+        """``stem`` followed by the settings of the figure on screen (from its title), e.g.
+        ``rank_collapse_relative-residual-rank-collapse-after-each-block_depth-12_N-32_d-32_….svg``."""
+        return export_filename(stem, plots.figure_title(self.figures.get(key)) if key in self.figures else "", format)
+
+    def _png_download(self, key: str, filename: str) -> pn.Row:
+        """PNG and SVG buttons of pane ``key`` (rendered off the event loop, with a loading
+        indicator); the downloaded file's name carries the figure's settings."""
+        stem = filename.rsplit(".", 1)[0]
+        return pn.Row(self._download(key, stem, "png", f"PNG: {filename}"),
+                      self._download(key, stem, "svg", "SVG"), sizing_mode="fixed", width=350)
+
+    def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
+        button = pn.widgets.FileDownload(filename=f"{stem}.{format}", label=label, button_type="light",
+                                         embed=False, width=260 if format == "png" else 70)
+
+        def render() -> io.BytesIO:
+            data = self.export(key, format)
+            button.filename = self.export_filename(key, stem, format)
+            return io.BytesIO(data)
 
         async def callback() -> io.BytesIO:
             button.loading = True
             try:
-                return io.BytesIO(await in_daemon_thread(lambda: self.png(key)))
+                data = await in_daemon_thread(lambda: self.export(key, format))
+                button.filename = self.export_filename(key, stem, format)  # on the event loop
+                return io.BytesIO(data)
             finally:
                 button.loading = False
 
-        button.callback = callback if is_served() else (lambda: io.BytesIO(self.png(key)))
+        button.callback = callback if is_served() else render
         return button
+
+
+#: Words of figure titles spelled in ASCII in file names.
+_ASCII_NAMES = {"α₀": "alpha0", "α": "alpha", "κ": "kappa", "σᵢ/σ₁": "sigma-ratio", "∂": "d", "→": "to"}
+
+
+def export_filename(stem: str, title: str, format: str, limit: int = 150) -> str:
+    """A file name: ``stem``, then the settings of ``title`` (``depth 12 · N 32 · …``) in ASCII
+    letters, digits, ``-`` and ``_`` (one ``_`` between the title's ``·`` parts), then ``.format``."""
+    import re
+
+    text = title
+    for word, ascii_word in _ASCII_NAMES.items():
+        text = text.replace(word, ascii_word)
+    parts = [re.sub(r"[^A-Za-z0-9.]+", "-", part).strip("-.") for part in text.split("·")]
+    settings = "_".join(p for p in parts if p)[:limit].rstrip("-_")
+    return f"{stem}_{settings}.{format}" if settings else f"{stem}.{format}"
 
 
 class RankCollapseView(FigureView):
@@ -348,8 +388,25 @@ class RankCollapseView(FigureView):
                                     width=260),
             self._png_download("metric", "rank_collapse.png"),
         )
-        return pn.Column(message_pane(self.job.param.error), options, fig, downloads, sizing_mode="stretch_width",
-                         name="Rank collapse")
+        hidden = pn.pane.Markdown(pn.bind(self.hidden_note, self.state.param.metrics, self.controls.param.metric,
+                                          self.controls.param.site), styles={"font-size": "12px"},
+                                  sizing_mode="stretch_width", margin=(0, 10))
+        return pn.Column(message_pane(self.job.param.error), options, fig, hidden, downloads,
+                         sizing_mode="stretch_width", name="Rank collapse")
+
+    @staticmethod
+    def hidden_note(metrics: pd.DataFrame | None, metric: str, site: str) -> str:
+        """Which presets' curves lie under another's in the figure (means within
+        :data:`osa_lab.reporting.texts.COINCIDE` at every layer), so no curve is hidden silently."""
+        if metrics is None:
+            return ""
+        from osa_lab.reporting.texts import COINCIDE, hidden_curves
+
+        pairs = hidden_curves(metrics, metric, site=site)
+        if not pairs:
+            return ""
+        return markdown_literal(f"Hidden curves: {'; '.join(f'{a} lies under {b}' for a, b in pairs)} (means within "
+                                f"{COINCIDE:.0%} at every layer).")
 
 
 class SpectraView(FigureView):
@@ -398,7 +455,8 @@ class SpectraView(FigureView):
     def _build(self) -> pn.viewable.Viewable:
         heat = self._pane("heatmaps", min_height=340)
         lines = self._pane("lines", min_height=380)
-        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400)
+        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400,
+                                                    placeholder="none chosen: the input, ¼, ½ and the last layer")
         downloads = pn.Row(self._png_download("heatmaps", "spectra_heatmaps.png"),
                            self._png_download("lines", "spectra_lines.png"))
         return pn.Column(message_pane(self.job.param.error), heat, chooser, lines, downloads,

@@ -63,6 +63,8 @@ __all__ = [
     "kappa_vs_depth_data",
     "kappa_vs_parameter",
     "beyond_float64",
+    "EXPORT_DPI",
+    "figure_bytes",
     "figure_title",
     "metric_vs_depth",
     "metric_vs_depth_data",
@@ -253,7 +255,8 @@ def spectra_heatmaps(
             ),
         )
         panels.append(integer_xticks(img))
-    layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
+    # hspace: room between panels for each colour bar's label and the next panel's y label
+    layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format="", hspace=0.9))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
     return layout.cols(cols or max(len(panels), 1))
@@ -505,24 +508,58 @@ def kappa_vs_parameter(
 # --------------------------------------------------------------------------------------------
 
 
-def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:
-    """Render a HoloViews object with the matplotlib backend and return PNG bytes.
+#: Resolution of exported raster figures (the dashboard's PNG downloads): fit for a paper.
+EXPORT_DPI = 200
+#: Formats :func:`figure_bytes` writes: a raster one and two vector ones.
+EXPORT_FORMATS = ("png", "svg", "pdf")
+#: Titles longer than this many characters are wrapped in exported figures (a long title on
+#: one line squeezed the axes).
+TITLE_WRAP = 70
+
+
+def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPORT_DPI,
+                 metadata: dict[str, str] | None = None) -> bytes:
+    """Render a HoloViews object with the matplotlib backend as PNG, SVG or PDF bytes.
 
     Thread-safe (a module lock serialises matplotlib, whose HoloViews backend goes through
     pyplot internally); the figure is closed after saving, so nothing accumulates in a server.
-    ``metadata`` goes into the PNG's text chunks (e.g. ``{"Title": …}``, see
-    :func:`figure_title`), so a downloaded file names the figure it shows.
+    Titles longer than :data:`TITLE_WRAP` characters are wrapped onto several lines.
+    ``metadata`` goes into the file's metadata (PNG text chunks, SVG/PDF ``Title``…), so a
+    downloaded file names the figure it shows (see :func:`figure_title`).
     """
+    import textwrap
+
     import matplotlib.pyplot as plt
 
+    if format not in EXPORT_FORMATS:
+        raise OSAInputError(f"figure format {format!r} is not supported; use one of {', '.join(EXPORT_FORMATS)}")
+    meta = dict(metadata or {})
+    if format == "svg":
+        meta = {k: v for k, v in meta.items() if k in ("Title", "Description", "Creator", "Date")}
+    elif format == "pdf":
+        meta = {("Subject" if k == "Description" else "Creator" if k == "Software" else k): v
+                for k, v in meta.items() if k in ("Title", "Description", "Software", "Author")}
     with _mpl_lock:
         fig = hv.render(obj, backend="matplotlib")
         try:
+            for ax in fig.axes:
+                title = ax.get_title()
+                if len(title) > TITLE_WRAP:
+                    ax.set_title(textwrap.fill(title, TITLE_WRAP))
+            suptitle = getattr(fig, "_suptitle", None)
+            if suptitle is not None and len(suptitle.get_text()) > TITLE_WRAP:
+                suptitle.set_text(textwrap.fill(suptitle.get_text(), TITLE_WRAP))
             buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=dict(metadata or {}))
+            fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta)
         finally:
             plt.close(fig)
     return buf.getvalue()
+
+
+def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:
+    """Render a HoloViews object with the matplotlib backend and return PNG bytes
+    (:func:`figure_bytes` in PNG; ``metadata`` goes into the PNG's text chunks)."""
+    return figure_bytes(obj, "png", dpi=dpi, metadata=metadata)
 
 
 def figure_title(obj: hv.core.Dimensioned, backend: str = "bokeh") -> str:

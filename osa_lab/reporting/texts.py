@@ -145,12 +145,14 @@ def metric_ends(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def hidden_curves(metrics: pd.DataFrame, metric: str, tolerance: float = COINCIDE) -> list[tuple[str, str]]:
-    """``(hidden, on_top)`` preset pairs whose mean curves of ``metric`` coincide within
-    ``tolerance`` (relative) at every layer: the later-drawn preset hides the earlier one."""
+def hidden_curves(metrics: pd.DataFrame, metric: str, tolerance: float = COINCIDE,
+                  site: str = "block") -> list[tuple[str, str]]:
+    """``(hidden, on_top)`` preset pairs whose mean curves of ``metric`` (at ``site``, when the
+    table has sites) coincide within ``tolerance`` (relative) at every layer: the later-drawn
+    preset hides the earlier one."""
     df = metrics[metrics["metric"] == metric]
-    if "site" in df and (df["site"] == "block").any():
-        df = df[df["site"] == "block"]
+    if "site" in df and (df["site"] == site).any():
+        df = df[df["site"] == site]
     means = df.groupby(["preset", "layer"], sort=False)["value"].mean().unstack("layer")
     order = list(dict.fromkeys(df["preset"]))
     pairs = []
