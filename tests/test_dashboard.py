@@ -368,6 +368,17 @@ def test_figures_export_as_svg_and_high_resolution_png_named_by_their_settings(a
     assert "_depth-4_" in buttons["png"].filename
 
 
+def test_osa_check_badges_say_pass_or_fail_without_colour_and_explain_a_failure(app):
+    check = dict(app.check_view.result)
+    page = app.check_view.badges_html(check)
+    assert page.count("✓ ") == 4 and "✗" not in page and "within the float32 tolerance 1e-04" in page
+    failing = {**check, "dense_vs_lowrank": 1.9e-4, "passed": {**check["passed"], "dense_vs_lowrank": False}}
+    page = app.check_view.badges_html(failing)
+    assert page.count("✓ ") == 3 and "✗ dense vs low-rank: 1.9e-04" in page
+    assert 'data-passed="false"' in page and "outside the float32 tolerance 1e-04" in page
+    assert "dense vs low-rank 1.9e-04 &gt; 1e-04" in page and "grows with ‖S‖₂" in page
+
+
 def test_alpha_in_the_url_is_written_without_float_noise(dash):
     d = dash.Dashboard(compute_now=False)
     d.apply_url({"alpha": "0.5997"})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import html
 import io
 import math
 import time
@@ -772,28 +773,45 @@ class OSACheckView(pn.viewable.Viewer):
 
     @staticmethod
     def badges_html(result: dict | None) -> str:
-        """HTML badges, green when within tolerance and red otherwise."""
+        """HTML badges: ✓ on green within the check's tolerance, ✗ on red outside it (the mark,
+        not the colour alone, says which); each badge's tooltip gives the tolerance, and a
+        failed check is explained in a line below the badges."""
         if not result:
             return ""
+        from osa_lab.studies.self_check import TOLERANCES
+
         labels = {
             "orthogonality_error": "‖AᵀA − I‖max",
             "dense_vs_lowrank": "dense vs low-rank",
             "lowrank_vs_float64": "low-rank vs float64",
             "norm_preservation": "norm preservation",
         }
-        parts = []
+        tolerances = next((t for d, t in TOLERANCES.items() if str(d).endswith(str(result["dtype"]))), {})
+        parts, failed = [], []
         for key, label in labels.items():
             ok = result["passed"][key]
             colour = "#1a7f37" if ok else "#b42318"
+            tol = tolerances.get(key)
+            tip = (f"{'within' if ok else 'outside'} the {result['dtype']} tolerance {tol:.0e}" if tol is not None
+                   else ("passed" if ok else "failed"))
+            if not ok:
+                failed.append(f"{label} {result[key]:.1e} > {tol:.0e}" if tol is not None else label)
             parts.append(
-                f'<span class="osa-badge" data-check="{key}" style="display:inline-block;margin:2px 6px 2px 0;'
+                f'<span class="osa-badge" data-check="{key}" data-passed="{str(ok).lower()}" title="{html.escape(tip)}" '
+                'style="display:inline-block;margin:2px 6px 2px 0;'
                 f'padding:3px 10px;border-radius:12px;background:{colour};color:white;font-size:13px">'
-                f"{label}: {result[key]:.1e}</span>"
+                f"{'✓' if ok else '✗'} {label}: {result[key]:.1e}</span>"
             )
         alpha = result["alpha"]
         meta = (f'<span style="font-size:12px;color:#555">OSA check at N={result["tokens"]}, d={result["dim"]}, '
                 f'heads={result["heads"]}, α={alpha:.3g}, {result["dtype"]}, method {result["method"]}</span>')
-        return "<div>" + "".join(parts) + meta + "</div>"
+        note = ""
+        if failed:
+            note = ('<div class="osa-check-note" style="font-size:12px;color:#b42318;margin-top:2px">✗ outside the '
+                    f"tolerance: {html.escape('; '.join(failed))}. The check runs the OSA operator in "
+                    f"{html.escape(str(result['dtype']))} at these N, d and α; its rounding error grows with "
+                    "‖S‖₂ (α and the size of the tokens), so a large α or N can exceed the tolerance.</div>")
+        return "<div>" + "".join(parts) + meta + note + "</div>"
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(
