@@ -379,6 +379,16 @@ def test_osa_check_badges_say_pass_or_fail_without_colour_and_explain_a_failure(
     assert "dense vs low-rank 1.9e-04 &gt; 1e-04" in page and "grows with ‖S‖₂" in page
 
 
+def test_a_heads_value_a_width_change_makes_invalid_is_reset_with_a_message(dash):
+    c = dash.Controls(dim=32, heads=16)
+    assert c.adjusted == ""
+    c.dim = 24
+    assert c.heads == dash.PRESET_HEADS
+    assert "reset from 16 to preset default" in c.adjusted and "d = 24" in c.adjusted
+    c.dim = 32
+    assert c.adjusted == ""
+
+
 def test_alpha_in_the_url_is_written_without_float_noise(dash):
     d = dash.Dashboard(compute_now=False)
     d.apply_url({"alpha": "0.5997"})

@@ -195,6 +195,8 @@ class Dashboard(pn.viewable.Viewer):
             pn.pane.Alert(pn.bind(self._url_message, self.param.url_errors), alert_type="danger",
                           visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             message_pane(self.state.param.error),
+            pn.pane.Alert(pn.bind(markdown_literal, self.controls.param.adjusted), alert_type="info",
+                          visible=pn.bind(bool, self.controls.param.adjusted), sizing_mode="stretch_width"),
             notes,
             pn.pane.Markdown("### OSA check", height=40),
             self.check_view,

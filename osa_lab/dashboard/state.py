@@ -283,6 +283,8 @@ class Controls(param.Parameterized):
     scope = param.Selector(default="end_to_end", objects=SCOPE_LABELS, doc="κ of ∂X_l/∂X_0 or of block l alone.")
     points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
                            doc="Layers (evenly spaced, last included) at which κ is computed.")
+    adjusted = param.String(default="", precedence=-1,
+                            doc="Why a control was changed by another one (shown on the page; '' if none).")
 
     def __init__(self, **params):
         self.param.presets.objects = preset_names()
@@ -332,7 +334,12 @@ class Controls(param.Parameterized):
         valid = [h for h in HEAD_CHOICES if int(self.dim) % h == 0]
         self.param.heads.objects = [PRESET_HEADS, *valid]
         if self.heads != PRESET_HEADS and self.heads not in valid:
+            old = self.heads
             self.heads = PRESET_HEADS
+            self.adjusted = (f"heads was reset from {old} to preset default: width d = {self.dim} is not divisible "
+                             f"by {old} (valid: {', '.join(map(str, valid))}).")
+        else:
+            self.adjusted = ""
 
     @param.depends("derived_alpha", "tokens", "dim", "heads", "presets", watch=True)
     def _show_derived_alpha(self) -> None:
