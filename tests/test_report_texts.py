@@ -79,6 +79,13 @@ def test_rank_collapse_text_follows_the_table_and_names_hidden_curves():
     assert "stable rank 10 → 7" in changed and "at layer 6" in changed
     assert "`skipless-osa`" in changed.split("**Kept")[1].split("\n")[0]
     assert texts.hidden_curves_text(_metrics({"a": (10.0, 1.0), "b": (10.0, 5.0)}), ["stable_rank"]) == ""
+    # on a log axis over 16 decades, 1.0 and 0.9 are drawn on top of each other
+    logm = pd.DataFrame([dict(preset=p, layer=layer, metric="relative_residual", value=v, seed=0, site="block")
+                      for p, vals in (("pure-ssa", [1, 1e-8, 1e-16]), ("pure-osa", [1, 1, 1]), ("vit", [1, 0.9, 0.9]))
+                      for layer, v in enumerate(vals)])
+    assert texts.hidden_curves(logm, "relative_residual") == [("pure-osa", "vit")]
+    assert texts.hidden_curves(logm, "relative_residual", logy=False) == []  # a linear axis 0…1 shows the gap
+    assert texts.hidden_curves(logm[logm["preset"] != "pure-ssa"], "relative_residual") == []  # linear 0.9…1
     assert "pure-ssa 1" in texts.collapse_finding(m) and "after layer 4" in texts.collapse_finding(m)
 
 

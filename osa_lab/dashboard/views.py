@@ -390,24 +390,27 @@ class RankCollapseView(FigureView):
             self._png_download("metric", "rank_collapse.png"),
         )
         hidden = pn.pane.Markdown(pn.bind(self.hidden_note, self.state.param.metrics, self.controls.param.metric,
-                                          self.controls.param.site), styles={"font-size": "12px"},
+                                          self.controls.param.site, self.controls.param.scale),
+                                  styles={"font-size": "12px"},
                                   sizing_mode="stretch_width", margin=(0, 10))
         return pn.Column(message_pane(self.job.param.error), options, fig, hidden, downloads,
                          sizing_mode="stretch_width", name="Rank collapse")
 
     @staticmethod
-    def hidden_note(metrics: pd.DataFrame | None, metric: str, site: str) -> str:
+    def hidden_note(metrics: pd.DataFrame | None, metric: str, site: str, scale: str = "auto") -> str:
         """Which presets' curves lie under another's in the figure (means within
-        :data:`osa_lab.reporting.texts.COINCIDE` at every layer), so no curve is hidden silently."""
+        :data:`osa_lab.reporting.texts.COINCIDE` of the y axis at every layer), so no curve is
+        hidden silently."""
         if metrics is None:
             return ""
         from osa_lab.reporting.texts import COINCIDE, hidden_curves
 
-        pairs = hidden_curves(metrics, metric, site=site)
+        logy = None if scale == "auto" else scale == "log"
+        pairs = hidden_curves(metrics, metric, site=site, logy=logy)
         if not pairs:
             return ""
         return markdown_literal(f"Hidden curves: {'; '.join(f'{a} lies under {b}' for a, b in pairs)} (means within "
-                                f"{COINCIDE:.0%} at every layer).")
+                                f"{COINCIDE:.0%} of the y axis at every layer).")
 
 
 class SpectraView(FigureView):

@@ -18,8 +18,8 @@ import pandas as pd
 #: rounding noise beyond).
 KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
 
-#: Two curves closer than this (largest relative difference of their means over layers) are
-#: drawn on top of each other: the report says which one hides the other.
+#: Two curves closer than this fraction of the y axis' range (in decades on a log axis) at every
+#: layer are drawn on top of each other: the report says which one hides the other.
 COINCIDE = 0.02
 
 
@@ -145,23 +145,34 @@ def metric_ends(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def hidden_curves(metrics: pd.DataFrame, metric: str, tolerance: float = COINCIDE,
-                  site: str = "block") -> list[tuple[str, str]]:
+def hidden_curves(metrics: pd.DataFrame, metric: str, tolerance: float = COINCIDE, site: str = "block",
+                  logy: bool | None = None) -> list[tuple[str, str]]:
     """``(hidden, on_top)`` preset pairs whose mean curves of ``metric`` (at ``site``, when the
-    table has sites) coincide within ``tolerance`` (relative) at every layer: the later-drawn
-    preset hides the earlier one."""
+    table has sites) are drawn on top of each other: at every layer closer than ``tolerance``
+    of the y axis' range, on a log axis in decades (``logy=None``: log when the values span more
+    than two decades, as the figures choose). The later-drawn preset hides the earlier one."""
+    from osa_lab.plots.style import LOG_CEILING, LOG_FLOOR, spans_decades
+
     df = metrics[metrics["metric"] == metric]
     if "site" in df and (df["site"] == site).any():
         df = df[df["site"] == site]
     means = df.groupby(["preset", "layer"], sort=False)["value"].mean().unstack("layer")
+    values = means.to_numpy(float)
+    if logy is None:
+        logy = spans_decades(values.ravel())
+    if logy:
+        values = np.log10(np.clip(np.where(np.isnan(values), np.nan, values), LOG_FLOOR, LOG_CEILING))
+    finite = values[np.isfinite(values)]
+    span = float(finite.max() - finite.min()) if finite.size else 0.0
+    span = span if span > 0 else 1.0
     order = list(dict.fromkeys(df["preset"]))
+    rows = {p: values[i] for i, p in enumerate(means.index)}
     pairs = []
     for i, a in enumerate(order):
         for b in order[i + 1:]:
-            x, y = means.loc[a].to_numpy(float), means.loc[b].to_numpy(float)
-            scale = np.maximum(np.abs(x), np.abs(y))
+            x, y = rows[a], rows[b]
             ok = np.isfinite(x) & np.isfinite(y)
-            if ok.any() and np.all(np.abs(x - y)[ok] <= tolerance * np.where(scale[ok] > 0, scale[ok], 1.0)):
+            if ok.any() and np.all(np.abs(x - y)[ok] <= tolerance * span):
                 pairs.append((a, b))
     return pairs
 
@@ -206,7 +217,7 @@ def hidden_curves_text(metrics: pd.DataFrame, metrics_shown: Iterable[str]) -> s
     for metric in metrics_shown:
         for hidden, top in hidden_curves(metrics, metric):
             parts.append(f"{metric.replace('_', ' ')}: {code(hidden)} lies under {code(top)} (within "
-                         f"{COINCIDE:.0%} at every layer)")
+                         f"{COINCIDE:.0%} of the axis at every layer)")
     return ("Curves drawn on top of each other — " + "; ".join(parts) + ".") if parts else ""
 
 
