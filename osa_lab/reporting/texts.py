@@ -82,7 +82,7 @@ def timing_text(slopes: pd.DataFrame, timings: pd.DataFrame) -> str:
             trusted.append(f"- {fit}.")
         else:
             doubtful.append(f"- {fit} — **not a trustworthy fit**: {row.doubt}.")
-    lines += trusted + doubtful
+    lines.append("\n".join(trusted + doubtful))
     if doubtful:
         lines.append("A flagged slope says nothing about the method's complexity: rerun with more `repeat`s "
                      "and larger `ns_timing` on a quiet machine.")
@@ -92,7 +92,7 @@ def timing_text(slopes: pd.DataFrame, timings: pd.DataFrame) -> str:
         worst = noisy.loc[ratio.idxmax()]
         lines.append(f"Noisiest point: {code(worst['method'])} at N = {int(worst['n'])}, whose repeats ranged "
                      f"{number(worst['seconds_min'])}–{number(worst['seconds_max'])} s ({ratio.max():.1f}×).")
-    return "\n".join(lines)
+    return "\n\n".join(lines)
 
 
 def speedup_text(timings: pd.DataFrame) -> str:
@@ -208,7 +208,7 @@ def rank_collapse_text(metrics: pd.DataFrame, spectra_drift: pd.DataFrame | None
     between = [p for p in rr.index if p not in collapsed and p not in kept]
     if between:
         summary.append(f"**Lost rank without collapsing:** {listing(map(code, between))}.")
-    return "\n".join(summary + lines)
+    return "\n\n".join([*summary, "\n".join(lines)])
 
 
 def hidden_curves_text(metrics: pd.DataFrame, metrics_shown: Iterable[str]) -> str:
@@ -302,7 +302,7 @@ def kappa_depth_text(table: pd.DataFrame) -> str:
     if ranked:
         summary.append("**Growth of κ from the first to the last layer, largest first:** "
                        + listing(f"{code(p)} ×{number(growth[p])}" for p in ranked) + ".")
-    return "\n".join(summary + lines)
+    return "\n\n".join([*summary, "\n".join(lines)])
 
 
 # ---------------------------------------------------------------------------------------------
