@@ -548,7 +548,10 @@ def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPOR
                     ax.set_title(textwrap.fill(title, TITLE_WRAP))
             suptitle = getattr(fig, "_suptitle", None)
             if suptitle is not None and len(suptitle.get_text()) > TITLE_WRAP:
-                suptitle.set_text(textwrap.fill(suptitle.get_text(), TITLE_WRAP))
+                wrapped = textwrap.fill(suptitle.get_text(), TITLE_WRAP)
+                suptitle.set_text(wrapped)
+                x, y = suptitle.get_position()  # raise it by its extra lines, clear of the panel titles
+                suptitle.set_position((x, y + 0.12 * wrapped.count("\n")))
             buf = io.BytesIO()
             fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta)
         finally:
