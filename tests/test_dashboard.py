@@ -49,7 +49,7 @@ def _load_script(path: Path, name: str):
 
 @pytest.mark.parametrize("script", [APP, ROOT / "osa_lab" / "dashboard" / "osa_dashboard.py"])
 def test_entry_scripts_are_thin_and_build_from_the_package(script):
-    """Issue 12: ``dashboards/osa_dashboard.py`` (and the packaged copy ``osa-lab dashboard``
+    """``dashboards/osa_dashboard.py`` (and the packaged copy ``osa-lab dashboard``
     serves) define no app code of their own: every class comes from ``osa_lab.dashboard``."""
     import ast
 
@@ -178,7 +178,7 @@ def test_pure_ssa_collapses_and_pure_osa_does_not(app):
 
 @pytest.mark.parametrize("metric", ["stable_rank", "condition_number"])
 def test_pure_osa_with_preset_default_heads_is_flat(dash, metric):
-    """Issue 15 item 2: the default heads are each preset's own (1 for pure-osa), which keeps every
+    """The default heads are each preset's own (1 for pure-osa), which keeps every
     singular value, so stable rank and κ(X) are flat across depth (they were not with 2 heads)."""
     a = dash.build_app(presets=["pure-ssa", "pure-osa"], depth=12, tokens=16, dim=16, seeds=1, metric=metric)
     pn.panel(a)
@@ -499,7 +499,7 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
 
 
 def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
-    """Issue 15 item 3: after exact → matrix-free the PNG is the figure on screen, not the old one."""
+    """After exact → matrix-free the PNG is the figure on screen, not the old one."""
     monkeypatch.setattr(dash_views, "compute_unit", _fake_unit([]))
     app.controls.view = "jacobian"
     exact_png = app.jacobian_view.png("histogram")
@@ -626,7 +626,7 @@ def test_template_is_bootstrap_and_the_page_omits_unused_bokeh_bundles(app, dash
 
 
 def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
-    """Issue 12: the dashboard's modules import only public names of osa_lab, and their imports
+    """The dashboard's modules import only public names of osa_lab, and their imports
     of each other point one way (state ← views ← app; jobs below all)."""
     import ast
 
@@ -657,7 +657,7 @@ def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
 
 
 def test_a_depth_change_is_a_data_update_of_the_figure_drawn(app):
-    """Speed (issue 15): a change that only alters data (depth, sizes, seeds) updates the Bokeh
+    """Speed: a change that only alters data (depth, sizes, seeds) updates the Bokeh
     models already drawn through the pane's DynamicMap instead of rebuilding them; a change of
     what is drawn (presets, metric, y scale) draws a new figure. Either way the data on screen
     follow the controls."""
@@ -689,7 +689,7 @@ def test_a_depth_change_is_a_data_update_of_the_figure_drawn(app):
 
 def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch):
     """A session whose settings another session (or the pre-warm) computed gets its sweep, OSA
-    check and figures synchronously (issue 15 item 7: the first document carries the figure, no
+    check and figures synchronously (the first document carries the figure, no
     placeholder and no second round trip); nothing is recomputed."""
     first = dash.build_app(**SMALL)  # computes (synchronously outside a server) and fills the caches
     pn.panel(first)

@@ -278,7 +278,7 @@ def _wait_url(page, needle: str, timeout: float = 60) -> str:
 
 
 def test_copied_url_restores_the_full_view_including_presets(server, browser):
-    """Issue 15 item 1: add a preset in the page, copy the URL, open it: the same view."""
+    """Add a preset in the page, copy the URL, open it: the same view."""
     watch = _open(browser, f"{server}?{QUERY}&seeds=1&metric=stable_rank&site=attention&scale=linear")
     page = watch.page
     _wait_title(page, "stable rank after attention")
@@ -485,7 +485,7 @@ def _download(page, label: str) -> bytes:
 
 
 def test_png_after_a_mode_switch_is_the_figure_on_screen(server, browser):
-    """Issue 15 item 3: exact → matrix-free, the histogram PNG changes and names the shown figure."""
+    """Exact → matrix-free, the histogram PNG changes and names the shown figure."""
     watch = _open(browser, f"{server}?view=jacobian&jacobian=exact&depth=2&tokens=4&dim=4&seeds=1&points=1")
     page = watch.page
     _wait_title(page, "Singular values of the end-to-end Jacobian [exact]")
@@ -648,7 +648,7 @@ def _log_count(log_path: Path, needle: str, want: int, timeout: float = 30) -> i
 
 
 def test_plain_pages_come_from_spare_sessions_each_its_own(browser):
-    """Issue 15 item 7: a page request without a query is answered from a session built ahead
+    """A page request without a query is answered from a session built ahead
     of it (osa_lab.dashboard.spare), and the next one from a new spare: two tabs never share a
     session; a link with a query is built for its URL as before."""
     proc, url, log_path = start_server()

@@ -262,7 +262,7 @@ def test_osa_check_refuses_impossible_configurations():
 
 
 def test_spectra_lines_axis_ends_at_one_legend_below_and_styles_differ():
-    """Issue 15 item 10: σᵢ/σ₁ ≤ 1, so the y axis ends just above 1 (not 10¹); the legend sits
+    """σᵢ/σ₁ ≤ 1, so the y axis ends just above 1 (not 10¹); the legend sits
     outside the axes (bokeh: below; matplotlib: one legend right of the last panel, since a
     legend below covered the "index" label); coinciding curves stay visible (different dashes
     and widths)."""
@@ -412,7 +412,7 @@ def test_importing_the_plots_keeps_the_users_matplotlib_backend():
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 15, items 6 and 10: one colour per preset (bands and bars too), integer layer ticks,
+# one colour per preset (bands and bars too), integer layer ticks,
 # legends that cover no axis label. Each inspects the rendered bokeh models / matplotlib artists.
 
 FOUR = ("vit", "skipless-osa", "pure-ssa", "pure-osa")

@@ -350,7 +350,7 @@ def test_index_is_written_over_a_malformed_earlier_summary(tmp_path, stored):
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 11: typed parameters, unwritable outputs, --params folder, --cell-timeout
+# typed parameters, unwritable outputs, --params folder, --cell-timeout
 # ---------------------------------------------------------------------------------------------
 
 TYPED_NOTEBOOK = '''
@@ -434,7 +434,7 @@ def test_report_params_directory_and_unwritable_output(tmp_path, capsys):
 
 
 def test_blank_only_is_refused_and_keeps_an_existing_index(tmp_path):
-    # issue 11: `report --only ""` ran nothing, exited 0 and rewrote index.html / summary.json
+    # `report --only ""` must be refused, leaving index.html / summary.json as they were
     from tests.helpers import assert_cli_user_error
 
     src = tmp_path / "nbs"

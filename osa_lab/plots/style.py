@@ -262,7 +262,7 @@ def _mpl_integer_xticks(plot, element) -> None:
 def integer_xticks(obj):
     """Integer-only ticks on the x axis of ``obj`` in both backends (returns ``obj``).
 
-    A layer, depth or epoch axis must not show half or quarter layers (issue 15). Matplotlib
+    A layer, depth or epoch axis must not show half or quarter layers. Matplotlib
     gets a ``MaxNLocator(integer=True)``; bokeh an ``AdaptiveTicker(min_interval=1)`` installed
     by a hook on each element (element level, so the hook survives the dashboard's DynamicMap,
     whose own options replace the overlay's hooks), which keeps integer ticks when zoomed.
