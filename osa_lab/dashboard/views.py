@@ -291,8 +291,7 @@ class FigureView(pn.viewable.Viewer):
         """PNG and SVG buttons of pane ``key`` (rendered off the event loop, with a loading
         indicator); the downloaded file's name carries the figure's settings."""
         stem = filename.rsplit(".", 1)[0]
-        return pn.Row(self._download(key, stem, "png", f"PNG: {filename}"),
-                      self._download(key, stem, "svg", "SVG"), sizing_mode="fixed", width=350)
+        return pn.Row(self._download(key, stem, "png", f"PNG: {filename}"), self._download(key, stem, "svg", "SVG"))
 
     def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
         button = pn.widgets.FileDownload(filename=f"{stem}.{format}", label=label, button_type="light",
