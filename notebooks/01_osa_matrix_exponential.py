@@ -25,8 +25,9 @@
 # It shows (1) their error against an independent float64 reference (`scipy.linalg.expm`)
 # as N, α and the dtype vary, (2) how far the matrix each one applies is from orthogonal,
 # and (3) forward time against N on log–log axes for dense OSA, low-rank OSA and softmax
-# attention (`F.scaled_dot_product_attention`), with the fitted power laws: the slopes
-# should come out near 3, 1 and 2.
+# attention (`F.scaled_dot_product_attention`), with the fitted power laws, whose expected
+# slopes are 3, 1 and 2; the slopes this run measured are stated beside the figure, flagged
+# where the fit cannot be trusted.
 
 # %% tags=["parameters"]
 # Accuracy study: single head, unit-variance q, k (N × rank) and v (N × value_dim).
@@ -37,13 +38,13 @@ rank: int = 8  # ≥ 1: query/key width r
 value_dim: int = 8  # ≥ 1
 seeds: list = [0, 1]  # ≥ 0
 orthogonality_max_n: int = 256  # ≥ 2: largest N of the explicit N × N check
-# Timing study: (batch_heads, N, head_dim) float32 inputs, best of `repeat` runs.
+# Timing study: (batch_heads, N, head_dim) float32 inputs, median of `repeat` runs.
 ns_timing: list = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # ≥ 2
 dense_max_n: int = 1024  # ≥ 2
 sdpa_max_n: int = 8192  # ≥ 2
 batch_heads: int = 4  # ≥ 1
 head_dim: int = 64  # ≥ 1
-repeat: int = 5  # ≥ 1: best of this many runs
+repeat: int = 5  # ≥ 1: median of this many timed runs
 fit_points: int = 3  # ≥ 2: largest N used for each slope fit
 
 # %%
@@ -55,6 +56,7 @@ params = nb.opening("01_osa_matrix_exponential", globals())
 import pandas as pd
 
 from osa_lab.plots import expm as plots
+from osa_lab.reporting import texts
 from osa_lab.studies import expm_accuracy as expm_study
 
 # %% [markdown]
@@ -64,17 +66,11 @@ from osa_lab.studies import expm_accuracy as expm_study
 # computed from the rounded inputs in float64, so the numbers measure the method rather
 # than the rounding of q, k, v. What the figures show depends on the method, the dtype and
 # ‖S‖₂ (which grows with N and α); the table below the first figure gives the largest error per
-# method and dtype in each ‖S‖₂ range of this run, so the statement can be checked against it:
-#
-# * float64: rounding level, growing with ‖S‖₂: in the default run (`osa-lab report`) up to
-#   ≈ 2e-11 for dense and ≈ 5e-13 for low-rank at ‖S‖₂ > 100, ≲ 1e-15 at ‖S‖₂ ≤ 1;
-# * float32, low-rank path (its 2r×2r exponential runs in float64): ≈ 1e-7 at ‖S‖₂ ≤ 1,
-#   growing with ‖S‖₂ to ≈ 5e-5 at ‖S‖₂ > 100 in the default run (the float32 budget is
-#   2e-6 up to ‖S‖₂ = 10 and 1e-7·‖S‖₂ beyond);
-# * float32, dense `dense_exp`: ≲ 3e-7 at every ‖S‖₂, because past the short-Taylor range it
-#   forms and exponentiates S in float64 (so it is the more accurate float32 path at large
-#   ‖S‖₂, and about 1.8× slower than a float32 exponential);
-# * bfloat16: near 1e-3 (the output is rounded to 8 bits of mantissa).
+# method and dtype in each ‖S‖₂ range of this run. What to expect from the code: float64 at
+# rounding level, growing with ‖S‖₂; float32 on the low-rank path (its 2r×2r exponential runs
+# in float64) growing with ‖S‖₂ (the float32 budget is 2e-6 up to ‖S‖₂ = 10 and 1e-7·‖S‖₂
+# beyond); float32 on the dense path nearly flat, because past the short-Taylor range it forms
+# and exponentiates S in float64; bfloat16 near 1e-3 (8 bits of mantissa).
 
 # %%
 acc = expm_study.accuracy_table(
@@ -89,7 +85,7 @@ acc = expm_study.accuracy_table(
 )
 summary = acc.pivot_table(index=["dtype", "method"], columns="alpha", values="rel_error", aggfunc="max")
 summary.columns = [f"α={a:g}" for a in summary.columns]
-print("Largest relative error over N and seeds:")
+nb.say(texts.accuracy_text(acc))
 summary
 
 # %%
@@ -103,9 +99,7 @@ acc.assign(norm_range=_bins).pivot_table(index=["dtype", "method"], columns="nor
 
 # %% [markdown]
 # The same errors against the α axis at the largest N, and against the spectral norm of S
-# for every problem: the float32 error of the low-rank path grows with ‖S‖₂, while the dense
-# float32 path, which computes in float64 once ‖S‖ is past its short-Taylor range, stays near
-# 1e-7; the table above gives the measured maxima per range of ‖S‖₂.
+# for every problem; the table above gives the measured maxima per range of ‖S‖₂.
 
 # %%
 nb.show(plots.error_vs_alpha(acc))
@@ -133,7 +127,7 @@ nb.show(plots.orthogonality_vs_n(acc))
 # %% [markdown]
 # ## Time against N
 #
-# Forward time (best of `repeat`) on this machine, log–log. Dense OSA is O(N³), softmax
+# Forward time (median of `repeat` runs) on this machine, log–log. Dense OSA is O(N³), softmax
 # attention O(N² d) and low-rank OSA O(N r (r + d)) plus O(r³) per head, which dominates at
 # small N — so each slope is fitted on that method's largest N only.
 
@@ -146,8 +140,7 @@ timings = expm_study.timing_table(
     repeat=repeat,
 )
 slopes = expm_study.fit_slopes(timings, points=fit_points)
-for row in slopes.itertuples():
-    print(f"{row.method:8s} slope {row.slope:5.2f}  (expected ≈ {row.expected}, fitted on N = {row.n_min}…{row.n_max})")
+nb.say(texts.timing_text(slopes, timings))
 
 # %%
 nb.show(plots.time_vs_n(timings, slopes))
@@ -162,10 +155,11 @@ pd.options.display.float_format = "{:.4g}".format
 wide
 
 # %% [markdown]
-# **Reading the figures.** Both methods agree with the float64 reference to rounding level;
-# only the dtype and ‖S‖₂ move the error. The low-rank path is the one to use beyond a few
-# hundred tokens: its time grows linearly in N while softmax attention grows quadratically,
-# so the ratio `sdpa / lowrank` grows roughly in proportion to N.
+# **Reading the figures.** What this run found, from its tables:
+
+# %%
+nb.finding(texts.timing_finding(slopes))
+nb.say(texts.speedup_text(timings))
 
 # %%
 nb.closing()

@@ -24,11 +24,11 @@
 # `skipless-osa`, the attention-only stacks `pure-ssa` and `pure-osa`, and skipless SSA with the
 # *Cutting the Skip* and *Value-SkipInit* initialisations.
 #
-# What to look for: the pure SSA stack collapses — relative residual and effective rank fall
-# towards their rank-one values within a few layers (doubly exponentially, Dong et al.) —
-# while skips keep `vit` away from collapse, and the pure OSA stack keeps **every** singular
-# value of its input, so all its curves are flat. Curves are the mean over seeds, bands the
-# min–max range.
+# The literature's expectation: a pure SSA stack collapses — relative residual and effective
+# rank fall towards their rank-one values within a few layers (doubly exponentially, Dong et
+# al.) — while skips keep `vit` away from collapse, and a pure OSA stack (one head) keeps
+# **every** singular value of its input. What this run found is stated under the headline
+# tables, from them. Curves are the mean over seeds, bands the min–max range.
 
 # %% tags=["parameters"]
 presets: list = [
@@ -56,6 +56,7 @@ import pandas as pd
 
 from osa_lab.nn.presets import describe
 from osa_lab.plots import depth as plots
+from osa_lab.reporting import texts
 from osa_lab.studies import depth as analysis
 from osa_lab.studies import summaries as depth_facts
 from osa_lab.studies.metrics import METRIC_DESCRIPTIONS, METRICS
@@ -84,20 +85,25 @@ result = analysis.sweep(
     progress=False,
 )
 metrics, spectra = result.metrics, result.spectra
-print(f"{len(metrics)} metric rows, {len(spectra)} spectrum rows")
+nb.say(f"Swept {texts.sweep_settings(presets, depth, tokens, dim, seeds)}: {len(metrics)} metric rows, "
+       f"{len(spectra)} spectrum rows.")
 
 # %% [markdown]
 # ## Headline numbers
 #
 # Relative residual at the last layer against the input (mean over seeds): a ratio far below
 # 1 is rank collapse. The second table gives the largest change of any singular value
-# between input and output, relative to `σ₁(X₀)`: rounding-level for `pure-osa`.
+# between input and output, relative to `σ₁(X₀)`. Below them, per preset, what this run measured.
 
 # %%
 depth_facts.collapse_table(metrics)
 
 # %%
-depth_facts.spectrum_drift(spectra)
+drift = depth_facts.spectrum_drift(spectra)
+drift
+
+# %%
+nb.say(texts.rank_collapse_text(metrics, drift))
 
 # %% [markdown]
 # ## Every metric against depth
@@ -107,6 +113,9 @@ depth_facts.spectrum_drift(spectra)
 
 # %%
 shown = depth_facts.cap_condition_numbers(metrics)
+hidden = texts.hidden_curves_text(metrics, METRICS)
+if hidden:
+    nb.say(hidden)
 for metric in METRICS:
     print(f"{metric}: {METRIC_DESCRIPTIONS.get(metric, '')}")
     nb.show(plots.metric_vs_depth(shown, metric))
@@ -116,7 +125,8 @@ for metric in METRICS:
 #
 # Each panel is one preset: layer on one axis, the normalised index `i/k` of the singular value
 # on the other, colour `σ_i/σ₁` on a log scale shared by all panels. A collapsing network turns
-# dark everywhere but the first index; `pure-osa` keeps the input's spectrum at every layer.
+# dark everywhere but the first index; a network that keeps its spectrum looks the same at
+# every layer.
 
 # %%
 nb.show(plots.spectra_heatmaps(spectra).cols(4).opts(hspace=0.7, vspace=0.35, backend="matplotlib"))
@@ -125,15 +135,18 @@ nb.show(plots.spectra_heatmaps(spectra).cols(4).opts(hspace=0.7, vspace=0.35, ba
 nb.show(plots.spectra_lines(spectra).cols(4).opts(hspace=0.5, vspace=0.35, backend="matplotlib"))
 
 # %% [markdown]
-# **Reading the figures.** What the figures show, for the presets, depth and seeds of this run:
-# rank collapse reads as token cosine → 1, relative residual → 0 and effective rank → 1 across
-# depth, and the spectra heatmaps show the singular values σᵢ/σ₁ beyond the first falling
-# towards 0. Compare each preset's curve with these signs; the tidy table above holds the
-# numbers. The attention-only OSA stack (`pure-osa`, one head) should stay flat at every depth
-# shown, because an orthogonal attention matrix is an isometry of the tokens (its
-# orthogonality is measured in notebook 01). Why softmax stacks collapse (products of
-# row-stochastic averaging matrices) is the literature's account (Dong et al., 2021), not
-# something this notebook measures.
+# **Reading the figures.** Rank collapse reads as token cosine → 1, relative residual → 0 and
+# stable and effective rank → 1 across depth, and as the spectra's σᵢ/σ₁ beyond the first
+# falling towards 0. What this run found, per preset, is listed under the headline tables; in one line:
+
+# %%
+nb.finding(texts.collapse_finding(metrics))
+
+# %% [markdown]
+# An OSA layer's attention matrix is orthogonal (measured in notebook 01), so it is an isometry
+# of the tokens; in `skipless-osa` the MLPs, not the attention, change the spectrum. Why softmax
+# stacks collapse (products of row-stochastic averaging matrices) is the literature's account
+# (Dong et al., 2021), not something this notebook measures.
 
 # %%
 nb.closing()

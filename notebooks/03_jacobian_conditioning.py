@@ -20,8 +20,8 @@
 #
 # 1. **One OSA layer against α, N and d.** With `A` fixed the layer's Jacobian is `W_Vᵀ ⊗ A`,
 #    perfectly conditioned for orthogonal `W_V`; the dependence of `A` on `X` adds a term of
-#    size about `α ‖X‖²/√r` (docs/design.md §3). κ should be 1 at α = 0 and grow quickly with α, while
-#    the derived initialisation `α₀ = c √r / (√N + √d)²` keeps κ near 1 for every N and d.
+#    size about `α ‖X‖²/√r` (docs/design.md §3). The expectation: κ = 1 at α = 0, growing with α,
+#    and the derived initialisation `α₀ = c √r / (√N + √d)²` keeping κ near 1 for every N and d.
 # 2. **κ across depth** for skipless OSA, skipless softmax attention and a skip-connected ViT:
 #    of `∂X_l/∂X_0` (end to end) and of each block alone.
 # 3. **Histograms** of all singular values of the whole network's Jacobian.
@@ -50,20 +50,21 @@ params = nb.opening("03_jacobian_conditioning", globals())
 # %%
 
 from osa_lab.plots import depth as plots
+from osa_lab.reporting import texts
 from osa_lab.studies import jacobian
 from osa_lab.studies import summaries as depth_facts
 
 # %% [markdown]
 # ## 1 · The OSA layer against α
 #
-# One OSA layer (one head, Gaussian `W_Q`, `W_K` of variance 1/d, orthogonal `W_V`, `W_O`) at
-# `N = alpha_tokens`, `d = alpha_dim`, input `X ~ N(0, 1)`. docs/design.md §3 quotes, for N = d = 16:
-# κ = 1.0 at α = 0, 14 at 0.1, 94 at 0.3, ~980 at 1 (one seed). The last row is the derived α₀.
+# One OSA layer (one head, Gaussian `W_Q`, `W_K` of variance 1/d, orthogonal `W_V`, `W_O`),
+# input `X ~ N(0, 1)`; the sizes and seeds are stated under the table. The last row is the derived α₀.
 
 # %%
 by_alpha = jacobian.osa_layer_conditioning(
     [*alphas, "derived"], [alpha_tokens], [alpha_dim], seeds=layer_seeds
 )
+nb.say(texts.osa_layer_text(by_alpha))
 by_alpha.groupby(["alpha_source", "alpha"])["kappa"].agg(["mean", "min", "max"])
 
 # %%
@@ -76,12 +77,13 @@ nb.show(
 # %% [markdown]
 # ## 2 · The OSA layer against N and d
 #
-# At the derived α₀ (left) κ should stay within about 1.1–1.5 on the whole grid; at a fixed
-# α = `contrast_alpha` (right) it grows with N and d, because `‖X‖²` does.
+# At the derived α₀ (left) against a fixed α (right): with a fixed α, the term `α ‖X‖²/√r`
+# grows with N and d, because `‖X‖²` does; the derived α₀ shrinks as they grow.
 
 # %%
 grid = jacobian.osa_layer_conditioning(["derived", contrast_alpha], grid_tokens, grid_dims, seeds=layer_seeds)
 grid["alpha_label"] = grid["alpha_source"].map({"derived": "derived α₀", "given": f"α = {contrast_alpha:g}"})
+nb.say(texts.grid_text(grid, contrast_alpha))
 grid.pivot_table(index=["alpha_label", "tokens"], columns="dim", values="kappa", aggfunc="max").add_prefix("d = ")
 
 # %%
@@ -98,15 +100,17 @@ nb.show(
 # %% [markdown]
 # ## 3 · κ across depth
 #
-# Exact Jacobians of `presets` at depth `depth` (N = `tokens`, d = `dim`), `depth_seeds` seeds.
-# End to end, κ(∂X_l/∂X_0) of skipless softmax attention grows by orders of magnitude with l;
-# skipless OSA grows far more slowly (its attention is an isometry, its MLPs are not), and the
-# skip-connected ViT stays near 1. κ above about 1e16 exceeds what float64 resolves (σ_min is
-# rounding noise there): read such values as "numerically singular", not as exact figures.
+# κ(∂X_l/∂X_0) end to end and κ of each block alone, per preset. κ at or above 1/ε ≈ 4.5e15
+# exceeds what float64 resolves (σ_min is rounding noise there): such a value is reported as
+# "numerically singular" (column `beyond_float64` counts the seeds), never as a figure, and is
+# drawn at that ceiling with a ✕.
 
 # %%
+nb.say(texts.depth_settings_text(presets, depth, tokens, dim, depth_seeds))
 kappa, sigmas = depth_facts.jacobian_sweep(presets, depth, tokens, dim, depth_seeds)
-depth_facts.kappa_table(kappa)
+kappa_summary = depth_facts.kappa_table(kappa)
+nb.say(texts.kappa_depth_text(kappa_summary))
+kappa_summary
 
 # %%
 nb.show(plots.kappa_vs_depth(kappa, scope="end_to_end"))
@@ -127,14 +131,15 @@ nb.show(plots.jacobian_histogram(sigmas))
 sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99])
 
 # %% [markdown]
-# **Reading the figures.** What this notebook measures: κ of one OSA layer's Jacobian against
-# α and against N and d (sections 1–2), and κ of whole skipless networks across depth with the
-# spread of their singular values (sections 3–4). The table in section 3 gives this run's answer
-# to "does κ grow faster with depth in skipless SSA than in skipless OSA?": compare the
-# `kappa_last_layer` of the two rows, and the seed bands in the figure. What it does not
-# measure: *why*. That the OSA attention matrix is orthogonal is checked in notebook 01; that
-# softmax averaging collapses rank across depth is measured in notebook 02; the link from either
-# to κ is the paper's argument, not shown here.
+# **Reading the figures.** What this run found, from its own tables (sections 1 and 3):
+
+# %%
+nb.finding(texts.kappa_finding(by_alpha, kappa_summary))
+
+# %% [markdown]
+# What it does not measure: *why*. That the OSA attention matrix is orthogonal is checked in
+# notebook 01; that softmax averaging collapses rank across depth is measured in notebook 02;
+# the link from either to κ is the paper's argument, not shown here.
 
 # %%
 nb.closing()

@@ -6,8 +6,10 @@ assert on the data behind each plot (the HoloViews objects held by the bound pan
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def _load_script(path: Path, name: str):
 
 @pytest.mark.parametrize("script", [APP, ROOT / "osa_lab" / "dashboard" / "osa_dashboard.py"])
 def test_entry_scripts_are_thin_and_build_from_the_package(script):
-    """Issue 12: ``dashboards/osa_dashboard.py`` (and the packaged copy ``osa-lab dashboard``
+    """``dashboards/osa_dashboard.py`` (and the packaged copy ``osa-lab dashboard``
     serves) define no app code of their own: every class comes from ``osa_lab.dashboard``."""
     import ast
 
@@ -167,7 +169,7 @@ def test_pure_ssa_collapses_and_pure_osa_does_not(app):
 
 @pytest.mark.parametrize("metric", ["stable_rank", "condition_number"])
 def test_pure_osa_with_preset_default_heads_is_flat(dash, metric):
-    """Issue 15 item 2: the default heads are each preset's own (1 for pure-osa), which keeps every
+    """The default heads are each preset's own (1 for pure-osa), which keeps every
     singular value, so stable rank and κ(X) are flat across depth (they were not with 2 heads)."""
     a = dash.build_app(presets=["pure-ssa", "pure-osa"], depth=12, tokens=16, dim=16, seeds=1, metric=metric)
     pn.panel(a)
@@ -282,12 +284,148 @@ def test_bad_url_values_are_named_and_not_used(dash):
     d.apply_url({"presets": "vit,nope", "depth": "99", "heads": "3", "metric": "relative-residual", "dim": "16",
                  "zoom": "2"})
     text = " ".join(d.url_errors)
-    for bit in ("presets=vit,nope", "unknown preset(s) nope", "depth=99", "heads=3", "metric=relative-residual",
-                "unknown URL parameter `zoom`"):
+    for bit in ("presets=“vit,nope”", "unknown preset(s) “nope”", "depth=“99”", "heads=“3”",
+                "metric=“relative-residual”", "unknown URL parameter “zoom”"):
         assert bit in text, text
     assert d.controls.presets == ["pure-ssa", "pure-osa"] and d.controls.depth == 12 and d.controls.dim == 16
     assert "presets=pure-ssa,pure-osa" in "&".join(f"{k}={v}" for k, v in d.controls.to_query().items())
     assert "could not be used" in d._url_message(d.url_errors)
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e400", "0x1p-3", "1_0",
+                                   "٣", "", " ", "0.5.5", "1e", "½"])
+def test_non_finite_or_malformed_numbers_in_a_link_are_named_and_the_rest_applies(dash, value):
+    """A value that Python's float() or int() accepts but the controls cannot hold (NaN, inf, a
+    non-ASCII digit) or that is not a number is refused before anything is set, named in the
+    message; the link's other values are used."""
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": value, "derived_alpha": "false", "depth": value, "seeds": value, "points": value,
+                 "tokens": "16"})
+    text = " ".join(d.url_errors)
+    for name in ("alpha", "depth", "seeds", "points"):
+        assert f"{name}=“{value.strip()}” was ignored" in text, text
+    c = d.controls
+    assert c.tokens == 16 and c.derived_alpha is False
+    assert c.alpha == 0.05 or np.isfinite(c.alpha)
+    assert (c.depth, c.seeds, c.points) == (12, 2, 6)
+    assert "nan" not in str(c.to_query()).lower() and "inf" not in str(c.to_query()).lower()
+
+
+def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(dash, monkeypatch):
+    """Should a parsed value still be refused when set, the page builds and the message names it."""
+    d = dash.Dashboard(compute_now=False)
+    original = d.controls._parse
+
+    def lenient(key, text):
+        return float("nan") if key == "alpha" else original(key, text)
+
+    monkeypatch.setattr(d.controls, "_parse", lenient)
+    d.apply_url({"alpha": "0.3", "depth": "5"})
+    assert d.controls.depth == 5
+    assert any(e.startswith("alpha=“nan” was ignored") for e in d.url_errors), d.url_errors
+    monkeypatch.setattr(d.controls, "apply_query", lambda q: 1 / 0)
+    d.apply_url({"depth": "6"})
+    assert d.url_errors and "could not be applied" in d.url_errors[0]
+    pn.panel(d)  # the page still builds
+
+
+def test_a_curve_hidden_under_another_is_named_below_the_figure(app):
+    view = app.rank_view
+    m = app.state.metrics
+    note = view.hidden_note(m, "relative_residual", "block")
+    assert note == ""  # pure-ssa collapses, pure-osa does not: both visible
+    twin = m[m["preset"] == "pure-osa"].assign(preset="vit")
+    note = view.hidden_note(pd.concat([m, twin]), "relative_residual", "block")
+    assert "pure\\-osa lies under vit" in note
+
+
+def test_figures_export_as_svg_and_high_resolution_png_named_by_their_settings(app):
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    buttons = {b.filename.rsplit(".", 1)[1]: b for b in app.rank_view.__panel__().select(pn.widgets.FileDownload)
+               if b.filename.startswith("rank_collapse")}
+    svg = buttons["svg"].callback().getvalue()
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg") and b"<path" in svg  # vector paths, not an embedded raster only
+    assert buttons["svg"].filename == ("rank_collapse_relative-residual-rank-collapse-after-each-block_depth-3_N-8_d-8_"
+                                       "preset-heads_alpha0-derived_2-seeds.svg")
+    png = buttons["png"].callback().getvalue()
+    assert Image.open(io.BytesIO(png)).info["dpi"][0] > 190
+    assert buttons["png"].filename.endswith("_depth-3_N-8_d-8_preset-heads_alpha0-derived_2-seeds.png")
+    app.controls.depth = 4
+    buttons["png"].callback()
+    assert "_depth-4_" in buttons["png"].filename
+
+
+def test_osa_check_badges_say_pass_or_fail_without_colour_and_explain_a_failure(app):
+    check = dict(app.check_view.result)
+    page = app.check_view.badges_html(check)
+    assert page.count("✓ ") == 4 and "✗" not in page and "within the float32 tolerance 1e-04" in page
+    failing = {**check, "dense_vs_lowrank": 1.9e-4, "passed": {**check["passed"], "dense_vs_lowrank": False}}
+    page = app.check_view.badges_html(failing)
+    assert page.count("✓ ") == 3 and "✗ dense vs low-rank: 1.9e-04" in page
+    assert 'data-passed="false"' in page and "outside the float32 tolerance 1e-04" in page
+    assert "dense vs low-rank 1.9e-04 &gt; 1e-04" in page and "grows with ‖S‖₂" in page
+
+
+def test_a_heads_value_a_width_change_makes_invalid_is_reset_with_a_message(dash):
+    c = dash.Controls(dim=32, heads=16)
+    assert c.adjusted == ""
+    c.dim = 24
+    assert c.heads == dash.PRESET_HEADS
+    assert "reset from 16 to preset default" in c.adjusted and "d = 24" in c.adjusted
+    c.dim = 32
+    assert c.adjusted == ""
+
+
+def test_alpha_in_the_url_is_written_without_float_noise(dash):
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": "0.5997"})
+    d.controls.alpha = d.controls.alpha + 0.00001  # the slider's step: 0.5997100000000001
+    assert d.controls.to_query()["alpha"] == "0.59971"
+
+
+#: Links someone else wrote: script in the keys and values (backticks close a code span).
+SCRIPT_PAYLOADS = [
+    "x` <img src=x onerror=\"document.title='XSS'\"> `",
+    "<script>document.title='XSS'</script>",
+    "[click](javascript:document.title='XSS')",
+    "<a href=\"javascript:document.title='XSS'\">click</a>",
+    "``<svg onload=alert(1)>``",
+    "*x* _y_ # z\n\n<iframe src=javascript:alert(1)>",
+    "&lt;img src=x onerror=alert(1)&gt;",
+    "<javascript:alert(1)>",
+    "![x](x\" onerror=\"alert(1))",
+]
+
+
+def _rendered_html(markdown: str) -> str:
+    """The HTML that Panel's Markdown pane (the dashboard's alerts) sends to the browser."""
+    return html.unescape(pn.pane.Alert(markdown)._transform_object(markdown)["object"])
+
+
+@pytest.mark.parametrize("payload", SCRIPT_PAYLOADS)
+def test_link_keys_and_values_reach_the_page_as_text_never_as_markup(dash, payload):
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({payload: "1", "metric": payload, "presets": f"vit,{payload}", "depth": payload})
+    assert len(d.url_errors) == 4
+    page = _rendered_html(d._url_message(d.url_errors))
+    body = page.split("</p>", 1)[1]  # after the message's bold heading
+    assert "<strong>" in page  # the heading is Markdown; what follows carries no tag but the list's
+    assert set(re.findall(r"<\s*/?\s*([a-zA-Z]+)", body)) <= {"ul", "li"}, body  # no <a>, <img>, <script>
+    assert not re.search(r"\son[a-z]+\s*=|href|src\s*=", re.sub(r"&[a-z]+;|“[^”]*”", "", body)), body
+    shown = html.unescape(re.sub(r"<[^>]+>", "", body))
+    first_line = payload.splitlines()[0]
+    assert first_line[:40] in shown, (first_line, shown)  # the text is shown as typed
+
+
+@pytest.mark.parametrize("payload", SCRIPT_PAYLOADS)
+def test_error_messages_reach_the_page_as_text(payload):
+    pane = dash_views.message_pane(pn.widgets.TextInput(value=f"failed for {payload}").param.value)
+    page = _rendered_html(pane.object)
+    assert set(re.findall(r"<\s*/?\s*([a-zA-Z]+)", page)) <= {"p"}, page
 
 
 def test_downloads_return_tidy_csv_and_the_png_on_screen(app):
@@ -352,7 +490,7 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
 
 
 def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
-    """Issue 15 item 3: after exact → matrix-free the PNG is the figure on screen, not the old one."""
+    """After exact → matrix-free the PNG is the figure on screen, not the old one."""
     monkeypatch.setattr(dash_views, "compute_unit", _fake_unit([]))
     app.controls.view = "jacobian"
     exact_png = app.jacobian_view.png("histogram")
@@ -373,10 +511,35 @@ def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monke
     app.controls.tokens, app.controls.dim = 64, 64
     app.controls.view = "jacobian"
     notice = app.jacobian_view.notice
-    assert calls == [] and "Compute Jacobians" in notice and "estimated ≈" in notice
+    assert "Compute Jacobians" in notice and "estimated ≈" in notice
+    # meanwhile a preview at smaller sizes, estimated within the automatic budget, is drawn
+    assert calls and all(u.tokens < 64 or u.dim < 64 for u in calls), calls
+    p = calls[0]
+    assert f"preview at N = {p.tokens}, d = {p.dim}" in notice
+    assert dash_views.jobs.estimate_seconds(len(calls), p.method, p.tokens, p.dim, p.depth,
+                                            len(p.layers)) <= dash_views.AUTO_JACOBIAN_SECONDS
+    assert "PREVIEW at smaller N, d" in _title(_pane_data(app.jacobian_view, "kappa"))
+    assert f"N {p.tokens} · d {p.dim}" in _title(_pane_data(app.jacobian_view, "kappa"))
+    calls.clear()
     app.jacobian_view.param.trigger("compute")
     assert len(calls) == 2 and calls[0].tokens == 64 and app.jacobian_view.notice == ""
     assert calls[0].method == "matrix-free" and calls[0].layers == (1, 2, 3)
+    assert "PREVIEW" not in _title(_pane_data(app.jacobian_view, "kappa"))
+
+
+def test_default_jacobian_view_draws_a_preview_figure(dash, monkeypatch):
+    """At the default settings (estimated minutes) the Jacobian tab draws a figure at once, at
+    smaller N and d, and says so, instead of an empty placeholder."""
+    calls = []
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    d = dash.Dashboard(compute_now=False)
+    pn.panel(d)
+    d.controls.view = "jacobian"
+    view = d.jacobian_view
+    pn.panel(view)
+    view.request()
+    assert calls and view.profile is not None
+    assert "preview at N" in view.notice and "PREVIEW" in _title(_pane_data(view, "kappa"))
 
 
 def test_jacobian_layers_are_spread_and_end_at_depth(dash):
@@ -454,7 +617,7 @@ def test_template_is_bootstrap_and_the_page_omits_unused_bokeh_bundles(app, dash
 
 
 def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
-    """Issue 12: the dashboard's modules import only public names of osa_lab, and their imports
+    """The dashboard's modules import only public names of osa_lab, and their imports
     of each other point one way (state ← views ← app; jobs below all)."""
     import ast
 
@@ -485,7 +648,7 @@ def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
 
 
 def test_a_depth_change_is_a_data_update_of_the_figure_drawn(app):
-    """Speed (issue 15): a change that only alters data (depth, sizes, seeds) updates the Bokeh
+    """Speed: a change that only alters data (depth, sizes, seeds) updates the Bokeh
     models already drawn through the pane's DynamicMap instead of rebuilding them; a change of
     what is drawn (presets, metric, y scale) draws a new figure. Either way the data on screen
     follow the controls."""
@@ -517,7 +680,7 @@ def test_a_depth_change_is_a_data_update_of_the_figure_drawn(app):
 
 def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch):
     """A session whose settings another session (or the pre-warm) computed gets its sweep, OSA
-    check and figures synchronously (issue 15 item 7: the first document carries the figure, no
+    check and figures synchronously (the first document carries the figure, no
     placeholder and no second round trip); nothing is recomputed."""
     first = dash.build_app(**SMALL)  # computes (synchronously outside a server) and fills the caches
     pn.panel(first)

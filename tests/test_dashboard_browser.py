@@ -278,7 +278,7 @@ def _wait_url(page, needle: str, timeout: float = 60) -> str:
 
 
 def test_copied_url_restores_the_full_view_including_presets(server, browser):
-    """Issue 15 item 1: add a preset in the page, copy the URL, open it: the same view."""
+    """Add a preset in the page, copy the URL, open it: the same view."""
     watch = _open(browser, f"{server}?{QUERY}&seeds=1&metric=stable_rank&site=attention&scale=linear")
     page = watch.page
     _wait_title(page, "stable rank after attention")
@@ -344,11 +344,134 @@ def test_bad_url_value_shows_a_message_and_is_replaced(server, browser):
     watch = _open(browser, f"{server}?{QUERY}&presets=vit,nope&heads=3&metric=rank")
     page = watch.page
     page.get_by_text("could not be used").first.wait_for(timeout=90_000)
-    for text in ("unknown preset(s) nope", "heads=3", "metric=rank"):
+    for text in ("unknown preset(s) “nope”", "heads=“3”", "metric=“rank”"):
         assert page.get_by_text(text).count() >= 1, text
     url = _wait_url(page, "presets=pure-ssa,pure-osa")
     assert "nope" not in url and "metric=relative_residual" in url
     assert _wait_layers(page, 4)  # the valid values were used
+    _assert_clean(watch)
+    page.context.close()
+
+
+#: Script payloads a link can carry; each would set the page title to "XSS" (and a flag) if it ran.
+RUN = "document.title='XSS';window.osaXss=1"
+XSS_PAYLOADS = [
+    f"x` <img src=x onerror=\"{RUN}\"> `",
+    f"<script>{RUN}</script>",
+    f"<svg onload=\"{RUN}\">",
+    f"[click me](javascript:{RUN})",
+    f"<a href=\"javascript:{RUN}\">click me</a>",
+    f"``<img src=x onerror={RUN}>``",
+]
+
+JS_RAN = "() => document.title === 'XSS' || window.osaXss === 1"
+
+
+def _assert_nothing_ran(watch: PageWatch, dialogs: list[str]) -> None:
+    page = watch.page
+    assert not page.evaluate(JS_RAN), "a script from the link ran"
+    assert dialogs == [], dialogs
+    # no element built from the link (locators pierce Bokeh's shadow roots)
+    for selector in ("img[src='x']", "svg[onload]", "a[href^='javascript']", "[onerror]"):
+        assert page.locator(selector).count() == 0, selector
+    for link in page.locator("a").all():  # a javascript: link must not exist even to be clicked
+        assert not (link.get_attribute("href") or "").lower().strip().startswith("javascript"), link
+
+
+@pytest.mark.parametrize("place", ["keys", "values"])
+def test_links_with_script_payloads_show_them_as_text_and_run_nothing(server, browser, place):
+    """A shared link's keys and values are shown as typed in the page's message, never as markup:
+    no handler, script or javascript: link from the link runs (an unknown key in backticks used to
+    close the message's code span and inject an <img onerror>)."""
+    from urllib.parse import quote
+
+    if place == "keys":
+        query = "&".join(f"{quote(p, safe='')}=1" for p in XSS_PAYLOADS[:4]) + "&" + "&".join(
+            f"{quote(p, safe='')}=1" for p in XSS_PAYLOADS[4:])
+    else:
+        query = "&".join(f"{k}={quote(p, safe='')}" for k, p in zip(
+            ("metric", "site", "scale", "jacobian", "presets", "view"), XSS_PAYLOADS, strict=True))
+    watch = _open(browser, f"{server}?{QUERY}&{query}")
+    page = watch.page
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.get_by_text("could not be used").first.wait_for(timeout=90_000)
+    assert _wait_layers(page, 4)  # the page works: the link's valid values were used
+    page.wait_for_timeout(1500)
+    _assert_nothing_ran(watch, dialogs)
+    for payload in XSS_PAYLOADS:  # shown as typed
+        assert page.get_by_text(payload[:30]).count() >= 1, payload
+    page.screenshot(path=str(OUTPUT / f"dashboard_script_link_{place}.png"), full_page=True)
+    _assert_clean(watch)
+    page.context.close()
+
+
+@pytest.mark.parametrize("bad", ["alpha=nan&derived_alpha=false", "alpha=inf&derived_alpha=false&depth=nan",
+                                 "depth=1e400&seeds=-0x1&tokens=NaN&alpha=%00", "points=%E2%88%9E&dim=nan"])
+def test_a_link_with_non_finite_or_malformed_values_still_draws_the_page(server, browser, bad):
+    watch = _open(browser, f"{server}?{QUERY}&{bad}")
+    page = watch.page
+    page.get_by_text("could not be used").first.wait_for(timeout=90_000)
+    assert _wait_layers(page, 12 if "depth=" in bad else 4)  # a refused depth leaves the default
+    first = bad.split("&")[0].split("=")[0]
+    assert page.get_by_text(f"{first}=“").count() >= 1  # the unusable value is named
+    deadline = time.time() + 90  # the address bar is rewritten to what is on screen (after the page load)
+    while "nan" in page.url.lower().split("?", 1)[1] and time.time() < deadline:
+        time.sleep(0.3)
+    assert "nan" not in page.url.lower().split("?", 1)[1], page.url
+    assert "view=rank" in page.url
+    _assert_clean(watch)
+    page.context.close()
+
+
+def _figure_widths(page) -> list[float]:
+    """Widths in pixels of the Bokeh canvases on the page, widest first."""
+    boxes = [c.bounding_box() for c in page.locator("canvas").all()]
+    return sorted((b["width"] for b in boxes if b and b["width"] > 50), reverse=True)
+
+
+def _wait_widest(page, at_least: float, timeout: float = 30) -> float:
+    deadline, widths = time.time() + timeout, []
+    while time.time() < deadline:
+        widths = _figure_widths(page)
+        if widths and widths[0] >= at_least:
+            return widths[0]
+        time.sleep(0.25)
+    raise AssertionError(f"no figure of width ≥ {at_least} px within {timeout} s: {widths}")
+
+
+def test_figures_keep_the_page_width_after_a_slider_move_and_single_block(server, browser):
+    """The line figures stretch to the page's width and keep it when a slider changes their data
+    (they used to shrink to a fixed 520 × 340 px, title cut), and on the Jacobian tab after
+    "single block"."""
+    watch = _open(browser, f"{server}?{QUERY}")
+    page = watch.page
+    assert _wait_layers(page, 4)
+    stretched = _wait_widest(page, 800)
+    _set_depth(page, 4, 6)
+    assert _wait_layers(page, 6)
+    page.wait_for_timeout(1000)
+    assert _figure_widths(page)[0] >= 0.95 * stretched, (_figure_widths(page), stretched)
+    OUTPUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "dashboard_after_slider.png"), full_page=True)
+    page.context.close()
+
+    watch = _open(browser, f"{server}?view=jacobian&jacobian=exact&depth=2&tokens=4&dim=4&seeds=1&points=2")
+    page = watch.page
+    _wait_title(page, "Singular values of the end-to-end Jacobian [exact]")
+    stretched = _wait_widest(page, 800)
+    for _ in range(3):  # a click that lands while the page re-renders can be lost: retry
+        page.get_by_role("button", name="single block", exact=True).click()
+        try:
+            _wait_url(page, "scope=layer", timeout=20)
+            break
+        except AssertionError:
+            continue
+    _wait_title(page, "single block")
+    page.wait_for_timeout(1000)
+    widths = _figure_widths(page)
+    assert len(widths) >= 2 and widths[1] >= 0.95 * stretched, (widths, stretched)  # both Jacobian figures
+    page.screenshot(path=str(OUTPUT / "dashboard_jacobian_single_block.png"), full_page=True)
     _assert_clean(watch)
     page.context.close()
 
@@ -366,7 +489,7 @@ def _download(page, label: str) -> bytes:
 
 
 def test_png_after_a_mode_switch_is_the_figure_on_screen(server, browser):
-    """Issue 15 item 3: exact → matrix-free, the histogram PNG changes and names the shown figure."""
+    """Exact → matrix-free, the histogram PNG changes and names the shown figure."""
     watch = _open(browser, f"{server}?view=jacobian&jacobian=exact&depth=2&tokens=4&dim=4&seeds=1&points=1")
     page = watch.page
     _wait_title(page, "Singular values of the end-to-end Jacobian [exact]")
@@ -387,6 +510,24 @@ def test_png_after_a_mode_switch_is_the_figure_on_screen(server, browser):
     free = _download(page, "PNG: jacobian_histogram.png")
     assert free != exact
     assert "matrix-free" in _png_title(free) and _png_title(free) in page.evaluate(JS_TITLES)
+    _assert_clean(watch)
+    page.context.close()
+
+
+def test_default_jacobian_view_shows_a_figure(server, browser):
+    """At the default settings (minutes of exact Jacobians) the Jacobian tab draws a preview at
+    smaller N and d within seconds, titled as such, and keeps the estimate and Compute button."""
+    watch = _open(browser, f"{server}?view=jacobian")
+    page = watch.page
+    start = time.time()
+    titles = _wait_title(page, "PREVIEW at smaller N, d", timeout=120)
+    print(f"preview figure after {time.time() - start:.1f} s")  # measured, not asserted (shared machine)
+    assert any("Jacobian κ across depth" in t for t in titles), titles
+    assert page.get_by_text("preview at N =").count() >= 1
+    assert page.get_by_role("button", name="Compute Jacobians").is_enabled()
+    assert _figure_widths(page)[0] > 800
+    OUTPUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "dashboard_jacobian_default.png"), full_page=True)
     _assert_clean(watch)
     page.context.close()
 
@@ -511,7 +652,7 @@ def _log_count(log_path: Path, needle: str, want: int, timeout: float = 30) -> i
 
 
 def test_plain_pages_come_from_spare_sessions_each_its_own(browser):
-    """Issue 15 item 7: a page request without a query is answered from a session built ahead
+    """A page request without a query is answered from a session built ahead
     of it (osa_lab.dashboard.spare), and the next one from a new spare: two tabs never share a
     session; a link with a query is built for its URL as before."""
     proc, url, log_path = start_server()

@@ -147,3 +147,23 @@ def test_provenance_is_one_line_at_the_top_and_a_collapsed_table_at_the_end(name
     assert "\n" not in line and "git " in line and "depth=12" in line and "notebook" not in line
     html = provenance.details_html(info)
     assert html.startswith("<details><summary>") and "<details open" not in html and "git.commit" in html
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_prose_names_no_issue_numbers_and_no_parameter_names_as_values(name):
+    """Report text is for readers: no tracker references, and no markdown sentence that puts a
+    parameter's name where its value belongs ("N = `tokens`", "α = contrast_alpha"); such
+    numbers are written by osa_lab.reporting.texts from the run's values."""
+    import re
+
+    path = NOTEBOOKS[name]
+    text = path.read_text()
+    assert not re.search(r"\bissues? \d+", text, re.IGNORECASE), name
+    params = set(report.declared_parameters(path))
+    nb = jupytext.read(path)
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for p in params:
+            assert not re.search(rf"=\s*`?{re.escape(p)}\b`?", cell.source), (name, p, cell.source[:200])
+            assert not re.search(rf"`{re.escape(p)}` (seeds|tokens|layers|epochs)\b", cell.source), (name, p)

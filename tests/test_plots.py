@@ -262,7 +262,7 @@ def test_osa_check_refuses_impossible_configurations():
 
 
 def test_spectra_lines_axis_ends_at_one_legend_below_and_styles_differ():
-    """Issue 15 item 10: σᵢ/σ₁ ≤ 1, so the y axis ends just above 1 (not 10¹); the legend sits
+    """σᵢ/σ₁ ≤ 1, so the y axis ends just above 1 (not 10¹); the legend sits
     outside the axes (bokeh: below; matplotlib: one legend right of the last panel, since a
     legend below covered the "index" label); coinciding curves stay visible (different dashes
     and widths)."""
@@ -286,6 +286,98 @@ def test_kappa_beyond_float64_is_marked_not_silently_clipped():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # matplotlib warned on the 'x' marker's edgecolor
         _renders_both(obj)
+
+
+# Colour-vision deficiency simulation (Machado, Oliveira & Fernandes 2009, severity 1.0, linear RGB).
+_CVD = {
+    "protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]],
+    "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]],
+    "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602], [0.004733, 0.691367, 0.303900]],
+}
+
+
+def _linear_rgb(colour: str) -> np.ndarray:
+    c = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+
+
+def _lab(linear: np.ndarray) -> np.ndarray:
+    """CIELAB (D65) of a linear-RGB colour."""
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ np.clip(linear, 0, 1)
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def _delta_e(a: str, b: str, vision: str | None = None) -> float:
+    """CIE76 colour difference of two colours as seen with normal vision or a simulated deficiency."""
+    la, lb = _linear_rgb(a), _linear_rgb(b)
+    if vision is not None:
+        m = np.array(_CVD[vision])
+        la, lb = m @ la, m @ lb
+    return float(np.linalg.norm(_lab(la) - _lab(lb)))
+
+
+#: Colours this far apart (CIE76 ΔE) are told apart at a glance; closer pairs need another cue.
+DISTINCT_DELTA_E = 20.0
+
+
+def test_every_preset_and_control_has_its_own_style_and_colour_blind_readers_can_tell_them_apart():
+    """Each of the sweep presets and training controls has a fixed colour of its own; a pair whose
+    colours a reader with protanopia, deuteranopia or tritanopia (or a grey-scale print) cannot
+    tell apart is drawn with different dashes and markers."""
+    from osa_lab.nn.presets import preset_names
+    from osa_lab.plots.style import PRESET_STYLES, preset_style
+
+    names = preset_names(training=True)
+    assert set(names) == set(PRESET_STYLES), "a preset or control without its fixed style"
+    styles = {n: preset_style(n) for n in names}
+    colours = [s.colour.lower() for s in styles.values()]
+    assert len(set(colours)) == len(colours)
+    assert len({(s.dash, s.marker) for s in styles.values()}) == len(names)
+    assert len({s.marker for s in styles.values()}) == len(names)
+    close = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ca, cb = styles[a].colour, styles[b].colour
+            assert _delta_e(ca, cb) >= DISTINCT_DELTA_E, (a, b, _delta_e(ca, cb))  # normal vision
+            worst = min(_delta_e(ca, cb, v) for v in _CVD)
+            lightness = abs(_lab(_linear_rgb(ca))[0] - _lab(_linear_rgb(cb))[0])
+            if worst < DISTINCT_DELTA_E or lightness < 10:
+                close.append((a, b))
+                assert styles[a].dash != styles[b].dash or styles[a].marker != styles[b].marker, (a, b)
+    # the seven presets of the sweeps and the dashboard all draw solid: their colours must carry them
+    sweep = preset_names()
+    for i, a in enumerate(sweep):
+        for b in sweep[i + 1:]:
+            worst = min(_delta_e(styles[a].colour, styles[b].colour, v) for v in _CVD)
+            assert worst >= 8.0, (a, b, worst)
+
+
+def test_figures_draw_each_preset_in_its_style_in_both_backends():
+    from osa_lab.nn.presets import preset_names
+    from osa_lab.plots.style import preset_style
+
+    names = preset_names(training=True)
+    metrics = pd.DataFrame([dict(preset=p, layer=layer, metric="stable_rank", value=1.0 + layer + i, seed=0,
+                                 site="block") for i, p in enumerate(names) for layer in range(3)])
+    overlay = D.metric_vs_depth(metrics, "stable_rank")
+    curves = [el for el in overlay if type(el) is hv.Curve]
+    assert [c.label for c in curves] == names
+    for c in curves:
+        want = preset_style(c.label)
+        bokeh = hv.Store.lookup_options("bokeh", c, "style").kwargs
+        mpl = hv.Store.lookup_options("matplotlib", c, "style").kwargs
+        assert bokeh["color"] == want.colour and bokeh["line_dash"] == want.dash
+        assert mpl["color"] == want.colour and mpl["linestyle"] == want.dash and mpl["marker"] == want.marker
+    fig = hv.render(overlay, backend="matplotlib")
+    try:
+        lines = [ln for ln in fig.axes[0].get_lines() if ln.get_label() in names]
+        assert len({(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in lines}) == len(names)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
 
 
 def test_preset_colours_are_fixed_across_figures_and_orders():
@@ -320,7 +412,7 @@ def test_importing_the_plots_keeps_the_users_matplotlib_backend():
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 15, items 6 and 10: one colour per preset (bands and bars too), integer layer ticks,
+# one colour per preset (bands and bars too), integer layer ticks,
 # legends that cover no axis label. Each inspects the rendered bokeh models / matplotlib artists.
 
 FOUR = ("vit", "skipless-osa", "pure-ssa", "pure-osa")
@@ -575,3 +667,14 @@ def test_dashed_profiles_show_their_dash_in_the_matplotlib_legend():
         assert styles["skipless-osa · init"] != styles["skipless-osa · trained"] == "-"
     finally:
         plt.close(fig)
+
+
+def test_figures_export_as_vector_formats_and_refuse_unknown_ones():
+    from osa_lab.plots.depth import figure_bytes
+
+    obj = D.metric_vs_depth(_metrics(), "relative_residual", title="a very long title " * 8)
+    assert figure_bytes(obj, "pdf", metadata={"Title": "t"}).startswith(b"%PDF")
+    svg = figure_bytes(obj, "svg", metadata={"Title": "t", "Software": "x"})
+    assert b"<svg" in svg and b"<path" in svg
+    with pytest.raises(OSAInputError, match="svg"):
+        figure_bytes(obj, "jpeg")

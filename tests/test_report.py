@@ -46,6 +46,10 @@ import holoviews as hv
 nb.show(hv.Curve([(1, 1.0), (2, 4.0), (3, 9.0)]).opts(backend="matplotlib", logy=True))
 
 # %%
+nb.say(f"SAID {len(sizes)} sizes")
+nb.finding(f"the largest size is {max(sizes)} <b>")
+
+# %%
 nb.closing()
 '''
 
@@ -169,6 +173,47 @@ def test_html_renders_offline(three_result):
     assert "git.commit" in page[table:]
 
 
+def test_index_gives_each_report_its_finding_beside_its_run_time(three_result):
+    out = three_result[0]
+    index = (out / "index.html").read_text()
+    row = next(r for r in index.split("<tr>") if 'href="01_ok.html"' in r)
+    assert "the largest size is 6 &lt;b&gt;" in row  # from the run's own parameters, escaped
+    assert re.search(r"the largest size is 6 &lt;b&gt;</td><td>\d+\.\d s", row), row
+    assert "(no finding recorded)" in next(r for r in index.split("<tr>") if 'href="03_last.html"' in r)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["notebooks"][0]["finding"] == "the largest size is 6 <b>"
+
+
+def test_report_html_hides_code_until_the_reader_asks_in_a_browser(three_result):
+    """The HTML report shows text, tables and figures but no code cell by default; the box at the
+    top shows the code. Driven in headless Chromium (skipped without it)."""
+    import os
+
+    chromium = os.environ.get("OSA_LAB_CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).exists():
+        pytest.skip(f"headless Chromium not found at {chromium}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    out = three_result[0]
+    page_text = (out / "01_ok.html").read_text()
+    assert "SAID 3 sizes" in page_text and page_text.count("jp-CodeCell") >= 4
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto((out / "01_ok.html").as_uri())
+            sources = page.locator(".jp-CodeCell .jp-Cell-inputWrapper")
+            assert sources.count() >= 4
+            assert not any(sources.nth(i).is_visible() for i in range(sources.count()))
+            assert page.get_by_text("import holoviews as hv").first.is_visible() is False
+            assert page.get_by_text("SAID 3 sizes").first.is_visible()  # generated text stays
+            assert page.locator("img").first.is_visible()  # the figure stays
+            page.get_by_text("show the code").click()
+            assert all(sources.nth(i).is_visible() for i in range(sources.count()))
+            assert page.get_by_text("import holoviews as hv").first.is_visible()
+        finally:
+            browser.close()
+
+
 def test_external_references_detects_cdn_scripts():
     page = (
         '<script src="https://cdn.example.org/require.min.js"></script>'
@@ -271,8 +316,41 @@ def test_index_keeps_notebooks_of_earlier_runs(tmp_path):
     assert "01_a" not in (out / "index.html").read_text()
 
 
+MALFORMED_SUMMARIES = [
+    [],
+    "text",
+    {"notebooks": "01_a"},
+    {"notebooks": [{"name": "01_a", "html": 5, "seconds": "1.0"}]},
+    {"notebooks": [{"name": "01_a", "html": "01_a.html", "seconds": "slow", "params": [1, 2], "warnings": 3,
+                    "ok": "yes", "failed_cell": "x", "error": {"a": 1}}]},
+    {"notebooks": [{"name": "01_a", "html": "01_a.html", "seconds": True, "failed_cell": 1.5}]},
+    {"notebooks": [{"name": "01_a", "html": "01_a.html", "seconds": 1e999}]},
+    {"provenance": [1], "notebooks": [{"name": 3, "html": "01_a.html"}], "earlier": [{"result": {"name": None}}]},
+    {"provenance": {"git": "abc"}, "earlier": [{"result": {"name": "01_a", "html": ["01_a.html"]}}, 7]},
+    {"notebooks": [{"name": "01_a", "html": "../../etc/passwd"}, {"name": "01_a", "html": "01_a.html",
+                                                                   "params": {"x": float("nan")}}]},
+]
+
+
+@pytest.mark.parametrize("stored", MALFORMED_SUMMARIES, ids=range(len(MALFORMED_SUMMARIES)))
+def test_index_is_written_over_a_malformed_earlier_summary(tmp_path, stored):
+    """A damaged or hand-edited summary.json of an earlier run never stops the index (it is written
+    after every notebook has run): values of the wrong type are left out or take their defaults."""
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "01_a.html").write_text("<html></html>")
+    (out / "summary.json").write_text(json.dumps(stored), encoding="utf-8")
+    report.write_index([report.NotebookResult("02_b", "02_b.py", {}, ok=True, seconds=3.0, html="02_b.html")], out)
+    index = (out / "index.html").read_text()
+    assert 'href="02_b.html"' in index and "passwd" not in index
+    summary = json.loads((out / "summary.json").read_text())
+    for entry in summary["earlier"]:
+        assert entry["result"]["name"] == "01_a" and entry["result"]["html"] == "01_a.html"
+        assert isinstance(entry["result"].get("seconds", 0.0), float | int)
+
+
 # ---------------------------------------------------------------------------------------------
-# issue 11: typed parameters, unwritable outputs, --params folder, --cell-timeout
+# typed parameters, unwritable outputs, --params folder, --cell-timeout
 # ---------------------------------------------------------------------------------------------
 
 TYPED_NOTEBOOK = '''
@@ -356,7 +434,7 @@ def test_report_params_directory_and_unwritable_output(tmp_path, capsys):
 
 
 def test_blank_only_is_refused_and_keeps_an_existing_index(tmp_path):
-    # issue 11: `report --only ""` ran nothing, exited 0 and rewrote index.html / summary.json
+    # `report --only ""` must be refused, leaving index.html / summary.json as they were
     from tests.helpers import assert_cli_user_error
 
     src = tmp_path / "nbs"

@@ -47,6 +47,7 @@ from osa_lab.dashboard.state import (
     compute_sweep,
     compute_unit,
     jacobian_layers,
+    markdown_literal,
     sweep_key,
 )
 from osa_lab.dashboard.views import (
@@ -124,8 +125,17 @@ class Dashboard(pn.viewable.Viewer):
     # -- the URL ----------------------------------------------------------------------------
 
     def apply_url(self, query: Mapping[str, Any]) -> None:
-        """Set the controls from the page's query (bad values become :attr:`url_errors`)."""
-        self.url_errors = self.controls.apply_query(query)
+        """Set the controls from the page's query (bad values become :attr:`url_errors`).
+
+        Never raises: a link cannot stop the page from loading; whatever could not be used is
+        named in the page's message and the rest of the page shows the defaults.
+        """
+        try:
+            self.url_errors = self.controls.apply_query(query)
+        except Exception as exc:  # noqa: BLE001 - a link must never blank the page
+            log.warning("URL query not applied: %s: %s", type(exc).__name__, exc)
+            self.url_errors = [f"the link's settings could not be applied ({type(exc).__name__}); the defaults are "
+                               "shown"]
 
     def link_url(self, location) -> None:
         """Keep ``location.search`` equal to the view on screen (replacing any bad value at once)."""
@@ -139,10 +149,12 @@ class Dashboard(pn.viewable.Viewer):
         write()
 
     def _url_message(self, errors: list[str]) -> str:
+        """The page's message about unusable link values: each one as literal text (a link's keys
+        and values are typed by whoever wrote it and must never become markup or script)."""
         if not errors:
             return ""
         return ("**This link had settings that could not be used** (the address bar now shows what is on "
-                "screen):\n\n" + "\n".join(f"- {e}" for e in errors))
+                "screen):\n\n" + "\n".join(f"- {markdown_literal(e)}" for e in errors))
 
     def stop(self) -> None:
         """Cancel this session's background work (the browser tab closed)."""
@@ -183,6 +195,8 @@ class Dashboard(pn.viewable.Viewer):
             pn.pane.Alert(pn.bind(self._url_message, self.param.url_errors), alert_type="danger",
                           visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             message_pane(self.state.param.error),
+            pn.pane.Alert(pn.bind(markdown_literal, self.controls.param.adjusted), alert_type="info",
+                          visible=pn.bind(bool, self.controls.param.adjusted), sizing_mode="stretch_width"),
             notes,
             pn.pane.Markdown("### OSA check", height=40),
             self.check_view,
@@ -217,11 +231,10 @@ class Dashboard(pn.viewable.Viewer):
     def template(self) -> pn.template.BootstrapTemplate:
         """The page: a BootstrapTemplate (served offline: Panel bundles Bootstrap and loads no font).
 
-        Not the FastListTemplate used before 2026-12-01: its Fast web components add 0.9 MB of
-        script to the page. Measured side by side (BENCHMARKS.md, 2026-12-01), the page before (Fast,
-        every BokehJS bundle, WebGL, every tab built) drew its first plot in 4.47 s against 3.48 s
-        for this one while the 2-core machine was contended, and within 0.1 s of it (2.9 s) while
-        it was quiet.
+        Not a FastListTemplate: its Fast web components add 0.9 MB of script to the page. Measured
+        side by side (BENCHMARKS.md), a page with Fast, every BokehJS bundle, WebGL and every tab
+        built drew its first plot in 4.47 s against 3.48 s for this one while the 2-core machine
+        was contended, and within 0.1 s of it (2.9 s) while it was quiet.
         """
         return pn.template.BootstrapTemplate(
             title="osa_lab · Orthogonal vs softmax self-attention across depth",

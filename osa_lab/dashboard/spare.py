@@ -1,6 +1,6 @@
 """A spare session, built while the server is idle, for the next page request without a query.
 
-Why (issue 15, item 7: the first plot of a session within 3 s): ``panel serve`` builds a session
+Why (the first plot of a session within 3 s): ``panel serve`` builds a session
 (runs the entry script and creates its Bokeh models) *before* it answers the page request, on
 its only event loop; the browser can fetch and run BokehJS only after that answer. On the 2-core
 machine the build takes 0.5–0.9 s of a 2.1–2.9 s first plot (BENCHMARKS.md). A session built in

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -73,6 +75,37 @@ def preset_heads(name: str) -> int:
     from osa_lab.nn.presets import get_preset
 
     return int(get_preset(name).heads)
+
+
+#: ASCII punctuation, every character of which CommonMark lets a backslash make literal.
+_MARKDOWN_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+#: Most characters of one URL key or value quoted in a message (longer ones are cut with "…").
+QUOTE_LIMIT = 80
+#: Most unusable URL values named one by one (the rest are counted).
+MESSAGE_LIMIT = 12
+
+
+def markdown_literal(text: str) -> str:
+    """``text`` as Markdown that renders exactly as these characters, never as markup.
+
+    Every ASCII punctuation character is backslash-escaped (CommonMark: an escaped character is
+    literal text), so no HTML tag, code span, link, image, emphasis or heading can start from
+    ``text``: a ``<script>``, ``<img onerror=…>``, a backtick closing a code span or a
+    ``[x](javascript:…)`` link in a URL or an error message is shown as typed. Line breaks are
+    kept (paragraphs of a message).
+    """
+    return "".join("\\" + c if c in _MARKDOWN_PUNCTUATION else c for c in str(text))
+
+
+def quoted(text: object, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` between typographic quotes for a message: control characters (line breaks, tabs,
+    NUL) shown as ``\\xNN`` escapes and anything longer than ``limit`` characters cut with "…".
+    Quote marks cannot be confused with Markdown; pass the message through
+    :func:`markdown_literal` before it reaches the page."""
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(text))
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return f"“{text}”"
 
 
 def label_of(labels: Mapping[str, str], value: str) -> str:
@@ -251,6 +284,8 @@ class Controls(param.Parameterized):
     scope = param.Selector(default="end_to_end", objects=SCOPE_LABELS, doc="κ of ∂X_l/∂X_0 or of block l alone.")
     points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
                            doc="Layers (evenly spaced, last included) at which κ is computed.")
+    adjusted = param.String(default="", precedence=-1,
+                            doc="Why a control was changed by another one (shown on the page; '' if none).")
 
     def __init__(self, **params):
         self.param.presets.objects = preset_names()
@@ -300,7 +335,12 @@ class Controls(param.Parameterized):
         valid = [h for h in HEAD_CHOICES if int(self.dim) % h == 0]
         self.param.heads.objects = [PRESET_HEADS, *valid]
         if self.heads != PRESET_HEADS and self.heads not in valid:
+            old = self.heads
             self.heads = PRESET_HEADS
+            self.adjusted = (f"heads was reset from {old} to preset default: width d = {self.dim} is not divisible "
+                             f"by {old} (valid: {', '.join(map(str, valid))}).")
+        else:
+            self.adjusted = ""
 
     @param.depends("derived_alpha", "tokens", "dim", "heads", "presets", watch=True)
     def _show_derived_alpha(self) -> None:
@@ -364,6 +404,8 @@ class Controls(param.Parameterized):
                 q[name] = "true" if value else "false"
             elif name == "heads":
                 q[name] = "preset" if value == PRESET_HEADS else str(value)
+            elif name == "alpha":
+                q[name] = f"{float(value):.10g}"  # 0.59971, not the slider's 0.5997100000000001
             else:
                 q[name] = str(value)
         return q
@@ -372,7 +414,10 @@ class Controls(param.Parameterized):
         """Set the controls from URL query values; returns one message per value that was not used.
 
         Accepts ``{name: "value"}`` or Bokeh's ``{name: [b"value"]}``. Every value is checked
-        before anything is set; bad values are named with the valid choices and left out.
+        before anything is set (known name, parses, finite, within bounds, one of the choices);
+        an unusable one is named, with the valid choices, in a plain-text message and left out,
+        so no link can stop the page from loading. The messages quote the link's text as typed
+        (:func:`quoted`): pass them through :func:`markdown_literal` before they reach a page.
         """
         errors: list[str] = []
         updates: dict[str, object] = {}
@@ -381,14 +426,15 @@ class Controls(param.Parameterized):
                 raw = raw[-1] if raw else ""
             if isinstance(raw, bytes):
                 raw = raw.decode("utf-8", "replace")
+            key = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
             text = str(raw).strip()
             if key not in URL_PARAMETERS:
-                errors.append(f"unknown URL parameter `{key}` (known: {', '.join(URL_PARAMETERS)})")
+                errors.append(f"unknown URL parameter {quoted(key)} (known: {', '.join(URL_PARAMETERS)})")
                 continue
             try:
                 updates[key] = self._parse(key, text)
-            except ValueError as exc:
-                errors.append(f"`{key}={text}` was ignored: {exc}")
+            except (ValueError, OverflowError) as exc:
+                errors.append(f"{key}={quoted(text)} was ignored: {exc}")
         if "alpha" in updates and "derived_alpha" not in updates:
             updates["derived_alpha"] = False  # an explicit α means: use it
         if "dim" in updates or "heads" in updates:
@@ -396,11 +442,21 @@ class Controls(param.Parameterized):
             heads = updates.get("heads", self.heads)
             if heads != PRESET_HEADS and dim % int(heads):
                 valid = [h for h in HEAD_CHOICES if dim % h == 0]
-                errors.append(f"`heads={heads}` was ignored: d = {dim} is not divisible by {heads}; valid: "
+                errors.append(f"heads={heads} was ignored: d = {dim} is not divisible by {heads}; valid: "
                               f"preset, {', '.join(map(str, valid))}")
                 updates.pop("heads", None)
         ordered = {k: updates[k] for k in ("dim", "derived_alpha", *URL_PARAMETERS) if k in updates}
-        self.param.update(**ordered)
+        try:
+            self.param.update(**ordered)
+        except Exception:  # noqa: BLE001 - set what can be set, name the rest
+            for name, value in ordered.items():
+                try:
+                    setattr(self, name, value)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("URL value %s=%r not applied: %s", name, value, exc)
+                    errors.append(f"{name}={quoted(value)} was ignored: the control refused it")
+        if len(errors) > MESSAGE_LIMIT:
+            errors = [*errors[:MESSAGE_LIMIT], f"and {len(errors) - MESSAGE_LIMIT} more unusable values"]
         return errors
 
     def _parse(self, key: str, text: str) -> object:
@@ -409,7 +465,8 @@ class Controls(param.Parameterized):
             names = [x.strip() for x in text.split(",") if x.strip()]
             unknown = [x for x in names if x not in p.objects]
             if unknown:
-                raise ValueError(f"unknown preset(s) {', '.join(unknown)}; valid: {', '.join(p.objects)}")
+                raise ValueError(f"unknown preset(s) {', '.join(quoted(x, 40) for x in unknown[:5])}; "
+                                 f"valid: {', '.join(p.objects)}")
             if len(set(names)) < 2:
                 raise ValueError("choose at least two presets, comma separated (e.g. vit,pure-osa)")
             return list(dict.fromkeys(names))
@@ -422,7 +479,7 @@ class Controls(param.Parameterized):
         if key == "heads":
             if text.lower() in ("preset", "default", PRESET_HEADS):
                 return PRESET_HEADS
-            if text.isdigit() and int(text) in HEAD_CHOICES:
+            if _INTEGER.fullmatch(text) and int(text) in HEAD_CHOICES:
                 return int(text)
             raise ValueError(f"use preset or one of {', '.join(map(str, HEAD_CHOICES))}")
         if isinstance(p, param.Selector):
@@ -431,19 +488,26 @@ class Controls(param.Parameterized):
                 if str(v) == text:
                     return v
             raise ValueError(f"valid values: {', '.join(map(str, values))}")
+        lo, hi = p.bounds
         if isinstance(p, param.Integer):
-            if not text.lstrip("-").isdigit():
-                raise ValueError("not an integer")
+            if not _INTEGER.fullmatch(text) or len(text) > 12:
+                raise ValueError(f"not a whole number in {lo}…{hi}")
             value = int(text)
         else:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueError("not a number") from None
-        lo, hi = p.bounds
+            if not _DECIMAL.fullmatch(text):
+                raise ValueError(f"not a decimal number in {lo}…{hi}")
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError(f"not a finite number; use one in {lo}…{hi}")
         if value < lo or value > hi:
             raise ValueError(f"outside {lo}…{hi}")
         return value
+
+
+#: A whole number as a URL writes it (ASCII digits only).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+#: A decimal number as a URL writes it (no nan, inf, hex, underscores or non-ASCII digits).
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 class Job(param.Parameterized):

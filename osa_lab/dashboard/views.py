@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import html
 import io
 import math
 import time
@@ -44,6 +45,7 @@ from osa_lab.dashboard.state import (
     is_served,
     jacobian_layers,
     label_of,
+    markdown_literal,
 )
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
@@ -56,10 +58,12 @@ def placeholder(text: str) -> hv.Curve:
 
 
 def message_pane(*errors) -> pn.pane.Alert:
-    """One alert showing the distinct non-empty bound messages (each message once)."""
+    """One alert showing the distinct non-empty bound messages (each message once), as literal
+    text (:func:`~osa_lab.dashboard.state.markdown_literal`): error messages quote settings and
+    exception texts, which must never become markup."""
 
     def text(*messages: str) -> str:
-        return "\n\n".join(dict.fromkeys(m for m in messages if m))
+        return "\n\n".join(markdown_literal(m) for m in dict.fromkeys(m for m in messages if m))
 
     bound = pn.bind(text, *errors)
     return pn.pane.Alert(bound, alert_type="warning", visible=pn.bind(bool, bound), sizing_mode="stretch_width")
@@ -69,6 +73,13 @@ def _radio(parameter: param.Parameter, width: int) -> pn.widgets.RadioButtonGrou
     """A radio group whose selected option is filled in the accent colour (others outlined)."""
     return pn.widgets.RadioButtonGroup.from_param(parameter, button_type="primary", button_style="outline",
                                                   width=width, height=34, sizing_mode="fixed")
+
+
+#: Height in pixels of the line figures (rank collapse, κ across depth); they take the page's
+#: width, after data updates too (a fixed width would shrink them on the first slider move).
+FIGURE_HEIGHT = 380
+#: Height in pixels of the Jacobian singular-value histogram.
+HISTOGRAM_HEIGHT = 360
 
 
 def _small_title(obj: hv.core.Dimensioned) -> hv.core.Dimensioned:
@@ -258,28 +269,67 @@ class FigureView(pn.viewable.Viewer):
         self.panes[key].object = hv.DynamicMap(_identity, streams=[pipe])
 
     def png(self, key: str) -> bytes:
-        """PNG of the figure on screen in pane ``key``; its title goes into the PNG's metadata."""
+        """PNG of the figure on screen in pane ``key`` (:func:`export`)."""
+        return self.export(key, "png")
+
+    def export(self, key: str, format: str = "png") -> bytes:
+        """The figure on screen in pane ``key`` as PNG (at :data:`~osa_lab.plots.depth.EXPORT_DPI`),
+        SVG or PDF; its title goes into the file's metadata."""
         obj = self.figures.get(key)
         if obj is None:
             raise ConfigurationError("no figure to export yet")
         meta = {"Title": plots.figure_title(obj), "Description": f"data {_digest(self.tables.get(key))}",
                 "Software": "osa_lab dashboard"}
-        return plots.png_bytes(obj, metadata=meta)
+        return plots.figure_bytes(obj, format, metadata=meta)
 
-    def _png_download(self, key: str, filename: str) -> pn.widgets.FileDownload:
-        """A PNG button of pane ``key`` (rendered off the event loop, with a loading indicator)."""
-        button = pn.widgets.FileDownload(filename=filename, label=f"PNG: {filename}", button_type="light",
-                                         embed=False, width=260)
+    def export_filename(self, key: str, stem: str, format: str) -> str:
+        """``stem`` followed by the settings of the figure on screen (from its title), e.g.
+        ``rank_collapse_relative-residual-rank-collapse-after-each-block_depth-12_N-32_d-32_….svg``."""
+        return export_filename(stem, plots.figure_title(self.figures.get(key)) if key in self.figures else "", format)
+
+    def _png_download(self, key: str, filename: str) -> pn.Row:
+        """PNG and SVG buttons of pane ``key`` (rendered off the event loop, with a loading
+        indicator); the downloaded file's name carries the figure's settings."""
+        stem = filename.rsplit(".", 1)[0]
+        return pn.Row(self._download(key, stem, "png", f"PNG: {filename}"), self._download(key, stem, "svg", "SVG"))
+
+    def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
+        button = pn.widgets.FileDownload(filename=f"{stem}.{format}", label=label, button_type="light",
+                                         embed=False, width=260 if format == "png" else 70)
+
+        def render() -> io.BytesIO:
+            data = self.export(key, format)
+            button.filename = self.export_filename(key, stem, format)
+            return io.BytesIO(data)
 
         async def callback() -> io.BytesIO:
             button.loading = True
             try:
-                return io.BytesIO(await in_daemon_thread(lambda: self.png(key)))
+                data = await in_daemon_thread(lambda: self.export(key, format))
+                button.filename = self.export_filename(key, stem, format)  # on the event loop
+                return io.BytesIO(data)
             finally:
                 button.loading = False
 
-        button.callback = callback if is_served() else (lambda: io.BytesIO(self.png(key)))
+        button.callback = callback if is_served() else render
         return button
+
+
+#: Words of figure titles spelled in ASCII in file names.
+_ASCII_NAMES = {"α₀": "alpha0", "α": "alpha", "κ": "kappa", "σᵢ/σ₁": "sigma-ratio", "∂": "d", "→": "to"}
+
+
+def export_filename(stem: str, title: str, format: str, limit: int = 150) -> str:
+    """A file name: ``stem``, then the settings of ``title`` (``depth 12 · N 32 · …``) in ASCII
+    letters, digits, ``-`` and ``_`` (one ``_`` between the title's ``·`` parts), then ``.format``."""
+    import re
+
+    text = title
+    for word, ascii_word in _ASCII_NAMES.items():
+        text = text.replace(word, ascii_word)
+    parts = [re.sub(r"[^A-Za-z0-9.]+", "-", part).strip("-.") for part in text.split("·")]
+    settings = "_".join(p for p in parts if p)[:limit].rstrip("-_")
+    return f"{stem}_{settings}.{format}" if settings else f"{stem}.{format}"
 
 
 class RankCollapseView(FigureView):
@@ -304,7 +354,8 @@ class RankCollapseView(FigureView):
             label = label_of(METRIC_LABELS, metric)
             where = "after each block" if site == "block" else "after attention"
             title = f"{label} {where} · {settings}"
-            return _small_title(plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title)), table
+            return _small_title(plots.metric_vs_depth(metrics, metric, site=site, logy=logy, title=title,
+                                                      width=None, height=FIGURE_HEIGHT)), table
 
         return {"metric": (("metric", tuple(sorted(cfg.items())), metric, site, scale), build)}
 
@@ -319,7 +370,7 @@ class RankCollapseView(FigureView):
         return io.BytesIO(self.state.spectra.to_csv(index=False).encode())
 
     def _build(self) -> pn.viewable.Viewable:
-        fig = self._pane("metric", min_height=380)
+        fig = self._pane("metric", min_height=FIGURE_HEIGHT)
         options = pn.Row(
             pn.pane.Markdown("hidden state after", margin=(0, 5, 0, 10), width=130, height=34, align="center",
                              sizing_mode="fixed"),
@@ -337,8 +388,28 @@ class RankCollapseView(FigureView):
                                     width=260),
             self._png_download("metric", "rank_collapse.png"),
         )
-        return pn.Column(message_pane(self.job.param.error), options, fig, downloads, sizing_mode="stretch_width",
-                         name="Rank collapse")
+        hidden = pn.pane.Markdown(pn.bind(self.hidden_note, self.state.param.metrics, self.controls.param.metric,
+                                          self.controls.param.site, self.controls.param.scale),
+                                  styles={"font-size": "12px"},
+                                  sizing_mode="stretch_width", margin=(0, 10))
+        return pn.Column(message_pane(self.job.param.error), options, fig, hidden, downloads,
+                         sizing_mode="stretch_width", name="Rank collapse")
+
+    @staticmethod
+    def hidden_note(metrics: pd.DataFrame | None, metric: str, site: str, scale: str = "auto") -> str:
+        """Which presets' curves lie under another's in the figure (means within
+        :data:`osa_lab.reporting.texts.COINCIDE` of the y axis at every layer), so no curve is
+        hidden silently."""
+        if metrics is None:
+            return ""
+        from osa_lab.reporting.texts import COINCIDE, hidden_curves
+
+        logy = None if scale == "auto" else scale == "log"
+        pairs = hidden_curves(metrics, metric, site=site, logy=logy)
+        if not pairs:
+            return ""
+        return markdown_literal(f"Hidden curves: {'; '.join(f'{a} lies under {b}' for a, b in pairs)} (means within "
+                                f"{COINCIDE:.0%} of the y axis at every layer).")
 
 
 class SpectraView(FigureView):
@@ -387,7 +458,8 @@ class SpectraView(FigureView):
     def _build(self) -> pn.viewable.Viewable:
         heat = self._pane("heatmaps", min_height=340)
         lines = self._pane("lines", min_height=380)
-        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400)
+        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400,
+                                                    placeholder="none chosen: the input, ¼, ½ and the last layer")
         downloads = pn.Row(self._png_download("heatmaps", "spectra_heatmaps.png"),
                            self._png_download("lines", "spectra_lines.png"))
         return pn.Column(message_pane(self.job.param.error), heat, chooser, lines, downloads,
@@ -484,18 +556,55 @@ class JacobianView(FigureView):
         eta = jobs.estimate_seconds(len(missing), method, int(c.tokens), int(c.dim), int(c.depth), int(c.points))
         what = f"{len(missing)} {method} Jacobian profile{'s' if len(missing) > 1 else ''} (N·d = {c.tokens * c.dim})"
         if eta > AUTO_JACOBIAN_SECONDS and not force:
-            self.notice = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute "
-                           "Jacobians** to run them (*Cancel* stops them); the figures below are from earlier "
-                           "settings.")
-            self._nothing_shown("No Jacobian figures yet: press Compute Jacobians")
-            return
-        self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
-        if is_served():
-            self._start(units, missing, eta)
+            wait = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute Jacobians** to "
+                    "run them (*Cancel* stops them)")
+            preview = self.preview_units(units)
+            if preview is None:
+                self.notice = wait + "; the figures below are from earlier settings."
+                self._nothing_shown("No Jacobian figures yet: press Compute Jacobians")
+                return
+            p = preview[0]
+            self.notice = (wait + f". Meanwhile the figures show a **preview at N = {p.tokens}, d = {p.dim}** "
+                           "(same presets, depth and layers; their titles say so).")
+            units, missing = preview, [u for u in preview if u not in JACOBIANS]
+            if not missing:
+                self._show(units)
+                return
+            eta = jobs.estimate_seconds(len(missing), p.method, p.tokens, p.dim, p.depth, len(p.layers))
         else:
-            self._run_here(units, missing)
+            self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
+        self._nothing_shown("Computing Jacobians…")
+        done_notice = self.notice if units[0].tokens != int(c.tokens) or units[0].dim != int(c.dim) else ""
+        if is_served():
+            self._start(units, missing, eta, done_notice)
+        else:
+            self._run_here(units, missing, done_notice)
 
-    def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit]) -> None:
+    def preview_units(self, units: list[jobs.Unit]) -> list[jobs.Unit] | None:
+        """The units of a preview: the same presets, seeds, depth and layers at the largest N and d
+        (no larger than requested, d divisible by every preset's heads) whose Jacobians are
+        estimated to take at most :data:`AUTO_JACOBIAN_SECONDS`; ``None`` if none is that cheap."""
+        from dataclasses import replace
+
+        from osa_lab.dashboard.state import DIMS, TOKENS
+
+        first = units[0]
+        heads = [self.controls.heads_of(p) for p in self.controls.presets]
+        best = None
+        for n in (t for t in TOKENS if t <= first.tokens):
+            for d in (x for x in DIMS if x <= first.dim and all(x % h == 0 for h in heads)):
+                if (n, d) == (first.tokens, first.dim):
+                    continue
+                method = jobs.resolve_method(self.controls.jacobian, n, d, first.depth, len(first.layers))
+                eta = jobs.estimate_seconds(len(units), method, n, d, first.depth, len(first.layers))
+                if eta <= AUTO_JACOBIAN_SECONDS and (best is None or n * d > best[0] * best[1]):
+                    best = (n, d, method)
+        if best is None:
+            return None
+        n, d, method = best
+        return [replace(u, tokens=n, dim=d, method=method) for u in units]
+
+    def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit], done_notice: str = "") -> None:
         try:
             for unit in missing:
                 JACOBIANS.put(unit, compute_unit(unit))
@@ -504,10 +613,12 @@ class JacobianView(FigureView):
             self.notice = ""
             self._nothing_shown("No Jacobian figures: the computation failed (message above)")
             return
-        self.notice = ""
+        self.notice = done_notice
         self._show(units)
 
-    def _start(self, units: list[jobs.Unit], missing: list[jobs.Unit], eta: float) -> None:
+    def _start(self, units: list[jobs.Unit], missing: list[jobs.Unit], eta: float, done_notice: str = "") -> None:
+        """Compute ``missing`` in a worker process with progress and *Cancel*; then show ``units``
+        and set the notice to ``done_notice`` (a preview keeps saying what it is)."""
         job = jobs.start_jacobian_job(missing)
         self._job, self.running = job, True
         SESSION_JOBS.add(job)
@@ -536,7 +647,7 @@ class JacobianView(FigureView):
             if self._job is job:
                 self._job, self.running = None, False
                 if not job.cancelled and all(u in JACOBIANS for u in units):
-                    self.notice = ""
+                    self.notice = done_notice
                     self._show(units)
 
         pn.state.execute(follow)
@@ -553,8 +664,11 @@ class JacobianView(FigureView):
         results = [JACOBIANS.get(u) for u in units]
         profile = pd.concat([r[0] for r in results], ignore_index=True)
         svals = [r[1] for r in results if r[1] is not None]
+        cfg = self.controls.config()
+        preview = (units[0].tokens, units[0].dim) != (cfg["tokens"], cfg["dim"])
         with param.parameterized.batch_call_watchers(self):
-            self.shown = self.controls.config() | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units})}
+            self.shown = cfg | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units}),
+                                "tokens": units[0].tokens, "dim": units[0].dim, "preview": preview}
             self.profile = profile
             self.svals = pd.concat(svals, ignore_index=True) if len(svals) == len(results) else None
         self.redraw()
@@ -574,11 +688,14 @@ class JacobianView(FigureView):
         shown = dict(self.shown)
         method = self.methods_used()
         settings = self.controls.describe({**shown, "seeds": shown.get("jseeds", 1)})
+        if shown.get("preview"):
+            settings = f"PREVIEW at smaller N, d · {settings}"
         key = tuple(sorted((k, v) for k, v in shown.items()))
 
         def kappa():
             title = f"Jacobian κ across depth ({label_of(SCOPE_LABELS, scope)}) [{method}] · {settings}"
-            fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title))
+            fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title, width=None,
+                                                    height=FIGURE_HEIGHT))
             return fig, plots.kappa_vs_depth_data(profile, scope=scope)
 
         def histogram():
@@ -586,7 +703,8 @@ class JacobianView(FigureView):
                 return placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
                                     f"(choose exact) · {settings}"), None
             title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
-            return _small_title(plots.jacobian_histogram(svals, title=title)), plots.jacobian_histogram_data(svals)
+            return (_small_title(plots.jacobian_histogram(svals, title=title, width=None, height=HISTOGRAM_HEIGHT)),
+                    plots.jacobian_histogram_data(svals))
 
         return {"kappa": (("kappa", key, scope), kappa), "histogram": (("histogram", key), histogram)}
 
@@ -600,8 +718,8 @@ class JacobianView(FigureView):
         return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
 
     def _build(self) -> pn.viewable.Viewable:
-        kappa = self._pane("kappa", min_height=380)
-        hist = self._pane("histogram", min_height=360)
+        kappa = self._pane("kappa", min_height=FIGURE_HEIGHT)
+        hist = self._pane("histogram", min_height=HISTOGRAM_HEIGHT)
         options = pn.Row(_radio(self.controls.param.jacobian, 330), _radio(self.controls.param.scope, 300))
         sizes = pn.Row(
             throttled(self.controls, "points", pn.widgets.IntSlider, name="layers evaluated", width=220),
@@ -657,28 +775,45 @@ class OSACheckView(pn.viewable.Viewer):
 
     @staticmethod
     def badges_html(result: dict | None) -> str:
-        """HTML badges, green when within tolerance and red otherwise."""
+        """HTML badges: ✓ on green within the check's tolerance, ✗ on red outside it (the mark,
+        not the colour alone, says which); each badge's tooltip gives the tolerance, and a
+        failed check is explained in a line below the badges."""
         if not result:
             return ""
+        from osa_lab.studies.self_check import TOLERANCES
+
         labels = {
             "orthogonality_error": "‖AᵀA − I‖max",
             "dense_vs_lowrank": "dense vs low-rank",
             "lowrank_vs_float64": "low-rank vs float64",
             "norm_preservation": "norm preservation",
         }
-        parts = []
+        tolerances = next((t for d, t in TOLERANCES.items() if str(d).endswith(str(result["dtype"]))), {})
+        parts, failed = [], []
         for key, label in labels.items():
             ok = result["passed"][key]
             colour = "#1a7f37" if ok else "#b42318"
+            tol = tolerances.get(key)
+            tip = (f"{'within' if ok else 'outside'} the {result['dtype']} tolerance {tol:.0e}" if tol is not None
+                   else ("passed" if ok else "failed"))
+            if not ok:
+                failed.append(f"{label} {result[key]:.1e} > {tol:.0e}" if tol is not None else label)
             parts.append(
-                f'<span class="osa-badge" data-check="{key}" style="display:inline-block;margin:2px 6px 2px 0;'
+                f'<span class="osa-badge" data-check="{key}" data-passed="{str(ok).lower()}" title="{html.escape(tip)}" '
+                'style="display:inline-block;margin:2px 6px 2px 0;'
                 f'padding:3px 10px;border-radius:12px;background:{colour};color:white;font-size:13px">'
-                f"{label}: {result[key]:.1e}</span>"
+                f"{'✓' if ok else '✗'} {label}: {result[key]:.1e}</span>"
             )
         alpha = result["alpha"]
         meta = (f'<span style="font-size:12px;color:#555">OSA check at N={result["tokens"]}, d={result["dim"]}, '
                 f'heads={result["heads"]}, α={alpha:.3g}, {result["dtype"]}, method {result["method"]}</span>')
-        return "<div>" + "".join(parts) + meta + "</div>"
+        note = ""
+        if failed:
+            note = ('<div class="osa-check-note" style="font-size:12px;color:#b42318;margin-top:2px">✗ outside the '
+                    f"tolerance: {html.escape('; '.join(failed))}. The check runs the OSA operator in "
+                    f"{html.escape(str(result['dtype']))} at these N, d and α; its rounding error grows with "
+                    "‖S‖₂ (α and the size of the tokens), so a large α or N can exceed the tolerance.</div>")
+        return "<div>" + "".join(parts) + meta + note + "</div>"
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(

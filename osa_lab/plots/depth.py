@@ -40,6 +40,7 @@ from osa_lab.plots.style import (
     PALETTE,
     PRESET_COLOURS,
     band_over_seeds,
+    bokeh_size,
     colour_map,
     curves_with_bands,
     dual_options,
@@ -62,6 +63,8 @@ __all__ = [
     "kappa_vs_depth_data",
     "kappa_vs_parameter",
     "beyond_float64",
+    "EXPORT_DPI",
+    "figure_bytes",
     "figure_title",
     "metric_vs_depth",
     "metric_vs_depth_data",
@@ -144,6 +147,8 @@ def metric_vs_depth(
     depth: int | None = None,
     logy: bool | None = None,
     title: str | None = None,
+    width: int | None = 520,
+    height: int = 340,
 ) -> hv.Overlay:
     """A depth-wise metric (docs/design.md §4) against layer: one curve per preset, min–max band over seeds.
 
@@ -153,12 +158,13 @@ def metric_vs_depth(
         site: which hidden state per layer (see :func:`select_site`).
         depth: network depth to show when the table holds several (default: the largest).
         logy: log y axis; ``None`` chooses log when the values span more than two decades.
+        width, height: bokeh size in pixels; ``width=None`` stretches to the container's width.
     """
     data = metric_vs_depth_data(metrics, metric, site=site, depth=depth)
     if logy is None:
         logy = spans_decades(data[["mean", "lo", "hi"]].to_numpy().ravel())
     label = metric.replace("_", " ")
-    return curves_with_bands(data, "layer", label, title or f"{label} across depth", logy)
+    return curves_with_bands(data, "layer", label, title or f"{label} across depth", logy, width=width, height=height)
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +255,8 @@ def spectra_heatmaps(
             ),
         )
         panels.append(integer_xticks(img))
-    layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format=""))
+    # hspace: room between panels for each colour bar's label and the next panel's y label
+    layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format="", hspace=0.9))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
     return layout.cols(cols or max(len(panels), 1))
@@ -383,6 +390,8 @@ def kappa_vs_depth(
     depth: int | None = None,
     logy: bool | None = None,
     title: str | None = None,
+    width: int | None = 520,
+    height: int = 340,
 ) -> hv.Overlay:
     """Condition number κ of the Jacobian against layer, one curve per preset, min–max band over seeds.
 
@@ -411,7 +420,7 @@ def kappa_vs_depth(
             # edgecolors=None: HoloViews' default 'none' makes matplotlib warn for the unfilled 'x'
             dict(color="black", marker="x", s=80, linewidth=2, edgecolors=None),
         ))
-    return curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks)
+    return curves_with_bands(data, "layer", "κ(J)", title, logy, extra=marks, width=width, height=height)
 
 
 def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str = "preset") -> pd.DataFrame:
@@ -431,9 +440,11 @@ def jacobian_histogram_data(svals: pd.DataFrame, *, bins: int = 30, group: str =
 
 
 def jacobian_histogram(
-    svals: pd.DataFrame, *, bins: int = 30, group: str = "preset", title: str | None = None
+    svals: pd.DataFrame, *, bins: int = 30, group: str = "preset", title: str | None = None,
+    width: int | None = 520, height: int = 340,
 ) -> hv.Overlay:
-    """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset."""
+    """Histogram of the Jacobian's singular values (log10 σ), one translucent histogram per preset
+    (bokeh size ``width`` × ``height``; ``width=None`` stretches to the container's width)."""
     data = jacobian_histogram_data(svals, bins=bins, group=group)
     groups = list(dict.fromkeys(data[group].tolist()))
     colours = colour_map(groups)
@@ -459,7 +470,7 @@ def jacobian_histogram(
     # whole decades on the log10 σ axis: fractional ticks (−12.5, −10.0, −7.5) ran into each other
     return integer_xticks(dual_options(
         hv.Overlay(hists),
-        dict(title=title, width=520, height=340, legend_position="right"),
+        dict(title=title, **bokeh_size(width, height), legend_position="right"),
         dict(title=title, fig_inches=(6, 3.6), legend_position="right"),
     ))
 
@@ -497,24 +508,61 @@ def kappa_vs_parameter(
 # --------------------------------------------------------------------------------------------
 
 
-def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:
-    """Render a HoloViews object with the matplotlib backend and return PNG bytes.
+#: Resolution of exported raster figures (the dashboard's PNG downloads): fit for a paper.
+EXPORT_DPI = 200
+#: Formats :func:`figure_bytes` writes: a raster one and two vector ones.
+EXPORT_FORMATS = ("png", "svg", "pdf")
+#: Titles longer than this many characters are wrapped in exported figures (a long title on
+#: one line squeezed the axes).
+TITLE_WRAP = 70
+
+
+def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPORT_DPI,
+                 metadata: dict[str, str] | None = None) -> bytes:
+    """Render a HoloViews object with the matplotlib backend as PNG, SVG or PDF bytes.
 
     Thread-safe (a module lock serialises matplotlib, whose HoloViews backend goes through
     pyplot internally); the figure is closed after saving, so nothing accumulates in a server.
-    ``metadata`` goes into the PNG's text chunks (e.g. ``{"Title": …}``, see
-    :func:`figure_title`), so a downloaded file names the figure it shows.
+    Titles longer than :data:`TITLE_WRAP` characters are wrapped onto several lines.
+    ``metadata`` goes into the file's metadata (PNG text chunks, SVG/PDF ``Title``…), so a
+    downloaded file names the figure it shows (see :func:`figure_title`).
     """
+    import textwrap
+
     import matplotlib.pyplot as plt
 
+    if format not in EXPORT_FORMATS:
+        raise OSAInputError(f"figure format {format!r} is not supported; use one of {', '.join(EXPORT_FORMATS)}")
+    meta = dict(metadata or {})
+    if format == "svg":
+        meta = {k: v for k, v in meta.items() if k in ("Title", "Description", "Creator", "Date")}
+    elif format == "pdf":
+        meta = {("Subject" if k == "Description" else "Creator" if k == "Software" else k): v
+                for k, v in meta.items() if k in ("Title", "Description", "Software", "Author")}
     with _mpl_lock:
         fig = hv.render(obj, backend="matplotlib")
         try:
+            for ax in fig.axes:
+                title = ax.get_title()
+                if len(title) > TITLE_WRAP:
+                    ax.set_title(textwrap.fill(title, TITLE_WRAP))
+            suptitle = getattr(fig, "_suptitle", None)
+            if suptitle is not None and len(suptitle.get_text()) > TITLE_WRAP:
+                wrapped = textwrap.fill(suptitle.get_text(), TITLE_WRAP)
+                suptitle.set_text(wrapped)
+                x, y = suptitle.get_position()  # raise it by its extra lines, clear of the panel titles
+                suptitle.set_position((x, y + 0.12 * wrapped.count("\n")))
             buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata=dict(metadata or {}))
+            fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta)
         finally:
             plt.close(fig)
     return buf.getvalue()
+
+
+def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:
+    """Render a HoloViews object with the matplotlib backend and return PNG bytes
+    (:func:`figure_bytes` in PNG; ``metadata`` goes into the PNG's text chunks)."""
+    return figure_bytes(obj, "png", dpi=dpi, metadata=metadata)
 
 
 def figure_title(obj: hv.core.Dimensioned, backend: str = "bokeh") -> str:

@@ -26,19 +26,20 @@ import pandas as pd
 from osa_lab.errors import OSAInputError
 from osa_lab.plots.style import ensure_backends
 
-#: Colour per dtype and per timed method (Tableau palette; colour-blind friendly order).
-DTYPE_COLORS = {"float64": "#1f77b4", "float32": "#ff7f0e", "bfloat16": "#2ca02c"}
+#: Colour per dtype and per timed method (Okabe–Ito, colour-blind safe; the accuracy plots
+#: also separate methods by dash, :data:`METHOD_DASH`).
+DTYPE_COLORS = {"float64": "#0072B2", "float32": "#D55E00", "bfloat16": "#009E73"}
 METHOD_COLORS = {
-    "dense": "#d62728",
-    "lowrank": "#1f77b4",
-    "sdpa": "#7f7f7f",
-    "gram": "#9467bd",
-    "qr": "#8c564b",
+    "dense": "#D55E00",
+    "lowrank": "#0072B2",
+    "sdpa": "#999999",
+    "gram": "#CC79A7",
+    "qr": "#E69F00",
 }
 #: Line style per OSA method in the accuracy plots (matplotlib name, bokeh name).
 METHOD_DASH = {"dense": ("--", "dashed"), "lowrank": ("-", "solid"), "gram": (":", "dotted"), "qr": ("-.", "dashdot")}
 
-_FALLBACK = "#17becf"
+_FALLBACK = "#000000"
 #: Exact zeros (e.g. every error at α = 0) are drawn at this value on the log axes.
 ZERO_FLOOR = 1e-18
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import holoviews as hv
 import numpy as np
@@ -29,8 +30,11 @@ __all__ = [
     "OTHER_COLOURS",
     "PALETTE",
     "PRESET_COLOURS",
+    "PRESET_STYLES",
+    "PresetStyle",
     "band_over_seeds",
     "bars_by_preset",
+    "bokeh_size",
     "colour_map",
     "curves_with_bands",
     "dual_options",
@@ -38,6 +42,7 @@ __all__ = [
     "integer_xticks",
     "is_integral",
     "preset_colour",
+    "preset_style",
     "require_columns",
     "spans_decades",
 ]
@@ -46,28 +51,61 @@ __all__ = [
 # palette
 # --------------------------------------------------------------------------------------------
 
-#: One fixed colour per model preset, used by every figure (dashboard, reports, training plots),
-#: so a preset keeps its colour whatever else is shown and in whatever order it was picked.
-#: Okabe–Ito colours (colour-blind safe): SSA variants in warm colours, OSA variants in blues.
-PRESET_COLOURS: dict[str, str] = {
-    "vit": "#555555",
-    "skipless-ssa": "#D55E00",
-    "skipless-osa": "#0072B2",
-    "pure-ssa": "#E69F00",
-    "pure-osa": "#56B4E9",
-    "ssa-cutting-skip": "#CC79A7",
-    "ssa-value-skipinit": "#009E73",
+@dataclass(frozen=True)
+class PresetStyle:
+    """How one preset is drawn in every figure: colour, line dash and marker.
+
+    ``dash`` is a name both backends know (``"solid"``, ``"dashed"``, ``"dotted"``,
+    ``"dashdot"``); ``marker`` is a matplotlib marker (static figures draw it at each point).
+    """
+
+    colour: str
+    dash: str
+    marker: str
+
+
+#: One fixed style per model preset and training control, used by every figure (dashboard,
+#: reports, training plots), so a preset keeps its look whatever else is shown and in whatever
+#: order it was picked. Colours are colour-blind safe (Okabe & Ito 2008 for the seven sweep
+#: presets, Paul Tol's "muted" scheme for the controls and baselines): SSA variants in warm
+#: colours, OSA variants in blues; a control draws dashed or dotted with its own marker, so it
+#: stays apart from its model where colour vision or a grey-scale print cannot tell two
+#: colours apart (tested in tests/test_plots.py).
+PRESET_STYLES: dict[str, PresetStyle] = {
+    "vit": PresetStyle("#000000", "solid", "o"),
+    "skipless-ssa": PresetStyle("#D55E00", "solid", "s"),
+    "skipless-osa": PresetStyle("#0072B2", "solid", "^"),
+    "pure-ssa": PresetStyle("#E69F00", "solid", "D"),
+    "pure-osa": PresetStyle("#56B4E9", "solid", "v"),
+    "ssa-cutting-skip": PresetStyle("#CC79A7", "solid", "P"),
+    "ssa-value-skipinit": PresetStyle("#009E73", "solid", "X"),
+    "skipless-osa-alpha0": PresetStyle("#332288", "dashed", "<"),
+    "vit-no-attn": PresetStyle("#999999", "dashed", ">"),
+    "mlp": PresetStyle("#999933", "dotted", "h"),
+    "cnn1d": PresetStyle("#882255", "dashdot", "*"),
 }
+
+#: The fixed colour of each preset (:data:`PRESET_STYLES`).
+PRESET_COLOURS: dict[str, str] = {name: style.colour for name, style in PRESET_STYLES.items()}
 
 #: Colours for anything that is not a preset (layers, dtypes, …), in order of appearance.
 OTHER_COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
+#: Dashes for groups that are not presets, in order of appearance (with :data:`OTHER_COLOURS`).
+OTHER_DASHES = ["solid", "dashed", "dotted", "dashdot"]
+
+
+def preset_style(name: str) -> PresetStyle:
+    """The fixed :class:`PresetStyle` of preset ``name`` (a stable one derived from the name for
+    others)."""
+    if name in PRESET_STYLES:
+        return PRESET_STYLES[name]
+    h = sum(ord(c) for c in str(name))
+    return PresetStyle(OTHER_COLOURS[h % len(OTHER_COLOURS)], OTHER_DASHES[(h // len(OTHER_COLOURS)) % 4], "o")
 
 
 def preset_colour(name: str) -> str:
     """The fixed colour of preset ``name`` (a stable colour derived from the name for others)."""
-    if name in PRESET_COLOURS:
-        return PRESET_COLOURS[name]
-    return OTHER_COLOURS[sum(ord(c) for c in str(name)) % len(OTHER_COLOURS)]
+    return preset_style(name).colour
 
 
 def colour_map(groups: Iterable[object]) -> dict[object, str]:
@@ -224,7 +262,7 @@ def _mpl_integer_xticks(plot, element) -> None:
 def integer_xticks(obj):
     """Integer-only ticks on the x axis of ``obj`` in both backends (returns ``obj``).
 
-    A layer, depth or epoch axis must not show half or quarter layers (issue 15). Matplotlib
+    A layer, depth or epoch axis must not show half or quarter layers. Matplotlib
     gets a ``MaxNLocator(integer=True)``; bokeh an ``AdaptiveTicker(min_interval=1)`` installed
     by a hook on each element (element level, so the hook survives the dashboard's DynamicMap,
     whose own options replace the overlay's hooks), which keeps integer ticks when zoomed.
@@ -278,6 +316,12 @@ def bars_by_preset(bars: hv.Bars) -> hv.Bars:
     return dual_options(bars, bokeh, dict(hooks=[_mpl_colour_bars], show_legend=False))
 
 
+def bokeh_size(width: int | None, height: int) -> dict[str, object]:
+    """Bokeh size options: ``width`` × ``height`` pixels, or (``width=None``) the container's
+    width at ``height`` pixels (``responsive``; a fixed width would win over it)."""
+    return dict(width=width, height=height) if width is not None else dict(responsive=True, height=height)
+
+
 def curves_with_bands(
     data: pd.DataFrame,
     x: str,
@@ -286,7 +330,7 @@ def curves_with_bands(
     logy: bool,
     logx: bool = False,
     group: str = "preset",
-    width: int = 520,
+    width: int | None = 520,
     height: int = 340,
     extra: Sequence[hv.Element] = (),
     colours: dict[object, str] | None = None,
@@ -295,13 +339,16 @@ def curves_with_bands(
     """One curve (mean) and one shaded band (min–max) per ``group`` value (then ``extra`` elements).
 
     Each band takes its curve's colour in both backends (``colours``, default :func:`colour_map`,
-    so a preset has its fixed colour); ``dashes`` (``"solid"``, ``"dashed"``, …) per group value
-    is optional. An x axis of whole numbers (layers, epochs, steps) gets integer ticks
-    (:func:`integer_xticks`).
+    so a preset has its fixed colour); a preset's curve has its fixed dash and (matplotlib)
+    marker (:data:`PRESET_STYLES`), ``dashes`` (``"solid"``, ``"dashed"``, …) per group value
+    replaces them. An x axis of whole numbers (layers, epochs, steps) gets integer ticks
+    (:func:`integer_xticks`). ``width=None`` makes the bokeh figure stretch to its container's
+    width at ``height`` (``responsive``), also when a dashboard updates its data.
     """
     groups = list(dict.fromkeys(data[group].tolist()))
     colours = {**colour_map(groups), **(colours or {})}
-    dashes = dashes or {}
+    dashes = {**{g: PRESET_STYLES[str(g)].dash for g in groups if str(g) in PRESET_STYLES}, **(dashes or {})}
+    markers = {g: PRESET_STYLES[str(g)].marker if str(g) in PRESET_STYLES else "o" for g in groups}
     elements = []
     ydim = hv.Dimension("mean", label=ylabel)
     for g in groups:
@@ -322,7 +369,7 @@ def curves_with_bands(
         curve = dual_options(
             hv.Curve(d, x, vdims, label=label),
             dict(color=colour, line_width=2, line_dash=dash, tools=["hover"], hover_line_width=3),
-            dict(color=colour, linewidth=2, linestyle=dash, marker="o"),
+            dict(color=colour, linewidth=2, linestyle=dash, marker=markers[g]),
         )
         elements += [area, curve]
     elements += list(extra)
@@ -350,8 +397,7 @@ def curves_with_bands(
             logy=logy,
             logx=logx,
             legend_position="right",
-            width=width,
-            height=height,
+            **bokeh_size(width, height),
             show_grid=True,
         ),
         dict(**lims, title=title, logy=logy, logx=logx, legend_position="right", fig_inches=(6, 3.6),

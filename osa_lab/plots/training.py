@@ -230,7 +230,7 @@ def summary_bars(
 ) -> hv.Overlay:
     """Bars of mean final test accuracy (%) per preset with ± std error bars (from :func:`osa_lab.studies.training.summarize_runs`).
 
-    The axis starts at 0 (issue 15: a truncated axis exaggerated the gaps between presets); each
+    The axis starts at 0 (a truncated axis would exaggerate the gaps between presets); each
     bar has its preset's fixed colour (:func:`~osa_lab.plots.style.preset_colour`).
     """
     require_columns(summary, ["preset", "test_accuracy_mean", "test_accuracy_std"], "summary table")
@@ -251,7 +251,7 @@ def summary_bars(
     )
 
 
-# ----------------------------------------------------------------------------- token mixing (issue 13)
+# ----------------------------------------------------------------------------- token mixing
 
 
 def mixing_profiles_data(metrics: pd.DataFrame, metric: str = "mixing_ratio") -> pd.DataFrame:
@@ -298,7 +298,7 @@ def mixing_summary(metrics: pd.DataFrame) -> pd.DataFrame:
     require_columns(metrics, list(_METRICS_COLUMNS), "training metrics table")
     df = metrics[metrics["kind"].isin(["mixing", "alpha"]) & metrics["metric"].isin(["alpha", "s_norm", "mixing_ratio"])]
     if df.empty:
-        raise OSAInputError("the metrics table has no mixing rows (no OSA preset, or a run from before issue 13)")
+        raise OSAInputError("the metrics table has no mixing rows (no OSA preset, or a run that did not log token mixing)")
     last = df.groupby(["preset", "seed", "metric"])["step"].transform("max")
     df = df[df["step"] == last]
     # |α| too: heads (and seeds) take both signs, so a mean of the signed α understates its size

@@ -67,6 +67,39 @@ def show(obj: Any, *, dpi: int = DPI) -> None:
         pass
 
 
+#: Metadata key of the display that :func:`finding` writes (read back by ``osa-lab report``'s index).
+FINDING_KEY = "osa_lab_finding"
+
+
+def say(markdown: str) -> None:
+    """Display ``markdown`` (a sentence of :mod:`osa_lab.reporting.texts`) as formatted text.
+
+    A report's numbers and conclusions are written by code from the run's tables, so they
+    cannot drift from what the run measured; this shows them as prose, not as a code output.
+    """
+    _display({"text/markdown": markdown, "text/plain": markdown})
+
+
+def finding(text: str) -> None:
+    """Display the report's one-line finding (generated from its tables) and mark it, so that
+    ``index.html`` shows it beside the report's run time."""
+    line = " ".join(str(text).split())
+    _display({"text/markdown": f"**Finding of this run:** {line}", "text/plain": line}, {FINDING_KEY: line})
+
+
+def _display(bundle: dict[str, str], metadata: dict[str, str] | None = None) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython ships with the reports extra
+        print(bundle["text/plain"])
+        return
+    if get_ipython() is None:
+        print(bundle["text/plain"])
+        return
+    display(bundle, raw=True, metadata=metadata or {})
+
+
 _IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython", "open"})
 
 

@@ -27,6 +27,7 @@ import contextlib
 import datetime as _dt
 import html
 import json
+import math
 import os
 import re
 import sys
@@ -80,6 +81,7 @@ class NotebookResult:
     failed_source: str | None = None
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    finding: str | None = None
 
     def failure_line(self) -> str:
         """One line naming the notebook, the cell and the error (for the terminal)."""
@@ -385,7 +387,49 @@ def export_html(ipynb: str | Path, dest: str | Path) -> Path:
         embed_images=True,
     )
     body, _ = exporter.from_notebook_node(nbformat.read(str(ipynb), as_version=4))
-    return atomic_write_text(dest, body)
+    return atomic_write_text(dest, with_code_toggle(body))
+
+
+#: Hides the code of every code cell (and the In/Out prompts) unless the reader ticks the box
+#: that :func:`with_code_toggle` puts at the top of the page: CSS only (``:has``), no script.
+_CODE_TOGGLE_CSS = """<style id="osa-lab-code-toggle">
+body:has(#osa-show-code:not(:checked)) .jp-CodeCell .jp-Cell-inputWrapper,
+body:has(#osa-show-code:not(:checked)) .jp-CodeCell .jp-OutputPrompt,
+body:has(#osa-show-code:not(:checked)) .jp-CodeCell .jp-InputPrompt { display: none; }
+.osa-code-toggle { position: sticky; top: 0; z-index: 10; display: inline-block; margin: 6px 0 0 6px;
+  padding: 4px 10px; border: 1px solid #bbb; border-radius: 6px; background: #f7f7f7; font: 13px system-ui,
+  sans-serif; cursor: pointer; }
+</style>
+"""
+_CODE_TOGGLE_BOX = ('<label class="osa-code-toggle"><input type="checkbox" id="osa-show-code"> show the code '
+                    "(hidden: the executed .ipynb keeps every cell)</label>")
+
+
+def with_code_toggle(page: str) -> str:
+    """``page`` (an nbconvert HTML export) with every code cell's source hidden by default and a
+    "show the code" box at the top that reveals it; outputs, text and figures stay visible."""
+    page = page.replace("</head>", _CODE_TOGGLE_CSS + "</head>", 1)
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + "\n" + _CODE_TOGGLE_BOX, page, count=1)
+
+
+def read_finding(ipynb: str | Path) -> str | None:
+    """The one-line finding a report displayed with
+    :func:`osa_lab.reporting.kernel_setup.finding` (the last one), or ``None``."""
+    import nbformat
+
+    from osa_lab.reporting.kernel_setup import FINDING_KEY
+
+    try:
+        nb = nbformat.read(str(ipynb), as_version=4)
+    except Exception:  # noqa: BLE001 - no notebook, no finding
+        return None
+    found = None
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            value = (output.get("metadata") or {}).get(FINDING_KEY)
+            if isinstance(value, str) and value.strip():
+                found = value.strip()
+    return found
 
 
 _EXTERNAL = re.compile(
@@ -476,6 +520,7 @@ def execute_one(
     result.seconds = time.perf_counter() - start
     if out_ipynb.exists():
         result.ipynb = out_ipynb.name
+        result.finding = read_finding(out_ipynb)
         try:
             html_path = export_html(out_ipynb, output / f"{name}.html")
             result.html = html_path.name
@@ -609,8 +654,9 @@ def write_index(
                 f'git <code>{html.escape(str(origin["commit"]))}</code></span>'
             )
         params = yaml.safe_dump(r.params, sort_keys=False, default_flow_style=None).strip() if r.params else "(defaults)"
+        found = html.escape(r.finding) if r.finding else '<span class="prov">(no finding recorded)</span>'
         rows.append(
-            f"<tr><td>{' · '.join(links)}</td><td>{status}</td><td>{r.seconds:.1f} s</td>"
+            f"<tr><td>{' · '.join(links)}</td><td>{status}</td><td>{found}</td><td>{r.seconds:.1f} s</td>"
             f"<td><pre>{html.escape(params)}</pre></td></tr>"
         )
     total = sum(r.seconds for r in results)
@@ -625,7 +671,7 @@ def write_index(
 git <code>{html.escape(str(git["commit"]))}</code>{" (uncommitted changes)" if git.get("dirty") else ""} ·
 torch {html.escape(info["packages"].get("torch", "?"))} · {html.escape(str(device))},
 {info["device"]["cpu_count"]} CPUs · Python {html.escape(info["python"]["version"])}</p>
-<table><thead><tr><th>notebook</th><th>status</th><th>run time</th><th>parameters (overrides of the defaults)</th></tr></thead>
+<table><thead><tr><th>notebook</th><th>status</th><th>what it found</th><th>run time</th><th>parameters (overrides of the defaults)</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody></table>
@@ -652,23 +698,60 @@ def _earlier_notebooks(output: Path, current: set[str]) -> list[dict[str, Any]]:
         return []
     if not isinstance(previous, dict):
         return []
-    commit = (previous.get("provenance") or {}).get("git", {}).get("commit")
+    provenance = previous.get("provenance")
+    git = provenance.get("git") if isinstance(provenance, dict) else None
+    commit = git.get("commit") if isinstance(git, dict) else None
+    notebooks, earlier = previous.get("notebooks"), previous.get("earlier")
     candidates = [
         {"result": nb, "started_utc": previous.get("started_utc"), "commit": commit}
-        for nb in previous.get("notebooks", [])
+        for nb in (notebooks if isinstance(notebooks, list) else [])
         if isinstance(nb, dict)
-    ] + [e for e in previous.get("earlier", []) if isinstance(e, dict) and isinstance(e.get("result"), dict)]
-    known = {f.name for f in fields(NotebookResult)}
+    ] + [e for e in (earlier if isinstance(earlier, list) else [])
+         if isinstance(e, dict) and isinstance(e.get("result"), dict)]
     kept: list[dict[str, Any]] = []
     for entry in candidates:
-        nb = {k: v for k, v in entry["result"].items() if k in known}
-        name = nb.get("name")
-        if not name or name in current or any(e["result"]["name"] == name for e in kept):
+        nb = _stored_result(entry["result"])
+        if nb is None:
             continue
-        if not any(nb.get(key) and (output / nb[key]).is_file() for key in ("html", "ipynb")):
+        name = nb["name"]
+        if name in current or any(e["result"]["name"] == name for e in kept):
             continue
-        kept.append({**entry, "result": nb})
+        if not any(nb.get(key) and _inside(output, nb[key]) for key in ("html", "ipynb")):
+            continue
+        kept.append({"result": nb, "started_utc": str(entry.get("started_utc")), "commit": str(entry.get("commit"))})
     return kept
+
+
+def _stored_result(stored: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fields of a stored :class:`NotebookResult` that have the declared types, or ``None``
+    when its name is missing or not text. A hand-edited or damaged ``summary.json`` (a number
+    where a file name belongs, a list of warnings that is not a list) never stops the index
+    from being written: a field of the wrong type takes its default."""
+    name = stored.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    kinds: dict[str, tuple[type, ...]] = {
+        "source": (str,), "params": (dict,), "ok": (bool,), "seconds": (int, float), "ipynb": (str,), "html": (str,),
+        "failed_cell": (int,), "failed_exec_count": (int,), "failed_source": (str,), "error": (str,),
+        "warnings": (list,), "finding": (str,),
+    }
+    out: dict[str, Any] = {"name": name, "source": "", "params": {}}
+    for f in fields(NotebookResult):
+        value = stored.get(f.name)
+        if f.name not in kinds or not isinstance(value, kinds[f.name]):
+            continue
+        if isinstance(value, bool) and f.name != "ok":
+            continue  # JSON true/false where a number belongs
+        if f.name == "seconds" and not math.isfinite(value):
+            continue
+        out[f.name] = value
+    out["warnings"] = [str(w) for w in out.get("warnings", [])]
+    return out
+
+
+def _inside(output: Path, name: str) -> bool:
+    """``name`` is a file directly in ``output`` (not a path leading elsewhere)."""
+    return Path(name).name == name and name not in (".", "..") and (output / name).is_file()
 
 
 # --------------------------------------------------------------------------------------------

@@ -157,12 +157,14 @@ def timing_table(
     repeat: int = 3,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Fastest forward time over ``repeat`` runs of each method against N (one row per ``(method, n)``).
+    """Median forward time over ``repeat`` runs of each method against N (one row per ``(method, n)``).
 
     ``q, k, v`` have shape ``(batch_heads, n, head_dim)``; ``max_n`` caps the N a method is
     timed at (default: dense ≤ 1024, sdpa ≤ 8192, lowrank unlimited) so that slow methods do
-    not dominate the run. Columns: ``method, n, batch_heads, head_dim, dtype, seconds,
-    threads``.
+    not dominate the run. Each call runs once untimed (warm-up), then ``repeat`` timed times.
+    Columns: ``method, n, batch_heads, head_dim, dtype, seconds`` (the median),
+    ``seconds_min, seconds_max, repeats, threads``; ``seconds_max / seconds_min`` tells how
+    noisy a point was (another process on a shared machine, a cold cache).
     """
     ns = _check_positive_ints("ns", ns)
     for m in methods:
@@ -184,8 +186,7 @@ def timing_table(
                 fn = lambda q=q, k=k, v=v, m=method: osa(q, k, v, alpha, method=m)  # noqa: E731
             with torch.no_grad():
                 time_call(fn, repeat=1, warmup=0)  # warm-up
-                # Minimum over repeats: robust to other processes on a shared machine.
-                seconds = min(time_call(fn, repeat=1, warmup=0) for _ in range(repeat))
+                runs = [time_call(fn, repeat=1, warmup=0) for _ in range(repeat)]
             rows.append(
                 {
                     "method": method,
@@ -193,11 +194,22 @@ def timing_table(
                     "batch_heads": batch_heads,
                     "head_dim": head_dim,
                     "dtype": dtype,
-                    "seconds": seconds,
+                    "seconds": float(np.median(runs)),
+                    "seconds_min": float(min(runs)),
+                    "seconds_max": float(max(runs)),
+                    "repeats": len(runs),
                     "threads": torch.get_num_threads(),
                 }
             )
     return pd.DataFrame(rows)
+
+
+#: A fitted slope is flagged as untrustworthy when it is further than this from the expected
+#: exponent, when the log–log fit explains less than :data:`SLOPE_MIN_R2` of the variance, or
+#: when a fitted point's slowest run took more than :data:`SLOPE_MAX_SPREAD` × its fastest.
+SLOPE_TOLERANCE = 0.5
+SLOPE_MIN_R2 = 0.95
+SLOPE_MAX_SPREAD = 2.0
 
 
 def fit_slopes(timings: pd.DataFrame, *, min_n: int | None = None, points: int = 3) -> pd.DataFrame:
@@ -205,26 +217,51 @@ def fit_slopes(timings: pd.DataFrame, *, min_n: int | None = None, points: int =
 
     Small N is dominated by fixed overheads (and, for low-rank OSA, by the O(r³) work per
     head), so each method's fit uses its ``points`` largest N (or every N ≥ ``min_n`` when
-    given). Returns columns ``method, slope, expected, intercept, n_min, n_max, points``;
-    ``slope`` is NaN for a method with fewer than two usable points.
+    given). Returns columns ``method, slope, expected, intercept, n_min, n_max, points, r2,
+    spread, trusted, doubt``; ``slope`` is NaN for a method with fewer than two usable points.
+    ``spread`` is the largest ``seconds_max / seconds_min`` of the fitted points (1 without
+    those columns); ``trusted`` is False, and ``doubt`` says why, when the fit has fewer than
+    three points, ``r2 < SLOPE_MIN_R2``, ``spread > SLOPE_MAX_SPREAD`` or the slope is more than
+    ``SLOPE_TOLERANCE`` from the expected exponent.
     """
     rows = []
     for method, group in timings.groupby("method", sort=False):
         g = group.sort_values("n")
         g = g[g["n"] >= min_n] if min_n is not None else g.tail(points)
         g = g[g["seconds"] > 0]
-        slope = intercept = math.nan
+        slope = intercept = r2 = math.nan
         if len(g) >= 2:
-            slope, intercept = np.polyfit(np.log(g["n"].to_numpy(float)), np.log(g["seconds"].to_numpy(float)), 1)
+            x, y = np.log(g["n"].to_numpy(float)), np.log(g["seconds"].to_numpy(float))
+            slope, intercept = np.polyfit(x, y, 1)
+            residual = y - (slope * x + intercept)
+            total = float(((y - y.mean()) ** 2).sum())
+            r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else math.nan
+        spread = 1.0
+        if {"seconds_min", "seconds_max"} <= set(g.columns) and len(g) and (g["seconds_min"] > 0).all():
+            spread = float((g["seconds_max"] / g["seconds_min"]).max())
+        expected = TIMED_METHODS.get(str(method), math.nan)
+        doubts = []
+        if len(g) < 3:
+            doubts.append(f"only {len(g)} point{'s' if len(g) != 1 else ''} fitted")
+        if math.isfinite(r2) and r2 < SLOPE_MIN_R2:
+            doubts.append(f"the points are not on a line (r² = {r2:.2f})")
+        if spread > SLOPE_MAX_SPREAD:
+            doubts.append(f"the repeats of one point differ by {spread:.1f}×")
+        if math.isfinite(slope) and math.isfinite(expected) and abs(slope - expected) > SLOPE_TOLERANCE:
+            doubts.append(f"{slope:.2f} is more than {SLOPE_TOLERANCE} from the expected {expected:g}")
         rows.append(
             {
                 "method": method,
                 "slope": float(slope),
-                "expected": TIMED_METHODS.get(str(method), math.nan),
+                "expected": expected,
                 "intercept": float(intercept),
                 "n_min": int(g["n"].min()) if len(g) else 0,
                 "n_max": int(g["n"].max()) if len(g) else 0,
                 "points": len(g),
+                "r2": float(r2),
+                "spread": spread,
+                "trusted": bool(math.isfinite(slope) and not doubts),
+                "doubt": "; ".join(doubts),
             }
         )
     return pd.DataFrame(rows)

@@ -131,7 +131,9 @@ def kappa_table(kappa: pd.DataFrame) -> pd.DataFrame:
     """κ of the end-to-end Jacobian at the first and the last layer per preset (geometric mean over seeds).
 
     Unresolved κ (NaN: the matrix-free solver did not converge) are left out of the means and
-    counted in ``unresolved``; a mean over none is NaN.
+    counted in ``unresolved``; a mean over none is NaN. ``beyond_float64`` counts the values at
+    the last layer at or above :data:`KAPPA_RESOLVED` (≈ 4.5e15) or infinite: σ_min is rounding
+    noise there, so such a κ says only "numerically singular", not how large it is.
     """
     _require(kappa, ["preset", "layer", "scope", "kappa"], "Jacobian profile")
     df = kappa[kappa["scope"] == "end_to_end"] if "scope" in kappa.columns else kappa
@@ -146,6 +148,7 @@ def kappa_table(kappa: pd.DataFrame) -> pd.DataFrame:
                 "kappa_last_layer": _geometric_mean(g[g["layer"] == last]["kappa"]),
                 "last_layer": int(last),
                 "unresolved": int(ends["kappa"].isna().sum()),
+                "beyond_float64": int((g[g["layer"] == last]["kappa"] >= KAPPA_RESOLVED).sum()),
             }
         )
     return pd.DataFrame(rows)
