@@ -38,10 +38,11 @@ params = nb.opening("05_depth_study", globals())
 # %%
 from pathlib import Path
 
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from osa_lab.plots import study as plots
 from osa_lab.studies.depth_study import load_spec, summarise
+from osa_lab.studies.depth_study.report import kappa_correlation_sentence
 
 
 def in_repository(path: str) -> Path:
@@ -61,8 +62,12 @@ tables = summarise(results, spec, write=False) if (results / "experiment.yaml").
 # "comparable", Holm's correction over every claim tested).
 
 # %%
-display(Markdown(tables["verdict"] if tables else f"No study results under `{results_dir}` yet: run "
-                 f"`osa-lab train --experiment {experiment}` first."))  # fmt: skip
+if tables is None:
+    nb.finding(f"No study results under {results_dir} yet.")
+    nb.say(f"No study results under `{results_dir}` yet: run `osa-lab train --experiment {experiment}` first.")
+else:
+    nb.finding(tables["finding"])
+    nb.say(tables["verdict"])
 
 # %% [markdown]
 # ## Test accuracy against depth
@@ -102,7 +107,7 @@ if tables is not None and len(tables["tuning"]):
 # %% [markdown]
 # ## Does κ at initialisation predict trainability?
 #
-# One point per preset × depth (labelled L<depth>): median end-to-end Jacobian κ at
+# One point per preset × depth (colour: preset, marker: depth): median end-to-end Jacobian κ at
 # initialisation against median steps to 90 % training accuracy, and against test accuracy.
 # Runs that never reached 90 % have no point in the first figure.
 
@@ -112,19 +117,10 @@ if tables is not None and len(tables["runs"]):
         if len(plots.kappa_vs_trainability_data(tables["runs"], y)):
             nb.show(plots.kappa_vs_trainability(tables["runs"], y))
         else:
-            display(Markdown(f"No finished run has both κ at initialisation and `{y}` (e.g. none reached 90 % "
-                             "training accuracy): no figure."))  # fmt: skip
-    data = plots.kappa_vs_trainability_data(tables["runs"], "test_accuracy").dropna()
-    if len(data) >= 4:
-        from scipy.stats import spearmanr
-
-        rho, p = spearmanr(data["kappa_init"], data["value"])
-        display(Markdown(f"Spearman rank correlation of κ at initialisation with test accuracy over the "
-                         f"{len(data)} preset × depth points: ρ = {rho:+.2f} (p = {p:.2g}); "
-                         + ("a negative ρ means worse-conditioned networks at initialisation reached lower accuracy."
-                            if p < 0.05 else "not significant at 5 %: these points do not show that κ predicts accuracy.")))  # fmt: skip
-    else:
-        display(Markdown(f"Only {len(data)} preset × depth points with κ so far: too few for a rank correlation."))
+            nb.say(f"No finished run has both κ at initialisation and `{y}` (e.g. none reached 90 % training "
+                   "accuracy): no figure.")
+    data = plots.kappa_vs_trainability_data(tables["runs"], "test_accuracy")
+    nb.say(kappa_correlation_sentence(data["kappa_init"], data["value"]))
 
 # %%
 nb.closing()

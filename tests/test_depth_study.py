@@ -321,3 +321,20 @@ def test_a_failed_tuning_run_is_not_scored_as_a_divergence(tmp_path, monkeypatch
     assert study.tune("vit", 2) is None
     assert "1 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
     assert not (tmp_path / "search" / "vit-d2.json").exists()  # a rerun searches again
+
+
+def test_the_kappa_sentence_follows_the_sign_and_the_test():
+    k = [1, 10, 100, 1e3, 1e4, 1e5]
+    assert "had lower test accuracy" in report.kappa_correlation_sentence(k, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    assert "had higher test accuracy" in report.kappa_correlation_sentence(k, [0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    assert "not significant" in report.kappa_correlation_sentence(k, [0.5, 0.9, 0.4, 0.8, 0.6, 0.7])
+    assert "too few" in report.kappa_correlation_sentence(k[:3], [0.1, 0.2, 0.3])
+
+
+def test_the_finding_names_the_state_the_gate_and_the_claims(tmp_path):
+    for s in range(2):
+        _write_run(tmp_path, "skipless-osa", s, 0.85 + 0.01 * s)
+        _write_run(tmp_path, "vit", s, 0.80)
+    line = report.summarise(tmp_path, _spec(), write=False)["finding"]
+    assert line.startswith("Depth study (partial, 4 of 16 final runs); baselines' gate not measured")
+    assert "vit at depth 4: refuted" in line and line.endswith("no conclusion drawn.")  # 5.5 points apart: not within ±2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +268,34 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
     return "\n".join(lines) + "\n"
 
 
+def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
+    """The study in one line (for the report index): how far it got, the gate, and the claims' verdicts."""
+    planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
+    state = "complete" if finished >= planned else f"partial, {finished} of {planned} final runs"
+    gate, _ = gate_status(summary, spec)
+    verdicts = ", ".join(f"{r.other} at depth {r.depth}: {r.verdict}" for r in claims.itertuples()) if len(claims) else ""
+    tail = f"; claims — {verdicts}" if verdicts else "; no claim tested yet"
+    conclusion = "" if gate == "passed" and finished >= planned else "; no conclusion drawn"
+    return f"Depth study ({state}); baselines' gate {gate}{tail}{conclusion}."
+
+
+def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], what: str = "test accuracy") -> str:
+    """Spearman's rank correlation of κ at initialisation with ``what`` across preset × depth points, in words."""
+    from scipy.stats import spearmanr
+
+    k, v = np.asarray(kappa, dtype=float), np.asarray(value, dtype=float)
+    keep = np.isfinite(k) & np.isfinite(v)
+    n = int(keep.sum())
+    if n < 4:
+        return f"Only {n} preset × depth point(s) with κ and {what}: too few for a rank correlation."
+    rho, p = spearmanr(k[keep], v[keep])
+    head = f"Spearman rank correlation of κ at initialisation with {what} over {n} preset × depth points: ρ = {rho:+.2f} (p = {p:.2g}); "
+    if not p < 0.05:
+        return head + f"not significant at 5 %: these points do not show that κ predicts {what}."
+    direction = "higher" if rho > 0 else "lower"
+    return head + f"networks worse conditioned at initialisation had {direction} {what} (an association across presets and depths, not a cause)."
+
+
 def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
     """Regenerate every table and the verdict from the run results under ``results``.
 
@@ -287,4 +316,4 @@ def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> di
                 df["complete"] = complete
             df.to_csv(results / f"{name}.csv", index=False)
         (results / "verdict.md").write_text(text)
-    return {**tables, "verdict": text}
+    return {**tables, "verdict": text, "finding": finding_line(summary, claims, spec)}
