@@ -69,7 +69,7 @@ def test_sweep_slices_depths_dedupes_ssa_alpha_and_caches(tmp_path):
     direct = depth_profile("pure-ssa", depth=2, tokens=16, dim=16, heads=2, seed=1, site="block").metrics
     got = d2[(d2["preset"] == "pure-ssa") & (d2["seed"] == 1)].reset_index(drop=True)
     pd.testing.assert_frame_equal(got, direct, check_exact=False, rtol=1e-12)
-    assert len(list(tmp_path.glob("*.pkl"))) == 2 * 2 + 2  # OSA 2α×2 seeds, SSA 2 seeds
+    assert len(list(tmp_path.glob("*.npz"))) == 2 * 2 + 2  # OSA 2α×2 seeds, SSA 2 seeds
     again = sweep(["pure-osa", "pure-ssa"], [2, 4], **kw)
     pd.testing.assert_frame_equal(again.metrics, m)
     summary = res.summary()
