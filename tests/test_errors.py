@@ -137,3 +137,20 @@ def test_metrics_refuse_nan():
 
     with pytest.raises(osa_lab.OSAInputError, match="NaN"):
         METRICS["stable_rank"](torch.full((4, 3), float("nan")))
+
+
+def test_alpha_beyond_float64_range_is_a_typed_error():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSAInputError, match="beyond float64's range"):
+        osa_lab.osa(q, k, v, alpha=10**400)
+    with pytest.raises(osa_lab.OSAInputError, match="beyond float64's range"):
+        osa_lab.expm.osa_matrix(q, k, 10**400)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), torch.tensor(float("nan"))], ids=["nan", "inf", "tensor-nan"])
+def test_osa_matrix_refuses_non_finite_alpha_like_osa(alpha):
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSAInputError, match="alpha"):
+        osa_lab.osa(q, k, v, alpha)
+    with pytest.raises(osa_lab.OSAInputError, match="alpha"):
+        osa_lab.expm.osa_matrix(q, k, alpha)

@@ -37,6 +37,7 @@ class Counts:
 
     syncs: Counter = field(default_factory=Counter)
     ops: int = 0
+    op_names: Counter = field(default_factory=Counter)
     compute_ops: int = 0
     launches: Counter = field(default_factory=Counter)
 
@@ -58,6 +59,7 @@ class _Counter(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.counts.ops += 1
+        self.counts.op_names[name] += 1
         if not (getattr(func, "is_view", False) or name in _METADATA):
             self.counts.compute_ops += 1  # ops that launch device work (views and allocations excluded)
         if name == "_local_scalar_dense":
