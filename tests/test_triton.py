@@ -101,10 +101,10 @@ def test_matches_dense_and_lowrank(case):
     q, k, v, scale = make_inputs(b, n, r, dv, dtype)
     config = T.TritonConfig(**cfg)
     if path == "gram":  # the kernels' own result, no fallback involved
-        y, bad = T._OSATriton.apply(q, k, v, scale, config)
+        y, bad, *_norms = T._OSATriton.apply(q, k, v, scale, config)
         assert not bool(bad.any()), f"expected the Triton passes to be trusted, bad={bad}"
     else:
-        _, bad = T._OSATriton.apply(q.detach(), k.detach(), v.detach(), scale.detach(), config)
+        _, bad, *_norms = T._OSATriton.apply(q.detach(), k.detach(), v.detach(), scale.detach(), config)
         assert bool(bad.all()), f"expected the QR fallback, bad={bad}"
         y = T.osa_triton(q, k, v, scale, config=config)
     assert y.dtype == dtype and y.shape == (b, n, dv)
@@ -129,7 +129,7 @@ def test_bf16_without_hi_lo_split():
     """hi_lo=False rounds C, gP, H once to bf16: errors of the order of the output's own rounding
     (allowed: 3× the rounding error of the exact result)."""
     q, k, v, scale = make_inputs(2, 70, 8, 12, torch.bfloat16)
-    y, bad = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(hi_lo=False))
+    y, bad, *_norms = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(hi_lo=False))
     assert not bool(bad.any())
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.dtype).to(DEV)
     grads = torch.autograd.grad(y, (q, k, v), gy)
@@ -460,7 +460,7 @@ def test_tf32x3_default_meets_float32_budget(case, monkeypatch):
     assert T.TritonConfig().input_precision == "tf32x3"
     calls = _interp_tf32x3(monkeypatch)
     q, k, v, scale = make_inputs(b, n, r, dv, dtype)
-    y, bad = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(**cfg))
+    y, bad, *_norms = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(**cfg))
     assert not bool(bad.any())
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEV)
     grads = torch.autograd.grad(y, (q, k, v, scale), gy)
