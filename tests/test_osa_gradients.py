@@ -213,7 +213,9 @@ SECOND_ORDER_CASES = [
 @pytest.mark.parametrize("method,n,kind", SECOND_ORDER_CASES)
 def test_second_derivatives_match_dense_float64(method, n, kind):
     """Hessian-vector products (create_graph=True) of every method, α included, equal those of
-    dense float64 ``matrix_exp`` (measured ≲ 2e-14 relative), and gradgradcheck passes."""
+    dense float64 ``matrix_exp`` (measured ≲ 2e-14 relative), and gradgradcheck passes; where the
+    QR engine meets a rank-deficient [q k] (q = k, N > 4r) a graph of its backward is refused
+    with a typed error (PyTorch's QR backward is not differentiable there: error 1.0 measured)."""
     q, k = make_qk(kind, n, 2, batch=(2,), seed=n)
     g = torch.Generator().manual_seed(7)
     v = torch.randn(2, n, 3, dtype=torch.float64, generator=g)
@@ -225,6 +227,10 @@ def test_second_derivatives_match_dense_float64(method, n, kind):
     def fn(q, k, v, alpha):
         return osa_lab.osa(q, k, v, alpha, method=method)
 
+    if kind == "equal" and n > 8 and method != "dense":  # the QR engine on a rank-deficient [q k]
+        with pytest.raises(osa_lab.UntrustedResultError, match="second derivatives"):
+            _hessian_vector_products(fn, inputs, weight, direction)
+        return
     got = _hessian_vector_products(fn, inputs, weight, direction)
     want = _hessian_vector_products(_dense_osa, inputs, weight, direction)
     for name, a, b in zip(("q", "k", "v", "alpha"), got, want, strict=True):

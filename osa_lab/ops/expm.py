@@ -138,6 +138,16 @@ def short_taylor_plan(norm: float, dtype: torch.dtype) -> tuple[int, int] | None
     return best
 
 
+def _differentiable_plan(plan: tuple[int, int], x: torch.Tensor) -> tuple[int, int]:
+    """``plan`` with two more Taylor terms where autograd records ``x``: the degree reaches the
+    dtype's roundoff for the value, and a derivative of order p of the polynomial loses p
+    terms (degree 1 at ``S = 0`` has a zero second derivative where exp's is ``(E₁E₂ + E₂E₁)/2``),
+    so first and second derivatives keep the value's accuracy."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return plan[0] + 2, plan[1]
+    return plan
+
+
 def _short_taylor(x: torch.Tensor, degree: int, squarings: int) -> torch.Tensor:
     """``exp(x)`` by a degree-``degree`` Taylor polynomial (Horner) of ``x / 2^s``, squared ``s`` times."""
     x = x / 2**squarings
@@ -173,7 +183,7 @@ def dense_exp(x: torch.Tensor) -> torch.Tensor:
             norm = None
         plan = short_taylor_plan(norm, x.dtype) if norm is not None and math.isfinite(norm) else None
         if plan is not None:
-            return _short_taylor(x, *plan)
+            return _short_taylor(x, *_differentiable_plan(plan, x))
     lead = x.shape[:-2]
     if math.prod(lead) >= 2:
         return torch.linalg.matrix_exp(x)
@@ -969,6 +979,42 @@ def _replace_rows(
     return y.index_copy(0, idx, compute(idx))
 
 
+class _RankDeficientQR(torch.autograd.Function):
+    """``torch.linalg.qr`` of a rank-deficient ``U`` whose backward refuses a graph: PyTorch's QR
+    backward divides by ``R``'s diagonal, and differentiated again it returns O(1)-wrong second
+    derivatives there (measured: relative error 1.0 for ``q = k``, N = 20, r = 2). First
+    derivatives are autograd's own."""
+
+    @staticmethod
+    def forward(ctx, u):  # noqa: D102
+        ctx.save_for_backward(u)
+        return torch.linalg.qr(u)
+
+    @staticmethod
+    def backward(ctx, gb, gr):  # noqa: D102
+        if torch.is_grad_enabled():
+            raise UntrustedResultError(
+                "second derivatives (a graph of the backward, create_graph=True) through the QR engine "
+                "are not defined for a rank-deficient [q k] (k parallel to q, q = 0, N < 2r): PyTorch's QR "
+                "backward divides by R's zero diagonal. Use method=\"dense\" for second derivatives of "
+                "such inputs."
+            )
+        (u,) = ctx.saved_tensors
+        return composite_backward(torch.linalg.qr, (u,), (True,), (gb, gr))[0]
+
+
+def _householder_qr(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.qr(u)``; under autograd, a rank-deficient ``u`` (a diagonal entry of ``R``
+    below ``√eps`` of the largest) goes through :class:`_RankDeficientQR`."""
+    b, r = torch.linalg.qr(u)
+    if not (torch.is_grad_enabled() and u.requires_grad) or _transformed(u):
+        return b, r
+    diag = r.detach().diagonal(dim1=-2, dim2=-1).abs()
+    if diag.numel() and _any(diag.amin(-1) <= math.sqrt(torch.finfo(r.dtype).eps) * diag.amax(-1)):
+        return _RankDeficientQR.apply(u)
+    return b, r
+
+
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bool = False) -> torch.Tensor:
     """``exp(U J Uᵀ) V`` by the QR form ``V + B (exp(R J Rᵀ) − I)(Bᵀ V)`` (docs/design.md §2).
 
@@ -988,7 +1034,7 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
         y = _small_n_action(u, j, v, osa_core=osa_core)
         if y is not None:
             return y
-    b, r = torch.linalg.qr(u)
+    b, r = _householder_qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
     e_minus_i = core_skew_exp(m, minus_identity=True)
@@ -1129,7 +1175,8 @@ class _ChebyshevAction(torch.autograd.Function):
     def backward(ctx, g):  # noqa: D102
         s, v, x, *ws = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
-            ref = functools.partial(chebyshev_action_reference, rho=ctx.rho, degree=ctx.degree)
+            # two more terms: a second derivative of the expansion loses two (see _differentiable_plan)
+            ref = functools.partial(chebyshev_action_reference, rho=ctx.rho, degree=ctx.degree + 2)
             return (*composite_backward(ref, (s, v), ctx.needs_input_grad[:2], g), None, None)
         gx, gv = _chebyshev_backward(x, ws, ctx.coef, g, ctx.needs_input_grad[0])
         gs = gx / ctx.rho if gx is not None else None
@@ -1158,7 +1205,7 @@ class _OSAChebyshevAction(torch.autograd.Function):
 
             def ref(q_, k_, c_, v_):
                 qk = q_ @ k_.mT
-                return chebyshev_action_reference((qk - qk.mT) * c_[:, None, None], v_, ctx.rho, ctx.degree)
+                return chebyshev_action_reference((qk - qk.mT) * c_[:, None, None], v_, ctx.rho, ctx.degree + 2)
 
             return (*composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g), None, None, None)
         gx, gv = _chebyshev_backward(x, ws, ctx.coef, g, need_q or need_k or need_c)
@@ -1289,7 +1336,7 @@ def _small_n_action(
         norm = math.inf
     plan = short_taylor_plan(norm, s.dtype) if math.isfinite(norm) else None
     if plan is not None:
-        return _short_taylor(s, *plan) @ v
+        return _short_taylor(s, *_differentiable_plan(plan, s)) @ v
     if u.shape[-2] > u.shape[-1]:
         return None
     u64 = u.double()
