@@ -184,7 +184,11 @@ def osa(
         of that shape (N = 0 raises). The columns keep their norms: ``‖y‖ = ‖v‖``; an output
         whose norms drift (a method failing on this input) warns with
         :class:`~osa_lab.errors.OSAAccuracyWarning`, as does a ``"dense"`` call whose ``‖S‖`` is so
-        large that even float64 rounding (≈ eps·‖S‖₁) spoils it.
+        large that even float64 rounding (≈ eps·‖S‖₁) spoils it; a non-finite output raises
+        :class:`~osa_lab.errors.OSAInputError`. On CUDA that check is deferred by default (no
+        host synchronisation; reported by a later call or :func:`osa_lab.ops.output_check.flush`),
+        see :mod:`osa_lab.ops.output_check` for the strict mode. Differentiable to second order
+        (``create_graph=True``) by every method.
     """
     refuse_masks(kwargs)
     check_qkv(q, k, v, finite=False)
