@@ -78,3 +78,13 @@ def test_gram_engine_norm_change_equals_the_norms():
     nv = torch.linalg.vector_norm(v, dim=(-2, -1)) ** 2
     assert float(((ny - nv) - delta).abs().max() / nv.max()) < 1e-12
     assert float((y_sq - ny).abs().max() / nv.max()) < 1e-12
+
+
+@pytest.mark.parametrize("method", ["lowrank", "gram", "qr"])
+def test_registry_methods_still_return_the_output_tensor(method):
+    """The public OSA_METHODS entries return y; the check's sums are asked for by osa() only."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 40, c, generator=g) for c in (4, 4, 5))
+    y = osa_lab.OSA_METHODS[method](q, k, v, torch.full((2,), 0.25, dtype=torch.float64))
+    assert isinstance(y, torch.Tensor) and y.shape == v.shape
+    assert torch.equal(y, osa_lab.osa(q, k, v, 0.5, method=method))

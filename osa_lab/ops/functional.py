@@ -52,26 +52,28 @@ def _dense(q, k, v, scale):
 
 
 def _engine(name: str) -> Callable:
-    def run(q, k, v, scale):
+    def run(q, k, v, scale, *, norms: bool = False):
         if name == "qr" and q.shape[-2] <= 4 * q.shape[-1] and q.shape[0] and v.shape[-1]:
             # small N: exp(S)V through the N×N S, backward fused down to q, k, α (no J built)
             y = expm.osa_chebyshev_action(q, k, scale, v)
             if y is not None:
-                return y
-        return expm.blocked_action(q, k, expm.osa_skew_core(q.shape[-1], scale), v, name, osa_core=True, norms=True)
+                return (y, None) if norms else y
+        j = expm.osa_skew_core(q.shape[-1], scale)
+        return expm.blocked_action(q, k, j, v, name, osa_core=True, norms=norms)
 
+    run.gives_norms = True  # norms=True: (y, the output check's sums or None), see osa()
     return run
 
 
-def _triton(q, k, v, scale, *, strict: bool = True):
+def _triton(q, k, v, scale, *, strict: bool = True, norms: bool = False):
     """The Triton kernels: the adaptive core (QR fallback, a few host synchronisations) in the
     strict output-check mode, the sync-free fixed core otherwise (untrusted matrices come out
-    NaN and the deferred check reports them). Returns ``(y, (Σ y², Σ v², None))``, the sums
-    taken by the kernels' own passes."""
+    NaN and the deferred check reports them). ``norms=True`` returns ``(y, (Σ y², Σ v², None))``,
+    the sums taken by the kernels' own passes."""
     from osa_lab.ops.triton import kernels as triton_osa
 
     cfg = triton_osa.TritonConfig(core="adaptive" if strict else "fixed")
-    return triton_osa.osa_triton(q, k, v, scale, config=cfg, norms=True)
+    return triton_osa.osa_triton(q, k, v, scale, config=cfg, norms=norms)
 
 
 OSA_METHODS: dict[str, Callable] = {
@@ -222,9 +224,13 @@ def osa(
     v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
     scale = (alpha_t / math.sqrt(r)).expand(batch).reshape(-1)
     if name == "triton":
-        y, norms = _triton(q3, k3, v3, scale, strict=mode == "strict")
+        y, norms = _triton(q3, k3, v3, scale, strict=mode == "strict", norms=True)
     else:
-        y, norms = _with_norms(OSA_METHODS[name](q3, k3, v3, scale))
+        method_fn = OSA_METHODS[name]
+        if getattr(method_fn, "gives_norms", False):
+            y, norms = method_fn(q3, k3, v3, scale, norms=True)
+        else:
+            y, norms = method_fn(q3, k3, v3, scale), None
     out = y.reshape(*batch, n, d).to(v.dtype)
     context = {"method": name, "n": n, "r": r, "work_dtype": work_dtype}
     try:
@@ -240,12 +246,6 @@ def osa(
     else:
         output_check.defer(drift.detach(), context)
     return out
-
-
-def _with_norms(result: torch.Tensor | tuple) -> tuple[torch.Tensor, tuple | None]:
-    """A method's ``y`` and, where it computed them from data a pass already read, the
-    ``(Σ y², Σ v², Σ y² − Σ v²)`` of the output check (else None: two norm passes)."""
-    return result if isinstance(result, tuple) else (result, None)
 
 
 #: renamed public names, kept for one release (osa_lab.deprecation)
