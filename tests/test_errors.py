@@ -244,3 +244,20 @@ def test_a_table_without_the_needed_columns_is_the_same_error_in_every_plot_and_
                   lambda: summaries.collapse_table(table)):  # fmt: skip
         with pytest.raises(osa_lab.OSAInputError, match="lacks columns|lacks column"):
             build()
+
+
+def test_alpha_beyond_float64_range_is_a_typed_error():
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSAInputError, match="beyond float64's range"):
+        osa_lab.osa(q, k, v, alpha=10**400)
+    with pytest.raises(osa_lab.OSAInputError, match="beyond float64's range"):
+        osa_lab.ops.expm.osa_matrix(q, k, 10**400)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), torch.tensor(float("nan"))], ids=["nan", "inf", "tensor-nan"])
+def test_osa_matrix_refuses_non_finite_alpha_like_osa(alpha):
+    q, k, v = _qkv()
+    with pytest.raises(osa_lab.OSAInputError, match="alpha"):
+        osa_lab.osa(q, k, v, alpha)
+    with pytest.raises(osa_lab.OSAInputError, match="alpha"):
+        osa_lab.ops.expm.osa_matrix(q, k, alpha)

@@ -437,3 +437,15 @@ def test_readme_timm_section_runs():
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102
     assert isinstance(namespace["model"], nn.Module)
+
+
+@pytest.mark.parametrize("name", ["beit_base_patch16_224", "eva02_tiny_patch14_224"])
+def test_convert_refuses_a_model_with_no_timm_attention(name):
+    """Models whose attention is not timm's Attention (BEiT relative positions, EVA rotary) would
+    convert 0 layers and keep training softmax attention: a typed error names what was found."""
+    model = timm.create_model(name, pretrained=False, img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2)
+    found = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
+    with pytest.raises(ConfigurationError, match="no timm.layers.Attention") as info:
+        ot.convert_to_osa(model, tokens=5)
+    assert found and all(cls in str(info.value) for cls in found)
+    assert not ot.osa_attention_layers(model)

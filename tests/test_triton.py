@@ -101,10 +101,10 @@ def test_matches_dense_and_lowrank(case):
     q, k, v, scale = make_inputs(b, n, r, dv, dtype)
     config = T.TritonConfig(**cfg)
     if path == "gram":  # the kernels' own result, no fallback involved
-        y, bad = T._OSATriton.apply(q, k, v, scale, config)
+        y, bad, *_norms = T._OSATriton.apply(q, k, v, scale, config)
         assert not bool(bad.any()), f"expected the Triton passes to be trusted, bad={bad}"
     else:
-        _, bad = T._OSATriton.apply(q.detach(), k.detach(), v.detach(), scale.detach(), config)
+        _, bad, *_norms = T._OSATriton.apply(q.detach(), k.detach(), v.detach(), scale.detach(), config)
         assert bool(bad.all()), f"expected the QR fallback, bad={bad}"
         y = T.osa_triton(q, k, v, scale, config=config)
     assert y.dtype == dtype and y.shape == (b, n, dv)
@@ -129,7 +129,7 @@ def test_bf16_without_hi_lo_split():
     """hi_lo=False rounds C, gP, H once to bf16: errors of the order of the output's own rounding
     (allowed: 3× the rounding error of the exact result)."""
     q, k, v, scale = make_inputs(2, 70, 8, 12, torch.bfloat16)
-    y, bad = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(hi_lo=False))
+    y, bad, *_norms = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(hi_lo=False))
     assert not bool(bad.any())
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.dtype).to(DEV)
     grads = torch.autograd.grad(y, (q, k, v), gy)
@@ -460,7 +460,7 @@ def test_tf32x3_default_meets_float32_budget(case, monkeypatch):
     assert T.TritonConfig().input_precision == "tf32x3"
     calls = _interp_tf32x3(monkeypatch)
     q, k, v, scale = make_inputs(b, n, r, dv, dtype)
-    y, bad = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(**cfg))
+    y, bad, *_norms = T._OSATriton.apply(q, k, v, scale, T.TritonConfig(**cfg))
     assert not bool(bad.any())
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEV)
     grads = torch.autograd.grad(y, (q, k, v, scale), gy)
@@ -576,3 +576,76 @@ def test_gpu_realistic_sizes(case):
             1e-4 if dtype == torch.float32 or name == "dscale" else 1.25 * rel_err(ref.to(dtype), ref) + 1e-4
         )
         assert rel_err(got, ref) <= tol, f"{name}: {rel_err(got, ref):.3g} > {tol:.3g}"
+
+
+def test_default_cuda_path_is_sync_free_with_the_output_check_by_products():
+    """osa() in the deferred output-check mode (the CUDA default): zero host synchronisations per
+    forward and per backward, counted on the CPU by the dispatch-mode counter; the norm check
+    comes from the kernels' own Σ v² and Σ y² (two Triton launches per pass, no norm pass).
+    The strict mode blocks (≥ 1 sync: the decision before returning). Output as dense."""
+    from osa_lab.ops import output_check
+    from osa_lab.ops.triton.sync_count import count_syncs
+
+    q, k, v, scale = make_inputs(2, 70, 8, 12, torch.float32)
+    alpha = (scale.detach() * math.sqrt(8)).requires_grad_()
+    with output_check.output_check("deferred"):
+        osa_lab.osa(q, k, v, alpha, method="triton")  # warm the device tables
+        with count_syncs() as fwd:
+            y = osa_lab.osa(q, k, v, alpha, method="triton")
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
+        with count_syncs() as bwd:
+            grads = torch.autograd.grad(y, (q, k, v, alpha), gy)
+        output_check.flush()
+    assert fwd.n_syncs == 0 and bwd.n_syncs == 0, (fwd.syncs, bwd.syncs)
+    assert fwd.n_launches == 2 and bwd.n_launches == 2
+    want = dense_reference(q, k, v, scale, gy)
+    want = (*want[:4], want[4] / math.sqrt(8))  # d/dα = d/dscale / √r
+    for name, got, ref in zip(("y", "dq", "dk", "dv", "dalpha"), (y, *grads), want, strict=True):
+        check_close(got, ref, torch.float32, name)
+    with output_check.output_check("strict"), count_syncs() as strict:
+        osa_lab.osa(q, k, v, alpha, method="triton")
+    assert strict.n_syncs >= 1
+
+
+def test_kernel_norm_by_products_match_the_norms():
+    """Σ y² from the output kernel and Σ v² from the reduce kernel equal the norms of y and v."""
+    q, k, v, scale = make_inputs(3, 70, 8, 12, torch.float32)
+    y, (y_sq, v_sq, _) = T.osa_triton(q, k, v, scale, norms=True)
+    ny = torch.linalg.vector_norm(y.detach().double(), dim=(-2, -1)) ** 2
+    nv = torch.linalg.vector_norm(v.detach().double(), dim=(-2, -1)) ** 2
+    assert rel_err(y_sq, ny) < 1e-5 and rel_err(v_sq, nv) < 1e-5
+
+
+def test_deferred_check_reports_untrusted_rows_of_the_fixed_core():
+    """q = k: the sync-free default cannot recompute by QR, so the row is NaN and the deferred
+    check raises (at the next call or at flush), never a silent wrong value."""
+    from osa_lab.ops import output_check
+
+    q, _, v, scale = make_inputs(2, 40, 8, 8, torch.float32, equal=True)
+    with output_check.output_check("deferred"):
+        y = osa_lab.osa(q.detach(), q.detach(), v.detach(), 0.5, method="triton")
+        assert torch.isnan(y).all()
+        with pytest.raises(osa_lab.OSAInputError, match="deferred"):
+            output_check.flush()
+
+
+def test_second_derivatives_through_the_triton_path():
+    """create_graph=True: Hessian-vector products (α included) as dense float64's, to float32's budget."""
+    q, k, v, scale = make_inputs(2, 40, 4, 6, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(2, 40, 6, generator=g).to(DEV)
+    inputs = (q, k, v, scale)
+    direction = tuple(torch.randn(x.shape, generator=g).to(x) for x in inputs)
+
+    def hvp(fn, xs):
+        grads = torch.autograd.grad((fn(*xs) * weight.to(xs[0].dtype)).sum(), xs, create_graph=True)
+        inner = sum((gi * t.to(gi.dtype)).sum() for gi, t in zip(grads, direction, strict=True))
+        return torch.autograd.grad(inner, xs)
+
+    def dense(q, k, v, s):
+        return torch.linalg.matrix_exp(s[:, None, None] * (q @ k.mT - k @ q.mT)) @ v
+
+    got = hvp(lambda *x: T.osa_triton(*x), inputs)
+    want = hvp(dense, tuple(x.detach().double().requires_grad_() for x in inputs))
+    for name, a, b in zip(("q", "k", "v", "scale"), got, want, strict=True):
+        assert rel_err(a, b) < 1e-4, (name, rel_err(a, b))

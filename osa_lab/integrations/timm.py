@@ -439,7 +439,7 @@ class OSAAttention(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        y = osa(q, k, v, self.alpha.to(q.dtype), method=self.method)
+        y = osa(q, k, v, self.alpha, method=self.method)  # osa forms α/√r in float64
         y = y.transpose(1, 2).reshape(B, N, self.attn_dim)
         y = self.norm(y)
         if gate is not None:
@@ -800,8 +800,9 @@ def convert_to_osa(
     forward differs) are left alone and listed in the report's ``skipped``.
 
     Raises:
-        ConfigurationError: ``tokens`` is needed (not a timm ViT) or a layer uses attention
-            dropout (nothing is swapped then).
+        ConfigurationError: ``tokens`` is needed (not a timm ViT), a layer uses attention
+            dropout (nothing is swapped then), or the model has no ``timm.layers.Attention`` and
+            no OSA layer (nothing would be converted; the message names the attention types found).
     """
     attention_cls = _timm_attention_class()
     if tokens is None:
@@ -831,6 +832,14 @@ def convert_to_osa(
             report.skipped.append(
                 (name, f"{type(module).__name__} is not timm.layers.Attention (its forward differs); unchanged")
             )
+    if not targets and not any(isinstance(m, OSAAttention) for m in model.modules()):
+        found = sorted({type(m).__name__ for m in model.modules() if "Attention" in type(m).__name__})
+        raise ConfigurationError(
+            f"convert_to_osa found no timm.layers.Attention in {type(model).__name__}, so nothing would be "
+            f"converted (attention modules found: {', '.join(found) or 'none'}); their forward differs "
+            "from timm's Attention (e.g. rotary or relative position terms), so OSA cannot replace them "
+            "in place. Use a timm VisionTransformer, or build the model with OSAAttention"
+        )
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

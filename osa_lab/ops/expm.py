@@ -44,7 +44,7 @@ from collections.abc import Callable
 import torch
 
 from osa_lab.errors import OSAAccuracyWarning, OSAInputError, UntrustedResultError, unknown_name
-from osa_lab.ops.guards import check_float_tensor, sum_is_finite
+from osa_lab.ops.guards import check_alpha, check_float_tensor, sum_is_finite
 
 #: Engines of :func:`lowrank_action` and :func:`blocked_action`.
 ENGINES = ("gram", "qr", "lowrank")
@@ -94,18 +94,25 @@ SPECTRAL_SLACK = 1.01
 def skew_symmetric_from_qk(q: torch.Tensor, k: torch.Tensor, alpha: float | torch.Tensor = 1.0) -> torch.Tensor:
     """Return ``S = α/√r · (q kᵀ − k qᵀ)`` (docs/design.md §1), shape ``(..., N, N)``.
 
-    ``alpha`` is a float or a tensor broadcasting over the leading dims of ``q``.
+    ``alpha`` is a float or a tensor broadcasting over the leading dims of ``q``; ``α/√r`` is
+    formed in float64 and rounded once to ``q``'s dtype.
     """
-    r = q.shape[-1]
-    scale = _as_scale(alpha, q) / math.sqrt(r)
+    return skew_from_scale(q, k, _alpha_wide(alpha, q) / math.sqrt(q.shape[-1]))
+
+
+def skew_from_scale(q: torch.Tensor, k: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``S = scale · (q kᵀ − k qᵀ)`` with ``scale`` (``α/√r``, any float dtype) over the leading dims."""
     qk = q @ k.mT
-    return scale[..., None, None] * (qk - qk.mT)
+    return scale.to(q.dtype)[..., None, None] * (qk - qk.mT)
 
 
-def _as_scale(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    if isinstance(alpha, torch.Tensor):
-        return alpha.to(like.dtype)
-    return torch.tensor(float(alpha), dtype=like.dtype, device=like.device)
+def _alpha_wide(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """α checked (:func:`~osa_lab.ops.guards.check_alpha`) as a float64 tensor on ``like``'s device."""
+    wide = torch.float32 if like.device.type == "mps" else torch.float64
+    value = check_alpha(alpha)
+    if value is None:
+        return alpha.to(device=like.device, dtype=wide)
+    return torch.tensor(value, dtype=wide, device=like.device)
 
 
 #: Most matrix products (Taylor degree + squarings) the short-Taylor path may use.
@@ -128,6 +135,16 @@ def short_taylor_plan(norm: float, dtype: torch.dtype) -> tuple[int, int] | None
                     best = (m, s)
                 break
     return best
+
+
+def _differentiable_plan(plan: tuple[int, int], x: torch.Tensor) -> tuple[int, int]:
+    """``plan`` with two more Taylor terms where autograd records ``x``: the degree reaches the
+    dtype's roundoff for the value, and a derivative of order p of the polynomial loses p
+    terms (degree 1 at ``S = 0`` has a zero second derivative where exp's is ``(E₁E₂ + E₂E₁)/2``),
+    so first and second derivatives keep the value's accuracy."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return plan[0] + 2, plan[1]
+    return plan
 
 
 def _short_taylor(x: torch.Tensor, degree: int, squarings: int) -> torch.Tensor:
@@ -165,7 +182,7 @@ def dense_exp(x: torch.Tensor) -> torch.Tensor:
             norm = None
         plan = short_taylor_plan(norm, x.dtype) if norm is not None and math.isfinite(norm) else None
         if plan is not None:
-            return _short_taylor(x, *plan)
+            return _short_taylor(x, *_differentiable_plan(plan, x))
     lead = x.shape[:-2]
     if math.prod(lead) >= 2:
         return torch.linalg.matrix_exp(x)
@@ -720,6 +737,14 @@ def gram_core_backward(
     return grads[0] + grads[0].mT, gp, tuple(grads[1:])
 
 
+def output_norm_change(g: torch.Tensor, p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``‖V + U C‖_F² − ‖V‖_F² = 2⟨P, C⟩ + ⟨C, G C⟩`` per matrix (float64) from ``G = UᵀU``,
+    ``P = UᵀV`` and ``C`` (2r × d): the output check's norm change of the Gram engine's
+    ``Y = V + U C`` without another pass over the tokens."""
+    c = c.detach().double()
+    return 2 * (p.detach().double() * c).sum((-2, -1)) + (c * (g.detach().double() @ c)).sum((-2, -1))
+
+
 def block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``UᵀU`` in float64 for ``U = [a b]`` from three products (``bᵀa`` is the transpose of ``aᵀb``)."""
     aa, ab, bb = (a.mT @ a).double(), (a.mT @ b).double(), (b.mT @ b).double()
@@ -734,6 +759,8 @@ class _GramAction(torch.autograd.Function):
     ``Y = V + U C = V + a C_a + b C_b``. Backward (``gY`` given): ``gC = Uᵀ gY``;
     ``gF = gC Pᵀ``; ``gP = Fᵀ gC``; ``gV = gY + U gP``; ``gU = gY Cᵀ + V gPᵀ + U (gG + gGᵀ)``,
     with ``(gG, gJ)`` the vector-Jacobian product of the small float64 core, by autograd.
+    With ``create_graph=True`` the backward is the autograd backward of
+    :func:`_gram_action_reference` (:func:`composite_backward`), so second derivatives are right.
     """
 
     @staticmethod
@@ -753,12 +780,19 @@ class _GramAction(torch.autograd.Function):
         # Rows whose Y the caller replaces (QR fallback, float64 recompute) get no gradient from here.
         keep = ok & (est <= 1.0) & ~float64_needed(s_two, v.dtype) if replaced else ok
         ctx.save_for_backward(a, b, j, v, g, p, c, keep)
-        ctx.mark_non_differentiable(est, s_two)
-        return y, est, s_two
+        ctx.flags = (replaced, osa_core)
+        v_sq, delta = v_norm.double() ** 2, output_norm_change(g, p, c)
+        ctx.mark_non_differentiable(est, s_two, v_sq, delta)
+        return y, est, s_two, v_sq, delta
 
     @staticmethod
-    def backward(ctx, gy: torch.Tensor, _gest: torch.Tensor, _gtwo: torch.Tensor):  # noqa: D102
+    def backward(ctx, gy: torch.Tensor, _gest, _gtwo, _gvsq, _gdelta):  # noqa: D102
         a, b, j, v, g, p, c, keep = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate
+            gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
+            ref = functools.partial(_gram_action_reference, replaced=ctx.flags[0], osa_core=ctx.flags[1])
+            grads = composite_backward(lambda *x: ref(*x)[0], (a, b, j, v), ctx.needs_input_grad[:4], gy)
+            return (*grads, None, None)
         need_a, need_b, need_j, need_v = ctx.needs_input_grad[:4]
         ma = a.shape[-1]
         # Rows that failed the Cholesky factorisation or that the caller replaced by the QR
@@ -811,21 +845,42 @@ def gram_action(
     recomputes those matrices in float64). ``replaced=True`` promises that the caller replaces the
     rows with a ratio above 1, which then get no gradient from here.
     """
-    y, est, s_two = _gram_engine(a, b, j, v, replaced, osa_core)
+    y, est, s_two, _ = _gram_engine(a, b, j, v, replaced, osa_core)
     return y, torch.where(float64_needed(s_two, v.dtype), math.inf, est)
 
 
 def _gram_engine(
     a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool, osa_core: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(Y, estimate / budget, ‖S‖₂ bound)`` of the Gram engine (the bound is ``s_two`` of
-    :func:`gram_core_parts`, NaN where the factorisation failed): :class:`_GramAction`, or under
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple | None]:
+    """``(Y, estimate / budget, ‖S‖₂ bound, norms)`` of the Gram engine (the bound is ``s_two`` of
+    :func:`gram_core_parts`, NaN where the factorisation failed; ``norms`` is ``(‖Y‖² , ‖V‖²,
+    their difference)`` per matrix for the output check, or None): :class:`_GramAction`, or under
     torch.func transforms and forward-mode AD (which its hand-written backward does not support:
     vmap raised PyTorch's "must override the setup_context" error) :func:`_gram_action_reference`."""
     j = j.to(torch.float64)
     if _transformed(a, b, j, v):
-        return _gram_action_reference(a, b, j, v, replaced, osa_core)
-    return _GramAction.apply(a, b, j, v, replaced, osa_core)
+        return (*_gram_action_reference(a, b, j, v, replaced, osa_core), None)
+    y, est, s_two, v_sq, delta = _GramAction.apply(a, b, j, v, replaced, osa_core)
+    return y, est, s_two, (v_sq + delta, v_sq, delta)
+
+
+def composite_backward(
+    forward: Callable[..., torch.Tensor], inputs: tuple, needs: tuple[bool, ...], grad_out: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    """The vector-Jacobian product of ``forward(*inputs)`` with ``grad_out`` by autograd, with a
+    graph (``create_graph=True``): the backward of a hand-written :class:`torch.autograd.Function`
+    when a graph of the backward is requested (Hessian-vector products, gradient penalties),
+    differentiable to any order. ``inputs`` are the Function's saved inputs, still attached to
+    their graph; ``needs`` says which of them want a gradient."""
+    with torch.enable_grad():
+        outs = forward(*inputs)
+        wanted = [x for x, need in zip(inputs, needs, strict=True) if need]
+        grads = iter(torch.autograd.grad(outs, wanted, grad_out, create_graph=True, allow_unused=True))
+    return tuple(_zero_if_none(next(grads), x) if need else None for x, need in zip(inputs, needs, strict=True))
+
+
+def _zero_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if grad is None else grad
 
 
 def _gram_action_reference(
@@ -923,6 +978,42 @@ def _replace_rows(
     return y.index_copy(0, idx, compute(idx))
 
 
+class _RankDeficientQR(torch.autograd.Function):
+    """``torch.linalg.qr`` of a rank-deficient ``U`` whose backward refuses a graph: PyTorch's QR
+    backward divides by ``R``'s diagonal, and differentiated again it returns O(1)-wrong second
+    derivatives there (measured: relative error 1.0 for ``q = k``, N = 20, r = 2). First
+    derivatives are autograd's own."""
+
+    @staticmethod
+    def forward(ctx, u):  # noqa: D102
+        ctx.save_for_backward(u)
+        return torch.linalg.qr(u)
+
+    @staticmethod
+    def backward(ctx, gb, gr):  # noqa: D102
+        if torch.is_grad_enabled():
+            raise UntrustedResultError(
+                "second derivatives (a graph of the backward, create_graph=True) through the QR engine "
+                "are not defined for a rank-deficient [q k] (k parallel to q, q = 0, N < 2r): PyTorch's QR "
+                "backward divides by R's zero diagonal. Use method=\"dense\" for second derivatives of "
+                "such inputs."
+            )
+        (u,) = ctx.saved_tensors
+        return composite_backward(torch.linalg.qr, (u,), (True,), (gb, gr))[0]
+
+
+def _householder_qr(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.qr(u)``; under autograd, a rank-deficient ``u`` (a diagonal entry of ``R``
+    below ``√eps`` of the largest) goes through :class:`_RankDeficientQR`."""
+    b, r = torch.linalg.qr(u)
+    if not (torch.is_grad_enabled() and u.requires_grad) or _transformed(u):
+        return b, r
+    diag = r.detach().diagonal(dim1=-2, dim2=-1).abs()
+    if diag.numel() and _any(diag.amin(-1) <= math.sqrt(torch.finfo(r.dtype).eps) * diag.amax(-1)):
+        return _RankDeficientQR.apply(u)
+    return b, r
+
+
 def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bool = False) -> torch.Tensor:
     """``exp(U J Uᵀ) V`` by the QR form ``V + B (exp(R J Rᵀ) − I)(Bᵀ V)`` (docs/design.md §2).
 
@@ -942,7 +1033,7 @@ def qr_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, osa_core: bo
         y = _small_n_action(u, j, v, osa_core=osa_core)
         if y is not None:
             return y
-    b, r = torch.linalg.qr(u)
+    b, r = _householder_qr(u)
     r64 = r.double()
     m = r64 @ j.to(torch.float64) @ r64.mT
     e_minus_i = core_skew_exp(m, minus_identity=True)
@@ -1075,14 +1166,17 @@ class _ChebyshevAction(torch.autograd.Function):
         x = (s / rho).contiguous()
         coef = chebyshev_coefficients(rho, degree)
         y, ws = _chebyshev_forward(x, v.contiguous(), coef)
-        ctx.coef, ctx.rho = coef, rho
-        ctx.save_for_backward(x, *ws)
+        ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
+        ctx.save_for_backward(s, v, x, *ws)
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):  # noqa: D102
-        x, *ws = ctx.saved_tensors
+        s, v, x, *ws = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
+            # two more terms: a second derivative of the expansion loses two (see _differentiable_plan)
+            ref = functools.partial(chebyshev_action_reference, rho=ctx.rho, degree=ctx.degree + 2)
+            return (*composite_backward(ref, (s, v), ctx.needs_input_grad[:2], g), None, None)
         gx, gv = _chebyshev_backward(x, ws, ctx.coef, g, ctx.needs_input_grad[0])
         gs = gx / ctx.rho if gx is not None else None
         return gs, (gv if ctx.needs_input_grad[1] else None), None, None
@@ -1098,15 +1192,21 @@ class _OSAChebyshevAction(torch.autograd.Function):
         x = d * (c / rho)[:, None, None]
         coef = chebyshev_coefficients(rho, degree)
         y, ws = _chebyshev_forward(x, v.contiguous(), coef)
-        ctx.coef, ctx.rho = coef, rho
-        ctx.save_for_backward(q, k, c, d, x, *ws)
+        ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
+        ctx.save_for_backward(q, k, c, v, d, x, *ws)
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):  # noqa: D102
-        q, k, c, d, x, *ws = ctx.saved_tensors
+        q, k, c, v, d, x, *ws = ctx.saved_tensors
         need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
+
+            def ref(q_, k_, c_, v_):
+                qk = q_ @ k_.mT
+                return chebyshev_action_reference((qk - qk.mT) * c_[:, None, None], v_, ctx.rho, ctx.degree + 2)
+
+            return (*composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g), None, None, None)
         gx, gv = _chebyshev_backward(x, ws, ctx.coef, g, need_q or need_k or need_c)
         gq = gk = gc = None
         if gx is not None:
@@ -1235,7 +1335,7 @@ def _small_n_action(
         norm = math.inf
     plan = short_taylor_plan(norm, s.dtype) if math.isfinite(norm) else None
     if plan is not None:
-        return _short_taylor(s, *plan) @ v
+        return _short_taylor(s, *_differentiable_plan(plan, s)) @ v
     if u.shape[-2] > u.shape[-1]:
         return None
     u64 = u.double()
@@ -1278,22 +1378,33 @@ def lowrank_action(u: torch.Tensor, j: torch.Tensor, v: torch.Tensor, *, engine:
 
 
 def blocked_action(
-    a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, engine: str, *, osa_core: bool = False
-) -> torch.Tensor:
+    a: torch.Tensor,
+    b: torch.Tensor,
+    j: torch.Tensor,
+    v: torch.Tensor,
+    engine: str,
+    *,
+    osa_core: bool = False,
+    norms: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, tuple | None]:
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` given as 3-D blocks ``(batch, N, ·)`` (no broadcasting).
 
     The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``, ``osa_core=True``: ``j`` is
     :func:`osa_skew_core`) and :func:`lowrank_action`. Below float64, the matrices with ``‖S‖₂``
     above :data:`FLOAT64_NORM` are recomputed by the same engine in float64 (measured there);
     ``‖S‖_F`` settles those at or below it without further cost (:func:`gram_core_parts`).
+    ``norms=True`` returns ``(Y, norms)`` with the output check's ``(‖Y‖², ‖V‖², difference)``
+    per matrix where the Gram engine's small matrices give them (:func:`output_norm_change`), None
+    where rows were recomputed or another engine ran.
     """
     if engine not in ENGINES:
         raise unknown_name("engine", engine, ENGINES)
     if engine == "qr":  # (osa() tries osa_chebyshev_action before building J; not again here)
-        return qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
+        y = qr_action(torch.cat([a, b], -1), j, v, osa_core=osa_core and a.shape[-1] == b.shape[-1])
+        return (y, None) if norms else y
     if v.shape[0] == 0 or v.shape[-2] == 0:
-        return v.clone()
-    y, est, s_two = _gram_engine(a, b, j, v, engine != "gram", osa_core)
+        return (v.clone(), None) if norms else v.clone()
+    y, est, s_two, sq = _gram_engine(a, b, j, v, engine != "gram", osa_core)
     if v.dtype == torch.float64:
         _warn_float64_rounding(s_two, engine)
     big = float64_needed(s_two, v.dtype)
@@ -1303,18 +1414,19 @@ def blocked_action(
             a64, b64, v64 = (_rows(x, idx).double() for x in (a, b, v))
             return blocked_action(a64, b64, _rows(j, idx), v64, engine, osa_core=osa_core).to(v.dtype)
 
-        y = _replace_rows(y, big, in_float64)
+        y, sq = _replace_rows(y, big, in_float64), None
         est = torch.where(big, 0.0, est)  # settled by the float64 engine, which refuses or falls back itself
     if engine == "gram":
-        return _refuse_untrusted_gram(a, b, v, y, est)
+        y = _refuse_untrusted_gram(a, b, v, y, est)
+        return (y, sq) if norms else y
     bad = est > 1.0
     if _any(bad):
 
         def by_qr(idx: torch.Tensor | None) -> torch.Tensor:
             return qr_action(torch.cat([_rows(a, idx), _rows(b, idx)], -1), _rows(j, idx), _rows(v, idx))
 
-        y = _replace_rows(y, bad, by_qr)
-    return y
+        y, sq = _replace_rows(y, bad, by_qr), None
+    return (y, sq) if norms else y
 
 
 def _refuse_untrusted_gram(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, y: torch.Tensor, est: torch.Tensor) -> torch.Tensor:

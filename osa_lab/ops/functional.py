@@ -8,23 +8,15 @@ docs/design.md §1), computed by a method chosen by name (docs/design.md §6, as
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
-from osa_lab.errors import (
-    MethodUnavailableError,
-    NonFiniteError,
-    OSAAccuracyWarning,
-    OSADtypeError,
-    OSAInputError,
-    unknown_name,
-)
-from osa_lab.ops import expm
-from osa_lab.ops.guards import check_float_tensor, check_qkv, refuse_masks
+from osa_lab.errors import MethodUnavailableError, OSAAccuracyWarning, OSAInputError, unknown_name
+from osa_lab.ops import expm, output_check
+from osa_lab.ops.guards import check_alpha, check_float_tensor, check_qkv, refuse_masks
+from osa_lab.ops.output_check import NORM_DRIFT_WARN, NORM_DRIFT_WARN_HALF  # noqa: F401  (public names)
 
 #: ``eps · ‖S‖₁`` of the working precision above which ``"dense"`` warns: rounding S's entries
 #: already moves ``exp(S) v`` by about this much (measured float64 errors against a 60-digit
@@ -36,13 +28,13 @@ def _dense(q, k, v, scale):
     """The N×N reference. Below float64 the product and exponential run in float64 once ``‖S‖₁``
     is past the short-Taylor range: ``torch.linalg.matrix_exp`` in float32 loses ≈ eps₃₂·‖S‖
     (relative error 0.57 at ‖S‖₂ ≈ 8.5e6) and overflows beyond."""
-    s = expm.skew_symmetric_from_qk(q, k, scale * math.sqrt(q.shape[-1]))
+    s = expm.skew_from_scale(q, k, scale)
     try:
         norm = float(s.detach().abs().sum(-2).amax())
     except RuntimeError:  # under torch.func.vmap: no single value, take the float64 path
         norm = math.inf if q.dtype != torch.float64 else 0.0
     if q.dtype != torch.float64 and (not math.isfinite(norm) or expm.short_taylor_plan(norm, q.dtype) is None):
-        s = expm.skew_symmetric_from_qk(q.double(), k.double(), scale.double() * math.sqrt(q.shape[-1]))
+        s = expm.skew_from_scale(q.double(), k.double(), scale)
         norm = float(s.detach().abs().sum(-2).amax()) if math.isfinite(norm) else norm
         y = (expm.dense_exp(s) @ v.double()).to(v.dtype)
     else:
@@ -59,21 +51,28 @@ def _dense(q, k, v, scale):
 
 
 def _engine(name: str) -> Callable:
-    def run(q, k, v, scale):
+    def run(q, k, v, scale, *, norms: bool = False):
         if name == "qr" and q.shape[-2] <= 4 * q.shape[-1] and q.shape[0] and v.shape[-1]:
             # small N: exp(S)V through the N×N S, backward fused down to q, k, α (no J built)
             y = expm.osa_chebyshev_action(q, k, scale, v)
             if y is not None:
-                return y
-        return expm.blocked_action(q, k, expm.osa_skew_core(q.shape[-1], scale), v, name, osa_core=True)
+                return (y, None) if norms else y
+        j = expm.osa_skew_core(q.shape[-1], scale)
+        return expm.blocked_action(q, k, j, v, name, osa_core=True, norms=norms)
 
+    run.gives_norms = True  # norms=True: (y, the output check's sums or None), see osa()
     return run
 
 
-def _triton(q, k, v, scale):
+def _triton(q, k, v, scale, *, strict: bool = True, norms: bool = False):
+    """The Triton kernels: the adaptive core (QR fallback, a few host synchronisations) in the
+    strict output-check mode, the sync-free fixed core otherwise (untrusted matrices come out
+    NaN and the deferred check reports them). ``norms=True`` returns ``(y, (Σ y², Σ v², None))``,
+    the sums taken by the kernels' own passes."""
     from osa_lab.ops.triton import kernels as triton_osa
 
-    return triton_osa.osa_triton(q, k, v, scale)
+    cfg = triton_osa.TritonConfig(core="adaptive" if strict else "fixed")
+    return triton_osa.osa_triton(q, k, v, scale, config=cfg, norms=norms)
 
 
 OSA_METHODS: dict[str, Callable] = {
@@ -122,41 +121,31 @@ def _alpha_view(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ..
     return None
 
 
-def _alpha_tensor(alpha: float | torch.Tensor, q: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
-    """α as a float64 or floating tensor that broadcasts to ``batch`` (the output's leading dims).
+def _alpha_tensor(alpha: float | torch.Tensor, q: torch.Tensor, batch: tuple[int, ...], *, check_finite: bool) -> torch.Tensor:
+    """α as a tensor of the widest float dtype (float64; float32 on devices without float64) that
+    broadcasts to ``batch`` (the output's leading dims), so that ``α/√r`` is formed once in that
+    dtype and never rounded through α's own, narrower one (integer α tensors included).
 
     Shape rule (see :func:`osa`): a scalar; a tensor broadcasting to the leading dims without
     adding dims (leading size-1 dims are dropped); or SDPA-style ``(..., 1, 1)`` whose leading
     part does. Anything else (e.g. ``(5, B, H)``) raises, so the output always has the batch
-    shape of q and v.
+    shape of q and v. ``check_finite=False`` leaves a NaN/Inf α tensor to the output check
+    (no host synchronisation).
     """
-    if isinstance(alpha, torch.Tensor):
-        if alpha.dtype == torch.bool or alpha.is_complex():
-            raise OSADtypeError(
-                f"`alpha` is a tensor of dtype {alpha.dtype}; α must be real: pass a float or a "
-                "floating-point tensor (e.g. `alpha.float()`, or `alpha.real` for a complex one)"
-            )
-        if not alpha.is_floating_point():
-            alpha = alpha.to(q.dtype)
-        if not torch.isfinite(alpha).all():
-            raise NonFiniteError(f"`alpha` contains NaN or Inf: {alpha}")
-        shape = _alpha_view(tuple(alpha.shape), batch)
-        if shape is None and alpha.dim() >= 2 and tuple(alpha.shape[-2:]) == (1, 1):
-            shape = _alpha_view(tuple(alpha.shape[:-2]), batch)  # SDPA-style (..., H, 1, 1)
-        if shape is None:
-            raise OSAInputError(
-                f"`alpha` has shape {tuple(alpha.shape)}, which does not broadcast over the leading "
-                f"dims {tuple(batch)} of q and v without changing the output's shape; use a scalar or one "
-                "value per head: shape (heads,) or (heads, 1, 1) for q of shape (batch, heads, N, r)"
-            )
-        return alpha.reshape(shape).to(device=q.device)
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
-        raise OSADtypeError(
-            f"`alpha` must be a real number or a floating-point tensor, got {type(alpha).__name__}"
+    wide = torch.float32 if q.device.type == "mps" else torch.float64
+    value = check_alpha(alpha, finite=check_finite)
+    if value is not None:
+        return torch.tensor(value, dtype=wide, device=q.device)
+    shape = _alpha_view(tuple(alpha.shape), batch)
+    if shape is None and alpha.dim() >= 2 and tuple(alpha.shape[-2:]) == (1, 1):
+        shape = _alpha_view(tuple(alpha.shape[:-2]), batch)  # SDPA-style (..., H, 1, 1)
+    if shape is None:
+        raise OSAInputError(
+            f"`alpha` has shape {tuple(alpha.shape)}, which does not broadcast over the leading "
+            f"dims {tuple(batch)} of q and v without changing the output's shape; use a scalar or one "
+            "value per head: shape (heads,) or (heads, 1, 1) for q of shape (batch, heads, N, r)"
         )
-    if not math.isfinite(alpha):
-        raise OSAInputError(f"`alpha` must be finite, got {alpha}")
-    return torch.tensor(float(alpha), dtype=torch.float64, device=q.device)
+    return alpha.reshape(shape).to(device=q.device, dtype=wide)
 
 
 def osa(
@@ -196,7 +185,11 @@ def osa(
         of that shape (N = 0 raises). The columns keep their norms: ``‖y‖ = ‖v‖``; an output
         whose norms drift (a method failing on this input) warns with
         :class:`~osa_lab.errors.OSAAccuracyWarning`, as does a ``"dense"`` call whose ``‖S‖`` is so
-        large that even float64 rounding (≈ eps·‖S‖₁) spoils it.
+        large that even float64 rounding (≈ eps·‖S‖₁) spoils it; a non-finite output raises
+        :class:`~osa_lab.errors.OSAInputError`. On CUDA that check is deferred by default (no
+        host synchronisation; reported by a later call or :func:`osa_lab.ops.output_check.flush`),
+        see :mod:`osa_lab.ops.output_check` for the strict mode. Differentiable to second order
+        (``create_graph=True``) by every method.
     """
     refuse_masks(kwargs)
     check_qkv(q, k, v, finite=False)
@@ -210,8 +203,10 @@ def osa(
                 f"{q.device}); on the CPU set TRITON_INTERPRET=1 before importing osa_lab to run the "
                 "kernel in Triton's interpreter (slow, for tests), or use method='lowrank'"
             )
+    mode = output_check.effective_mode(q.device)
+    output_check.report_pending()  # deferred checks of earlier calls whose values have arrived
     batch = tuple(torch.broadcast_shapes(q.shape[:-2], v.shape[:-2]))
-    alpha_t = _alpha_tensor(alpha, q, batch)
+    alpha_t = _alpha_tensor(alpha, q, batch, check_finite=mode == "strict")
     n, r, d = q.shape[-2], q.shape[-1], v.shape[-1]
     if math.prod(batch) == 0 or d == 0:
         # Nothing to transform: an empty result of the documented shape, still connected to the
@@ -227,46 +222,27 @@ def osa(
     k3 = k.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
     v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
     scale = (alpha_t / math.sqrt(r)).expand(batch).reshape(-1)
-    y = OSA_METHODS[name](q3, k3, v3, scale)
-    _check_output(y, v3, (q, k, v), name, n, r)
-    return y.reshape(*batch, n, d).to(v.dtype)
-
-
-#: Largest relative drift ``|‖y_b‖ − ‖v_b‖| / ‖v_b‖`` of one matrix's output norm accepted
-#: without an :class:`OSAAccuracyWarning`, per working dtype. ``exp(S)`` is orthogonal, so the
-#: norms match to rounding; a drift this large means the method failed on this input.
-NORM_DRIFT_WARN = {torch.float64: 1e-6, torch.float32: 1e-3}
-NORM_DRIFT_WARN_HALF = 3e-2
-
-
-def _check_output(y: torch.Tensor, v3: torch.Tensor, inputs: tuple, name: str, n: int, r: int) -> None:
-    """Raise for non-finite output (naming a NaN/Inf input first); warn when norms drift."""
-    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
+    if name == "triton":
+        y, norms = _triton(q3, k3, v3, scale, strict=mode == "strict", norms=True)
+    else:
+        method_fn = OSA_METHODS[name]
+        if getattr(method_fn, "gives_norms", False):
+            y, norms = method_fn(q3, k3, v3, scale, norms=True)
+        else:
+            y, norms = method_fn(q3, k3, v3, scale), None
+    out = y.reshape(*batch, n, d).to(v.dtype)
+    context = {"method": name, "n": n, "r": r, "work_dtype": work_dtype}
     try:
-        ny = torch.linalg.vector_norm(y.detach(), dim=(-2, -1), dtype=acc)
-        nv = torch.linalg.vector_norm(v3.detach(), dim=(-2, -1), dtype=acc)
-        drift = float(((ny - nv).abs() / nv.clamp_min(torch.finfo(acc).tiny)).max())
+        drift = output_check.relative_drift(*(norms or output_check.squared_norms(y, v3)))
+        if out.dtype == torch.float16 and y.dtype != torch.float16:  # the cast may overflow float16
+            drift = torch.where(torch.isfinite(out).all(), drift, math.inf)
     except RuntimeError:  # under torch.func.vmap there is no single value to test: skip the check
-        return
-    if not math.isfinite(drift):
-        # Any NaN/Inf in q, k or v reaches y; name the input (this raises) before blaming overflow.
-        for arg, x in zip(("q", "k", "v"), inputs, strict=True):
-            check_float_tensor(arg, x)
-        if not bool(torch.isfinite(y).all()):
-            raise NonFiniteError(
-                f"OSA produced non-finite values from finite inputs (method {name!r}, N={n}, r={r}); "
-                "the inputs or α are too large for the dtype: rescale them or use float64"
-            )
-        return
-    limit = NORM_DRIFT_WARN.get(y.dtype, NORM_DRIFT_WARN_HALF)
-    if drift > limit:
-        warnings.warn(
-            f"osa(method={name!r}, {y.dtype}, N={n}, r={r}): the output's norms differ from v's by more "
-            f"than {limit:g} (relative) although exp(S) is orthogonal; the result is inaccurate for "
-            "this input. Rescale q, k or α"
-            + (", compute in float64" if y.dtype != torch.float64 else "")
-            + (", or use method='qr'" if name != "qr" else "")
-            + ".",
-            OSAAccuracyWarning,
-            stacklevel=3,
-        )
+        return out
+    if torch._C._functorch.is_functorch_wrapped_tensor(drift):
+        return out  # under torch.func.vmap there is no single value to test: skip the check
+    if mode == "strict":
+        output_check.check_now(drift, out, (q, k, v, alpha_t), context)
+    else:
+        output_check.defer(drift.detach(), context)
+    return out
+

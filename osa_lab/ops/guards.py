@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
+import numpy as np
 import torch
 
 from osa_lab.errors import CausalMaskError, NonFiniteError, OSADtypeError, OSAInputError
@@ -99,3 +103,33 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, finite: bool
         raise OSAInputError(f"`q` has N=0 tokens (shape {tuple(q.shape)}); OSA needs at least one token")
     if q.shape[-1] == 0:
         raise OSAInputError(f"`q` has head width r=0 (shape {tuple(q.shape)}); r must be at least 1")
+
+
+def check_alpha(alpha: object, *, finite: bool = True) -> float | None:
+    """Check OSA's α: a real number (returned as a float) or a real tensor (checked, None returned).
+
+    Bool, complex and non-numbers raise :class:`OSADtypeError`; a number beyond float64's range
+    (e.g. ``10**400``) or NaN/Inf raises :class:`OSAInputError`, as does a tensor with NaN/Inf
+    entries unless ``finite=False`` (its check then needs no host synchronisation: the caller
+    checks the output, which a NaN/Inf α spoils).
+    """
+    if isinstance(alpha, torch.Tensor):
+        if alpha.dtype == torch.bool or alpha.is_complex():
+            raise OSADtypeError(
+                f"`alpha` is a tensor of dtype {alpha.dtype}; α must be real: pass a float or a "
+                "floating-point tensor (e.g. `alpha.float()`, or `alpha.real` for a complex one)"
+            )
+        if finite and alpha.numel() and not bool(torch.isfinite(alpha).all()):
+            raise NonFiniteError(f"`alpha` contains NaN or Inf: {alpha}")
+        return None
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
+        raise OSADtypeError(f"`alpha` must be a real number or a floating-point tensor, got {type(alpha).__name__}")
+    try:
+        value = float(alpha)
+    except OverflowError:
+        raise OSAInputError(
+            f"`alpha` = {alpha!r:.40} is beyond float64's range (±1.8e308); α must be a finite real number"
+        ) from None
+    if not math.isfinite(value):
+        raise OSAInputError(f"`alpha` must be finite, got {alpha}")
+    return value

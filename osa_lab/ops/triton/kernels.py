@@ -253,14 +253,15 @@ if HAVE_TRITON:
 
     @triton.jit
     def _fwd_apply_kernel(
-        q_ptr, k_ptr, v_ptr, w_ptr, ws_ptr, y_ptr,
+        q_ptr, k_ptr, v_ptr, w_ptr, ws_ptr, y_ptr, ysq_ptr,
         N, R, D,
         sqb, sqn, sqf, skb, skn, skf, svb, svn, svf, syb, syn,
         s_wb, s_ww, s_wh,
         BLOCK_N: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, M: tl.constexpr, CH: tl.constexpr,
         SPLIT: tl.constexpr, CAST_F32: tl.constexpr, PRECISION: tl.constexpr, FIX_BF16: tl.constexpr,
     ):  # fmt: skip
-        """``Y = V + q C_q + k C_k`` for one token block (W slots: 0 = C_q, 1 = C_k).
+        """``Y = V + q C_q + k C_k`` for one token block (W slots: 0 = C_q, 1 = C_k); also
+        ``Σ Y²`` of the block as stored (after the cast to Y's dtype) for the output check.
 
         The output columns go in chunks of ``CH`` (a loop, not unrolled): only a K × CH piece of
         each small matrix and a BLOCK_N × CH accumulator are live at a time (no spills at
@@ -279,6 +280,7 @@ if HAVE_TRITON:
         sb = ws_ptr + pid_b * 2
         s_q = tl.load(sb)
         s_k = tl.load(sb + 1)
+        ysq = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for c0 in range(0, DP, CH):
             offs_d = c0 + tl.arange(0, CH)
             dm = n_mask[:, None] & (offs_d[None, :] < D)
@@ -288,9 +290,11 @@ if HAVE_TRITON:
             acc += _wdot(k, wb + s_ww, s_wh, s_k, c0, RP, CH, M, SPLIT, CAST_F32, PRECISION)
             if FIX_BF16:
                 acc = _rtne_bf16(acc)
-            tl.store(
-                y_ptr + pid_b * syb + on[:, None] * syn + offs_d[None, :], acc.to(y_ptr.dtype.element_ty), mask=dm
-            )
+            out = acc.to(y_ptr.dtype.element_ty)
+            tl.store(y_ptr + pid_b * syb + on[:, None] * syn + offs_d[None, :], out, mask=dm)
+            o32 = tl.where(dm, out.to(tl.float32), 0.0)
+            ysq += tl.sum(o32 * o32, axis=1)
+        tl.store(ysq_ptr + pid_b * tl.num_programs(1) + pid_n, tl.sum(ysq, axis=0))
 
     @triton.jit
     def _bwd_apply_kernel(
@@ -631,15 +635,17 @@ def _pad_rows(mat: torch.Tensor, plan: _Plan, which: int) -> torch.Tensor:
     return mat[:, which * r : (which + 1) * r]
 
 
-def forward_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    """The forward apply pass ``Y = V + U C`` (Triton kernel launch; ``U = [q k]``)."""
+def forward_apply(q, k, v, c: torch.Tensor, plan: _Plan, *, with_sq: bool = False):
+    """The forward apply pass ``Y = V + U C`` (Triton kernel launch; ``U = [q k]``); with
+    ``with_sq`` also ``Σ Y²`` per b (float64), summed from the kernel's per-block sums."""
     b, n, _ = q.shape
     y = torch.empty(b, n, plan.d, dtype=v.dtype, device=v.device)
     w, ws = _pack([_pad_rows(c, plan, 0), _pad_rows(c, plan, 1)], plan, q.dtype)
     grid = (b, triton.cdiv(n, plan.block_n))
+    ysq = torch.empty(grid, dtype=torch.float32, device=v.device)
     _launch(
         _fwd_apply_kernel, grid,
-        q, k, v, w, ws, y,
+        q, k, v, w, ws, y, ysq,
         n, plan.r, plan.d,
         *q.stride(), *k.stride(), *v.stride(), y.stride(0), y.stride(1),
         w.stride(0), w.stride(1), w.stride(2),
@@ -648,7 +654,7 @@ def forward_apply(q, k, v, c: torch.Tensor, plan: _Plan) -> torch.Tensor:
         FIX_BF16=plan.cast_f32 and q.dtype == torch.bfloat16,
         num_warps=plan.num_warps, num_stages=_APPLY_STAGES,
     )  # fmt: skip
-    return y
+    return (y, ysq.sum(1, dtype=torch.float64)) if with_sq else y
 
 
 def backward_apply(q, k, v, gy, c, gp, h, plan: _Plan):
@@ -754,7 +760,6 @@ def fixed_gram_core(
     m = expm.core_matrix(chol, j, True)
     fro = torch.linalg.matrix_norm(m.detach())
     s_norm = fro / math.sqrt(width)
-    s_two = fro if norm_above is None else expm.spectral_norm_bound(m, fro, norm_above, sync=False)
     m2 = m @ m
     m3 = m2 @ m
     m4 = m2 @ m2
@@ -763,6 +768,16 @@ def fixed_gram_core(
     )
     unit = torch.finfo(g.dtype).eps / 2
     theta = expm.taylor_theta(_FIXED_DEGREE, unit)
+    # ρ ≥ ‖M‖₂ = ‖S‖₂ (M is normal). Matrices with ρ beyond the plan's reach come out untrusted
+    # anyway, so when that reach θ·2^max_squarings is at or below norm_above the cheap bound
+    # min(‖M‖_F, ρ) settles every matrix the plan can compute, and the float64 squarings of
+    # expm.spectral_norm_bound are needed only for plans that reach beyond norm_above.
+    if norm_above is None:
+        s_two = fro
+    elif theta * 2.0**max_squarings <= norm_above:
+        s_two = torch.where(fro > norm_above, torch.minimum(fro, rho.detach()), fro)
+    else:
+        s_two = expm.spectral_norm_bound(m, fro, norm_above, sync=False)
     counts = torch.ceil(torch.log2(rho.clamp_min(1e-300) / theta)).clamp(0, max_squarings)
     counts = counts.nan_to_num(nan=float(max_squarings))
     fits = torch.isfinite(rho) & (rho <= theta * 2.0**max_squarings)
@@ -810,18 +825,25 @@ class _OSATriton(torch.autograd.Function):
         keep = ~bad[:, None, None]
         g = torch.where(keep, g, torch.eye(2 * r, dtype=torch.float64, device=q.device))
         c = torch.where(keep, c, 0.0)
-        y = forward_apply(q, k, v, c, plan)
+        y, y_sq = forward_apply(q, k, v, c, plan, with_sq=True)
         ctx.save_for_backward(q, k, v, scale, g, p, c, bad)
         ctx.plan = plan
-        ctx.mark_non_differentiable(bad)
-        return y, bad
+        ctx.mark_non_differentiable(bad, y_sq, v_sq)
+        return y, bad, y_sq, v_sq
 
     @staticmethod
-    def backward(ctx, gy, _gbad):  # noqa: D102
+    def backward(ctx, gy, _gbad, _gysq, _gvsq):  # noqa: D102
         q, k, v, scale, g, p, c, bad = ctx.saved_tensors
         plan: _Plan = ctx.plan
         r = plan.r
         need_q, need_k, need_v, need_s, _ = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: autograd through the torch Gram engine
+            gy = torch.where(bad[:, None, None], 0.0, gy)
+
+            def ref(q_, k_, v_, s_):
+                return expm._gram_action_reference(q_, k_, expm.osa_skew_core(r, s_), v_, False, True)[0]
+
+            return (*expm.composite_backward(ref, (q, k, v, scale), (need_q, need_k, need_v, need_s), gy), None)
         idx = _idx(r, plan.rp, q.device)
         gc_full, _ = reduce_pass(q, k, gy, plan, gram=False)
         gc = gc_full.index_select(1, idx)[:, :, : plan.d]
@@ -894,7 +916,8 @@ def osa_triton(
     scale: torch.Tensor,
     *,
     config: TritonConfig | None = None,
-) -> torch.Tensor:
+    norms: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, None]]:
     """``exp(S) v`` with ``S = scale·(q kᵀ − k qᵀ)`` per batch element, by the Triton kernels.
 
     Args:
@@ -908,7 +931,9 @@ def osa_triton(
     recomputed by :func:`osa_lab.ops.expm.qr_action` in float32, or in float64 where ``‖S‖₂`` is
     above ``expm.FLOAT64_NORM`` (differentiable by autograd);
     with ``config.core == "fixed"`` they are NaN instead and the call makes no host
-    synchronisation (docs/triton.md, "Host synchronisations").
+    synchronisation (docs/triton.md, "Host synchronisations"). ``norms=True`` returns
+    ``(y, (Σ y², Σ v², None))`` per b (float64), the sums taken by the reduce and output kernels
+    (NaN where a row is NaN), for :mod:`osa_lab.ops.output_check`.
     """
     if not isinstance(scale, torch.Tensor):
         scale = torch.tensor(float(scale), dtype=torch.float64, device=q.device)
@@ -916,17 +941,20 @@ def osa_triton(
     b, n, r = q.shape
     scale = scale.to(q.device).expand(b)
     if b == 0 or n == 0:
-        return v.clone()
+        return (v.clone(), None) if norms else v.clone()
     cfg = config or DEFAULT_CONFIG
-    y, bad = _OSATriton.apply(q, k, v, scale, cfg)
+    y, bad, y_sq, v_sq = _OSATriton.apply(q, k, v, scale, cfg)
     if cfg.core == "fixed":  # no data-dependent host decision: untrusted rows are NaN
-        return torch.where(bad[:, None, None], float("nan"), y)
-    if bool(bad.any()):
+        y = torch.where(bad[:, None, None], float("nan"), y)
+        y_sq = torch.where(bad, math.nan, y_sq)
+    elif bool(bad.any()):
         sel = bad.nonzero().squeeze(-1)
         u = torch.cat([q[sel], k[sel]], dim=-1).float()
         j = expm.osa_skew_core(r, scale[sel])
-        y = y.index_copy(0, sel, expm.qr_action(u, j, v[sel].float()).to(y.dtype))
-    return y
+        fixed = expm.qr_action(u, j, v[sel].float()).to(y.dtype)
+        y = y.index_copy(0, sel, fixed)
+        y_sq = y_sq.index_copy(0, sel, torch.linalg.vector_norm(fixed.detach(), dim=(-2, -1), dtype=torch.float64) ** 2)
+    return (y, (y_sq, v_sq, None)) if norms else y
 
 
 # --------------------------------------------------------------------------------------

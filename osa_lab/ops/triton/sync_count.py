@@ -37,6 +37,7 @@ class Counts:
 
     syncs: Counter = field(default_factory=Counter)
     ops: int = 0
+    op_names: Counter = field(default_factory=Counter)
     compute_ops: int = 0
     launches: Counter = field(default_factory=Counter)
 
@@ -58,6 +59,7 @@ class _Counter(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.counts.ops += 1
+        self.counts.op_names[name] += 1
         if not (getattr(func, "is_view", False) or name in _METADATA):
             self.counts.compute_ops += 1  # ops that launch device work (views and allocations excluded)
         if name == "_local_scalar_dense":
@@ -121,7 +123,31 @@ def measure(core: str = "adaptive", b: int = 2, n: int = 256, r: int = 32, d: in
     return {"forward": fwd, "backward": bwd}
 
 
+def measure_osa(mode: str, b: int = 2, n: int = 256, r: int = 32, d: int = 32) -> dict[str, Counts]:
+    """Counts for one forward and one backward of ``osa_lab.osa(..., method="triton")`` in the
+    output-check ``mode`` (``"deferred"``: the CUDA default; ``"strict"``: blocking)."""
+    import osa_lab
+    from osa_lab.ops import output_check
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(b, n, r, generator=g).requires_grad_() for _ in range(2))
+    v = torch.randn(b, n, d, generator=g).requires_grad_()
+    alpha = torch.full((b,), 0.5, dtype=torch.float64).requires_grad_()
+    with output_check.output_check(mode):
+        osa_lab.osa(q, k, v, alpha, method="triton")
+        with count_syncs() as fwd:
+            y = osa_lab.osa(q, k, v, alpha, method="triton")
+        with count_syncs() as bwd:
+            torch.autograd.grad(y, (q, k, v, alpha), torch.ones_like(y))
+        output_check.flush()
+    return {"forward": fwd, "backward": bwd}
+
+
 if __name__ == "__main__":  # TRITON_INTERPRET=1 python -m osa_lab.ops.triton.sync_count
+    for mode in ("deferred", "strict"):
+        for phase, c in measure_osa(mode).items():
+            print(f"osa() {mode:8s} {phase:8s} syncs={c.n_syncs} {dict(c.syncs)} aten_ops={c.ops} "
+                  f"compute_ops={c.compute_ops} launches={c.n_launches}")  # fmt: skip
     for core in ("adaptive", "fixed"):
         for phase, c in measure(core).items():
             print(f"core={core:8s} {phase:8s} syncs={c.n_syncs} {dict(c.syncs)} aten_ops={c.ops} "
