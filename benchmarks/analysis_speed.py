@@ -1,4 +1,4 @@
-"""Speed of the analysis engine against the targets of issue 3 (table + CSV; no asserts).
+"""Speed of the analysis engine against its targets (table + CSV; no asserts).
 
 1. depth sweep: 4 presets × depth 24 × N = 64 × d = 64 × 3 seeds (target < 30 s);
 2. exact Jacobian of a 4-layer, N = 32, d = 32 skipless-OSA network, 1024 × 1024, and its SVD

@@ -9,7 +9,7 @@ one 2r × 2r product, and the counted flops of the token passes at the machine's
 (``osa_lab.benchmarking.timing.time_interleaved``), medians reported.
 
 Run: ``.venv/bin/python benchmarks/core_breakdown.py [--rounds 9] [--output benchmarks/results/core_breakdown.csv]``.
-``--variants`` times the ideas of issue 16 against the current code instead (blocked one-pass
+``--variants`` times alternative designs against the current code instead (blocked one-pass
 ``Uᵀ[U V]``, the output into a reused ``out=`` buffer, the page faults of a fresh result,
 ``osa`` against ``gram_action``) → ``…_variants.csv``.
 """
@@ -68,7 +68,7 @@ def stages(n: int, rounds: int) -> list[dict]:
 
 def _blocked_gram_projection(a, b, v, block: int):
     """``Uᵀ[U V]`` in one pass over the tokens: per block of ``block`` tokens the five products
-    ``aᵀa, aᵀb, bᵀb, aᵀv, bᵀv`` of slices still hot in the cache (issue 16 idea 1)."""
+    ``aᵀa, aᵀb, bᵀb, aᵀv, bᵀv`` of slices still hot in the cache (idea 1)."""
     bh, n, r = a.shape
     d = v.shape[-1]
     acc = [torch.zeros(bh, r, w) for w in (r, r, r, d, d)]

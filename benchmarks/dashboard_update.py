@@ -1,6 +1,6 @@
 """Dashboard responsiveness: first plot, uncached and cached updates, concurrent sessions.
 
-Issue 15's targets (at the default view, on the 2-core CPU machine): the first plot of a session
+The targets (at the default view, on the 2-core CPU machine): the first plot of a session
 within 3 s, a return to settings already computed within 0.5 s, and an uncached update with
 5 presets within 3 s. Two kinds of measurement:
 
@@ -9,7 +9,7 @@ within 3 s, a return to settings already computed within 0.5 s, and an uncached 
   those models updated (what the server then sends to the browser). ``uncached`` clears the process-wide sweep and figure caches first;
   ``cached`` returns to the settings just shown. For 2 and 5 presets.
 * **served** (the ``panel serve`` command of ``osa-lab dashboard``, with ``--warm``, on a free port, Debian's headless Chromium through
-  Playwright, as ``tests/test_dashboard_browser.py``): from navigation to the rank-collapse plot
+  Playwright, as ``tests/dashboard/test_browser.py``): from navigation to the rank-collapse plot
   drawn in the page, for the first session after start and for 3 sessions opened at once.
   Skipped (with a note) when Chromium or Playwright is missing.
 

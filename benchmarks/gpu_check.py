@@ -23,7 +23,7 @@ measurement that would start past ``--budget`` seconds is skipped):
    (replay time, difference to eager);
 5. correctness against float64 (outputs and all gradients) with a verdict per row:
    ``err ≤ 1.25·round + 1e-4`` (``round`` = error of rounding the exact result to the dtype;
-   the scale gradient ``≤ 1e-4``), as ``tests/test_triton.py::test_gpu_realistic_sizes``.
+   the scale gradient ``≤ 1e-4``), as ``tests/ops/test_triton.py::test_gpu_realistic_sizes``.
 Every row is printed and written to the CSV (and a JSON-lines file) as soon as it is measured,
 so a run killed at its time limit keeps what it measured. Imports only torch, triton, numpy,
 pandas and osa_lab. A user error prints one line and exits with status 2.

@@ -1,6 +1,6 @@
 """Training-step throughput: skipless OSA against a skip-connected ViT of the same size (CPU).
 
-Target (issue 7): one skipless-OSA training step costs at most 1.5× a ``vit`` step of the same
+Target: one skipless-OSA training step costs at most 1.5× a ``vit`` step of the same
 depth, width, heads and MLP. A "step" is what :func:`osa_lab.studies.training.train` does per batch:
 forward, cross-entropy, backward, gradient clip and an AdamW update.
 
@@ -22,7 +22,7 @@ OSA head's ``exp(S_h) V_h`` replaced by ``V_h`` (projections, MLP, head, optimis
 ``skipped row − vit row`` is what the rest of the skipless network costs against the ViT.
 ``--no-breakdown`` leaves it out.
 
-Before/after of the small-N action (issue 13): the row ``skipless-osa / auto (previous)``
+Before/after of the small-N action: the row ``skipless-osa / auto (previous)``
 times ``auto`` without it (``expm._small_n_action(..., action=False)`` and the fused
 ``expm.osa_chebyshev_action`` off: short Taylor series of the N×N ``exp(S)``, then ``exp(S) V``,
 S formed as ``U J Uᵀ``), side by side with
@@ -48,7 +48,7 @@ from osa_lab.nn.models import build_classifier
 from osa_lab.nn.presets import get_preset
 
 #: (name, image_size or sequence length, patch_size, 1-D?): digits (16 tokens), MNIST-1D (40 steps,
-#: 2 per token → 20 tokens) and MNIST (49 tokens); issue 13 asks for ≤ 1.5× at N = 20–49
+#: 2 per token → 20 tokens) and MNIST (49 tokens); the target is ≤ 1.5× at N = 20–49
 SIZES = (
     ("digits 8×8 / patch 2", 8, 2, False),
     ("mnist1d 40 / patch 2", 40, 2, True),

@@ -41,7 +41,7 @@ def qkv_of_kind(
     """q, k ``(*batch, n, r)`` and v ``(*batch, n, d)``, drawn in that order in float64 from ``seed``.
 
     ``kind``: ``"random"``, or one of :data:`DEGENERATE_KINDS` (``k = q``, ``k = 2q``, ``q = 0``),
-    for which ``[q k]`` has rank below 2r (issue 11); a short sequence (n < 2r) does the same
+    for which ``[q k]`` has rank below 2r; a short sequence (n < 2r) does the same
     for any kind. Cast to ``dtype`` last, so every dtype sees the same values.
     """
     g = torch.Generator().manual_seed(seed)
@@ -60,7 +60,7 @@ def qkv_of_kind(
 
 
 # ------------------------------------------------------------------------------------------------
-# CLI error harness (issue 11): a user error exits 2 with one line and leaves no files behind
+# CLI error harness: a user error exits 2 with one line and leaves no files behind
 # ------------------------------------------------------------------------------------------------
 
 

@@ -393,3 +393,66 @@ def test_no_retired_module_path_is_used_or_mentioned():
 )
 def test_the_retired_path_scan_sees_every_form(text, expected):
     assert retired_mentions(text) == expected
+
+
+# ---------------------------------------------------------------------------- small rooms, no history
+
+#: the size a module should stay under
+MAX_MODULE_LINES = 600
+
+#: modules over :data:`MAX_MODULE_LINES`: (ceiling, why). A ceiling may come down, never go up; an
+#: entry whose module is back under the limit must be removed.
+OVERSIZED: dict[str, tuple[int, str]] = {
+    "ops/triton/kernels.py": (1000, "the Triton kernels, their launch plans and tile tables load as one module "
+                                    "(the interpreter and the compile check import it whole)"),
+    "ops/expm.py": (1470, "to be split into ops/expm/ by subject: dense, core exponential, Gram, QR, Chebyshev, bounds"),
+    "integrations/timm.py": (1180, "to be split where subjects change: conversion, registration, the timm model wrapper"),
+    "studies/jacobian.py": (1100, "to be split: the Krylov/Lanczos solvers into their own room"),
+    "studies/depth.py": (910, "to be split: depth profiles, the sweep, its command line"),
+    "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
+    "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
+    "studies/grid.py": (830, "to be split: options, local/remote execution, results"),
+    "nn/models.py": (760, "to be split: configuration, encoder and classifiers, mixing diagnostics"),
+    "studies/data.py": (750, "to be split: image data sets, MNIST-1D generation and its checked cache"),
+    "dashboard/state.py": (630, "to be split: URL parsing and the sweep state"),
+}
+
+
+def _module_lines() -> dict[str, int]:
+    return {path.relative_to(PACKAGE).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+            for path in PACKAGE.rglob("*.py")}  # fmt: skip
+
+
+def test_modules_stay_small_or_are_listed_with_a_ceiling():
+    lines = _module_lines()
+    too_big = {name: n for name, n in lines.items() if n > MAX_MODULE_LINES and name not in OVERSIZED}
+    assert too_big == {}, f"modules over {MAX_MODULE_LINES} lines: split them by subject"
+    grown = {name: (lines.get(name), ceiling) for name, (ceiling, _) in OVERSIZED.items() if lines.get(name, 0) > ceiling}
+    assert grown == {}, "oversized modules grew past their ceiling"
+    stale = sorted(name for name in OVERSIZED if lines.get(name, 0) <= MAX_MODULE_LINES)
+    assert stale == [], f"{stale} are small now (or gone): remove them from OVERSIZED"
+
+
+#: an issue or pull-request number, or a date: history, which lives in git log and CHANGELOG.md
+_HISTORY = re.compile(r"\b[Ii]ssues? #?\d+\b|\b(?:PR|pull request) #?\d+\b|\b20\d\d-[01]\d-[0-3]\d\b")
+
+
+def history_mentions(text: str) -> list[str]:
+    """Issue numbers and dates named in ``text``."""
+    return [m.group(0) for m in _HISTORY.finditer(text)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("# fixed in issue 13", ["issue 13"]), ("(Issue 11 item 8)", ["Issue 11"]), ("measured 2026-12-01", ["2026-12-01"]),
+    ("see PR #42", ["PR #42"]), ("an issue with 3 layers", []), ("version 2.13.0", []),
+])  # fmt: skip
+def test_the_history_scan_catches_numbers_and_dates(text, expected):
+    assert history_mentions(text) == expected
+
+
+def test_package_and_test_sources_speak_of_the_code_not_of_its_history():
+    this = Path(__file__).resolve()
+    found = [f"{path.relative_to(ROOT)}: {hit}"
+             for folder in (PACKAGE, ROOT / "tests") for path in sorted(folder.rglob("*.py")) if path.resolve() != this
+             for hit in history_mentions(path.read_text(encoding="utf-8"))]  # fmt: skip
+    assert found == []

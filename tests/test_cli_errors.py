@@ -2,7 +2,7 @@
 no traceback, no partial output files.
 
 The rows run ``osa_lab.cli.main`` in-process through :func:`tests.helpers.assert_cli_user_error`
-(the ``train`` rows live in ``tests/test_train.py`` and use the same helper); a few run the
+(the ``train`` rows live in ``tests/studies/test_training.py`` and use the same helper); a few run the
 console entry point in a subprocess to show what reaches a terminal.
 """
 

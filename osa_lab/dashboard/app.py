@@ -312,8 +312,8 @@ def canvas_figures() -> None:
 
     The figures are a few lines and bands per preset, for which WebGL brings nothing; a browser
     without a GPU (a headless or remote session, software GL) drew the first page ≈ 0.25 s later
-    with it (websocket open to rendered 0.94–1.04 s with WebGL, 0.69–0.75 s without, 2–3 page loads each; probe of
-    2026-12-01), and its ``bokeh-gl`` path logged GPU-stall warnings.
+    with it (websocket open to rendered 0.94–1.04 s with WebGL, 0.69–0.75 s without, 2–3 page loads each;
+    BENCHMARKS.md), and its ``bokeh-gl`` path logged GPU-stall warnings.
     """
     hv.renderer("bokeh").webgl = False
 

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"serving {cmd[4]} at http://{args.address}:{args.port}/osa_dashboard (Ctrl-C to stop)", flush=True)
     if os.name == "posix":
         # Become the server (exec), so that SIGTERM/SIGINT sent to `osa-lab dashboard` reach it
-        # directly: as a child it outlived a terminated wrapper and kept serving (found 2026-12-01).
+        # directly: as a child it would outlive a terminated wrapper and keep serving.
         sys.stderr.flush()
         os.execv(cmd[0], cmd)
     try:  # elsewhere: a child process; Ctrl-C reaches both

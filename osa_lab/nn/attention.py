@@ -20,7 +20,7 @@ Initialisation of OSA (derivation: ``docs/initialisation.md``). For one layer
 Then κ(J) ≤ (1 + δ)/(1 − δ) as long as ``J_fixed`` stays close to orthogonal. With
 ``W_Q, W_K ~ N(0, 1/d)``, ``‖W_Q W_Kᵀ‖₂ ≈ (1 + √(r/d))² r/d·…`` is O(1) and ``‖X‖₂² ≈ (√N + √d)²``
 for unit-variance tokens, so ``α₀ = c · √r / (√N + √d)²`` keeps δ ≈ c fixed across N and d.
-We take c = 0.05 (κ ≤ 1.5 asserted on N, d ∈ {8, 16, 32}; see tests/test_layers.py).
+We take c = 0.05 (κ ≤ 1.5 asserted on N, d ∈ {8, 16, 32}; see tests/nn/test_attention.py).
 """
 
 from __future__ import annotations

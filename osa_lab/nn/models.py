@@ -665,7 +665,7 @@ def functional_mode(model: nn.Module, osa_method: str = "qr") -> Iterator[nn.Mod
 
 
 # --------------------------------------------------------------------------------------
-# Token-mixing diagnostics (issue 13: measure mixing, not α)
+# Token-mixing diagnostics (measure mixing, not α)
 # --------------------------------------------------------------------------------------
 
 
@@ -738,7 +738,7 @@ def mixing_table(model: nn.Module, x: torch.Tensor) -> list[tuple[int, int, str,
 def alpha_zeroed(model: nn.Module) -> Iterator[nn.Module]:
     """Inside the block every OSA layer's α is 0 (exp(S) = I: no token mixing); restored on exit.
 
-    The "α := 0 after training" ablation of issue 13: evaluating a trained skipless OSA network
+    The "α := 0 after training" ablation: evaluating a trained skipless OSA network
     this way measures how much its accuracy depends on the mixing it learned.
     """
     layers = osa_layers(model)

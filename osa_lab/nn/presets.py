@@ -17,7 +17,7 @@ cnn1d                  baseline (1-D data only): 3 stride-2 convolutions of 25 c
 =====================  ======================================================================
 
 The last four (:data:`TRAINING_PRESETS`, listed by ``preset_names(training=True)``) exist
-for the training comparison on MNIST-1D (issue 13): the two controls
+for the training comparison on MNIST-1D: the two controls
 isolate what token mixing contributes in the same network, and ``mlp`` / ``cnn1d`` follow
 the MLP (68 %) and CNN (94 %) rows of Greydanus & Kobak's MNIST-1D table so the numbers sit
 on the published scale. The baselines are not transformers: :func:`osa_lab.studies.training.model_config_for`
@@ -107,7 +107,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-#: controls and baselines of the training comparison (issue 13), usable by name in training only
+#: controls and baselines of the training comparison, usable by name in training only
 #: (``osa-lab train``, :mod:`osa_lab.studies.training`); the depth sweeps and the dashboard list :data:`PRESETS`.
 TRAINING_PRESETS: dict[str, Preset] = {
     p.name: p
@@ -120,13 +120,13 @@ TRAINING_PRESETS: dict[str, Preset] = {
             ),  # fmt: skip
             "control: skipless-osa with α ≡ 0 (a frozen buffer, not learned): S = 0 and exp(S) = I, so "
             "attention is the token-wise map X W_V W_O and nothing mixes tokens except the mean pool",
-            "Zhang & Martens 2026 (arXiv 2602.05996) with mixing switched off; issue 13 control",
+            "Zhang & Martens 2026 (arXiv 2602.05996) with mixing switched off; a control",
         ),
         Preset(
             "vit-no-attn",
             ModelConfig(attention="none", skip=True, norm="layernorm", mlp_ratio=4.0, init="default"),
             "control: vit with the attention sub-layers removed (skip + LayerNorm + MLP per token, mean pool)",
-            "Dosovitskiy et al. 2021 (arXiv 2010.11929) without attention; issue 13 control",
+            "Dosovitskiy et al. 2021 (arXiv 2010.11929) without attention; a control",
         ),
         Preset(
             "mlp",

@@ -15,7 +15,7 @@ Two low-rank engines live here, both exact in exact arithmetic:
     Its rounding error grows like ``eps · ‖U‖ ‖C‖ / ‖V‖`` (≈ eps · cond(U)), so it needs a
     well-conditioned ``U``; an a-posteriori estimate of that bound is returned per matrix.
     Used alone it raises :class:`~osa_lab.errors.UntrustedResultError` for any matrix whose
-    estimate is over the budget (issue 11: it returned O(1) errors and zero gradients there).
+    estimate is over the budget (it returned O(1) errors and zero gradients there).
 ``"qr"``  (QR form, docs/design.md §2). ``U = B R`` (Householder), ``M = R J Rᵀ``,
     ``exp(S) V = V + B (exp(M) − I)(Bᵀ V)``: backward stable for any ``U``, including rank
     deficient ones (``Q = K``, ``N < 2r``), at the price of a slower QR.
@@ -50,7 +50,7 @@ from osa_lab.ops.guards import check_alpha, check_float_tensor, sum_is_finite
 ENGINES = ("gram", "qr", "lowrank")
 
 #: Error budget of the Gram engine: ``max(base, slope · ‖S‖)`` per dtype. The float32 budget is
-#: half the accuracy target of issue 2 (2e-6 while ‖S‖₂ ≤ 10, 1e-7·‖S‖₂ beyond); an estimate
+#: half the accuracy target (2e-6 while ‖S‖₂ ≤ 10, 1e-7·‖S‖₂ beyond); an estimate
 #: above it sends the matrix to the QR engine.
 GRAM_TOLERANCE = {torch.float64: (1e-11, 2e-16), torch.float32: (1e-6, 5e-8)}
 #: Largest condition estimate ``‖L‖_F ‖L⁻¹‖_F / 2r`` of ``U`` the Gram engine accepts. Rounding
@@ -760,7 +760,7 @@ class _GramAction(torch.autograd.Function):
     ``gF = gC Pᵀ``; ``gP = Fᵀ gC``; ``gV = gY + U gP``; ``gU = gY Cᵀ + V gPᵀ + U (gG + gGᵀ)``,
     with ``(gG, gJ)`` the vector-Jacobian product of the small float64 core, by autograd.
     With ``create_graph=True`` the backward is the autograd backward of
-    :func:`_gram_action_reference` (:func:`composite_backward`), so second derivatives are right.
+    :func:`gram_action_reference` (:func:`composite_backward`), so second derivatives are right.
     """
 
     @staticmethod
@@ -790,7 +790,7 @@ class _GramAction(torch.autograd.Function):
         a, b, j, v, g, p, c, keep = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate
             gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
-            ref = functools.partial(_gram_action_reference, replaced=ctx.flags[0], osa_core=ctx.flags[1])
+            ref = functools.partial(gram_action_reference, replaced=ctx.flags[0], osa_core=ctx.flags[1])
             grads = composite_backward(lambda *x: ref(*x)[0], (a, b, j, v), ctx.needs_input_grad[:4], gy)
             return (*grads, None, None)
         need_a, need_b, need_j, need_v = ctx.needs_input_grad[:4]
@@ -856,10 +856,10 @@ def _gram_engine(
     :func:`gram_core_parts`, NaN where the factorisation failed; ``norms`` is ``(‖Y‖² , ‖V‖²,
     their difference)`` per matrix for the output check, or None): :class:`_GramAction`, or under
     torch.func transforms and forward-mode AD (which its hand-written backward does not support:
-    vmap raised PyTorch's "must override the setup_context" error) :func:`_gram_action_reference`."""
+    vmap raised PyTorch's "must override the setup_context" error) :func:`gram_action_reference`."""
     j = j.to(torch.float64)
     if _transformed(a, b, j, v):
-        return (*_gram_action_reference(a, b, j, v, replaced, osa_core), None)
+        return (*gram_action_reference(a, b, j, v, replaced, osa_core), None)
     y, est, s_two, v_sq, delta = _GramAction.apply(a, b, j, v, replaced, osa_core)
     return y, est, s_two, (v_sq + delta, v_sq, delta)
 
@@ -883,7 +883,7 @@ def _zero_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor
     return torch.zeros_like(like) if grad is None else grad
 
 
-def _gram_action_reference(
+def gram_action_reference(
     a: torch.Tensor, b: torch.Tensor, j: torch.Tensor, v: torch.Tensor, replaced: bool, osa_core: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:class:`_GramAction`'s forward by plain tensor operations, differentiated by autograd or

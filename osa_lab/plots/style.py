@@ -70,7 +70,7 @@ class PresetStyle:
 #: presets, Paul Tol's "muted" scheme for the controls and baselines): SSA variants in warm
 #: colours, OSA variants in blues; a control draws dashed or dotted with its own marker, so it
 #: stays apart from its model where colour vision or a grey-scale print cannot tell two
-#: colours apart (tested in tests/test_plots.py).
+#: colours apart (tested in tests/plots/test_plots.py).
 PRESET_STYLES: dict[str, PresetStyle] = {
     "vit": PresetStyle("#000000", "solid", "o"),
     "skipless-ssa": PresetStyle("#D55E00", "solid", "s"),

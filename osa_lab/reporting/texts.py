@@ -2,7 +2,7 @@
 
 Every sentence of a report that states a number or a conclusion comes from one of these
 functions, called on the run's own tables and parameters: change a parameter or a result and
-the sentence changes with it (tests/test_report_texts.py). Each returns Markdown; the notebooks
+the sentence changes with it (tests/reporting/test_texts.py). Each returns Markdown; the notebooks
 display it with :func:`osa_lab.reporting.kernel_setup.say`.
 """
 

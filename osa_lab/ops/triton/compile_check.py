@@ -1,4 +1,4 @@
-"""Compile the Triton OSA kernels for a CUDA target without a GPU (issue 18).
+"""Compile the Triton OSA kernels for a CUDA target without a GPU.
 
     python -m osa_lab.ops.triton.compile_check [--arch 90] [--cache-dir DIR] [--max-variants K]
 

@@ -176,7 +176,7 @@ if HAVE_TRITON:
         pid_b = tl.program_id(2).to(tl.int64)
         row_src = tl.load(tiles_ptr + pid_t * 5 + 0)
         # The offsets are multiples of the tile width (the table is built so): telling the
-        # compiler lets it prove 16-byte alignment and use vector/cp.async loads (issue 18).
+        # compiler lets it prove 16-byte alignment and use vector/cp.async loads.
         row_off = tl.multiple_of(tl.load(tiles_ptr + pid_t * 5 + 1), BR)
         col_src = tl.load(tiles_ptr + pid_t * 5 + 2)
         col_off = tl.multiple_of(tl.load(tiles_ptr + pid_t * 5 + 3), BC)
@@ -265,7 +265,7 @@ if HAVE_TRITON:
 
         The output columns go in chunks of ``CH`` (a loop, not unrolled): only a K × CH piece of
         each small matrix and a BLOCK_N × CH accumulator are live at a time (no spills at
-        r = d = 128, issue 18); ``q`` and ``k`` are loaded once, ``v`` chunk by chunk.
+        r = d = 128); ``q`` and ``k`` are loaded once, ``v`` chunk by chunk.
         """
         pid_b = tl.program_id(0).to(tl.int64)
         pid_n = tl.program_id(1)
@@ -434,7 +434,7 @@ def _is_pow2(x: object) -> bool:
 
 
 def _validate_config(cfg: TritonConfig, rp: int, dp: int) -> None:
-    """Reject knobs the kernels cannot compile or would silently mis-handle (issue 18, item 5)."""
+    """Reject knobs the kernels cannot compile or would silently mis-handle."""
     if cfg.input_precision not in _PRECISIONS:
         raise OSAInputError(f"input_precision must be one of {_PRECISIONS}; got {cfg.input_precision!r}")
     if cfg.block_n is not None and not (_is_pow2(cfg.block_n) and 16 <= cfg.block_n <= 256):
@@ -698,7 +698,7 @@ def backward_apply(q, k, v, gy, c, gp, h, plan: _Plan):
 #: ≈ 2⁻²² relative error each (the dropped tail·tail term and the tails' TF32 rounding), but the
 #: float32 accumulation over N tokens dominates the error of every pass in both modes; the
 #: rule is kept as for ieee and the end-to-end error with emulated tf32x3 dots is tested
-#: against the float32 budget (tests/test_triton.py). ``tf32`` is not modelled (opt-in).
+#: against the float32 budget (tests/ops/test_triton.py). ``tf32`` is not modelled (opt-in).
 _PRECISION_EPS_FACTOR = {"ieee": 1.0, "tf32x3": 1.0, "tf32": 1.0}
 
 
@@ -841,7 +841,7 @@ class _OSATriton(torch.autograd.Function):
             gy = torch.where(bad[:, None, None], 0.0, gy)
 
             def ref(q_, k_, v_, s_):
-                return expm._gram_action_reference(q_, k_, expm.osa_skew_core(r, s_), v_, False, True)[0]
+                return expm.gram_action_reference(q_, k_, expm.osa_skew_core(r, s_), v_, False, True)[0]
 
             return (*expm.composite_backward(ref, (q, k, v, scale), (need_q, need_k, need_v, need_s), gy), None)
         idx = _idx(r, plan.rp, q.device)

@@ -1,4 +1,4 @@
-"""Count host synchronisation points, aten ops and kernel launches of a call, on the CPU (issue 18).
+"""Count host synchronisation points, aten ops and kernel launches of a call, on the CPU.
 
 A :class:`torch.utils._python_dispatch.TorchDispatchMode` sees every aten op the host code
 issues. On CUDA, these ops force the host to wait for the device:
@@ -124,19 +124,19 @@ def measure(core: str = "adaptive", b: int = 2, n: int = 256, r: int = 32, d: in
 
 
 def measure_osa(mode: str, b: int = 2, n: int = 256, r: int = 32, d: int = 32) -> dict[str, Counts]:
-    """Counts for one forward and one backward of ``osa_lab.osa(..., method="triton")`` in the
+    """Counts for one forward and one backward of ``osa(..., method="triton")`` in the
     output-check ``mode`` (``"deferred"``: the CUDA default; ``"strict"``: blocking)."""
-    import osa_lab
     from osa_lab.ops import output_check
+    from osa_lab.ops.functional import osa
 
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(b, n, r, generator=g).requires_grad_() for _ in range(2))
     v = torch.randn(b, n, d, generator=g).requires_grad_()
     alpha = torch.full((b,), 0.5, dtype=torch.float64).requires_grad_()
     with output_check.output_check(mode):
-        osa_lab.osa(q, k, v, alpha, method="triton")
+        osa(q, k, v, alpha, method="triton")
         with count_syncs() as fwd:
-            y = osa_lab.osa(q, k, v, alpha, method="triton")
+            y = osa(q, k, v, alpha, method="triton")
         with count_syncs() as bwd:
             torch.autograd.grad(y, (q, k, v, alpha), torch.ones_like(y))
         output_check.flush()

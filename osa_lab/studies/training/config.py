@@ -22,7 +22,7 @@ from osa_lab.studies.data import (
     ImageDataset,
 )
 
-#: the presets of the paper's comparison (docs/design.md §5; issue 7)
+#: the presets of the paper's comparison (docs/design.md §5)
 DEFAULT_COMPARISON: tuple[str, ...] = ("vit", "skipless-ssa", "skipless-osa", "ssa-cutting-skip")
 
 
@@ -40,7 +40,7 @@ DEFAULT_PATCH = {8: 2, 28: 4}
 DEFAULT_SEQUENCE_PATCH = {40: 2}
 
 
-#: controls and baselines added to every ``--compare`` (issue 13): mixing switched off in the
+#: controls and baselines added to every ``--compare``: mixing switched off in the
 #: same networks, and the MLP row of the MNIST-1D table; ``cnn1d`` joins on 1-D data
 CONTROLS: tuple[str, ...] = ("skipless-osa-alpha0", "vit-no-attn", "mlp")
 

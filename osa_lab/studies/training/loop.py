@@ -81,7 +81,7 @@ def _param_groups(
     """AdamW groups: decay on matrices; none on biases, norm gains and other vectors; OSA's α alone.
 
     α (every parameter named ``…alpha``) gets its own group without weight decay and with the
-    learning rate ``lr · alpha_lr_mult`` (issue 13: α's step size decides how much the skipless
+    learning rate ``lr · alpha_lr_mult`` (α's step size decides how much the skipless
     OSA network learns to mix tokens). Groups are named (``"decay"``, ``"no_decay"``, ``"alpha"``);
     empty groups are left out.
     """

@@ -308,7 +308,7 @@ def test_sweep_through_a_separately_started_scheduler_and_worker(tmp_path, capsy
     monkeypatch.delenv(ENV_SCHEDULER, raising=False)
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     dask_cli = [sys.executable, "-m", "dask"]
     procs = [
         subprocess.Popen([*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
@@ -420,7 +420,7 @@ def test_a_scheduler_lost_mid_grid_is_recorded_as_such(tmp_path):
 
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     dask_cli = [sys.executable, "-m", "dask"]
     scheduler = subprocess.Popen([*dask_cli, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                   "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

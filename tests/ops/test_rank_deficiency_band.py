@@ -1,4 +1,4 @@
-"""Regression probes from the adversarial review of issue 11 that the other test files do not
+"""Regression probes from an adversarial review that the other test files do not
 already pin down: a named engine is right or refuses across the whole band between
 well-conditioned and rank-deficient ``[q k]``, and α shapes that broadcast keep v's shape and
 match the float64 reference.

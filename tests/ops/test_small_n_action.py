@@ -1,4 +1,4 @@
-"""The small-N Chebyshev action of the OSA exponential (issue 13, item 6).
+"""The small-N Chebyshev action of the OSA exponential.
 
 ``expm.chebyshev_action`` computes ``exp(S) V`` as ``Σ_k a_k W_k`` (Jacobi–Anger:
 ``a₀ = J₀(ρ)``, ``a_k = 2J_k(ρ)``, ``W_{k+1} = 2(S/ρ)W_k + W_{k−1}``) with a hand-written backward

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "dashboards" / "osa_dashboard.py"
 CHROMIUM = os.environ.get("OSA_LAB_CHROMIUM", "/usr/bin/chromium")
 OUTPUT = ROOT / "test-output"

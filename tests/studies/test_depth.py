@@ -113,7 +113,7 @@ def test_cli_jacobian_too_large_names_size(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 11: no silent wrong answers, refusals before any work
+# no silent wrong answers, refusals before any work
 # ---------------------------------------------------------------------------------------------
 
 
@@ -223,7 +223,7 @@ def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
 
 def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
     """``allow_large`` must reach the Jacobian task: the library's own input-size bound would
-    otherwise refuse inside the task what the user explicitly allowed (issue 11)."""
+    otherwise refuse inside the task what the user explicitly allowed."""
     import osa_lab.studies.jacobian as jac
     from osa_lab.errors import GridTaskFailedWarning
 
@@ -238,7 +238,7 @@ def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
 
 
 def test_one_token_is_refused_up_front():
-    # issue 11: N = 1 used to run the models and fail every task in token_cosine (empty CSVs)
+    # N = 1 used to run the models and fail every task in token_cosine (empty CSVs)
     with pytest.raises(ConfigurationError, match=r"`tokens` must be ≥ 2.*compare tokens"):
         sweep(["pure-osa"], [2], [8, 1], [8], seeds=1, progress=False)
     with pytest.raises(ConfigurationError, match=r"`tokens` must be ≥ 2"):

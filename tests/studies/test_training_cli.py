@@ -1,4 +1,4 @@
-"""`osa-lab train` with bad arguments, bad data, bad checkpoints and busy folders (issue 11).
+"""`osa-lab train` with bad arguments, bad data, bad checkpoints and busy folders.
 
 Every case must exit with code 2, print exactly one line on stderr naming the problem (never a
 traceback) and leave no partial output behind. Runs use the synthetic task and a 1-block,
@@ -222,7 +222,7 @@ def test_bad_mnist_files_exit_2_naming_the_file(tmp_path, capsys, make, needles)
 
 
 def test_method_refusing_its_input_is_a_one_line_error_not_a_divergence(tmp_path, capsys, monkeypatch):
-    """A named OSA engine that refuses its input (issue 11 item 1: `gram` on rank-deficient q, k)."""
+    """A named OSA engine that refuses its input (`gram` on rank-deficient q, k)."""
 
     class Refusing(nn.Module):
         def __init__(self, inner):
@@ -331,7 +331,7 @@ def test_gzip_error_names_the_file_in_the_library(tmp_path):
         read_idx(path)
 
 
-# --------------------------------------------------------------------------- QA follow-ups (issue 11)
+# --------------------------------------------------------------------------- QA follow-ups
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")

@@ -89,7 +89,7 @@ def test_batch_and_head_independence(batch, heads, n, seed, method):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 11: α's shape never changes the output's; α's type; empty inputs
+# α's shape never changes the output's; α's type; empty inputs
 # ---------------------------------------------------------------------------------------------
 
 ALL_METHODS = ["dense", "lowrank", "gram", "qr", "auto"]

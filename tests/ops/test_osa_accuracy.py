@@ -74,7 +74,7 @@ FLOAT32_GRID = [
 
 @pytest.mark.parametrize("n,r,s_norm", FLOAT32_GRID)
 def test_float32_accuracy_budget(n, r, s_norm):
-    """Issue 2: float32 error ≤ 2e-6 while ‖S‖₂ ≤ 10 and ≤ 1e-7·‖S‖₂ beyond (unit-variance q, k, v).
+    """float32 error ≤ 2e-6 while ‖S‖₂ ≤ 10 and ≤ 1e-7·‖S‖₂ beyond (unit-variance q, k, v).
 
     The float64 reference is the dense exponential for N ≤ 1024 and the float64 QR form at
     N = 4096 (itself checked against dense and scipy above).
@@ -168,12 +168,12 @@ def test_short_taylor_path_matches_references(dtype, norm):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 11: a named method is right or refuses; dense stays accurate at large ‖S‖
+# a named method is right or refuses; dense stays accurate at large ‖S‖
 # ---------------------------------------------------------------------------------------------
 
 
 def _rank_deficient(kind: str, dtype=torch.float64):
-    """q, k, v for which [q k] has rank below 2r (issue 11, item 1)."""
+    """q, k, v for which [q k] has rank below 2r."""
     n = 6 if kind == "N<2r" else (1 if kind == "N=1" else 20)
     return qkv_of_kind(kind if kind in DEGENERATE_KINDS else "random", (2,), n, 4, 3, seed=11, dtype=dtype)
 

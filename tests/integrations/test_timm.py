@@ -1,4 +1,4 @@
-"""osa_lab.integrations.timm: OSA in timm's Vision Transformers (issue 17).
+"""osa_lab.integrations.timm: OSA in timm's Vision Transformers.
 
 Random initialisation only: no weights are downloaded. ViT-Tiny runs at small image sizes where
 the claim allows (forward/backward, state dicts, compile) and at its full 224 px (N = 197) for
@@ -31,7 +31,7 @@ except ImportError as exc:  # the timm extra is installed by `make setup`; say s
 from timm.layers import Attention  # noqa: E402
 from timm.models.vision_transformer import Block  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import osa_lab
-from osa_lab.ops import functional, output_check
+from osa_lab.ops import expm, functional, output_check
 
 
 def _qkv(n=6, r=3, d=4):
@@ -71,8 +71,8 @@ def test_gram_engine_norm_change_equals_the_norms():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(3, 200, c, dtype=torch.float64, generator=g) for c in (4, 4, 5))
     scale = torch.full((3,), 0.5, dtype=torch.float64)
-    y, (y_sq, v_sq, delta) = osa_lab.expm.blocked_action(
-        q, k, osa_lab.expm.osa_skew_core(4, scale), v, "lowrank", osa_core=True, norms=True
+    y, (y_sq, v_sq, delta) = expm.blocked_action(
+        q, k, expm.osa_skew_core(4, scale), v, "lowrank", osa_core=True, norms=True
     )
     ny = torch.linalg.vector_norm(y, dim=(-2, -1)) ** 2
     nv = torch.linalg.vector_norm(v, dim=(-2, -1)) ** 2

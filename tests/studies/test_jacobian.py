@@ -54,7 +54,7 @@ def test_exact_jacobian_of_linear_map_and_finite_differences():
      ("skipless-osa", [1], ["layer"])],
 )  # fmt: skip
 def test_exact_and_matrix_free_agree(preset, layers, scopes):
-    """σ_max and σ_min within 1 % (issue 3), end-to-end and per layer (κ from 1.2 to ~200)."""
+    """σ_max and σ_min within 1 %, end-to-end and per layer (κ from 1.2 to ~200)."""
     kw = dict(
         tokens=8, dim=8, heads=None if preset == "pure-osa" else 2, seed=0, layers=layers, scopes=scopes
     )
@@ -155,7 +155,7 @@ def test_matrix_free_non_convergence_is_flagged_not_silent():
 
 
 # --------------------------------------------------------------------------------------
-# Issue 11 item 8: matrix-free σ_min across the documented κ range; progress, cancel, bounds,
+# matrix-free σ_min across the documented κ range; progress, cancel, bounds,
 # cost model
 # --------------------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ def test_gram_engine_composes_with_jacrev_jacfwd_and_per_sample_grads(method):
         assert rel_err(x, y) <= 1e-12
 
 
-# Issue 11: gram refuses rank-deficient [q k] (it returned zero gradients); the methods that
+# gram refuses rank-deficient [q k] (it returned zero gradients); the methods that
 # handle them must give the float64 dense gradients.
 def _rank_deficient(kind: str):
     n = 4 if kind == "N<2r" else (1 if kind == "N=1" else 12)

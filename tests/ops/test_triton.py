@@ -142,7 +142,7 @@ def test_bf16_without_hi_lo_split():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_gpu_fixed_plan_has_no_host_sync():
-    """Issue 18, item 4: forward and backward of the fixed core plan under
+    """forward and backward of the fixed core plan under
     torch.cuda.set_sync_debug_mode("error") (any synchronising call raises)."""
     q, k, v, scale = make_inputs(4, 4096, 64, 64, torch.bfloat16, alpha=1.0)
     cfg = T.TritonConfig(core="fixed")
@@ -319,7 +319,7 @@ def _no_interpret_env() -> dict:
 
 
 def test_reduce_pass_ptx_uses_cp_async(tmp_path):
-    """Issue 18, item 3: the tile offsets carry tl.multiple_of hints, so the bf16 reduce pass
+    """the tile offsets carry tl.multiple_of hints, so the bf16 reduce pass
     compiled for sm_90 loads its tiles with 16-byte cp.async (before: 32 scalar ld.global.b16
     and no cp.async). Compiled for real (no interpreter) in a subprocess, no GPU needed."""
     code = f"""
@@ -398,7 +398,7 @@ def test_config_is_validated():
 
 
 def test_plan_splits_and_one_kernel_for_every_n():
-    """Issue 18, item 5: the split length is a runtime argument (no BLOCKS constexpr, so one
+    """the split length is a runtime argument (no BLOCKS constexpr, so one
     compiled reduce kernel serves every N), and a large batch still gets several splits
     (b = 32, r = d = 128, N = 64k on 132 SMs used to get one split of 2,048 blocks)."""
     assert "BLOCKS" not in T._reduce_kernel.arg_names and "CHUNK" in T._reduce_kernel.arg_names
@@ -411,7 +411,7 @@ def test_plan_splits_and_one_kernel_for_every_n():
 
 
 def test_tile_tables_are_cached_on_the_device():
-    """Issue 18, item 4: the tile table is built and copied to the device once, not per call."""
+    """the tile table is built and copied to the device once, not per call."""
     a = T._tile_table(32, 32, 16, gram=True, device=torch.device(DEV))
     b = T._tile_table(32, 32, 16, gram=True, device=torch.device(DEV))
     assert all(x is y for x, y in zip(a, b, strict=True))
@@ -452,7 +452,7 @@ F32_CASES = [c for c in CASES if c[4] == torch.float32 and c[6] == "gram"]
 
 @pytest.mark.parametrize("case", F32_CASES, ids=[case_id(c) for c in F32_CASES])
 def test_tf32x3_default_meets_float32_budget(case, monkeypatch):
-    """Issue 18, item 1: float32 dots default to tf32x3 (seconds to compile, no spills, where
+    """float32 dots default to tf32x3 (seconds to compile, no spills, where
     ieee took 10 minutes and spilled 196 KB). With tf32x3 emulated in the interpreter, outputs
     and gradients stay within the float32 budget of test_matches_dense_and_lowrank (2e-5).
     (The GPU's own tf32x3 is checked by gpu_check's correctness rows.)"""

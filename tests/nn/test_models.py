@@ -69,7 +69,7 @@ def test_impossible_configs(kwargs, match):
     ids=["mlp-nan", "mlp-inf", "alpha-nan", "alpha-minus-inf", "alpha-str", "alpha-bool"],
 )
 def test_non_finite_float_fields_are_refused(kwargs, match):
-    """Issue 11: mlp_ratio=nan passed `< 0` and built a model with no MLP; every float field of
+    """mlp_ratio=nan passed `< 0` and built a model with no MLP; every float field of
     ModelConfig must be a finite number (typed ConfigurationError, never a silent default)."""
     with pytest.raises(ConfigurationError, match=match):
         ModelConfig(**kwargs)
@@ -216,7 +216,7 @@ def test_cutting_skip_init_products():
     assert torch.allclose(sv, torch.full_like(sv, c), rtol=1e-10)  # scaled orthogonal: κ = 1
 
 
-# ---------------------------------------------------------------- the depth facts (issue 3)
+# ---------------------------------------------------------------- the depth facts
 
 
 def test_pure_ssa_collapses_and_skips_prevent_it():
@@ -283,7 +283,7 @@ def test_concurrent_builds_get_their_own_dtype():
 
 @pytest.mark.parametrize("builder", ["build_model", "build_classifier"])
 def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeypatch, builder):
-    """Issue 12: no process-wide default-dtype switch. While a float64 model is half built in one
+    """no process-wide default-dtype switch. While a float64 model is half built in one
     thread (paused inside its first block), another thread still sees float32 as the default
     and creates float32 tensors; the float64 model's parameters are all float64, initialised in
     float64 (orthogonal W_V to float64 rounding, not float32's)."""
@@ -350,7 +350,7 @@ def test_seeded_builds_in_concurrent_threads_match_sequential_builds():
         assert all(torch.equal(a, b) for a, b in zip(want[i], got[i], strict=True)), configs[i]
 
 
-# ---------------------------------------------------------------- issue 13: sequences, baselines, controls
+# ---------------------------------------------------------------- sequences, baselines, controls
 
 
 def test_training_presets_are_separate_from_the_sweep_presets():

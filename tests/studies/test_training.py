@@ -345,7 +345,7 @@ def test_plot_builders_name_missing_metrics(compared):
 
 
 def test_cli_trains_on_local_mnist_idx_files(tmp_path, capsys):
-    from tests.test_data import _write_fake_mnist
+    from tests.studies.test_data import _write_fake_mnist
 
     _write_fake_mnist(tmp_path / "mnist", gz=True, n_train=40, n_test=20)
     args = ["train", "--preset", "skipless-osa", "--data", "mnist", "--data-dir", str(tmp_path / "mnist"),
@@ -362,7 +362,7 @@ def test_cli_trains_on_local_mnist_idx_files(tmp_path, capsys):
     assert "https://" in err and str((tmp_path / "nowhere").resolve()) in err
 
 
-# ----------------------------------------------------------------------------- issue 13: α group, validation, controls, mixing
+# ----------------------------------------------------------------------------- α group, validation, controls, mixing
 
 
 def test_alpha_has_its_own_group_without_decay_and_with_the_multiplier():
@@ -561,7 +561,7 @@ def test_tune_chooses_on_validation_and_reports_test_of_the_choice_only(tmp_path
 
 
 def test_resume_refuses_other_data_and_a_corrupt_checkpoint(tmp_path, data):
-    """Issue 11: resuming on other data trained the remaining epochs on it; a damaged checkpoint raised EOFError."""
+    """resuming on other data trained the remaining epochs on it; a damaged checkpoint raised EOFError."""
     other = load_synthetic(seed=5)
 
     class StopError(Exception):
@@ -591,7 +591,7 @@ def test_negative_grad_clip_and_weight_decay_are_refused():
 
 
 def test_plots_use_percent_and_a_zero_based_accuracy_axis(compared):
-    """Issue 15 (notebook 4): the accuracy bars start at 0 (not at min − 5 %), accuracies are drawn
+    """(notebook 4): the accuracy bars start at 0 (not at min − 5 %), accuracies are drawn
     in percent everywhere, and the display tables of the ablation and paired differences are in
     percent (points)."""
     import holoviews as hv

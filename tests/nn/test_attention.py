@@ -53,7 +53,7 @@ def _layer_kappa(n: int, d: int, seed: int) -> float:
 @pytest.mark.parametrize("d", [8, 16, 32])
 @pytest.mark.parametrize("n", [8, 16, 32])
 def test_derived_init_keeps_layer_jacobian_well_conditioned(n, d):
-    """Issue 2: κ of the exact input–output Jacobian ≤ 1.5 at the default init (3 seeds)."""
+    """κ of the exact input–output Jacobian ≤ 1.5 at the default init (3 seeds)."""
     kappas = [_layer_kappa(n, d, seed) for seed in range(3)]
     assert max(kappas) <= 1.5, kappas
     assert min(kappas) > 1.0  # the attention is not the identity: α₀ > 0 moves κ off 1
@@ -80,7 +80,7 @@ def test_ssa_matches_explicit_softmax_attention():
 
 
 def test_gram_layer_refuses_too_few_tokens_and_auto_learns_alpha():
-    """Issue 11: with N < 2r the "gram" layer gave zero gradients (α never changed); now it
+    """with N < 2r the "gram" layer gave zero gradients (α never changed); now it
     refuses, and "auto" gives the float64 dense gradients for α."""
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16, dtype=torch.float64)  # N = 5 tokens, r = 8: [q k] has rank ≤ 5 < 16
@@ -109,7 +109,7 @@ def test_empty_batch_through_the_layer():
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), "0.1"])
 def test_osa_layer_refuses_bad_alpha_init_when_built(value):
-    """Issue 11: a non-finite α₀ used to pass construction and fail only at the first forward."""
+    """a non-finite α₀ used to pass construction and fail only at the first forward."""
     from osa_lab.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="alpha_init"):

@@ -1,4 +1,4 @@
-"""Fuzz test of :func:`osa_lab.osa` (issue 11): for any shapes, dtypes, α forms and methods, the
+"""Fuzz test of :func:`osa_lab.osa`: for any shapes, dtypes, α forms and methods, the
 call returns an output of v's shape and dtype that matches a float64 reference within the
 documented budget, or raises a typed osa_lab error — never anything else (no other exception,
 no wrong shape, no silently wrong values, no accuracy warning).
@@ -7,7 +7,7 @@ Budgets (relative Frobenius error against the float64 exponential of the same, a
 inputs): float64 1e-10; float32 max(2e-6, 1e-7·‖S‖₂) (the float32 target of the accuracy tests);
 bfloat16 inputs and output 1e-2 (the output is rounded to bfloat16, 2⁻⁹ per entry).
 
-``OSA_FUZZ_EXAMPLES=2000 pytest tests/test_osa_fuzz.py`` explores with fresh random examples;
+``OSA_FUZZ_EXAMPLES=2000 pytest tests/ops/test_osa_fuzz.py`` explores with fresh random examples;
 by default a fixed, modest set runs (derandomised, so CI is deterministic).
 """
 

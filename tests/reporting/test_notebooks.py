@@ -103,7 +103,7 @@ def test_jupytext_config_keeps_sources_as_percent_scripts():
 
 
 def test_saving_from_jupyterlab_leaves_the_sources_byte_identical(tmp_path):
-    """Issue 15 item 8: open each notebook source through jupytext's contents manager (what
+    """open each notebook source through jupytext's contents manager (what
     JupyterLab's Jupytext Notebook viewer uses), save it, and compare with the tracked file."""
     import shutil
 
@@ -136,7 +136,7 @@ def test_make_lab_runs_as_root():
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
 def test_provenance_is_one_line_at_the_top_and_a_collapsed_table_at_the_end(name):
-    """Issue 15 item 11: the reports open with a one-line summary, the full table closes them."""
+    """the reports open with a one-line summary, the full table closes them."""
     from osa_lab.reporting import provenance
 
     nb = jupytext.read(NOTEBOOKS[name])

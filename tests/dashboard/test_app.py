@@ -20,7 +20,7 @@ import pytest
 pn = pytest.importorskip("panel")
 hv = pytest.importorskip("holoviews")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from osa_lab.dashboard import views as dash_views  # noqa: E402 - after the panel importorskip
 

@@ -15,7 +15,7 @@ from osa_lab.errors import ConfigurationError
 from osa_lab.studies.depth_study import bracket, report, stats
 from osa_lab.studies.depth_study.spec import StudySpec, TuningSpec, load_spec, spec_from_dict
 
-EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "mnist1d_depth.yaml"
+EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "mnist1d_depth.yaml"
 
 
 # ----------------------------------------------------------------------------- experiment file

@@ -1,6 +1,6 @@
 """The report notebooks 01–03 declare bounds on their numeric parameters (``# ≥ 1`` comments,
 read by :func:`osa_lab.reporting.runner.declared_bounds`): ``osa-lab report`` refuses a value outside
-them with one line and exit code 2 before running anything (issue 15)."""
+them with one line and exit code 2 before running anything."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from osa_lab.reporting import runner as report
 from tests.helpers import assert_cli_user_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 #: every numeric parameter of notebooks 01–03 declares a lower bound
 BOUNDED = {
