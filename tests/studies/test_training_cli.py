@@ -404,3 +404,20 @@ def test_a_full_disk_during_training_is_one_line_and_leaves_nothing_partial(tmp_
     assert_one_line_error(code, err, "cannot write", "checkpoint.pt", "No space left")
     left = [p.name for p in out.rglob("*")] if out.exists() else []
     assert not [n for n in left if n.endswith(".tmp") or n == "metrics.csv"], left
+
+
+def test_an_all_diverged_tune_keeps_the_runs_that_finished(tmp_path, capsys, monkeypatch):
+    from tests.studies.test_training import NaNAfter
+
+    build = T.loop.build_training_model
+    # every skipless-ssa run diverges at its second step, whatever the learning rate; vit trains
+    monkeypatch.setattr(T.loop, "build_training_model",
+                        lambda cfg: NaNAfter(build(cfg), 2) if cfg.attention == "ssa" and not cfg.skip else build(cfg))  # fmt: skip
+    out = tmp_path / "X"
+    args = ["train", "--tune", "--preset", "vit", "skipless-ssa", "--data", "synthetic", "--epochs", "1",
+            "--patch-size", "4", *TINY_ARGS, "--serial", "--seeds", "0", "--tune-seeds", "1000",
+            "--lr-grid", "1e-3", "3e-3", "--output", str(out)]  # fmt: skip
+    code, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, "every tuning run of preset 'skipless-ssa' diverged")
+    kept = sorted(p.relative_to(out).as_posix() for p in out.rglob(T.CHECKPOINT_NAME))
+    assert kept and all("vit" in p for p in kept), kept  # the finished vit tuning runs are still there
