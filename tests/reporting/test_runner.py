@@ -501,3 +501,29 @@ def test_report_out_of_bounds_param_exits_2_and_creates_nothing(tmp_path):
     assert_cli_user_error(["report", "--notebooks", str(src), "--output", str(tmp_path / "out"), "--params",
                            str(params), "--no-progress"], r"parameter depth must be ≥ 1 .*got -3",
                           watch=[tmp_path])  # fmt: skip
+
+
+def test_a_full_disk_while_writing_the_index_keeps_the_earlier_one(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from osa_lab.errors import OutputWriteError
+
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "01_a.html").write_text("<html></html>")
+    result = [report.NotebookResult("01_a", "01_a.py", {}, ok=True, seconds=1.0, html="01_a.html")]
+    report.write_index(result, out)
+    before = {name: (out / name).read_bytes() for name in ("index.html", "summary.json")}
+    real_write = os.write
+
+    def full(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OutputWriteError, match=r"index\.html .*No space left"):
+        report.write_index(result, out)
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
