@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,7 +312,7 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _no_interpret_env() -> dict:
