@@ -287,7 +287,8 @@ else:
 final_root = Path(final_results)
 if final_results and not final_root.is_absolute() and not final_root.exists():
     final_root = Path(nb.__file__).resolve().parents[2] / final_results  # relative to the repository
-final_dirs = sorted(p for p in final_root.glob("mnist1d*") if (p / "summary.csv").exists()) if final_results else []
+# the tuned comparisons (`--compare --tune` folders have chosen.csv); the depth study is report 05
+final_dirs = sorted(p for p in final_root.glob("mnist1d*") if (p / "chosen.csv").exists()) if final_results else []
 for folder in final_dirs:
     display(Markdown(f"### `{folder.name}`"))
     fsum = pd.read_csv(folder / "summary.csv")
