@@ -802,3 +802,29 @@ def test_spare_session_is_off_with_its_environment_variable(monkeypatch, capsys)
     assert spare.enabled()
     assert main(["dashboard", "--no-spare-session", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith(f"{spare.ENV_VARIABLE}=0 ")
+
+
+def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
+    """HoloViews raises a RuntimeError when two threads clean up one options tree at once; preparing a
+    figure applies its options again instead of failing the computation. Other errors pass through."""
+    import holoviews as hv
+
+    from osa_lab.dashboard import views
+
+    calls = {"n": 0}
+    real = hv.core.accessors.Opts.__call__
+
+    def racing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("Cleanup of custom options tree with id '7' failed with the following exception: "
+                               "list.remove(x): x not in list")  # fmt: skip
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(hv.core.accessors.Opts, "__call__", racing)
+    curve = hv.Curve([(0, 1), (1, 2)])
+    shown = views._with_options(curve, framewise=True)
+    assert calls["n"] == 2 and shown is not curve
+    monkeypatch.setattr(hv.core.accessors.Opts, "__call__", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):
+        views._with_options(curve, framewise=True)
