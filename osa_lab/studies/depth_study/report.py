@@ -238,8 +238,10 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
         std = "" if not math.isfinite(r.test_accuracy_std) else f" ± {r.test_accuracy_std * 100:.1f}"
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
                      f"{_pct(r.ci_high)}] ({r.finished - r.diverged} of {r.planned} seeds, {r.diverged} diverged; "
-                     f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. {r.steps_to_90_median:.0f}; "
-                     f"κ at init {r.kappa_init_median:.3g})")  # fmt: skip
+                     f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
+                     + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
+                     + "; κ at init "
+                     + (f"{r.kappa_init_median:.3g})" if math.isfinite(r.kappa_init_median) else "— (no token encoder))"))  # fmt: skip
     lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested)", ""]
     if claims.empty:
         lines.append("* no claim has two paired seeds yet")
