@@ -16,7 +16,6 @@ import asyncio
 import hashlib
 import html
 import io
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from osa_lab.dashboard.state import (
 )
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
+from osa_lab.plots.style import with_options
 
 
 def placeholder(text: str) -> hv.Curve:
@@ -145,26 +145,6 @@ def figure_signature(obj: hv.core.Dimensioned) -> tuple | None:
     return tuple(parts)
 
 
-log = logging.getLogger(__name__)
-
-#: what HoloViews raises when two threads clean up the bookkeeping of the same options tree at once
-#: (a garbage-collection race on ``Store._weakrefs``, not a property of the figure)
-_OPTIONS_CLEANUP_RACE = "Cleanup of custom options tree"
-
-
-def _with_options(obj: hv.core.Dimensioned, attempts: int = 3, **options) -> hv.core.Dimensioned:
-    """``obj.opts(**options, backend="bokeh", clone=True)``, tried again when HoloViews' options
-    cleanup races with another thread (the operation itself only clones, so it is safe to repeat)."""
-    for attempt in range(attempts):
-        try:
-            return obj.opts(**options, backend="bokeh", clone=True)
-        except RuntimeError as err:
-            if _OPTIONS_CLEANUP_RACE not in str(err) or attempt == attempts - 1:
-                raise
-            log.info("HoloViews options cleanup raced with another thread; applying the options again")
-    raise AssertionError("unreachable")
-
-
 def prepared(obj: hv.core.Dimensioned) -> tuple[hv.core.Dimensioned, tuple | None]:
     """``(figure as drawn, its signature)``: the figure with the options a data update needs
     (``framewise``, :func:`apply_limits`) and :func:`figure_signature`, computed once per figure
@@ -174,7 +154,7 @@ def prepared(obj: hv.core.Dimensioned) -> tuple[hv.core.Dimensioned, tuple | Non
     if cached is not None:
         return cached
     signature = figure_signature(obj)
-    shown = obj if signature is None else _with_options(obj, framewise=True, hooks=[apply_limits])
+    shown = obj if signature is None else with_options(obj, framewise=True, hooks=[apply_limits])
     try:
         obj._osa_lab_prepared = (shown, signature)
     except AttributeError:  # objects that take no attributes are prepared on every show

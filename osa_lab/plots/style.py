@@ -13,6 +13,7 @@ and a log axis its limits wherever it appears (docs/design.md §6).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Iterable, Sequence
@@ -408,3 +409,22 @@ def curves_with_bands(
     if integral_x:
         integer_xticks(overlay)
     return overlay
+
+
+#: what HoloViews raises when two threads clean up the bookkeeping of the same options tree at once
+#: (a garbage-collection race on ``Store._weakrefs``, not a property of the figure)
+_OPTIONS_CLEANUP_RACE = "Cleanup of custom options tree"
+
+
+def with_options(obj, attempts: int = 3, backend: str = "bokeh", **options):
+    """``obj.opts(**options, backend=backend, clone=True)``, tried again when HoloViews' options
+    cleanup races with another thread (the operation only clones, so repeating it is safe); the
+    dashboard prepares figures off the event loop, where that race happens."""
+    for attempt in range(attempts):
+        try:
+            return obj.opts(**options, backend=backend, clone=True)
+        except RuntimeError as err:
+            if _OPTIONS_CLEANUP_RACE not in str(err) or attempt == attempts - 1:
+                raise
+            logging.getLogger(__name__).info("HoloViews options cleanup raced with another thread; applying again")
+    raise AssertionError("unreachable")

@@ -809,7 +809,7 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
     figure applies its options again instead of failing the computation. Other errors pass through."""
     import holoviews as hv
 
-    from osa_lab.dashboard import views
+    from osa_lab.plots.style import with_options
 
     calls = {"n": 0}
     real = hv.core.accessors.Opts.__call__
@@ -823,8 +823,8 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
 
     monkeypatch.setattr(hv.core.accessors.Opts, "__call__", racing)
     curve = hv.Curve([(0, 1), (1, 2)])
-    shown = views._with_options(curve, framewise=True)
+    shown = with_options(curve, framewise=True)
     assert calls["n"] == 2 and shown is not curve
     monkeypatch.setattr(hv.core.accessors.Opts, "__call__", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
-        views._with_options(curve, framewise=True)
+        with_options(curve, framewise=True)
