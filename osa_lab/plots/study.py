@@ -82,7 +82,13 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
     """Validation accuracy (%) against learning rate (log axis) per preset at ``depth``; diverged points are gaps."""
     data = tuning_curves_data(tuning, depth)
     colours = {g: preset_colour(str(g).split(" ")[0]) for g in data["preset"].unique()}
-    dashes = {g: "dashed" if "×" in str(g) and not str(g).endswith("×10") else "solid" for g in data["preset"].unique()}
+    # a preset searched over several α-lr multipliers: solid, dashed, dotted … in the order they appear
+    seen: dict[str, int] = {}
+    dashes = {}
+    for g in data["preset"].unique():
+        preset = str(g).split(" ")[0]
+        dashes[g] = ("solid", "dashed", "dotted", "dashdot")[min(seen.get(preset, 0), 3)]
+        seen[preset] = seen.get(preset, 0) + 1
     return curves_with_bands(data, "lr", "validation accuracy %", f"tuning at depth {depth}", logy=False, logx=True,
                              colours=colours, dashes=dashes)  # fmt: skip
 

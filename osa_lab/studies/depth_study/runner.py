@@ -23,12 +23,7 @@ from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_run
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
-from osa_lab.studies.training.config import presets_module
-
-
-def _learns_alpha(preset: str) -> bool:
-    cfg = presets_module().get_preset(preset)
-    return cfg.attention == "osa" and cfg.learn_alpha
+from osa_lab.studies.training.config import learns_alpha
 
 
 def _say(text: str) -> None:
@@ -65,7 +60,7 @@ class StudyRunner:
     def tune(self, preset: str, depth: int) -> tuple[float, float] | None:
         """The bracketing search of one cell; returns the chosen (lr, α-lr multiplier), None if all diverged."""
         t = self.spec.tuning
-        axes = ("lr", "alpha_lr_mult") if _learns_alpha(preset) else ("lr",)
+        axes = ("lr", "alpha_lr_mult") if learns_alpha(preset) else ("lr",)
         state = BracketState(axes, {"lr": t.lr, "alpha_lr_mult": t.alpha_lr_mult},
                              {"lr": t.lr_bounds, "alpha_lr_mult": t.alpha_lr_mult_bounds},
                              factor=t.extension_factor, max_extensions=t.max_extensions)  # fmt: skip

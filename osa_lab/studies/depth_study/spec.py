@@ -96,11 +96,6 @@ class StudySpec:
                     seen.setdefault((preset, depth), 0 if preset in self.gate else 1 + c)
         return sorted(seen, key=lambda key: (key[1], seen[key], list(seen).index(key)))
 
-    def epochs(self, steps: int, n_train: int) -> int:
-        """Epochs that give at least ``steps`` optimiser steps on ``n_train`` training samples."""
-        per_epoch = math.ceil(n_train / self.batch_size)
-        return max(1, math.ceil(steps / per_epoch))
-
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain YAML-able data (what :func:`spec_from_dict` reads)."""
         d = dataclasses.asdict(self)

@@ -245,3 +245,9 @@ def config_tag(config: TrainConfig) -> str:
     d.pop("preset"), d.pop("seed")
     digest = hashlib.sha1(comparable_json(d).encode()).hexdigest()[:8]
     return f"{config.data}-e{config.epochs}-b{config.batch_size}-lr{config.lr:g}-{digest}"
+
+
+def learns_alpha(preset: str) -> bool:
+    """True for presets whose OSA α is learned (their tuning also searches the α-lr multiplier)."""
+    cfg = presets_module().get_preset(preset)
+    return cfg.attention == "osa" and cfg.learn_alpha

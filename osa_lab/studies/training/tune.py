@@ -21,7 +21,7 @@ from osa_lab.studies.grid import (
     GridOptions,
 )
 from osa_lab.studies.training.compare import compare, summarize_runs
-from osa_lab.studies.training.config import TrainConfig, check_names, presets_module
+from osa_lab.studies.training.config import TrainConfig, check_names, learns_alpha
 from osa_lab.studies.training.lock import RunLock, check_output_dir
 from osa_lab.studies.training.statistics import final_metric, paired_differences
 from osa_lab.studies.training.verdict import verdict
@@ -63,11 +63,6 @@ class TuneResult:
     paired: pd.DataFrame  #: paired per-seed differences against :data:`REFERENCE_PRESET`
     verdict: str  #: the generated verdict text
     wall_time_s: float
-
-
-def _learns_alpha(preset: str) -> bool:
-    cfg = presets_module().get_preset(preset)
-    return cfg.attention == "osa" and cfg.learn_alpha
 
 
 def tune(
@@ -120,7 +115,7 @@ def tune(
         # presets without a learned α run once per lr (at the first multiplier, which they ignore)
         points = [(lr, i, m) for lr in grid.lrs for i, m in enumerate(grid.alpha_lr_mults)]
         for lr, i, mult in points:
-            group = [p for p in presets if i == 0 or _learns_alpha(p)]
+            group = [p for p in presets if i == 0 or learns_alpha(p)]
             if not group:
                 continue
             cfg = dataclasses.replace(base, lr=lr, alpha_lr_mult=mult)
@@ -131,7 +126,7 @@ def tune(
             val_loss = final_metric(metrics, "val_loss").groupby("preset")["value"].mean()
             for p in group:
                 row = summary.set_index("preset").loc[p]
-                eff_mult = mult if _learns_alpha(p) else 1.0
+                eff_mult = mult if learns_alpha(p) else 1.0
                 # a setting that diverges (or fails) on any tuning seed is not eligible
                 bad = int(row["diverged"]) + int(row.get("failed", 0)) > 0
                 rows.append({"preset": p, "lr": lr, "alpha_lr_mult": eff_mult, "tune_seeds": len(grid.seeds),
