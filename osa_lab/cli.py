@@ -57,14 +57,21 @@ __all__ = [
     "run_command",
 ]
 
-#: sub-command → (module, one-line help)
+#: sub-command → (module, one-line help: what the command does for its user)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("osa_lab.benchmarking.runner", "CPU/GPU speed and memory benchmark of OSA vs SDPA (table + CSV)"),
-    "sweep": ("osa_lab.studies.depth", "rank-collapse / spectrum sweep across depth (tidy CSV)"),
-    "report": ("osa_lab.reporting.runner", "execute the report notebooks with papermill into reports/"),
-    "dashboard": ("osa_lab.dashboard.cli", "serve the Panel dashboard"),
-    "train": ("osa_lab.studies.training", "train a (skipless) ViT preset on digits / MNIST / synthetic data"),
-}
+    "bench": ("osa_lab.benchmarking.runner",
+              "time OSA against softmax attention (SDPA) and dense OSA, CPU or GPU: speed and memory "
+              "(table + CSV)"),
+    "sweep": ("osa_lab.studies.depth",
+              "rank collapse, spectra and Jacobian conditioning of model presets across depth (tidy CSV)"),
+    "report": ("osa_lab.reporting.runner",
+               "regenerate the report notebooks as offline HTML pages (reports/index.html)"),
+    "dashboard": ("osa_lab.dashboard.cli",
+                  "serve the interactive dashboard: OSA against softmax across depth"),
+    "train": ("osa_lab.studies.training",
+              "train presets on digits, MNIST or MNIST-1D: one run, a comparison, a tuned comparison "
+              "or a named study"),
+}  # fmt: skip
 
 #: what ``osa-lab --help`` says the tool is for
 DESCRIPTION = """\
@@ -84,7 +91,7 @@ examples:
   osa-lab dashboard --show                          open the dashboard in a browser
   osa-lab COMMAND --help                            the options of one command
 
-The Python API: from osa_lab import osa, OrthogonalSelfAttention (docs/ has the details).
+The Python API: from osa_lab import osa, OrthogonalSelfAttention (docs/osa.md has the details).
 Every user error prints one line and exits with status 2."""
 
 

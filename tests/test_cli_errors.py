@@ -272,6 +272,24 @@ def test_the_top_level_help_describes_the_tool(capsys):
         assert f"osa-lab {name}" in out, f"the examples show no `osa-lab {name}`"
 
 
+def test_the_help_line_of_each_command_says_what_it_does_for_its_user(capsys):
+    assert cli.main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    wanted = {
+        "bench": ["softmax attention (SDPA)", "memory"],
+        "sweep": ["rank collapse", "Jacobian"],
+        "report": ["HTML"],
+        "dashboard": ["dashboard"],
+        "train": ["digits", "MNIST-1D", "comparison", "tuned", "named study"],
+    }
+    assert set(wanted) == set(cli.SUBCOMMANDS)
+    for name, words in wanted.items():
+        line = cli.SUBCOMMANDS[name][1]
+        assert line in out, f"`osa-lab --help` does not show the help line of {name}"
+        assert all(word in line for word in words), (name, line)
+        assert not any(inner in line for inner in ("module", "papermill", "Panel")), (name, line)
+
+
 def test_version(capsys):
     from osa_lab.version import __version__
 

@@ -399,7 +399,7 @@ def test_jacobian_kappa_of_a_timm_vit_exact_and_matrix_free_agree():
 
 
 # --------------------------------------------------------------------------------------
-# The example and the README section
+# The example script and the example of docs/timm.md
 # --------------------------------------------------------------------------------------
 
 
@@ -425,18 +425,19 @@ def test_example_rejects_bad_arguments_in_one_line():
     assert "not divisible" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_readme_timm_section_runs():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## OSA in timm Vision Transformers", 1)
-    assert len(section) == 2, "README has no timm section"
-    blocks = re.findall(r"```python\n(.*?)```", section[1], flags=re.S)
-    assert blocks, "the README's timm section has no python example"
+def test_docs_timm_example_runs():
+    text = (ROOT / "docs" / "timm.md").read_text()
+    assert text.startswith("# OSA in timm Vision Transformers"), "docs/timm.md is not the timm page"
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/timm.md has no python example"
     small = ", img_size=32, depth=2)"  # the same calls at a small size, to keep the test cheap
     code = blocks[0].replace('_224")', '_224"' + small).replace("pretrained=False)", "pretrained=False" + small)
     assert code.count(small) == 2, code
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(code, "docs/timm.md", "exec"), namespace)  # noqa: S102
     assert isinstance(namespace["model"], nn.Module)
+    assert "effective_rank" in namespace["profile"].pivot("block").columns
+    assert ot.osa_attention_layers(namespace["vit"]), "convert_to_osa swapped no attention layer"
 
 
 @pytest.mark.parametrize("name", ["beit_base_patch16_224", "eva02_tiny_patch14_224"])
