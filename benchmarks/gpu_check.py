@@ -77,7 +77,6 @@ if ARGS.cache_dir:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from osa_lab.benchmarking.timing import emit_table, machine_info  # noqa: E402
 from osa_lab.ops import expm  # noqa: E402
 from osa_lab.ops.functional import osa  # noqa: E402
 from osa_lab.ops.triton import compile_check as CC  # noqa: E402
@@ -405,6 +404,10 @@ def main() -> int:
     except Exception:
         pass
     import triton
+
+    # the laboratory's table helpers (pandas and the `lab` extra) only for the GPU run: the CPU
+    # compile check (--prebuild-cache) runs in the core-only .venv-triton36 of `make gpu-compile-check`
+    from osa_lab.benchmarking.timing import emit_table, machine_info
 
     info = machine_info()
     header = {
