@@ -1,6 +1,6 @@
 """Where the time of a low-rank OSA forward goes, stage by stage (table + CSV; no asserts).
 
-The Gram engine (``osa_lab.ops.expm._GramAction``) at the issue-2 benchmark shapes: r = d_v = 64,
+The Gram engine (``osa_lab.ops.expm.gram._GramAction``) at the issue-2 benchmark shapes: r = d_v = 64,
 float32, α = 0.5. Stages: the Gram products ``UᵀU`` (3 products), ``UᵀV`` (2), the float64
 2r × 2r core (Cholesky and inverse, ``M``, ``exp(M)``), ``C = L⁻ᵀ(e^M − I)L⁻¹P`` and the output
 ``V + q C_q + k C_k``. Also the core exponential alone against ``torch.linalg.matrix_exp`` and

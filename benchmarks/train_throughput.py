@@ -23,7 +23,7 @@ OSA head's ``exp(S_h) V_h`` replaced by ``V_h`` (projections, MLP, head, optimis
 ``--no-breakdown`` leaves it out.
 
 Before/after of the small-N action: the row ``skipless-osa / auto (previous)``
-times ``auto`` without it (``expm._small_n_action(..., action=False)`` and the fused
+times ``auto`` without it (``expm.qr._small_n_action(..., action=False)`` and the fused
 ``expm.osa_chebyshev_action`` off: short Taylor series of the N×N ``exp(S)``, then ``exp(S) V``,
 S formed as ``U J Uᵀ``), side by side with
 the current one under the same load. ``--no-previous`` leaves it out. ``--alpha-scale C``
@@ -116,17 +116,17 @@ def previous_small_n_path():
     ``exp(S)``, then ``exp(S) V``): the fused Chebyshev action is switched off too."""
     from osa_lab.ops import expm
 
-    original, fused = expm._small_n_action, expm.osa_chebyshev_action
+    original, fused = expm.qr._small_n_action, expm.osa_chebyshev_action
 
     def previous(u, j, v, **_):
         return original(u, j, v, action=False, osa_core=False)
 
-    expm._small_n_action = previous
+    expm.qr._small_n_action = previous
     expm.osa_chebyshev_action = lambda *args: None
     try:
         yield
     finally:
-        expm._small_n_action, expm.osa_chebyshev_action = original, fused
+        expm.qr._small_n_action, expm.osa_chebyshev_action = original, fused
 
 
 def scale_alpha(step, factor: float) -> None:

@@ -308,13 +308,14 @@ def _spy_replacements(monkeypatch):
     """Record ``(what, mask)`` of every row replacement of the engines: ``in_float64`` (gram,
     lowrank) and ``again`` (qr) are the float64 recomputes, ``by_qr`` the QR fallback."""
     calls = []
-    replace = expm._replace_rows
+    replace = expm.replace_rows
 
     def spy(y, mask, compute):
-        calls.append((compute.__name__, expm._concrete(mask).reshape(-1).tolist()))
+        calls.append((compute.__name__, expm.concrete(mask).reshape(-1).tolist()))
         return replace(y, mask, compute)
 
-    monkeypatch.setattr(expm, "_replace_rows", spy)
+    for room in (expm.dispatch, expm.qr):  # where the engines look the name up
+        monkeypatch.setattr(room, "replace_rows", spy)
     return calls
 
 

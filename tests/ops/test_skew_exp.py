@@ -75,8 +75,8 @@ def test_core_skew_exp_uses_fewer_squarings_than_the_one_norm_needs():
     rho = min(float((m @ m).abs().sum(-1).amax()) ** 0.5, float(m4.abs().sum(-1).amax()) ** 0.25)
     assert 300.0 <= rho <= 1.5 * 300.0  # a true upper bound of ρ(M), and a tight one
     unit = 2.0**-53
-    _, _, squarings = expm._skew_exp_plan(rho, unit, blocks=(4,))
-    _, _, squarings_one_norm = expm._skew_exp_plan(one_norm, unit, blocks=(4,))
+    _, _, squarings = expm.core._skew_exp_plan(rho, unit, blocks=(4,))
+    _, _, squarings_one_norm = expm.core._skew_exp_plan(one_norm, unit, blocks=(4,))
     assert squarings < squarings_one_norm
 
 
@@ -148,7 +148,7 @@ def test_core_skew_exp_results_do_not_alias_scratch_buffers():
     assert torch.equal(e1, kept)
     assert rel_err(d1 + torch.eye(32, dtype=torch.float64), kept) <= 1e-15
     assert e1.data_ptr() != e2.data_ptr()
-    assert all(e1.data_ptr() != b.data_ptr() for b in expm._SCRATCH.buffers)
+    assert all(e1.data_ptr() != b.data_ptr() for b in expm.SCRATCH.buffers)
 
 
 def test_gram_engine_outputs_survive_later_calls():
@@ -184,7 +184,7 @@ def test_concurrent_threads_get_their_own_scratch():
 
 
 def test_scratch_limit_falls_back_to_fresh_buffers(monkeypatch):
-    monkeypatch.setattr(expm, "SCRATCH_LIMIT_BYTES", 0)
+    monkeypatch.setattr(expm.core, "SCRATCH_LIMIT_BYTES", 0)
     m = _skew_batch(16, 20.0)
     assert rel_err(expm.core_skew_exp(m), _scipy_expm(m)) <= 1e-13
 
@@ -230,7 +230,7 @@ def test_release_scratch_frees_this_threads_buffers():
     expm.release_scratch()  # whatever earlier tests left in this thread
     before = expm.core_skew_exp(m)
     assert expm.release_scratch() == 6 * m.numel() * m.element_size()
-    assert expm._SCRATCH.buffers == [] and expm.release_scratch() == 0
+    assert expm.SCRATCH.buffers == [] and expm.release_scratch() == 0
     assert torch.equal(expm.core_skew_exp(m), before)  # re-allocated, same result
 
 

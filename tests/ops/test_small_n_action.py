@@ -2,8 +2,8 @@
 
 ``expm.chebyshev_action`` computes ``exp(S) V`` as ``Σ_k a_k W_k`` (Jacobi–Anger:
 ``a₀ = J₀(ρ)``, ``a_k = 2J_k(ρ)``, ``W_{k+1} = 2(S/ρ)W_k + W_{k−1}``) with a hand-written backward
-(``expm._ChebyshevAction``); ``expm.osa_chebyshev_action`` fuses the backward down to q, k and
-α (``expm._OSAChebyshevAction``) and ``osa()`` takes it for N ≤ 2·(2r) when a bound of ``‖S‖₂``
+(``expm.chebyshev._ChebyshevAction``); ``expm.osa_chebyshev_action`` fuses the backward down to q, k and
+α (``expm.chebyshev._OSAChebyshevAction``) and ``osa()`` takes it for N ≤ 2·(2r) when a bound of ``‖S‖₂``
 allows. Every test compares outputs AND gradients against float64 references: the dense
 ``torch.linalg.matrix_exp`` / ``scipy.linalg.expm`` and the autograd version
 ``expm.chebyshev_action_reference``.
@@ -193,8 +193,8 @@ def test_small_n_action_path_is_taken_and_matches_previous_path():
     assert 0.3 < float(torch.linalg.matrix_norm(s, ord=2).max()) and expm.chebyshev_degree(bound, torch.float32)
     ref = torch.linalg.matrix_exp(s) @ v
     for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-13)):
-        new = expm._small_n_action(u.to(dtype), j, v.to(dtype), osa_core=True)
-        old = expm._small_n_action(u.to(dtype), j, v.to(dtype), action=False)
+        new = expm.qr._small_n_action(u.to(dtype), j, v.to(dtype), osa_core=True)
+        old = expm.qr._small_n_action(u.to(dtype), j, v.to(dtype), action=False)
         assert rel_err(new, ref) <= tol and rel_err(old, ref) <= tol
 
 

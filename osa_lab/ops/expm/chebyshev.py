@@ -1,0 +1,239 @@
+"""The small-N Chebyshev (Jacobi–Anger) action ``exp(S) V = Σ a_k W_k`` with hand-written backwards.
+
+Part of :mod:`osa_lab.ops.expm` (Zhang & Martens, arXiv 2602.05996; docs/design.md §1–§2).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from osa_lab.errors import OSAInputError
+from osa_lab.ops.expm.batch import composite_backward, under_transform
+from osa_lab.ops.expm.bounds import skew_norm_bound, skew_spectral_bound
+
+#: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
+#: :func:`_small_n_action`: covers ``‖S‖₂ ≲ 10`` in float32 and ``≲ 4.5`` in float64. One product
+#: costs ``d/N`` of an N×N product, so 24 of them at N = 49, d = 16 cost what the 8 N×N
+#: products of the short-Taylor path (``SHORT_TAYLOR_MAX_PRODUCTS``) cost.
+ACTION_MAX_DEGREE = 24
+
+
+def bessel_j_sequence(x: float, count: int) -> list[float]:
+    """``J₀(x), …, J_{count−1}(x)`` for ``x ≥ 0`` in float64 by Miller's backward recurrence
+    ``J_{k−1} = (2k/x) J_k − J_{k+1}``, normalised by ``J₀ + 2 Σ J_{2k} = 1`` (stable; matches
+    ``scipy.special.jv`` to ≈ 2e-16, tested)."""
+    if x < 0 or not math.isfinite(x):
+        raise OSAInputError(f"bessel_j_sequence needs a finite x ≥ 0, got {x}")
+    if x == 0.0:
+        return [1.0] + [0.0] * (count - 1)
+    start = count + int(x) + 20
+    start += start % 2
+    vals = [0.0] * (start + 2)
+    vals[start] = 1e-300
+    for k in range(start, 0, -1):
+        vals[k - 1] = 2 * k / x * vals[k] - vals[k + 1]
+        if abs(vals[k - 1]) > 1e250:  # rescale before overflow (only the ratios matter)
+            vals = [t * 1e-250 for t in vals]
+    norm = vals[0] + 2 * sum(vals[2 : start + 1 : 2])
+    return [t / norm for t in vals[:count]]
+
+
+#: Truncation tolerance of :func:`chebyshev_action` (relative 2-norm error of ``exp(S) V``) per
+#: working dtype: float64's unit roundoff; for float32 1e-7, 20× below the float32 accuracy
+#: target (2e-6 while ‖S‖₂ ≤ 10, see ``GRAM_TOLERANCE``) and below the rounding of the float32
+#: products themselves (≈ √N·eps₃₂/2 ≈ 4e-7 at N = 49): 1.7× the unit roundoff, which saves a
+#: term near trained-network norms (degree 7 instead of 8 at ‖S‖₂ = 0.9).
+ACTION_TOLERANCE = {torch.float64: torch.finfo(torch.float64).eps / 2, torch.float32: 1e-7}
+
+
+def chebyshev_degree(rho: float, dtype: torch.dtype) -> int | None:
+    """Smallest degree ``m`` of :func:`chebyshev_action` for skew ``S`` with ``‖S‖₂ ≤ rho`` whose
+    truncation error is at most ``ACTION_TOLERANCE[dtype]`` (other dtypes: their unit roundoff);
+    ``None`` beyond ``ACTION_MAX_DEGREE``.
+
+    ``S`` is normal with eigenvalues ``iθ``, ``|θ| ≤ rho``; by the Jacobi–Anger expansion
+    ``e^{iρy} = J₀(ρ) + 2 Σ_k i^k J_k(ρ) T_k(y)`` with ``‖T_k(Y)‖₂ ≤ 1``, the tail after degree
+    ``m`` is at most ``2 Σ_{k>m} |J_k(ρ)| ≤ 2 (ρ/2)^{m+1}/(m+1)! / (1 − (ρ/2)/(m+2))`` (using
+    ``|J_k(ρ)| ≤ (ρ/2)^k/k!``): the Taylor bound at ``ρ/2``, so about ``m·log 2`` fewer digits
+    are lost per degree than by the Taylor series of :func:`taylor_theta`.
+    """
+    if not math.isfinite(rho) or rho < 0:
+        return None
+    unit = ACTION_TOLERANCE.get(dtype, torch.finfo(dtype).eps / 2)
+    half, term = rho / 2, 1.0  # term = half^m / m!
+    for degree in range(1, ACTION_MAX_DEGREE + 1):
+        term *= half / degree
+        nxt = term * half / (degree + 1)
+        if degree + 2 > half and 2 * nxt / (1 - half / (degree + 2)) <= unit:
+            return degree
+    return None
+
+
+def chebyshev_coefficients(rho: float, degree: int) -> list[float]:
+    """``[J₀(ρ), 2J₁(ρ), …, 2J_m(ρ)]``: ``exp(S) V ≈ Σ_k a_k W_k`` (see :func:`chebyshev_action`)."""
+    j = bessel_j_sequence(rho, degree + 1)
+    return [j[0]] + [2 * t for t in j[1:]]
+
+
+def _chebyshev_forward(xt: torch.Tensor, v: torch.Tensor, coef: list[float]) -> tuple[torch.Tensor, list]:
+    """``Σ a_k W_k`` with ``W₀ = V``, ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}``, given
+    ``xt = Xᵀ``; also returns the transposes ``Z_k = W_kᵀ`` for ``k < m`` (the backward's inputs).
+
+    The recurrence runs on the transposes (``Z_{k+1} = 2 Z_k Xᵀ + Z_{k−1}``) so that the
+    backward's ``∂L/∂X = Σ c_k Ḡ_{k+1} Z_k`` multiplies operands stored the way the BLAS reads
+    them: a batched product with a transposed right operand (``Ḡ W_kᵀ``) costs about 2.5× as
+    much on the CPU at N = 20, d = 16.
+    """
+    z = v.mT.contiguous()
+    zs = [z]
+    cur = torch.bmm(z, xt)
+    y_t = z.mul(coef[0]).add_(cur, alpha=coef[1])
+    prev = z
+    for k in range(2, len(coef)):
+        zs.append(cur)
+        prev, cur = cur, torch.baddbmm(prev, cur, xt, alpha=2.0)
+        y_t.add_(cur, alpha=coef[k])
+    return y_t.mT.contiguous(), zs
+
+
+def _chebyshev_backward(
+    xt: torch.Tensor, zs: list, coef: list[float], g: torch.Tensor, need_x: bool
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Adjoint of :func:`_chebyshev_forward` (``xt = Xᵀ``): returns ``(∂L/∂X, ∂L/∂V)``.
+
+    With ``Ḡ_k = ∂L/∂W_k`` (through the recurrence): ``Ḡ_m = a_m G``,
+    ``Ḡ_k = a_k G + 2Xᵀ Ḡ_{k+1} + Ḡ_{k+2}`` (1 ≤ k < m), ``∂L/∂V = Ḡ₀ = a₀ G + Xᵀ Ḡ₁ + Ḡ₂`` and
+    ``∂L/∂X = Ḡ₁ W₀ᵀ + 2 Σ_{k=1}^{m−1} Ḡ_{k+1} W_kᵀ`` (``W_kᵀ = zs[k]``).
+    """
+    m = len(coef) - 1
+    g = g.contiguous()
+    after, cur = None, g * coef[m]  # Ḡ_{k+2}, Ḡ_{k+1}
+    gx = None
+    for k in range(m - 1, -1, -1):
+        if need_x:
+            scale = 2.0 if k else 1.0
+            gx = torch.bmm(cur, zs[k]).mul_(scale) if gx is None else gx.baddbmm_(cur, zs[k], alpha=scale)
+        new = torch.baddbmm(g, xt, cur, beta=coef[k], alpha=2.0 if k else 1.0)
+        if after is not None:
+            new.add_(after)
+        after, cur = cur, new
+    return gx, cur
+
+
+class _ChebyshevAction(torch.autograd.Function):
+    """``Σ a_k W_k ≈ exp(S) V`` for skew ``S`` (b, N, N) and ``X = S/ρ``, hand-written backward."""
+
+    @staticmethod
+    def forward(ctx, s, v, rho: float, degree: int):  # noqa: D102
+        xt = (s.mT / rho).contiguous()
+        coef = chebyshev_coefficients(rho, degree)
+        y, zs = _chebyshev_forward(xt, v, coef)
+        ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
+        ctx.save_for_backward(s, v, xt, *zs)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        s, v, xt, *zs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
+            # two more terms: a second derivative of the expansion loses two (see differentiable_plan)
+            ref = functools.partial(chebyshev_action_reference, rho=ctx.rho, degree=ctx.degree + 2)
+            return (*composite_backward(ref, (s, v), ctx.needs_input_grad[:2], g), None, None)
+        gx, gv = _chebyshev_backward(xt, zs, ctx.coef, g, ctx.needs_input_grad[0])
+        gs = gx / ctx.rho if gx is not None else None
+        return gs, (gv if ctx.needs_input_grad[1] else None), None, None
+
+
+class _OSAChebyshevAction(torch.autograd.Function):
+    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``D = q kᵀ − k qᵀ`` (formed
+    by the caller without autograd); the backward goes straight to ``q``, ``k``, ``c``, ``V``:
+    with ``A = ∂L/∂S − (∂L/∂S)ᵀ``: ``∂L/∂q = c A k``, ``∂L/∂k = −c A q``, ``∂L/∂c = ½⟨A, D⟩``."""
+
+    @staticmethod
+    def forward(ctx, q, k, c, v, d, rho: float, degree: int):  # noqa: D102
+        xt = d * (c / -rho)[:, None, None]  # Xᵀ = −X: D is skew by construction
+        coef = chebyshev_coefficients(rho, degree)
+        y, zs = _chebyshev_forward(xt, v, coef)
+        ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
+        ctx.save_for_backward(q, k, c, v, d, xt, *zs)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        q, k, c, v, d, xt, *zs = ctx.saved_tensors
+        need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
+
+            def ref(q_, k_, c_, v_):
+                qk = q_ @ k_.mT
+                return chebyshev_action_reference((qk - qk.mT) * c_[:, None, None], v_, ctx.rho, ctx.degree + 2)
+
+            return (*composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g), None, None, None)
+        gx, gv = _chebyshev_backward(xt, zs, ctx.coef, g, need_q or need_k or need_c)
+        gq = gk = gc = None
+        if gx is not None:
+            a = gx - gx.mT  # ρ·A, A = ∂L/∂S − (∂L/∂S)ᵀ (∂L/∂S = ∂L/∂X / ρ; 1/ρ folded in below)
+            cc = (c / ctx.rho)[:, None, None]
+            gq = torch.bmm(a, k).mul_(cc) if need_q else None
+            gk = torch.bmm(a, q).mul_(-cc) if need_k else None
+            gc = torch.einsum("bij,bij->b", a, d).mul_(0.5 / ctx.rho) if need_c else None
+        return gq, gk, gc, (gv if need_v else None), None, None, None
+
+
+def chebyshev_action(
+    s: torch.Tensor, v: torch.Tensor, rho: float | None = None, degree: int | None = None
+) -> torch.Tensor:
+    """``exp(S) V`` for skew-symmetric ``S`` without forming ``exp(S)``: the Chebyshev (Jacobi–
+    Anger) expansion ``Σ_{k≤m} a_k W_k``, ``a₀ = J₀(ρ)``, ``a_k = 2J_k(ρ)``, ``W₀ = V``,
+    ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}`` with ``X = S/ρ`` (Bergamaschi & Vianello,
+    Numer. Linear Algebra Appl. 7, 2000; the real recurrence because ``S`` is skew).
+
+    ``rho`` must bound ``‖S‖₂`` (default: :func:`skew_norm_bound`); ``degree`` defaults to
+    :func:`chebyshev_degree` (truncation ≤ ``ACTION_TOLERANCE``). ``‖W_k‖ ≤ ‖V‖`` in exact
+    arithmetic, so rounding does not grow with ``ρ`` as the Taylor series' ``e^ρ`` partial sums
+    do. One product per degree; for 3-D ``S`` (b, N, N) and ``V`` (b, N, d) the backward is
+    hand-written (:class:`_ChebyshevAction`, ``2m`` products, ``Sᵀ = −S``); under torch.func
+    transforms and forward-mode AD the autograd reference :func:`chebyshev_action_reference` runs.
+    Raises :class:`~osa_lab.errors.OSAInputError` when no degree up to ``ACTION_MAX_DEGREE`` reaches the tolerance.
+    """
+    rho = skew_norm_bound(s) if rho is None else float(rho)
+    degree = chebyshev_degree(rho, s.dtype) if degree is None else degree
+    if degree is None:
+        raise OSAInputError(f"‖S‖₂ bound {rho:.3g} needs more than ACTION_MAX_DEGREE = {ACTION_MAX_DEGREE} terms")
+    rho = max(rho, 1e-30)  # S = 0: X = 0 and the expansion sums to V for any ρ > 0
+    if s.dim() == 3 and v.dim() == 3 and s.shape[0] == v.shape[0] and not under_transform(s, v):
+        return _ChebyshevAction.apply(s, v, rho, degree)
+    return chebyshev_action_reference(s, v, rho, degree)
+
+
+def chebyshev_action_reference(s: torch.Tensor, v: torch.Tensor, rho: float, degree: int) -> torch.Tensor:
+    """:func:`chebyshev_action` by plain tensor operations, differentiated by autograd (the reference)."""
+    coef = chebyshev_coefficients(rho, degree)
+    x = s / rho
+    prev, cur = v, x @ v
+    y = coef[0] * v + coef[1] * cur
+    for k in range(2, degree + 1):
+        prev, cur = cur, 2 * (x @ cur) + prev
+        y = y + coef[k] * cur
+    return y
+
+
+def osa_chebyshev_action(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """``exp(c (q kᵀ − k qᵀ)) V`` by :func:`chebyshev_action` with the backward fused down to
+    ``q, k, c`` (:class:`_OSAChebyshevAction`); 3-D ``q, k (b, N, r)``, ``c (b,)``, ``V (b, N, d)``.
+    ``None`` when ``‖S‖₂``'s bound needs more than ``ACTION_MAX_DEGREE`` terms or under torch.func
+    transforms / forward-mode AD (the caller's general path handles those)."""
+    if under_transform(q, k, c, v):
+        return None
+    with torch.no_grad():
+        qk = torch.bmm(q, k.mT)
+        d = qk - qk.mT
+        bound = skew_spectral_bound(d) * c.detach().abs().to(d.dtype)
+        rho = float(bound.max()) if bound.numel() else 0.0
+    degree = chebyshev_degree(rho, v.dtype)
+    if degree is None:
+        return None
+    return _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, d, max(rho, 1e-30), degree)
