@@ -407,7 +407,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
                                     "(the interpreter and the compile check import it whole)"),
     "ops/expm.py": (1470, "to be split into ops/expm/ by subject: dense, core exponential, Gram, QR, Chebyshev, bounds"),
     "integrations/timm.py": (1180, "to be split where subjects change: conversion, registration, the timm model wrapper"),
-    "studies/jacobian.py": (1100, "to be split: the Krylov/Lanczos solvers into their own room"),
     "studies/depth.py": (910, "to be split: depth profiles, the sweep, its command line"),
     "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
@@ -456,3 +455,14 @@ def test_package_and_test_sources_speak_of_the_code_not_of_its_history():
              for folder in (PACKAGE, ROOT / "tests") for path in sorted(folder.rglob("*.py")) if path.resolve() != this
              for hit in history_mentions(path.read_text(encoding="utf-8"))]  # fmt: skip
     assert found == []
+
+
+def test_each_resolve_function_is_defined_once():
+    """One ``resolve_…`` function per concept: a name defined in two modules resolves two things
+    under one name (or the same thing twice)."""
+    where: dict[str, list[str]] = {}
+    for name, tree in TREES.items():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("resolve_"):
+                where.setdefault(node.name, []).append(name)
+    assert {f: mods for f, mods in where.items() if len(mods) > 1} == {}

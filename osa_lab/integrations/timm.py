@@ -1030,7 +1030,7 @@ def timm_jacobian_profile(
     model: nn.Module,
     images: torch.Tensor | None = None,
     *,
-    method: str = "auto",
+    algorithm: str = "auto",
     layers: Sequence[int] | None = None,
     scopes: Sequence[str] = ("end_to_end", "layer"),
     max_exact_dim: int | None = None,
@@ -1045,12 +1045,12 @@ def timm_jacobian_profile(
     At the embedded tokens ``X_0`` of one image (default: N(0, 1) pixels from ``seed``): κ of
     ``∂X_l/∂X_0`` (``scope="end_to_end"``) and of block l alone (``"layer"``). ``"exact"``
     multiplies the per-block Jacobians (chain rule); ``"matrix-free"`` finds the extreme singular
-    values by ARPACK/lobpcg from jvp/vjp products; ``"auto"`` is exact up to ``max_exact_dim``
+    values by ARPACK/lobpcg from jvp/vjp products (the ``algorithm``); ``"auto"`` is exact up to ``max_exact_dim``
     input entries (N·d). Returns the columns :data:`osa_lab.studies.jacobian.KAPPA_COLUMNS`.
     """
     from osa_lab.studies import jacobian as jac
 
-    jac.check_method(method)
+    jac.check_algorithm(algorithm)
     for s in scopes:
         if s not in jac.SCOPES:
             raise unknown_name("scope", s, list(jac.SCOPES))
@@ -1069,7 +1069,7 @@ def timm_jacobian_profile(
         x0 = inputs[0]
         n = x0.numel()
         limit = jac.MAX_EXACT_DIM if max_exact_dim is None else max_exact_dim
-        resolved = method if method != "auto" else ("exact" if n <= limit else "matrix-free")
+        resolved = algorithm if algorithm != "auto" else ("exact" if n <= limit else "matrix-free")
         keys = _keys(model, hidden, label, seed)
         rows = []
 
@@ -1090,7 +1090,7 @@ def timm_jacobian_profile(
                 **keys,
                 "layer": l,
                 "scope": scope,
-                "method": resolved,
+                "algorithm": resolved,
                 "sigma_max": smax,
                 "sigma_min": smin,
                 "kappa": jac.kappa_from_extremes(smax, smin),

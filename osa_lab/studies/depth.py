@@ -520,8 +520,9 @@ def sweep(
             extra threads only contend, ~8× slower on a loaded 2-core machine); ``None`` keeps
             the current setting.
         allow_large: run sweeps beyond the bounds of :func:`check_sweep_size` (depth > 1024, …).
-        jacobian: also compute Jacobian κ across depth per model (``"auto"``, ``"exact"``,
-            ``"matrix-free"``; :func:`osa_lab.studies.jacobian.jacobian_depth_profile`) into ``.jacobian``.
+        jacobian: also compute Jacobian κ across depth per model into ``.jacobian``, by this
+            algorithm (``"auto"``, ``"exact"``, ``"matrix-free"``;
+            :func:`osa_lab.studies.jacobian.jacobian_depth_profile`); ``"none"``: no Jacobians.
         grid: where the model runs go (:class:`osa_lab.studies.grid.GridOptions`: in-process, a local
             Dask cluster, or an existing one); default in-process with ``threads`` torch threads
             and ``progress``. Each model run (and each Jacobian profile) is one task; with
@@ -569,10 +570,10 @@ def sweep(
     if cache is not None and cache.exists() and not cache.is_dir():
         raise ConfigurationError(f"`cache_dir` {str(cache)!r} is a file; give a folder")
     if jacobian != "none":
-        from osa_lab.studies.jacobian import JACOBIAN_METHODS
+        from osa_lab.studies.jacobian import JACOBIAN_ALGORITHMS
 
-        if jacobian not in JACOBIAN_METHODS:
-            raise unknown_name("Jacobian method", jacobian, [*JACOBIAN_METHODS, "none"])
+        if jacobian not in JACOBIAN_ALGORITHMS:
+            raise unknown_name("Jacobian algorithm", jacobian, [*JACOBIAN_ALGORITHMS, "none"])
     options = grid if grid is not None else GridOptions.in_process(threads=threads, progress=progress)
     tasks = _sweep_tasks(units, sites, metric_names, spectra, batch, dtype, dtype_name, jacobian, allow_large)
     outcome = run_grid(tasks, options, store=cache, desc="sweep")
@@ -697,7 +698,7 @@ def _sweep_tasks(
 
         for point in units:
             settings = {"kind": "jacobian", **point._asdict()}
-            kwargs = {**point._asdict(), "method": jacobian}
+            kwargs = {**point._asdict(), "algorithm": jacobian}
             key = f"jacobian-{_cache_key({**kwargs, 'kind': 'jacobian'})}"
             if allow_large:  # not part of the key: it changes whether a task runs, not its result
                 kwargs["max_input_dim"] = point.tokens * point.dim
@@ -762,7 +763,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spectra-output", default=None, help="spectra CSV path")
     parser.add_argument("--no-spectra", action="store_true", help="skip the spectra table")
     parser.add_argument("--jacobian", choices=["none", "auto", "exact", "matrix-free"], default="none",
-                        help="also write Jacobian κ across depth to <stem>_jacobian.csv")  # fmt: skip
+                        help="also write Jacobian κ across depth to <stem>_jacobian.csv, computed by this algorithm")  # fmt: skip
     parser.add_argument("--cache-dir", default=None,
                         help="folder of finished task results, reused on a rerun (default: <stem>_tasks/ "
                         "beside --output)")  # fmt: skip

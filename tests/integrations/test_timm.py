@@ -381,16 +381,16 @@ def test_jacobian_kappa_of_a_timm_vit_exact_and_matrix_free_agree():
         "vit_tiny_patch16_224", img_size=8, patch_size=4, in_chans=1, embed_dim=16, num_heads=2, depth=2,
         class_token=False, global_pool="avg", dtype=torch.float64,
     )  # fmt: skip  (N = 4 tokens, d = 16: an 64 × 64 Jacobian per block)
-    exact = ot.timm_jacobian_profile(model, method="exact")
+    exact = ot.timm_jacobian_profile(model, algorithm="exact")
     assert list(exact.columns) == KAPPA_COLUMNS
-    assert len(exact) == 4 and set(exact["method"]) == {"exact"}
+    assert len(exact) == 4 and set(exact["algorithm"]) == {"exact"}
     # The end-to-end Jacobian at layer 1 is block 1's own.
     first = exact[exact["layer"] == 1].set_index("scope")["kappa"]
     assert first["end_to_end"] == pytest.approx(first["layer"], rel=1e-12)
     assert all(exact["kappa"] >= 1.0) and all(exact["kappa"] < 1e6)
     # Matrix-free (ARPACK on jvp/vjp products) finds the same extremes. Measured κ of block 2: 292.4
     # (the end-to-end κ ≈ 3e3 is near where ARPACK's σ_min through JᵀJ stops converging, so not used).
-    free = ot.timm_jacobian_profile(model, method="matrix-free", layers=[2], scopes=("layer",))
+    free = ot.timm_jacobian_profile(model, algorithm="matrix-free", layers=[2], scopes=("layer",))
     assert bool(free["converged"].all())
     want = exact[(exact["layer"] == 2) & (exact["scope"] == "layer")]
     for col in ("sigma_max", "sigma_min", "kappa"):

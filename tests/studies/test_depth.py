@@ -224,10 +224,10 @@ def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
 def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
     """``allow_large`` must reach the Jacobian task: the library's own input-size bound would
     otherwise refuse inside the task what the user explicitly allowed."""
-    import osa_lab.studies.jacobian as jac
+    import osa_lab.studies.jacobian.estimates as estimates
     from osa_lab.errors import GridTaskFailedWarning
 
-    monkeypatch.setattr(jac, "MAX_INPUT_DIM", 8)  # N·d = 16 is now "too large"
+    monkeypatch.setattr(estimates, "MAX_INPUT_DIM", 8)  # N·d = 16 is now "too large"
     kw = dict(depths=[1], tokens=4, dims=4, seeds=1, jacobian="matrix-free", spectra=False, progress=False)
     with pytest.warns(GridTaskFailedWarning, match="JacobianTooLargeError"):
         sweep(["pure-osa"], **kw)
