@@ -407,7 +407,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
                                     "(the interpreter and the compile check import it whole)"),
     "ops/expm.py": (1470, "to be split into ops/expm/ by subject: dense, core exponential, Gram, QR, Chebyshev, bounds"),
     "integrations/timm.py": (1180, "to be split where subjects change: conversion, registration, the timm model wrapper"),
-    "studies/depth.py": (910, "to be split: depth profiles, the sweep, its command line"),
     "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
     "studies/grid.py": (830, "to be split: options, local/remote execution, results"),

@@ -42,6 +42,13 @@ class Unit:
     algorithm: str  # "exact" or "matrix-free" (never "auto": resolved first, so both choices share results)
     layers: tuple[int, ...]
 
+    @property
+    def point(self):
+        """The unit's grid point (:class:`osa_lab.studies.settings.StudyPoint`)."""
+        from osa_lab.studies.settings import StudyPoint
+
+        return StudyPoint(self.preset, self.depth, self.tokens, self.dim, self.heads, self.alpha, self.seed)
+
 
 #: The figures of :func:`estimate_seconds`, measured on the 2-core CPU machine under load (seconds per preset ×
 #: seed unit, depth 12, 6 layers, both scopes): exact 5.7 s for two units at N·d = 256 and 126 s
@@ -66,12 +73,10 @@ def compute_unit(unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """κ profile (both scopes) and, for exact Jacobians, the last layer's singular values."""
     from osa_lab.studies import jacobian
 
-    prof = jacobian.jacobian_depth_profile(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads, unit.alpha,
-                                           unit.seed, algorithm=unit.algorithm, layers=list(unit.layers))
+    prof = jacobian.jacobian_depth_profile(unit.point, algorithm=unit.algorithm, layers=list(unit.layers))
     svals = None
     if (prof["algorithm"] == "exact").all():
-        svals = jacobian.jacobian_singular_values(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads,
-                                                  unit.alpha, unit.seed, algorithm="exact")
+        svals = jacobian.jacobian_singular_values(unit.point, algorithm="exact")
     return prof, svals
 
 

@@ -39,7 +39,7 @@ from osa_lab.studies.jacobian.solvers import (
     kappa_from_extremes,
     matrix_free_extremes,
 )
-from osa_lab.studies.settings import StudyPoint, as_list, seed_list
+from osa_lab.studies.settings import StudyPoint, as_list, as_point, seed_list
 
 KAPPA_COLUMNS = [
     "preset",
@@ -224,10 +224,10 @@ def _depth_spectra(
 
 
 def jacobian_depth_profile(
-    preset: str,
-    depth: int,
-    tokens: int,
-    dim: int,
+    preset: str | StudyPoint,
+    depth: int | None = None,
+    tokens: int | None = None,
+    dim: int | None = None,
     heads: int | None = None,
     alpha: float | None = None,
     seed: int = 0,
@@ -246,8 +246,9 @@ def jacobian_depth_profile(
 ) -> pd.DataFrame:
     """κ across depth: of ``∂X_l/∂X_0`` (``scope="end_to_end"``) and of block l alone (``"layer"``).
 
-    The preset is built as in :func:`osa_lab.studies.depth.depth_profile` (weights and Gaussian input
-    tokens from ``seed``). Exact: the per-block Jacobians ``J_l`` at the block inputs and their
+    The study's grid point is a :class:`~osa_lab.studies.settings.StudyPoint` (or a preset name with
+    ``depth``, ``tokens``, ``dim``, ``heads``, ``alpha``, ``seed``), built as in
+    :func:`osa_lab.studies.depth.depth_profile` (weights and Gaussian input tokens from the seed). Exact: the per-block Jacobians ``J_l`` at the block inputs and their
     running product ``J_l ⋯ J_1`` (chain rule, no extra network passes). Matrix-free: one
     Lanczos (or ARPACK/lobpcg) solve per layer and scope (``layers`` selects which, default all).
     ``"auto"`` runs :func:`resolve_algorithm`'s choice; the ``algorithm`` column says which ran.
@@ -260,7 +261,7 @@ def jacobian_depth_profile(
     Returns a DataFrame with columns :data:`KAPPA_COLUMNS`.
     """
     rows = []
-    point = StudyPoint(preset, depth, tokens, dim, heads, alpha, seed)
+    point = as_point(preset, depth, tokens, dim, heads, alpha, seed)
     how = JacobianSettings(
         algorithm, layers, scopes, max_exact_dim, dtype, max_bytes, solver, tol, max_input_dim
     )
@@ -281,10 +282,10 @@ def jacobian_depth_profile(
 
 
 def jacobian_singular_values(
-    preset: str,
-    depth: int,
-    tokens: int,
-    dim: int,
+    preset: str | StudyPoint,
+    depth: int | None = None,
+    tokens: int | None = None,
+    dim: int | None = None,
     heads: int | None = None,
     alpha: float | None = None,
     seed: int = 0,
@@ -305,9 +306,9 @@ def jacobian_singular_values(
     extremes (``index`` 0 and ``N·d − 1``). ``layers`` default: the last layer only.
     ``progress``, ``should_stop``, ``max_input_dim`` as in :func:`jacobian_depth_profile`.
     """
-    layers = [depth] if layers is None else layers
+    point = as_point(preset, depth, tokens, dim, heads, alpha, seed)
+    layers = [point.depth] if layers is None else layers
     parts = []
-    point = StudyPoint(preset, depth, tokens, dim, heads, alpha, seed)
     how = JacobianSettings(
         algorithm, layers, scopes, max_exact_dim, dtype, max_bytes, max_input_dim=max_input_dim
     )
