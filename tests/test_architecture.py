@@ -406,7 +406,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
     "ops/triton/kernels.py": (1000, "the Triton kernels, their launch plans and tile tables load as one module "
                                     "(the interpreter and the compile check import it whole)"),
     "ops/expm.py": (1470, "to be split into ops/expm/ by subject: dense, core exponential, Gram, QR, Chebyshev, bounds"),
-    "integrations/timm.py": (1180, "to be split where subjects change: conversion, registration, the timm model wrapper"),
     "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
     "studies/grid.py": (830, "to be split: options, local/remote execution, results"),
@@ -465,3 +464,13 @@ def test_each_resolve_function_is_defined_once():
             if isinstance(node, ast.FunctionDef) and node.name.startswith("resolve_"):
                 where.setdefault(node.name, []).append(name)
     assert {f: mods for f, mods in where.items() if len(mods) > 1} == {}
+
+
+#: calls that change torch's or Python's process-wide state for everyone in the process
+PROCESS_WIDE_STATE = ("sys.meta_path", "torch.set_default_dtype(")
+
+
+def test_the_package_changes_no_process_wide_state():
+    found = [f"{path.relative_to(ROOT)}: {name}" for path in sorted(PACKAGE.rglob("*.py"))
+             for name in PROCESS_WIDE_STATE if name in path.read_text(encoding="utf-8")]  # fmt: skip
+    assert found == []
