@@ -409,7 +409,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
     "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
     "studies/grid.py": (830, "to be split: options, local/remote execution, results"),
-    "nn/models.py": (760, "to be split: configuration, encoder and classifiers, mixing diagnostics"),
     "studies/data.py": (750, "to be split: image data sets, MNIST-1D generation and its checked cache"),
     "dashboard/state.py": (630, "to be split: URL parsing and the sweep state"),
 }
@@ -467,7 +466,7 @@ def test_each_resolve_function_is_defined_once():
 
 
 #: calls that change torch's or Python's process-wide state for everyone in the process
-PROCESS_WIDE_STATE = ("sys.meta_path", "torch.set_default_dtype(")
+PROCESS_WIDE_STATE = ("sys.meta_path", "torch.set_default_dtype(", "torch.random.fork_rng(", "_SEEDED_BUILD_LOCK")
 
 
 def test_the_package_changes_no_process_wide_state():

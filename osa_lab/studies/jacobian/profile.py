@@ -21,6 +21,7 @@ from torch import nn
 from osa_lab.errors import heads_do_not_divide, unknown_name
 from osa_lab.nn.attention import OrthogonalSelfAttention, derived_alpha_init
 from osa_lab.nn.models import Encoder, functional_mode
+from osa_lab.nn.models.seeding import random_draws_from, seeded_generator
 from osa_lab.studies.jacobian.estimates import (
     MAX_EXACT_DIM,
     SCOPES,
@@ -364,9 +365,7 @@ def osa_layer_conditioning(
                     source = "derived" if a is None or a == "derived" else "given"
                     value = derived if source == "derived" else float(a)
                     for s in seeds_l:
-                        gen = torch.random.fork_rng(devices=[])
-                        with gen:
-                            torch.manual_seed(s)
+                        with random_draws_from(seeded_generator(s)):  # weights, then input, from seed s
                             layer = OrthogonalSelfAttention(d, h, alpha_init=value, tokens=n, dtype=dtype)
                             x = torch.randn(n, d, dtype=torch.float64).to(dtype)
                         spec = jacobian_spectrum(
