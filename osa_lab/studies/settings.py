@@ -97,7 +97,9 @@ def as_point(
         return preset
     missing = [n for n, v in (("depth", depth), ("tokens", tokens), ("dim", dim)) if v is None]
     if missing:
-        raise ConfigurationError(f"preset {preset!r} needs {', '.join(f'`{n}`' for n in missing)} (or give a StudyPoint)")
+        raise ConfigurationError(
+            f"preset {preset!r} needs {', '.join(f'`{n}`' for n in missing)} (or give a StudyPoint)"
+        )
     return StudyPoint(preset, depth, tokens, dim, heads, alpha, seed)
 
 

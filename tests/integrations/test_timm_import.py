@@ -34,7 +34,9 @@ print("HOOKS", list(sys.meta_path) == hooks, "TIMM", "timm.models" in sys.module
 
 def test_missing_torchvision_is_one_typed_line_and_leaves_no_hook():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=300, check=True
+    )
     error = [line for line in out.stdout.splitlines() if line.startswith("ERROR ")]
     assert len(error) == 1, out.stdout + out.stderr
     assert "timm imports torchvision, which is not installed" in error[0]
