@@ -21,9 +21,12 @@ import multiprocessing as mp
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from osa_lab.studies.settings import StudyPoint
 
 __all__ = ["JacobianJob", "Unit", "compute_unit", "estimate_seconds", "start_jacobian_job"]
 
@@ -43,7 +46,7 @@ class Unit:
     layers: tuple[int, ...]
 
     @property
-    def point(self):
+    def point(self) -> StudyPoint:
         """The unit's grid point (:class:`osa_lab.studies.settings.StudyPoint`)."""
         from osa_lab.studies.settings import StudyPoint
 
