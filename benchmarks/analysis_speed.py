@@ -19,7 +19,7 @@ import torch
 from osa_lab.benchmarking.timing import emit_table, machine_info
 from osa_lab.nn.models import functional_mode
 from osa_lab.studies.depth import sweep
-from osa_lab.studies.jacobian import _prefix_fn, build_point, exact_jacobian, matrix_free_extremes
+from osa_lab.studies.jacobian import build_point, exact_jacobian, matrix_free_extremes, prefix_function
 from osa_lab.studies.settings import StudyPoint
 
 
@@ -63,7 +63,7 @@ def main() -> None:
 
     def free():
         with functional_mode(model):
-            return matrix_free_extremes(_prefix_fn(model, 12), x0)
+            return matrix_free_extremes(prefix_function(model, 12), x0)
 
     secs, (smax, smin) = _timed(free)
     rows.append({"case": f"matrix-free kappa 12 layers N{n_tokens} d64 ({args.mf_preset}, {x0.numel()} inputs)",

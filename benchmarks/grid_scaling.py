@@ -39,7 +39,7 @@ def jacobian_tasks(seeds: int, depth: int, tokens: int, dim: int) -> list[Task]:
 
     return [
         Task(jacobian_depth_profile,
-             {"preset": p, "depth": depth, "tokens": tokens, "dim": dim, "seed": s, "method": "exact"},
+             {"preset": p, "depth": depth, "tokens": tokens, "dim": dim, "seed": s, "algorithm": "exact"},
              {"preset": p, "seed": s})  # fmt: skip
         for p in ("pure-osa", "pure-ssa")
         for s in range(seeds)
@@ -59,7 +59,7 @@ def warm_up(kind: str) -> None:
         from osa_lab.studies.jacobian import jacobian_depth_profile
 
         for preset in ("pure-osa", "pure-ssa"):
-            jacobian_depth_profile(preset=preset, depth=2, tokens=8, dim=8, seed=0, method="exact")
+            jacobian_depth_profile(preset=preset, depth=2, tokens=8, dim=8, seed=0, algorithm="exact")
     else:
         import osa_lab.studies.training  # noqa: F401
 

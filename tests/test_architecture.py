@@ -405,13 +405,9 @@ MAX_MODULE_LINES = 600
 OVERSIZED: dict[str, tuple[int, str]] = {
     "ops/triton/kernels.py": (1000, "the Triton kernels, their launch plans and tile tables load as one module "
                                     "(the interpreter and the compile check import it whole)"),
-    "integrations/timm.py": (1180, "to be split where subjects change: conversion, registration, the timm model wrapper"),
-    "studies/jacobian.py": (1100, "to be split: the Krylov/Lanczos solvers into their own room"),
-    "studies/depth.py": (910, "to be split: depth profiles, the sweep, its command line"),
     "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
     "studies/grid.py": (830, "to be split: options, local/remote execution, results"),
-    "nn/models.py": (760, "to be split: configuration, encoder and classifiers, mixing diagnostics"),
     "studies/data.py": (750, "to be split: image data sets, MNIST-1D generation and its checked cache"),
     "dashboard/state.py": (630, "to be split: URL parsing and the sweep state"),
 }
@@ -454,4 +450,25 @@ def test_package_and_test_sources_speak_of_the_code_not_of_its_history():
     found = [f"{path.relative_to(ROOT)}: {hit}"
              for folder in (PACKAGE, ROOT / "tests") for path in sorted(folder.rglob("*.py")) if path.resolve() != this
              for hit in history_mentions(path.read_text(encoding="utf-8"))]  # fmt: skip
+    assert found == []
+
+
+def test_each_resolve_function_is_defined_once():
+    """One ``resolve_…`` function per concept: a name defined in two modules resolves two things
+    under one name (or the same thing twice)."""
+    where: dict[str, list[str]] = {}
+    for name, tree in TREES.items():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("resolve_"):
+                where.setdefault(node.name, []).append(name)
+    assert {f: mods for f, mods in where.items() if len(mods) > 1} == {}
+
+
+#: calls that change torch's or Python's process-wide state for everyone in the process
+PROCESS_WIDE_STATE = ("sys.meta_path", "torch.set_default_dtype(", "torch.random.fork_rng(", "_SEEDED_BUILD_LOCK")
+
+
+def test_the_package_changes_no_process_wide_state():
+    found = [f"{path.relative_to(ROOT)}: {name}" for path in sorted(PACKAGE.rglob("*.py"))
+             for name in PROCESS_WIDE_STATE if name in path.read_text(encoding="utf-8")]  # fmt: skip
     assert found == []

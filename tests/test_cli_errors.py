@@ -149,7 +149,7 @@ SWEEP_REMOTE = [a for a in SWEEP if a != "--serial"]
 def test_sweep_bad_scheduler_is_one_line_and_leaves_no_task_store(tmp_path, monkeypatch, address, match):
     import dataclasses
 
-    from osa_lab.studies import depth as analysis
+    from osa_lab.studies.depth import cli as analysis
     from osa_lab.studies.grid import ENV_SCHEDULER
 
     monkeypatch.chdir(tmp_path)

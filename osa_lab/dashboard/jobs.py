@@ -21,11 +21,14 @@ import multiprocessing as mp
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-__all__ = ["JacobianJob", "Unit", "compute_unit", "estimate_seconds", "resolve_method", "start_jacobian_job"]
+if TYPE_CHECKING:
+    from osa_lab.studies.settings import StudyPoint
+
+__all__ = ["JacobianJob", "Unit", "compute_unit", "estimate_seconds", "start_jacobian_job"]
 
 
 @dataclass(frozen=True)
@@ -39,34 +42,18 @@ class Unit:
     heads: int | None
     alpha: float | None
     seed: int
-    method: str  # "exact" or "matrix-free" (never "auto": resolved first, so modes share results)
+    algorithm: str  # "exact" or "matrix-free" (never "auto": resolved first, so both choices share results)
     layers: tuple[int, ...]
 
+    @property
+    def point(self) -> StudyPoint:
+        """The unit's grid point (:class:`osa_lab.studies.settings.StudyPoint`)."""
+        from osa_lab.studies.settings import StudyPoint
 
-def resolve_method(method: str, tokens: int, dim: int, depth: int = 12, points: int = 6) -> str:
-    """The method that runs for ``method`` at this size: ``"auto"`` picks the cheaper one.
-
-    Uses :func:`osa_lab.studies.jacobian.estimate_jacobian_seconds` when that cost model exists (it is
-    measured); otherwise exact wherever the exact Jacobian fits (``N·d ≤ MAX_EXACT_DIM``),
-    which measured cheaper at every size where both ran (5.7 s exact against 158 s matrix-free
-    at N·d = 256).
-    """
-    if method != "auto":
-        return method
-    from osa_lab.studies import jacobian
-
-    estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
-    if estimate is not None:
-        try:
-            costs = {m: float(estimate(method=m, tokens=tokens, dim=dim, depth=depth, layers=points))
-                     for m in ("exact", "matrix-free")}
-            return min(costs, key=costs.get)
-        except Exception:  # noqa: BLE001 - a different signature: fall back to the size rule
-            pass
-    return "exact" if tokens * dim <= jacobian.MAX_EXACT_DIM else "matrix-free"
+        return StudyPoint(self.preset, self.depth, self.tokens, self.dim, self.heads, self.alpha, self.seed)
 
 
-#: The fallback cost model, measured on the 2-core CPU machine under load (seconds per preset ×
+#: The figures of :func:`estimate_seconds`, measured on the 2-core CPU machine under load (seconds per preset ×
 #: seed unit, depth 12, 6 layers, both scopes): exact 5.7 s for two units at N·d = 256 and 126 s
 #: at N·d = 1024 (∝ (N·d)^2.25, ∝ depth); matrix-free ≈ 13 s per ARPACK solve (layer × scope)
 #: at N·d ≤ 256 (158 s for two units at 256, 103 s for one unit of 3 layers at 64), growing
@@ -74,18 +61,11 @@ def resolve_method(method: str, tokens: int, dim: int, depth: int = 12, points: 
 _EXACT_PER_UNIT, _MF_PER_SOLVE = 2.8, 13.0
 
 
-def estimate_seconds(unit_count: int, method: str, tokens: int, dim: int, depth: int, points: int) -> float:
-    """A rough wall-time estimate of ``unit_count`` units, shown before a job starts."""
-    from osa_lab.studies import jacobian
-
-    estimate = getattr(jacobian, "estimate_jacobian_seconds", None)
-    if estimate is not None:
-        try:
-            return unit_count * float(estimate(method=method, tokens=tokens, dim=dim, depth=depth, layers=points))
-        except Exception:  # noqa: BLE001
-            pass
+def estimate_seconds(unit_count: int, algorithm: str, tokens: int, dim: int, depth: int, points: int) -> float:
+    """A rough wall-time estimate of ``unit_count`` units, shown before a job starts (the measured
+    figures above; ``points`` layers per unit)."""
     n = tokens * dim
-    if method == "exact":
+    if algorithm == "exact":
         per = _EXACT_PER_UNIT * (n / 256) ** 2.25 * depth / 12
     else:
         per = _MF_PER_SOLVE * 2 * min(points, depth) * max(1.0, n / 256)
@@ -96,12 +76,10 @@ def compute_unit(unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """κ profile (both scopes) and, for exact Jacobians, the last layer's singular values."""
     from osa_lab.studies import jacobian
 
-    prof = jacobian.jacobian_depth_profile(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads, unit.alpha,
-                                           unit.seed, method=unit.method, layers=list(unit.layers))
+    prof = jacobian.jacobian_depth_profile(unit.point, algorithm=unit.algorithm, layers=list(unit.layers))
     svals = None
-    if (prof["method"] == "exact").all():
-        svals = jacobian.jacobian_singular_values(unit.preset, unit.depth, unit.tokens, unit.dim, unit.heads,
-                                                  unit.alpha, unit.seed, method="exact")
+    if (prof["algorithm"] == "exact").all():
+        svals = jacobian.jacobian_singular_values(unit.point, algorithm="exact")
     return prof, svals
 
 

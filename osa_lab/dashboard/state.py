@@ -118,10 +118,9 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-# Model computations of different sessions run concurrently (no global compute lock): models
-# receive their dtype explicitly (osa_lab.nn.models) and inputs come from private generators; only
-# the seeded construction of a block, which draws from torch's global generator, is serialised
-# inside osa_lab.nn.models.
+# Model computations of different sessions run concurrently (no lock): models receive their dtype
+# explicitly (osa_lab.nn.models), seeded builds draw from local generators (osa_lab.nn.models.seeding)
+# and inputs come from private generators.
 #: Serialises building HoloViews objects (their option trees are global state).
 FIGURE_LOCK: threading.Lock = threading.Lock()
 

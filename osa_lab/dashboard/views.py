@@ -50,6 +50,7 @@ from osa_lab.dashboard.state import (
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
 from osa_lab.plots.style import with_options
+from osa_lab.studies.jacobian import resolve_algorithm
 
 
 def placeholder(text: str) -> hv.Curve:
@@ -493,16 +494,16 @@ class JacobianView(FigureView):
     # -- requests ---------------------------------------------------------------------------
 
     def units(self) -> tuple[list[jobs.Unit], str]:
-        """The units of the current settings and the method that runs."""
+        """The units of the current settings and the Jacobian algorithm that runs."""
         c = self.controls
         c.validate()
         cfg = c.config()
-        method = jobs.resolve_method(c.jacobian, cfg["tokens"], cfg["dim"], cfg["depth"], c.points)
         layers = tuple(jacobian_layers(cfg["depth"], c.points))
+        algorithm = resolve_algorithm(c.jacobian, cfg["tokens"], cfg["dim"], cfg["depth"], layers=layers)
         seeds = min(int(self.seeds), int(cfg["seeds"]))
-        units = [jobs.Unit(p, cfg["depth"], cfg["tokens"], cfg["dim"], cfg["heads"], cfg["alpha"], s, method, layers)
+        units = [jobs.Unit(p, cfg["depth"], cfg["tokens"], cfg["dim"], cfg["heads"], cfg["alpha"], s, algorithm, layers)
                  for p in cfg["presets"] for s in range(seeds)]
-        return units, method
+        return units, algorithm
 
     @param.depends("compute", watch=True)
     def _on_compute(self) -> None:
@@ -542,7 +543,7 @@ class JacobianView(FigureView):
         self.stale = False
         self.stop()
         try:
-            units, method = self.units()
+            units, algorithm = self.units()
         except ConfigurationError as exc:
             self.job.error = str(exc)
             self._nothing_shown("No Jacobian figures: see the message above")
@@ -554,8 +555,8 @@ class JacobianView(FigureView):
             self._show(units)
             return
         c = self.controls
-        eta = jobs.estimate_seconds(len(missing), method, int(c.tokens), int(c.dim), int(c.depth), int(c.points))
-        what = f"{len(missing)} {method} Jacobian profile{'s' if len(missing) > 1 else ''} (N·d = {c.tokens * c.dim})"
+        eta = jobs.estimate_seconds(len(missing), algorithm, int(c.tokens), int(c.dim), int(c.depth), int(c.points))
+        what = f"{len(missing)} {algorithm} Jacobian profile{'s' if len(missing) > 1 else ''} (N·d = {c.tokens * c.dim})"
         if eta > AUTO_JACOBIAN_SECONDS and not force:
             wait = (f"{what}: estimated {jobs.format_seconds(eta)} on this machine. Press **Compute Jacobians** to "
                     "run them (*Cancel* stops them)")
@@ -571,7 +572,7 @@ class JacobianView(FigureView):
             if not missing:
                 self._show(units)
                 return
-            eta = jobs.estimate_seconds(len(missing), p.method, p.tokens, p.dim, p.depth, len(p.layers))
+            eta = jobs.estimate_seconds(len(missing), p.algorithm, p.tokens, p.dim, p.depth, len(p.layers))
         else:
             self.notice = f"Computing {what}, estimated {jobs.format_seconds(eta)}…"
         self._nothing_shown("Computing Jacobians…")
@@ -596,14 +597,14 @@ class JacobianView(FigureView):
             for d in (x for x in DIMS if x <= first.dim and all(x % h == 0 for h in heads)):
                 if (n, d) == (first.tokens, first.dim):
                     continue
-                method = jobs.resolve_method(self.controls.jacobian, n, d, first.depth, len(first.layers))
-                eta = jobs.estimate_seconds(len(units), method, n, d, first.depth, len(first.layers))
+                algorithm = resolve_algorithm(self.controls.jacobian, n, d, first.depth, layers=first.layers)
+                eta = jobs.estimate_seconds(len(units), algorithm, n, d, first.depth, len(first.layers))
                 if eta <= AUTO_JACOBIAN_SECONDS and (best is None or n * d > best[0] * best[1]):
-                    best = (n, d, method)
+                    best = (n, d, algorithm)
         if best is None:
             return None
-        n, d, method = best
-        return [replace(u, tokens=n, dim=d, method=method) for u in units]
+        n, d, algorithm = best
+        return [replace(u, tokens=n, dim=d, algorithm=algorithm) for u in units]
 
     def _run_here(self, units: list[jobs.Unit], missing: list[jobs.Unit], done_notice: str = "") -> None:
         try:
@@ -668,7 +669,7 @@ class JacobianView(FigureView):
         cfg = self.controls.config()
         preview = (units[0].tokens, units[0].dim) != (cfg["tokens"], cfg["dim"])
         with param.parameterized.batch_call_watchers(self):
-            self.shown = cfg | {"jacobian": units[0].method, "jseeds": len({u.seed for u in units}),
+            self.shown = cfg | {"jacobian": units[0].algorithm, "jseeds": len({u.seed for u in units}),
                                 "tokens": units[0].tokens, "dim": units[0].dim, "preview": preview}
             self.profile = profile
             self.svals = pd.concat(svals, ignore_index=True) if len(svals) == len(results) else None
@@ -676,34 +677,34 @@ class JacobianView(FigureView):
 
     # -- figures ----------------------------------------------------------------------------
 
-    def methods_used(self) -> str:
-        """'exact', 'matrix-free' or both, from the ``method`` column of the current profile."""
-        if self.profile is None or "method" not in self.profile:
+    def algorithms_used(self) -> str:
+        """'exact', 'matrix-free' or both, from the ``algorithm`` column of the current profile."""
+        if self.profile is None or "algorithm" not in self.profile:
             return ""
-        return ", ".join(sorted({str(m) for m in self.profile["method"].unique()}))
+        return ", ".join(sorted({str(m) for m in self.profile["algorithm"].unique()}))
 
     def specs(self):
         profile, svals, scope = self.profile, self.svals, self.controls.scope
         if profile is None:
             return {}
         shown = dict(self.shown)
-        method = self.methods_used()
+        algorithm = self.algorithms_used()
         settings = self.controls.describe({**shown, "seeds": shown.get("jseeds", 1)})
         if shown.get("preview"):
             settings = f"PREVIEW at smaller N, d · {settings}"
         key = tuple(sorted((k, v) for k, v in shown.items()))
 
         def kappa():
-            title = f"Jacobian κ across depth ({label_of(SCOPE_LABELS, scope)}) [{method}] · {settings}"
+            title = f"Jacobian κ across depth ({label_of(SCOPE_LABELS, scope)}) [{algorithm}] · {settings}"
             fig = _small_title(plots.kappa_vs_depth(profile, scope=scope, title=title, width=None,
                                                     height=FIGURE_HEIGHT))
             return fig, plots.kappa_vs_depth_data(profile, scope=scope)
 
         def histogram():
             if svals is None:
-                return placeholder(f"No histogram: the {method} method gives only σ_max and σ_min "
+                return placeholder(f"No histogram: the {algorithm} algorithm gives only σ_max and σ_min "
                                     f"(choose exact) · {settings}"), None
-            title = f"Singular values of the end-to-end Jacobian [{method}] · {settings}"
+            title = f"Singular values of the end-to-end Jacobian [{algorithm}] · {settings}"
             return (_small_title(plots.jacobian_histogram(svals, title=title, width=None, height=HISTOGRAM_HEIGHT)),
                     plots.jacobian_histogram_data(svals))
 
@@ -711,11 +712,11 @@ class JacobianView(FigureView):
 
     def badge(self, profile: pd.DataFrame | None) -> str:
         """Which computation produced the figures."""
-        used = self.methods_used()
+        used = self.algorithms_used()
         if not used:
             return ""
         how = {"exact": "exact (torch.func.jacrev, all singular values)",
-               "matrix-free": "matrix-free (jvp/vjp + ARPACK: σ_max and σ_min only)"}
+               "matrix-free": "matrix-free (jvp/vjp + Lanczos: σ_max and σ_min only)"}
         return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
 
     def _build(self) -> pn.viewable.Viewable:

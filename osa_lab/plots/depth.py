@@ -15,7 +15,7 @@ Tables (column names as produced by the analysis issue):
 * metrics: ``preset, depth, tokens, dim, heads, alpha, seed, layer, site, metric, value``
 * spectra: ``preset, depth, tokens, dim, heads, alpha, seed, layer, site, index, sigma,
   sigma_normalized``
-* Jacobian profile: ``preset, depth, ..., seed, layer, scope, method, sigma_max, sigma_min,
+* Jacobian profile: ``preset, depth, ..., seed, layer, scope, algorithm, sigma_max, sigma_min,
   kappa``
 * Jacobian singular values: ``preset, ..., sigma`` (one row per singular value)
 
@@ -345,11 +345,10 @@ def spectra_lines(
 # --------------------------------------------------------------------------------------------
 
 
-def _method_label(df: pd.DataFrame) -> str:
-    if "method" not in df.columns:
+def _algorithm_label(df: pd.DataFrame) -> str:
+    if "algorithm" not in df.columns:
         return ""
-    methods = sorted({str(m) for m in df["method"].unique()})
-    return ", ".join(methods)
+    return ", ".join(sorted({str(m) for m in df["algorithm"].unique()}))
 
 
 def kappa_vs_depth_data(
@@ -395,7 +394,7 @@ def kappa_vs_depth(
 ) -> hv.Overlay:
     """Condition number κ of the Jacobian against layer, one curve per preset, min–max band over seeds.
 
-    The title names the computation (``exact`` or ``matrix-free``) from the ``method`` column
+    The title names the computation (``exact`` or ``matrix-free``) from the ``algorithm`` column
     (``title`` replaces it). Layers where some seed's κ is beyond float64's range (κ ≥ 1/ε or
     infinite: the smallest singular value is rounding noise) are drawn at the ceiling
     :data:`LOG_CEILING` with a black ✕ labelled as such, never silently clipped.
@@ -403,13 +402,13 @@ def kappa_vs_depth(
     data = kappa_vs_depth_data(jacobian, scope=scope, depth=depth)
     if logy is None:
         logy = bool((data["lo"] > 0).all() and data["hi"].max() / max(data["lo"].min(), LOG_FLOOR) > 10)
-    method = _method_label(jacobian)
+    algorithm = _algorithm_label(jacobian)
     scope_txt = ""
     if "scope" in jacobian.columns:
         sc = scope or jacobian["scope"].iloc[0]
         scope_txt = f" ({SCOPE_LABELS.get(sc, sc)})"
     if title is None:
-        title = f"Jacobian κ across depth{scope_txt}" + (f" [{method}]" if method else "")
+        title = f"Jacobian κ across depth{scope_txt}" + (f" [{algorithm}]" if algorithm else "")
     over = data[beyond_float64(data["hi"])]
     marks = []
     if len(over):
@@ -464,9 +463,9 @@ def jacobian_histogram(
                 dict(facecolor=colours[g], alpha=0.5, edgecolor="none"),
             )
         )
-    method = _method_label(svals)
+    algorithm = _algorithm_label(svals)
     if title is None:
-        title = "Singular values of the end-to-end Jacobian" + (f" [{method}]" if method else "")
+        title = "Singular values of the end-to-end Jacobian" + (f" [{algorithm}]" if algorithm else "")
     # whole decades on the log10 σ axis: fractional ticks (−12.5, −10.0, −7.5) ran into each other
     return integer_xticks(dual_options(
         hv.Overlay(hists),

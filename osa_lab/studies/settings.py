@@ -31,6 +31,7 @@ __all__ = [
     "StudyPoint",
     "alpha_of",
     "as_list",
+    "as_point",
     "config_for",
     "gaussian_tokens",
     "seed_list",
@@ -41,34 +42,65 @@ POINT_COLUMNS = ("preset", "depth", "tokens", "dim", "heads", "alpha", "seed")
 
 
 def config_for(
-    preset: str,
+    preset: str | StudyPoint,
     *,
-    depth: int,
-    tokens: int,
-    dim: int,
+    depth: int | None = None,
+    tokens: int | None = None,
+    dim: int | None = None,
     heads: int | None = None,
     alpha: float | None = None,
     seed: int = 0,
     **overrides: object,
 ) -> ModelConfig:
-    """The :class:`ModelConfig` of ``preset`` at these sizes; ``alpha`` applies to OSA presets only.
+    """The :class:`ModelConfig` of a :class:`StudyPoint`, or of ``preset`` at these sizes; ``alpha``
+    applies to OSA presets only; ``overrides`` are further :class:`ModelConfig` fields.
 
     ``heads=None`` keeps the preset's head count (4; 1 for the pure stacks); ``alpha=None`` uses
     the derived OSA init. For SSA presets ``alpha`` is ignored (the tables show NaN).
     """
-    if preset not in PRESETS:
-        raise unknown_name("preset", preset, preset_names())
-    base = PRESETS[preset].config
-    kw: dict[str, object] = {"depth": depth, "tokens": tokens, "dim": dim, "seed": seed, **overrides}
-    if heads is not None:
-        kw["heads"] = heads
+    point = as_point(preset, depth, tokens, dim, heads, alpha, seed)
+    if point.preset not in PRESETS:
+        raise unknown_name("preset", point.preset, preset_names())
+    base = PRESETS[point.preset].config
+    kw: dict[str, object] = {"depth": point.depth, "tokens": point.tokens, "dim": point.dim, "seed": point.seed,
+                             **overrides}  # fmt: skip
+    if point.heads is not None:
+        kw["heads"] = point.heads
+    alpha = point.alpha
     if base.attention == "osa" and alpha is not None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
             raise ConfigurationError(
                 f"`alpha`={alpha!r}: give a finite number, or None for the derived initialisation"
             )
         kw["alpha_init"] = float(alpha)
-    return get_preset(preset, **kw)
+    return get_preset(point.preset, **kw)
+
+
+def as_point(
+    preset: str | StudyPoint,
+    depth: int | None = None,
+    tokens: int | None = None,
+    dim: int | None = None,
+    heads: int | None = None,
+    alpha: float | None = None,
+    seed: int = 0,
+) -> StudyPoint:
+    """``preset`` itself when it is a :class:`StudyPoint` (then the sizes must not be given as
+    well), else the point of ``preset`` at these sizes (``depth``, ``tokens`` and ``dim`` required)."""
+    if isinstance(preset, StudyPoint):
+        given = [n for n, v in (("depth", depth), ("tokens", tokens), ("dim", dim), ("heads", heads),
+                                ("alpha", alpha)) if v is not None] + (["seed"] if seed != 0 else [])  # fmt: skip
+        if given:
+            raise ConfigurationError(
+                f"give either a StudyPoint or the settings {given} as arguments, not both (the point holds them)"
+            )
+        return preset
+    missing = [n for n, v in (("depth", depth), ("tokens", tokens), ("dim", dim)) if v is None]
+    if missing:
+        raise ConfigurationError(
+            f"preset {preset!r} needs {', '.join(f'`{n}`' for n in missing)} (or give a StudyPoint)"
+        )
+    return StudyPoint(preset, depth, tokens, dim, heads, alpha, seed)
 
 
 def gaussian_tokens(batch: int, tokens: int, dim: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
@@ -132,10 +164,7 @@ class StudyPoint(NamedTuple):
 
     def config(self, **overrides: object) -> ModelConfig:
         """The point's :class:`ModelConfig` (:func:`config_for`)."""
-        return config_for(
-            self.preset, depth=self.depth, tokens=self.tokens, dim=self.dim, heads=self.heads,
-            alpha=self.alpha, seed=self.seed, **overrides,
-        )  # fmt: skip
+        return config_for(self, **overrides)
 
     def inputs(self, batch: int = 1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The point's ``(batch, N, d)`` Gaussian input tokens (:func:`gaussian_tokens`)."""

@@ -84,7 +84,7 @@ def jacobian_sweep(
     seeds: int | list[int] = 2,
     *,
     histogram_seed: int = 0,
-    method: str = "auto",
+    algorithm: str = "auto",
     progress: bool | Callable = False,
     should_stop: Callable[[], bool] | None = None,
     max_input_dim: int | None = None,
@@ -96,7 +96,8 @@ def jacobian_sweep(
     (end-to-end Jacobian of the whole network, seed ``histogram_seed``). Returns
     ``(kappa_table, singular_values)`` in that module's schemas. ``progress`` (True for tqdm
     bars, or a callback receiving :class:`osa_lab.studies.jacobian.JacobianProgress` for each call),
-    ``should_stop`` (cancel hook) and ``max_input_dim`` are passed to every call.
+    ``should_stop`` (cancel hook), ``max_input_dim`` and the Jacobian ``algorithm`` are passed to
+    every call.
     """
     from osa_lab.studies import jacobian
 
@@ -104,7 +105,7 @@ def jacobian_sweep(
     hooks = dict(progress=progress, should_stop=should_stop, max_input_dim=max_input_dim)
     kappa = pd.concat(
         [
-            jacobian.jacobian_depth_profile(p, depth, tokens, dim, seed=s, method=method, **hooks)
+            jacobian.jacobian_depth_profile(p, depth, tokens, dim, seed=s, algorithm=algorithm, **hooks)
             for p in presets
             for s in seed_list
         ],
@@ -112,7 +113,7 @@ def jacobian_sweep(
     )
     sigmas = pd.concat(
         [
-            jacobian.jacobian_singular_values(p, depth, tokens, dim, seed=histogram_seed, method=method, **hooks)
+            jacobian.jacobian_singular_values(p, depth, tokens, dim, seed=histogram_seed, algorithm=algorithm, **hooks)
             for p in presets
         ],
         ignore_index=True,

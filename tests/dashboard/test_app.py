@@ -464,10 +464,10 @@ def _fake_unit(calls):
         kappa = 2.0 ** unit.layers[-1] if unit.preset == "pure-ssa" else 1.0
         profile = pd.DataFrame(dict(preset=unit.preset, depth=unit.depth, tokens=unit.tokens, dim=unit.dim, heads=1,
                                     alpha=np.nan, seed=unit.seed, layer=list(unit.layers), scope="end_to_end",
-                                    method=unit.method, sigma_max=1.0, sigma_min=0.5,
+                                    algorithm=unit.algorithm, sigma_max=1.0, sigma_min=0.5,
                                     kappa=[2.0**x if unit.preset == "pure-ssa" else 1.0 for x in unit.layers]))
-        svals = (pd.DataFrame(dict(preset=unit.preset, method="exact", sigma=[1.0, 0.5, kappa and 0.1]))
-                 if unit.method == "exact" else None)
+        svals = (pd.DataFrame(dict(preset=unit.preset, algorithm="exact", sigma=[1.0, 0.5, kappa and 0.1]))
+                 if unit.algorithm == "exact" else None)
         return profile, svals
 
     return fake
@@ -479,8 +479,8 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
     app.controls.depth = 2
     assert calls == []  # tab closed: nothing computed
     app.controls.view = "jacobian"
-    assert len(calls) == 2 and {u.method for u in calls} == {"exact"} and calls[0].depth == 2
-    assert app.jacobian_view.methods_used() == "exact"
+    assert len(calls) == 2 and {u.algorithm for u in calls} == {"exact"} and calls[0].depth == 2
+    assert app.jacobian_view.algorithms_used() == "exact"
     assert "exact" in app.jacobian_view.badge(app.jacobian_view.profile)
     kappa = _pane_data(app.jacobian_view, "kappa")
     assert "[exact]" in _title(kappa) and "depth 2" in _title(kappa)
@@ -516,14 +516,14 @@ def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monke
     assert calls and all(u.tokens < 64 or u.dim < 64 for u in calls), calls
     p = calls[0]
     assert f"preview at N = {p.tokens}, d = {p.dim}" in notice
-    assert dash_views.jobs.estimate_seconds(len(calls), p.method, p.tokens, p.dim, p.depth,
+    assert dash_views.jobs.estimate_seconds(len(calls), p.algorithm, p.tokens, p.dim, p.depth,
                                             len(p.layers)) <= dash_views.AUTO_JACOBIAN_SECONDS
     assert "PREVIEW at smaller N, d" in _title(_pane_data(app.jacobian_view, "kappa"))
     assert f"N {p.tokens} · d {p.dim}" in _title(_pane_data(app.jacobian_view, "kappa"))
     calls.clear()
     app.jacobian_view.param.trigger("compute")
     assert len(calls) == 2 and calls[0].tokens == 64 and app.jacobian_view.notice == ""
-    assert calls[0].method == "matrix-free" and calls[0].layers == (1, 2, 3)
+    assert calls[0].algorithm == "matrix-free" and calls[0].layers == (1, 2, 3)
     assert "PREVIEW" not in _title(_pane_data(app.jacobian_view, "kappa"))
 
 
@@ -549,12 +549,12 @@ def test_jacobian_layers_are_spread_and_end_at_depth(dash):
 
 
 def test_real_jacobian_tiny(app):
-    """The real osa_lab.studies.jacobian at a tiny size: exact method, κ per layer, full spectrum."""
+    """The real osa_lab.studies.jacobian at a tiny size: exact algorithm, κ per layer, full spectrum."""
     app.controls.param.update(depth=2, tokens=4, dim=4, seeds=1, points=2)
     app.controls.view = "jacobian"
     view = app.jacobian_view
     assert view.job.error == "", view.job.error
-    assert view.methods_used() == "exact"
+    assert view.algorithms_used() == "exact"
     assert set(view.profile["layer"]) == {1, 2}
     osa = view.tables["kappa"].set_index(["preset", "layer"])
     assert osa.loc[("pure-osa", 1), "mean"] < 2.0  # OSA init keeps the Jacobian well-conditioned
@@ -566,7 +566,7 @@ def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
     from osa_lab.errors import ConfigurationError
 
     def too_big(unit):
-        raise ConfigurationError("the exact Jacobian would be 4096×4096 (134 MB); use method='matrix-free'")
+        raise ConfigurationError("the exact Jacobian would be 4096×4096 (134 MB); use algorithm='matrix-free'")
 
     monkeypatch.setattr(dash_views, "compute_unit", too_big)
     app.controls.jacobian = "exact"

@@ -506,7 +506,7 @@ def test_png_after_a_mode_switch_is_the_figure_on_screen(server, browser):
     _wait_url(page, "jacobian=matrix-free", timeout=1)
     if page.get_by_role("button", name="Compute Jacobians").is_enabled():
         page.get_by_role("button", name="Compute Jacobians").click()
-    _wait_title(page, "No histogram: the matrix-free method", timeout=400)
+    _wait_title(page, "No histogram: the matrix-free algorithm", timeout=400)
     free = _download(page, "PNG: jacobian_histogram.png")
     assert free != exact
     assert "matrix-free" in _png_title(free) and _png_title(free) in page.evaluate(JS_TITLES)

@@ -8,12 +8,16 @@ import pytest
 import torch
 
 from osa_lab.errors import ConfigurationError, OSAInputError, UnknownNameError
-from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxSelfAttention, derived_alpha_init
+from osa_lab.nn.attention import (
+    OrthogonalSelfAttention,
+    SoftmaxSelfAttention,
+    ValueSkipInitAttention,
+    derived_alpha_init,
+)
 from osa_lab.nn.models import (
     CUTTING_SKIP_ABC,
     ModelConfig,
     NonFiniteHiddenStateError,
-    ValueSkipInitAttention,
     build_classifier,
     build_model,
 )
@@ -300,7 +304,7 @@ def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeyp
                 paused.set()
                 assert resume.wait(30)
 
-    monkeypatch.setattr(models, "Block", PausingBlock)
+    monkeypatch.setattr(models.builders, "Block", PausingBlock)
     config = get_preset("pure-osa", depth=2, tokens=8, dim=16)
     built = {}
 
@@ -325,7 +329,7 @@ def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeyp
 
 
 def test_seeded_builds_in_concurrent_threads_match_sequential_builds():
-    """Seeded builds draw from torch's global generator; builds in several threads at once (the
+    """Seeded builds draw from local generators; builds in several threads at once (the
     dashboard's sessions, which compute concurrently) give exactly the sequential weights."""
     import threading
 
@@ -348,6 +352,65 @@ def test_seeded_builds_in_concurrent_threads_match_sequential_builds():
         t.join()
     for i in range(len(configs)):
         assert all(torch.equal(a, b) for a, b in zip(want[i], got[i], strict=True)), configs[i]
+
+
+def test_a_seeded_build_is_immune_to_another_thread_using_the_global_generator(monkeypatch):
+    """While a seeded build is half done (paused between its attention and its MLP), another thread
+    reseeds torch's global generator and draws from it: the build's weights do not change (they come
+    from its local generator) and the other thread's draws are its own."""
+    import threading
+
+    from osa_lab.nn.models import blocks
+
+    config = get_preset("skipless-osa", depth=1, tokens=8, dim=16, heads=2, seed=5)
+    want = build_model(config).state_dict()
+    paused, resume, built = threading.Event(), threading.Event(), {}
+
+    class PausingMLP(blocks.MLP):
+        def __init__(self, *args, **kwargs):
+            paused.set()
+            assert resume.wait(30)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(blocks, "MLP", PausingMLP)
+    thread = threading.Thread(target=lambda: built.update(model=build_model(config)))
+    thread.start()
+    try:
+        assert paused.wait(30)
+        torch.manual_seed(123)
+        drawn = torch.rand(5)
+    finally:
+        resume.set()
+        thread.join(30)
+    got = built["model"].state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    torch.manual_seed(123)
+    assert torch.equal(drawn, torch.rand(5))
+
+
+def test_a_seeded_build_neither_reads_nor_advances_the_global_generator():
+    from osa_lab.nn.models import build_classifier
+
+    config = get_preset("vit", depth=2, dim=16, heads=2, input="patches", image_size=8, patch_size=2, seed=4)
+    models_built = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        state = torch.get_rng_state()
+        models_built.append(build_classifier(config, dtype=torch.float64).state_dict())
+        assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(models_built[0][k], models_built[1][k]) for k in models_built[0])
+
+
+def test_random_draws_from_a_generator_equal_the_seeded_global_stream():
+    """The weights of a seeded build are those of a build after torch.manual_seed: a local
+    generator seeded with s yields the global generator's stream after manual_seed(s)."""
+    from osa_lab.nn.models import random_draws_from
+
+    with random_draws_from(torch.Generator().manual_seed(7)):
+        local = (torch.nn.Linear(6, 5).weight.detach().clone(), torch.randn(4), torch.empty(3, 3).normal_())
+    torch.manual_seed(7)
+    global_ = (torch.nn.Linear(6, 5).weight.detach().clone(), torch.randn(4), torch.empty(3, 3).normal_())
+    assert all(torch.equal(a, b) for a, b in zip(local, global_, strict=True))
 
 
 # ---------------------------------------------------------------- sequences, baselines, controls

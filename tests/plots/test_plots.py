@@ -63,7 +63,7 @@ def _jacobian(presets=PRESETS, depth=4, seeds=2) -> pd.DataFrame:
                 kappa = (1.2 if p == "pure-osa" else 10.0**layer) * (1 + 0.1 * seed)
                 rows.append(
                     dict(preset=p, **dict(CONFIG, depth=depth), seed=seed, layer=layer, scope="end_to_end",
-                         method="exact", sigma_max=kappa, sigma_min=1.0, kappa=kappa)
+                         algorithm="exact", sigma_max=kappa, sigma_min=1.0, kappa=kappa)
                 )
     return pd.DataFrame(rows)
 
@@ -71,7 +71,7 @@ def _jacobian(presets=PRESETS, depth=4, seeds=2) -> pd.DataFrame:
 def _svals(presets=PRESETS) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     return pd.concat(
-        [pd.DataFrame({"preset": p, "method": "exact", "sigma": rng.lognormal(0, 1 + i, 200)}) for i, p in
+        [pd.DataFrame({"preset": p, "algorithm": "exact", "sigma": rng.lognormal(0, 1 + i, 200)}) for i, p in
          enumerate(presets)],
         ignore_index=True,
     )
@@ -194,7 +194,7 @@ def test_spectra_lines_selected_layers():
     _renders_both(layout)
 
 
-def test_kappa_vs_depth_names_method_and_uses_log_axis():
+def test_kappa_vs_depth_names_algorithm_and_uses_log_axis():
     j = _jacobian()
     data = D.kappa_vs_depth_data(j)
     assert data[data["preset"] == "pure-osa"]["mean"].tolist() == pytest.approx([1.26] * 4)

@@ -177,10 +177,10 @@ def test_check_sweep_size_allow_large_lets_it_through():
 
 
 def test_cli_sweep_output_checks_happen_before_computing(tmp_path, monkeypatch, capsys):
-    import osa_lab.studies.depth as analysis
+    import osa_lab.studies.depth.sweeps as sweeps
 
     calls = []
-    monkeypatch.setattr(analysis, "depth_profile", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(sweeps, "depth_profile", lambda *a, **k: calls.append(1))
     (tmp_path / "afile").write_text("x")
     cases = [
         ["--output", str(tmp_path)],  # a directory
@@ -208,7 +208,7 @@ def test_cli_sweep_missing_spectra_parent_is_created(tmp_path):
 
 
 def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
-    from osa_lab.studies.depth import _write_tables
+    from osa_lab.studies.depth import write_tables
 
     class Broken:
         def to_csv(self, *a, **k):
@@ -216,7 +216,7 @@ def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
 
     good = pd.DataFrame({"a": [1]})
     with pytest.raises(OSError, match="simulated"):
-        _write_tables([(tmp_path / "m.csv", good), (tmp_path / "sub" / "s.csv", Broken())])
+        write_tables([(tmp_path / "m.csv", good), (tmp_path / "sub" / "s.csv", Broken())])
     assert not (tmp_path / "m.csv").exists()  # the first table is not moved into place alone
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
@@ -224,10 +224,10 @@ def test_write_tables_leaves_nothing_behind_when_one_table_fails(tmp_path):
 def test_sweep_allow_large_lifts_the_matrix_free_jacobian_limit(monkeypatch):
     """``allow_large`` must reach the Jacobian task: the library's own input-size bound would
     otherwise refuse inside the task what the user explicitly allowed."""
-    import osa_lab.studies.jacobian as jac
+    import osa_lab.studies.jacobian.estimates as estimates
     from osa_lab.errors import GridTaskFailedWarning
 
-    monkeypatch.setattr(jac, "MAX_INPUT_DIM", 8)  # N·d = 16 is now "too large"
+    monkeypatch.setattr(estimates, "MAX_INPUT_DIM", 8)  # N·d = 16 is now "too large"
     kw = dict(depths=[1], tokens=4, dims=4, seeds=1, jacobian="matrix-free", spectra=False, progress=False)
     with pytest.warns(GridTaskFailedWarning, match="JacobianTooLargeError"):
         sweep(["pure-osa"], **kw)
@@ -245,3 +245,23 @@ def test_one_token_is_refused_up_front():
         depth_profile("pure-osa", depth=2, tokens=1, dim=8)
     with pytest.raises(ConfigurationError, match=r"tokens.*must be ≥ 2"):
         depth_profile("pure-osa", torch.randn(1, 1, 8, dtype=torch.float64), depth=2, tokens=4, dim=8)
+
+
+def test_one_study_point_travels_through_profile_config_and_jacobian():
+    """A StudyPoint is the study's one settings object: depth_profile, config_for and
+    jacobian_depth_profile take it and give what the loose keywords give."""
+    from osa_lab.studies.jacobian import jacobian_depth_profile
+    from osa_lab.studies.settings import StudyPoint, config_for
+
+    point = StudyPoint("pure-osa", 3, 6, 8, None, 0.7, 2)
+    loose = dict(depth=3, tokens=6, dim=8, heads=None, alpha=0.7, seed=2)
+    a, b = depth_profile(point, batch=2), depth_profile("pure-osa", batch=2, **loose)
+    pd.testing.assert_frame_equal(a.metrics, b.metrics)
+    pd.testing.assert_frame_equal(a.spectra, b.spectra)
+    assert config_for(point) == config_for("pure-osa", **loose) == point.config()
+    kw = dict(algorithm="exact", layers=[1, 3])
+    pd.testing.assert_frame_equal(jacobian_depth_profile(point, **kw), jacobian_depth_profile("pure-osa", **loose, **kw))
+    with pytest.raises(ConfigurationError, match="either a StudyPoint or"):
+        config_for(point, depth=4)
+    with pytest.raises(ConfigurationError, match="needs `tokens`, `dim`"):
+        config_for("pure-osa", depth=4)

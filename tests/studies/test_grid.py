@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import osa_lab.studies.depth as A
+import osa_lab.studies.depth.sweeps as sweeps
 from osa_lab.cli import main as cli_main
 from osa_lab.errors import (
     ConfigurationError,
@@ -177,12 +178,12 @@ def test_cli_grid_arguments_are_checked(tmp_path, capsys, monkeypatch):
 def test_sweep_records_a_failing_model_and_exits_non_zero(tmp_path, capsys, monkeypatch):
     real = A.depth_profile
 
-    def flaky(preset, **kw):
-        if preset == "pure-ssa" and kw["seed"] == 1:
+    def flaky(point, **kw):
+        if point.preset == "pure-ssa" and point.seed == 1:
             raise FloatingPointError("hidden state at layer 2 is NaN")
-        return real(preset, **kw)
+        return real(point, **kw)
 
-    monkeypatch.setattr(A, "depth_profile", flaky)
+    monkeypatch.setattr(sweeps, "depth_profile", flaky)
     out = tmp_path / "r.csv"
     args = ["sweep", "--presets", "pure-osa", "pure-ssa", "--depth", "2", "--tokens", "4", "--dim", "4",
             "--seeds", "2", "--output", str(out), "--no-progress", "--serial"]  # fmt: skip
@@ -196,7 +197,7 @@ def test_sweep_records_a_failing_model_and_exits_non_zero(tmp_path, capsys, monk
     assert set(zip(metrics["preset"], metrics["seed"], strict=True)) == {("pure-osa", 0), ("pure-osa", 1),
                                                                           ("pure-ssa", 0)}  # fmt: skip
     # a rerun loads the three finished models from <stem>_tasks/ and retries the failed one
-    monkeypatch.setattr(A, "depth_profile", real)
+    monkeypatch.setattr(sweeps, "depth_profile", real)
     assert cli_main(args) == 0
     tasks = pd.read_csv(tmp_path / "r_tasks.csv")
     assert tasks["cached"].tolist().count(True) == 3 and set(tasks["status"]) == {"ok"}
@@ -204,8 +205,8 @@ def test_sweep_records_a_failing_model_and_exits_non_zero(tmp_path, capsys, monk
 
 def test_sweep_api_failure_warns_and_lists_failures(monkeypatch):
     real = A.depth_profile
-    monkeypatch.setattr(A, "depth_profile", lambda preset, **kw: (_ for _ in ()).throw(
-        ValueError("boom")) if kw["seed"] == 0 else real(preset, **kw))  # fmt: skip
+    monkeypatch.setattr(sweeps, "depth_profile", lambda point, **kw: (_ for _ in ()).throw(
+        ValueError("boom")) if point.seed == 0 else real(point, **kw))  # fmt: skip
     with pytest.warns(GridTaskFailedWarning, match="boom"):
         res = A.sweep(["pure-osa"], 2, 4, 4, seeds=2, progress=False)
     assert res.failures["seed"].tolist() == [0] and set(res.metrics["seed"]) == {1}

@@ -58,10 +58,10 @@ def test_exact_and_matrix_free_agree(preset, layers, scopes):
     kw = dict(
         tokens=8, dim=8, heads=None if preset == "pure-osa" else 2, seed=0, layers=layers, scopes=scopes
     )
-    exact = jacobian_depth_profile(preset, 2, method="exact", **kw)
-    free = jacobian_depth_profile(preset, 2, method="matrix-free", **kw)
+    exact = jacobian_depth_profile(preset, 2, algorithm="exact", **kw)
+    free = jacobian_depth_profile(preset, 2, algorithm="matrix-free", **kw)
     assert list(exact.columns) == KAPPA_COLUMNS
-    assert set(exact["method"]) == {"exact"} and set(free["method"]) == {"matrix-free"}
+    assert set(exact["algorithm"]) == {"exact"} and set(free["algorithm"]) == {"matrix-free"}
     assert np.allclose(free["sigma_max"], exact["sigma_max"], rtol=1e-2)
     assert np.allclose(free["sigma_min"], exact["sigma_min"], rtol=1e-2)
 
@@ -69,12 +69,12 @@ def test_exact_and_matrix_free_agree(preset, layers, scopes):
 def test_lobpcg_solver_agrees_with_exact():
     layer = OrthogonalSelfAttention(16, 2, tokens=8).double()
     x = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    exact = jacobian_spectrum(layer, x, method="exact")
-    free = jacobian_spectrum(layer, x, method="matrix-free")
+    exact = jacobian_spectrum(layer, x, algorithm="exact")
+    free = jacobian_spectrum(layer, x, algorithm="matrix-free")
     assert free.sigma_max == pytest.approx(exact.sigma_max, rel=1e-2)
     assert free.sigma_min == pytest.approx(exact.sigma_min, rel=1e-2)
     from osa_lab.nn.models import functional_mode
-    from osa_lab.studies.jacobian import _as_function, matrix_free_extremes
+    from osa_lab.studies.jacobian.solvers import _as_function, matrix_free_extremes
 
     with functional_mode(layer):
         fn, at = _as_function(layer, x)
@@ -88,7 +88,7 @@ def test_osa_layer_kappa_at_default_init():
     """The core's derived init keeps κ(J) ≤ 1.5 for N, d ∈ {8, 16, 32} (docs/initialisation.md)."""
     df = osa_layer_conditioning(["derived"], tokens=[8, 16, 32], dims=[8, 16, 32], seeds=1, heads=[1, 2])
     assert len(df) == 3 * 3 * 2
-    assert (df["method"] == "exact").all()
+    assert (df["algorithm"] == "exact").all()
     assert df["kappa"].max() <= 1.5, df.sort_values("kappa").tail(3).to_string()
 
 
@@ -100,32 +100,32 @@ def test_osa_layer_kappa_grows_with_alpha():
 
 
 def test_skipless_ssa_kappa_grows_with_depth():
-    df = jacobian_depth_profile("skipless-ssa", 4, 8, 16, heads=2, seed=0, method="exact")
+    df = jacobian_depth_profile("skipless-ssa", 4, 8, 16, heads=2, seed=0, algorithm="exact")
     e2e = df[df["scope"] == "end_to_end"].sort_values("layer")["kappa"].to_numpy()
     assert (np.diff(np.log(e2e)) > 0).all() and e2e[-1] > 100 * e2e[0]
-    osa = jacobian_depth_profile("pure-osa", 4, 8, 16, seed=0, method="exact", scopes=["end_to_end"])
+    osa = jacobian_depth_profile("pure-osa", 4, 8, 16, seed=0, algorithm="exact", scopes=["end_to_end"])
     assert osa["kappa"].max() < 2.0  # attention-only OSA stays well conditioned
 
 
 def test_singular_values_table():
-    df = jacobian_singular_values("pure-osa", 2, 8, 8, seed=0, method="exact")
+    df = jacobian_singular_values("pure-osa", 2, 8, 8, seed=0, algorithm="exact")
     assert list(df.columns) == SIGMA_COLUMNS
     assert len(df) == 64 and (df["layer"] == 2).all()
     assert df["sigma"].is_monotonic_decreasing
 
 
-def test_auto_method_and_size_errors():
+def test_auto_algorithm_and_size_errors():
     layer = OrthogonalSelfAttention(8, 1, tokens=8).double()
     x = torch.randn(8, 8, dtype=torch.float64)
-    assert jacobian_spectrum(layer, x, method="auto", max_exact_dim=64).method == "exact"
-    assert jacobian_spectrum(layer, x, method="auto", max_exact_dim=63).method == "matrix-free"
+    assert jacobian_spectrum(layer, x, algorithm="auto", max_exact_dim=64).algorithm == "exact"
+    assert jacobian_spectrum(layer, x, algorithm="auto", max_exact_dim=63).algorithm == "matrix-free"
     with pytest.raises(JacobianTooLargeError, match=r"64 × 64 float64 .*matrix-free"):
-        jacobian_spectrum(layer, x, method="exact", max_bytes=1000)
+        jacobian_spectrum(layer, x, algorithm="exact", max_bytes=1000)
     with pytest.raises(UnknownNameError, match="matrix-free"):
-        jacobian_spectrum(layer, x, method="svd")
+        jacobian_spectrum(layer, x, algorithm="svd")
     with pytest.raises(JacobianTooLargeError, match="GiB"):
-        jacobian_depth_profile("pure-osa", 1, 4096, 64, method="exact")
-    assert isinstance(jacobian_depth_profile("pure-osa", 1, 4, 4, method="auto"), pd.DataFrame)
+        jacobian_depth_profile("pure-osa", 1, 4096, 64, algorithm="exact")
+    assert isinstance(jacobian_depth_profile("pure-osa", 1, 4, 4, algorithm="auto"), pd.DataFrame)
 
 
 def _ill_conditioned_diagonal(n: int = 400):
@@ -173,10 +173,10 @@ def test_matrix_free_resolves_ill_conditioned_osa_layer(tokens, alpha):
     """The README's N = d = 16, α = 1 (κ ≈ 1000) and N = d = 12, α = 3 (κ ≈ 3100): the old ARPACK
     path returned σ_min = NaN and κ = inf after about a minute; now σ_min to 1e-8 relative."""
     layer, x = _osa_case(tokens, tokens, alpha)
-    exact = jacobian_spectrum(layer, x, method="exact")
+    exact = jacobian_spectrum(layer, x, algorithm="exact")
     assert exact.kappa > 500
-    free = jacobian_spectrum(layer, x, method="matrix-free")
-    assert free.method == "matrix-free" and free.converged is True
+    free = jacobian_spectrum(layer, x, algorithm="matrix-free")
+    assert free.algorithm == "matrix-free" and free.converged is True
     assert free.sigma_max == pytest.approx(exact.sigma_max, rel=1e-8)
     assert free.sigma_min == pytest.approx(exact.sigma_min, rel=1e-8)
     assert free.kappa == pytest.approx(exact.kappa, rel=1e-7)
@@ -186,8 +186,8 @@ def test_matrix_free_resolves_ill_conditioned_osa_layer(tokens, alpha):
 def test_matrix_free_with_krylov_space_much_smaller_than_the_input():
     """N = d = 32 (1024 inputs), α = 0.1 (κ ≈ 44): a 64-vector basis (16× smaller), thick restarts."""
     layer, x = _osa_case(32, 32, 0.1)
-    exact = jacobian_spectrum(layer, x, method="exact")
-    free = jacobian_spectrum(layer, x, method="matrix-free", ncv=64)
+    exact = jacobian_spectrum(layer, x, algorithm="exact")
+    free = jacobian_spectrum(layer, x, algorithm="matrix-free", ncv=64)
     assert free.converged is True and exact.kappa > 20
     assert free.products > 2 * 64  # it did restart
     assert free.sigma_max == pytest.approx(exact.sigma_max, rel=1e-8)
@@ -196,7 +196,7 @@ def test_matrix_free_with_krylov_space_much_smaller_than_the_input():
 
 def test_transposed_vjp_matvec_equals_jvp():
     from osa_lab.nn.models import functional_mode
-    from osa_lab.studies.jacobian import _operators
+    from osa_lab.studies.jacobian.solvers import _operators
 
     layer, x = _osa_case(6, 4, 0.7)
     v = torch.randn(x.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -225,7 +225,7 @@ def test_unconverged_sigma_min_is_nan_with_flag_never_inf():
     from osa_lab.studies.jacobian import matrix_free_extremes
 
     fn, x = _geometric_spectrum()
-    spec = jacobian_spectrum(fn, x, method="matrix-free", ncv=12, maxiter=4)
+    spec = jacobian_spectrum(fn, x, algorithm="matrix-free", ncv=12, maxiter=4)
     assert spec.converged is False and np.isnan(spec.sigma_min) and np.isnan(spec.kappa)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's own lobpcg/ARPACK messages
@@ -257,9 +257,9 @@ def test_progress_callback_and_cancel_hook():
 
     layer, x = _osa_case(8, 8, 1.0)
     seen: list[JacobianProgress] = []
-    spec = jacobian_spectrum(layer, x, method="matrix-free", progress=seen.append)
+    spec = jacobian_spectrum(layer, x, algorithm="matrix-free", progress=seen.append)
     assert spec.converged and seen and seen[-1].products == spec.products
-    assert all(0.0 <= p.fraction <= 1.0 for p in seen) and seen[0].method == "matrix-free"
+    assert all(0.0 <= p.fraction <= 1.0 for p in seen) and seen[0].algorithm == "matrix-free"
     calls = {"n": 0}
 
     def stop_after_ten() -> bool:
@@ -267,53 +267,53 @@ def test_progress_callback_and_cancel_hook():
         return calls["n"] > 10
 
     with pytest.raises(ComputationCancelledError, match="cancelled"):
-        jacobian_spectrum(layer, x, method="matrix-free", should_stop=stop_after_ten)
+        jacobian_spectrum(layer, x, algorithm="matrix-free", should_stop=stop_after_ten)
     assert calls["n"] == 11  # checked between products, stopped at once
     calls["n"] = 5
     with pytest.raises(ComputationCancelledError):  # between chunks of 8 rows (8 chunks)
-        jacobian_spectrum(layer, x, method="exact", chunk_size=8, should_stop=stop_after_ten)
+        jacobian_spectrum(layer, x, algorithm="exact", chunk_size=8, should_stop=stop_after_ten)
     assert calls["n"] == 11
     profile_seen: list[JacobianProgress] = []
-    df = jacobian_depth_profile("pure-osa", 2, 4, 4, seed=0, method="matrix-free", progress=profile_seen.append)
+    df = jacobian_depth_profile("pure-osa", 2, 4, 4, seed=0, algorithm="matrix-free", progress=profile_seen.append)
     assert len(df) == 4 and {p.tasks for p in profile_seen} == {4}
     assert profile_seen[-1].fraction == 1.0
     calls["n"] = 0
     with pytest.raises(ComputationCancelledError):
-        jacobian_depth_profile("pure-osa", 2, 4, 4, method="exact", should_stop=stop_after_ten)
+        jacobian_depth_profile("pure-osa", 2, 4, 4, algorithm="exact", should_stop=stop_after_ten)
 
 
 def test_unreasonable_sizes_are_refused_with_the_override():
     with pytest.raises(JacobianTooLargeError, match=r"262144 entries.*max_input_dim=262144"):
-        jacobian_depth_profile("pure-osa", 1, 512, 512, method="matrix-free")
+        jacobian_depth_profile("pure-osa", 1, 512, 512, algorithm="matrix-free")
     with pytest.raises(JacobianTooLargeError, match="max_input_dim"):
-        jacobian_depth_profile("pure-osa", 1, 512, 512, method="auto")
+        jacobian_depth_profile("pure-osa", 1, 512, 512, algorithm="auto")
     layer, x = _osa_case(4, 4, 0.1)
     with pytest.raises(JacobianTooLargeError, match="max_input_dim=16"):
-        jacobian_spectrum(layer, x, method="matrix-free", max_input_dim=8)
-    assert jacobian_spectrum(layer, x, method="matrix-free", max_input_dim=16).converged
+        jacobian_spectrum(layer, x, algorithm="matrix-free", max_input_dim=8)
+    assert jacobian_spectrum(layer, x, algorithm="matrix-free", max_input_dim=16).converged
 
 
 def test_cost_model_and_auto_resolution():
     from osa_lab.errors import ConfigurationError
-    from osa_lab.studies.jacobian import estimate_jacobian_seconds, resolve_method
+    from osa_lab.studies.jacobian import estimate_jacobian_seconds, resolve_algorithm
 
     small = {m: estimate_jacobian_seconds(16, 16, 8, 1, m) for m in ("exact", "matrix-free", "auto")}
     assert 0 < small["exact"] < small["matrix-free"] and small["auto"] == small["exact"]
     big = estimate_jacobian_seconds(64, 64, 8, 1, "exact")
     assert big > small["exact"] and estimate_jacobian_seconds(16, 16, 8, 1, "exact", layers=[2]) < small["exact"]
-    assert resolve_method("auto", 16, 16, 8) == "exact"
-    assert resolve_method("auto", 256, 64, 12) == "matrix-free"  # above max_exact_dim
-    assert resolve_method("matrix-free", 4, 4) == "matrix-free"
+    assert resolve_algorithm("auto", 16, 16, 8) == "exact"
+    assert resolve_algorithm("auto", 256, 64, 12) == "matrix-free"  # above max_exact_dim
+    assert resolve_algorithm("matrix-free", 4, 4) == "matrix-free"
     with pytest.raises(UnknownNameError):
         estimate_jacobian_seconds(16, 16, 8, 1, "fast")
     with pytest.raises(ConfigurationError, match="tokens"):
         estimate_jacobian_seconds(0, 16, 8)
-    # auto's result is the resolved method's result: a cache can key on the resolved mode.
+    # auto's result is the resolved algorithm's result: a cache can key on the resolved algorithm.
     kw = dict(seed=0, layers=[1, 2])
-    auto = jacobian_depth_profile("pure-osa", 2, 4, 4, method="auto", **kw)
-    resolved = resolve_method("auto", 4, 4, 2, layers=[1, 2])
-    assert set(auto["method"]) == {resolved}
-    same = jacobian_depth_profile("pure-osa", 2, 4, 4, method=resolved, **kw)
+    auto = jacobian_depth_profile("pure-osa", 2, 4, 4, algorithm="auto", **kw)
+    resolved = resolve_algorithm("auto", 4, 4, 2, layers=[1, 2])
+    assert set(auto["algorithm"]) == {resolved}
+    same = jacobian_depth_profile("pure-osa", 2, 4, 4, algorithm=resolved, **kw)
     pd.testing.assert_frame_equal(auto, same)
 
 
@@ -334,7 +334,7 @@ def test_depth_facts_pass_hooks_and_skip_unresolved_kappa():
 
 def test_osa_layer_conditioning_issue_case_matrix_free():
     """The issue's N = d = 12, α = 3 layer (κ ≈ 8,600): matrix-free agrees with exact and says so."""
-    exact = osa_layer_conditioning([3.0], [12], [12], seeds=[0], method="exact").iloc[0]
-    free = osa_layer_conditioning([3.0], [12], [12], seeds=[0], method="matrix-free").iloc[0]
+    exact = osa_layer_conditioning([3.0], [12], [12], seeds=[0], algorithm="exact").iloc[0]
+    free = osa_layer_conditioning([3.0], [12], [12], seeds=[0], algorithm="matrix-free").iloc[0]
     assert exact["kappa"] > 5000 and bool(free["converged"]) is True
     assert free["kappa"] == pytest.approx(exact["kappa"], rel=1e-7)

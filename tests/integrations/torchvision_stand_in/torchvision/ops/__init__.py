@@ -1,0 +1,4 @@
+from torchvision._stub import module_getattr
+
+__getattr__ = module_getattr("torchvision.ops")
+__version__ = "0.0.0+stub"
