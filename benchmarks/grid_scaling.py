@@ -26,7 +26,7 @@ import time
 import pandas as pd
 
 from osa_lab.benchmarking.timing import emit_table, machine_info
-from osa_lab.studies.grid import GridOptions, Task, _client, run_grid
+from osa_lab.studies.grid import GridOptions, Task, cluster_client, run_grid
 
 
 def identity(i: int) -> int:
@@ -141,7 +141,7 @@ def main() -> None:
     tiny_serial_s, _ = _timed(lambda: run_grid(tiny, GridOptions(serial=True, **quiet)))
     opts = GridOptions(workers=args.workers, dashboard_address=None, **quiet)
     t0 = time.perf_counter()
-    with _client(opts, "local", args.workers) as (client, _):
+    with cluster_client(opts, "local", args.workers) as (client, _):
         start_s = time.perf_counter() - t0
         warm_imports = "osa_lab.studies.jacobian" if args.kind == "jacobian" else "osa_lab.studies.training"
         import_s, _ = _timed(lambda: client.run(warm_up, args.kind))
