@@ -407,7 +407,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
                                     "(the interpreter and the compile check import it whole)"),
     "reporting/runner.py": (860, "to be split: notebook execution, HTML export, the index"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
-    "studies/data.py": (750, "to be split: image data sets, MNIST-1D generation and its checked cache"),
     "dashboard/state.py": (630, "to be split: URL parsing and the sweep state"),
 }
 
