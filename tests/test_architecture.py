@@ -9,14 +9,19 @@ Walks every module of ``osa_lab`` with :mod:`ast` (no imports are executed) and 
   higher one (the floors of docs/architecture.md, :data:`FLOORS`);
 * a retired module path (:data:`RETIRED_MODULES`) anywhere in the package, tests, docs,
   notebooks, benchmarks or scripts, or a module file that still carries one.
+* a module over :data:`MAX_MODULE_LINES` lines or a function body over
+  :data:`MAX_FUNCTION_LINES` code lines, unless it is listed with a ceiling
+  (:data:`OVERSIZED`, :data:`LONG_FUNCTIONS`).
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import io
 import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -423,6 +428,91 @@ def test_modules_stay_small_or_are_listed_with_a_ceiling():
     assert grown == {}, "oversized modules grew past their ceiling"
     stale = sorted(name for name in OVERSIZED if lines.get(name, 0) <= MAX_MODULE_LINES)
     assert stale == [], f"{stale} are small now (or gone): remove them from OVERSIZED"
+
+
+#: the size a function body should stay under, in code lines: its docstring, blank lines and
+#: comment-only lines do not count
+MAX_FUNCTION_LINES = 80
+
+#: functions (``module.Class.function``; a nested function's lines count for its outer one too)
+#: over :data:`MAX_FUNCTION_LINES`: (ceiling, why). The ceiling is the body's size now: it may
+#: come down with the function, never go up; an entry back under the limit must be removed.
+LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
+    "osa_lab.studies.training.cli.add_arguments": (81, "the option declarations of `osa-lab train`, one "
+                                                       "add_argument per option; to be split by argument group"),
+}
+
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
+             tokenize.ENDMARKER}  # fmt: skip
+
+
+def function_lengths(source: str, module: str) -> dict[str, int]:
+    """Code lines of every function body in ``source``, by qualified name (``module.Class.function``).
+
+    A line counts when a token other than a comment is on it (a multi-line string counts every
+    line it spans); the docstring does not count."""
+    code: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in _NOT_CODE:
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name, first = f"{prefix}.{child.name}", child.body[0]
+                body = set(range(first.lineno, child.end_lineno + 1))
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                        and isinstance(first.value.value, str):  # fmt: skip
+                    body -= set(range(first.lineno, first.end_lineno + 1))
+                found[name] = len(body & code)
+                visit(child, name)
+            else:
+                visit(child, f"{prefix}.{child.name}" if isinstance(child, ast.ClassDef) else prefix)
+
+    visit(ast.parse(source), module)
+    return found
+
+
+def test_function_length_counts_code_lines_only():
+    source = '''
+class Box:
+    def method(self):
+        """A docstring
+        of three lines.
+        """
+        # a comment
+
+        x = 1  # a trailing comment
+        text = """two
+        lines"""
+
+        def inner():
+            return x
+
+        return inner, text
+
+
+async def free(a,
+               b):
+    return a + b
+'''
+    assert function_lengths(source, "m") == {"m.Box.method": 6, "m.Box.method.inner": 1, "m.free": 1}
+
+
+def test_functions_stay_short_or_are_listed_with_a_ceiling():
+    lengths = {name: n for module, path in MODULES.items()
+               for name, n in function_lengths(path.read_text(encoding="utf-8"), module).items()}  # fmt: skip
+    too_long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS}
+    assert too_long == {}, f"function bodies over {MAX_FUNCTION_LINES} code lines: split them by step"
+    grown = {name: (lengths.get(name), ceiling) for name, (ceiling, _) in LONG_FUNCTIONS.items()
+             if lengths.get(name, 0) > ceiling}  # fmt: skip
+    assert grown == {}, "long functions grew past their ceiling"
+    stale = sorted(name for name in LONG_FUNCTIONS if lengths.get(name, 0) <= MAX_FUNCTION_LINES)
+    assert stale == [], f"{stale} are short now (or gone): remove them from LONG_FUNCTIONS"
+    slack = {name: (lengths[name], ceiling) for name, (ceiling, _) in LONG_FUNCTIONS.items()
+             if name in lengths and lengths[name] < ceiling}  # fmt: skip
+    assert slack == {}, "long functions shrank: lower their ceilings to their length (the ratchet only comes down)"
 
 
 #: an issue or pull-request number, or a date: history, which lives in git log and CHANGELOG.md
