@@ -159,6 +159,7 @@ class Dashboard(pn.viewable.Viewer):
     def stop(self) -> None:
         """Cancel this session's background work (the browser tab closed)."""
         self.jacobian_view.stop()
+        self.state.stop_worker()
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -195,6 +196,10 @@ class Dashboard(pn.viewable.Viewer):
             pn.pane.Alert(pn.bind(self._url_message, self.param.url_errors), alert_type="danger",
                           visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             message_pane(self.state.param.error),
+            pn.Row(pn.pane.Alert(self.state.param.notice, alert_type="info", sizing_mode="stretch_width"),
+                   pn.widgets.Button.from_param(self.state.param.cancel, button_type="danger", width=130,
+                                                visible=self.state.param.running, align="center"),
+                   visible=pn.bind(bool, self.state.param.notice), sizing_mode="stretch_width"),
             pn.pane.Alert(pn.bind(markdown_literal, self.controls.param.adjusted), alert_type="info",
                           visible=pn.bind(bool, self.controls.param.adjusted), sizing_mode="stretch_width"),
             notes,

@@ -7,17 +7,16 @@
 
 Each view draws only while its tab is visible (:class:`FigureView`); figures are cached
 process-wide in :data:`osa_lab.dashboard.state.FIGURES`. Jacobians run in a worker process
-(:mod:`osa_lab.dashboard.jobs`) with an estimate, progress and *Cancel*.
+(:mod:`osa_lab.dashboard.jobs`) with an estimate, progress and *Cancel*
+(:func:`osa_lab.dashboard.state.follow_job`, the path long sweeps take too).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import html
 import io
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,11 +40,13 @@ from osa_lab.dashboard.state import (
     compute_osa_check,
     compute_unit,
     describe_error,
+    follow_job,
     in_daemon_thread,
     is_served,
     jacobian_layers,
     label_of,
     markdown_literal,
+    progress_text,
 )
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
@@ -488,7 +489,7 @@ class JacobianView(FigureView):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._job: jobs.JacobianJob | None = None
+        self._job: jobs.WorkerJob | None = None
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -622,36 +623,29 @@ class JacobianView(FigureView):
         and set the notice to ``done_notice`` (a preview keeps saying what it is)."""
         job = jobs.start_jacobian_job(missing)
         self._job, self.running = job, True
-        SESSION_JOBS.add(job)
-        start, done = time.perf_counter(), 0
+        what = "Jacobians"
 
-        async def follow() -> None:
-            nonlocal done
-            try:
-                while not job.finished:
-                    await asyncio.sleep(0.2)
-                    for kind, unit, result, _seconds in job.poll():
-                        if kind == "unit":
-                            JACOBIANS.put(unit, result)
-                            done += 1
-                        elif kind == "error":
-                            if self._job is job:
-                                self.job.error = describe_error(result)
-                                self.notice = ""
-                                self._nothing_shown("No Jacobian figures: the computation failed (message above)")
-                    if self._job is job and not job.finished:
-                        elapsed = time.perf_counter() - start
-                        self.notice = (f"Computing Jacobians: {done}/{len(missing)} done, {elapsed:.0f} s elapsed "
-                                       f"(estimated {jobs.format_seconds(eta)}). *Cancel* stops them.")
-            finally:
-                SESSION_JOBS.discard(job)
+        def on_unit(unit, result) -> None:
+            JACOBIANS.put(unit, result)
+
+        def on_progress(done: int, elapsed: float) -> None:
+            if self._job is job:
+                self.notice = progress_text(what, done, len(missing), elapsed, eta)
+
+        def on_error(exc: BaseException) -> None:
+            if self._job is job:
+                self.job.error = describe_error(exc)
+                self.notice = ""
+                self._nothing_shown("No Jacobian figures: the computation failed (message above)")
+
+        def on_end(_seconds: float) -> None:
             if self._job is job:
                 self._job, self.running = None, False
                 if not job.cancelled and all(u in JACOBIANS for u in units):
                     self.notice = done_notice
                     self._show(units)
 
-        pn.state.execute(follow)
+        follow_job(job, on_unit, on_progress, on_error, on_end)
 
     def _nothing_shown(self, text: str) -> None:
         """While no Jacobian figure has been drawn, say why instead of the initial "Computing…"."""
@@ -737,10 +731,6 @@ class JacobianView(FigureView):
         return pn.Column(message_pane(self.job.param.error), notice, options, sizes,
                          pn.pane.Markdown(pn.bind(self.badge, self.param.profile)), kappa, hist, downloads,
                          sizing_mode="stretch_width", name="Jacobian")
-
-
-#: Jobs of all sessions (cancelled on server shutdown).
-SESSION_JOBS: set = set()
 
 
 class OSACheckView(pn.viewable.Viewer):

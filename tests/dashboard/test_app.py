@@ -828,3 +828,85 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
     monkeypatch.setattr(hv.core.accessors.Opts, "__call__", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
         with_options(curve, framewise=True)
+
+
+def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
+    """A long sweep runs model by model in a worker: its units, assembled, are the rows that
+    compute_sweep gives for the same configuration, in the same order."""
+    from osa_lab.dashboard import jobs, state
+
+    cfg = dict(presets=("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None, seeds=2)
+    units = state.sweep_units(cfg)
+    assert [(u.preset, u.seed) for u in units] == [(p, s) for p in cfg["presets"] for s in range(2)]
+    results = {u: jobs.compute_sweep_unit(u) for u in units}
+    metrics, spectra = state.assemble_sweep(units, results)
+    state.SWEEPS.clear()
+    whole_metrics, whole_spectra = state.compute_sweep(**cfg)
+    pd.testing.assert_frame_equal(metrics, whole_metrics)
+    pd.testing.assert_frame_equal(spectra, whole_spectra)
+
+
+def test_sweep_estimate_separates_the_default_view_from_the_largest_link():
+    """The largest sizes a link reaches (7 presets × 5 seeds, depth 48, N 256, d 128) are
+    estimated beyond the worker threshold (a measured 118 s), the default view far below it."""
+    from osa_lab.dashboard import jobs, state
+
+    largest = jobs.estimate_sweep_seconds(7 * 5, 256, 128, 48)
+    default = jobs.estimate_sweep_seconds(2 * 2, 32, 32, 12)
+    assert largest > 10 * state.WORKER_SWEEP_SECONDS
+    assert default < state.WORKER_SWEEP_SECONDS / 5
+
+
+def test_a_long_sweep_runs_in_a_worker_with_estimate_progress_and_cancel(dash, monkeypatch):
+    """Served, a sweep over the worker threshold starts a worker process: the notice gives the
+    estimate, then progress; Cancel sweep terminates the worker, keeps the last tables and says
+    so; a later setting computes as usual."""
+    import time
+
+    from osa_lab.dashboard import state
+
+    followed = []
+    monkeypatch.setattr(state, "is_served", lambda: True)
+    monkeypatch.setattr(state, "follow_job", lambda job, *callbacks: followed.append((job, callbacks)))
+    a = dash.build_app(**SMALL)
+    pn.panel(a)
+    shown = a.state.config
+    assert a.state.metrics is not None and not a.state.running
+    state.SWEEPS.clear()
+    a.controls.param.update(tokens=256, dim=128, depth=48, seeds=5)
+    try:
+        assert a.state.running and a.state.busy and len(followed) == 1
+        job, (on_unit, on_progress, on_error, on_end) = followed[0]
+        assert job.process.is_alive() and len(job.units) == 2 * 5
+        assert "estimated" in a.state.notice and "Cancel sweep" in a.state.notice
+        on_progress(0, 3.0)
+        assert "0/10 done, 3 s elapsed" in a.state.notice
+        a.state.param.trigger("cancel")
+        deadline = time.time() + 5
+        while job.process.is_alive() and time.time() < deadline:
+            time.sleep(0.05)
+        assert not job.process.is_alive() and job.cancelled
+        assert not a.state.running and not a.state.busy
+        assert a.state.notice.startswith("Cancelled the sweep at depth 48 · N 256 · d 128")
+        assert a.state.config == shown and a.state.metrics is not None  # the last tables stay
+        on_end(1.0)  # the follower's last call after a cancel changes nothing
+        assert a.state.config == shown
+    finally:
+        a.stop()
+    a.controls.param.update(tokens=8, dim=8, depth=2, seeds=1)  # small: computed at once, no worker
+    assert len(followed) == 1 and a.state.config["depth"] == 2 and a.state.notice == ""
+
+
+def test_jacobians_and_long_sweeps_share_one_worker_path():
+    """One mechanism: both start their worker through jobs.start_job and follow it with
+    state.follow_job; the views keep no follower loop of their own."""
+    import inspect
+
+    from osa_lab.dashboard import app, jobs, state, views
+
+    assert "start_job(" in inspect.getsource(jobs.start_jacobian_job)
+    assert "start_job(" in inspect.getsource(jobs.start_sweep_job)
+    assert "follow_job(" in inspect.getsource(views.JacobianView._start)
+    assert "follow_job(" in inspect.getsource(state.SweepState._start_worker)
+    for module in (views, app):
+        assert "asyncio.sleep" not in inspect.getsource(module)

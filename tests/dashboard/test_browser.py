@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -596,6 +597,45 @@ def test_cancel_stops_a_long_jacobian_and_other_sessions_stay_responsive(browser
         assert _workers(proc.pid) == [], "the worker of a closed session kept running"
         _assert_clean(other)
         other.page.context.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+#: The largest sweep a link reaches: 7 presets × 5 seeds at depth 48, N 256, d 128 (≈ 2 min).
+LONG_SWEEP = ("presets=vit,skipless-ssa,skipless-osa,pure-ssa,pure-osa,ssa-cutting-skip,ssa-value-skipinit"
+              "&depth=48&tokens=256&dim=128&seeds=5")
+
+
+def test_a_long_sweep_shows_an_estimate_and_progress_and_can_be_cancelled(browser):
+    """A link at the largest sizes starts its sweep in a worker with an estimate, then progress;
+    Cancel sweep terminates the worker, and the page stays usable: a smaller depth draws."""
+    proc, url, log_path = start_server()
+    try:
+        watch = _open(browser, f"{url}?{LONG_SWEEP}")
+        page = watch.page
+        page.get_by_text("Computing the sweep (35 model runs").first.wait_for(timeout=90_000)
+        assert page.get_by_text("estimated ≈").count() >= 1
+        deadline = time.time() + 30
+        while not _workers(proc.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _workers(proc.pid), "no sweep worker process started"
+        page.get_by_text(re.compile(r"[0-9]+/35 done, [0-9]+ s elapsed")).first.wait_for(timeout=30_000)
+        page.get_by_role("button", name="Cancel sweep").click()
+        page.get_by_text("Cancelled the sweep at depth 48").first.wait_for(timeout=15_000)
+        deadline = time.time() + 5
+        while _workers(proc.pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _workers(proc.pid) == [], "the sweep worker survived the cancel"
+        assert page.get_by_role("button", name="Cancel sweep").is_hidden()
+        handle = page.locator(".noUi-handle").first  # depth: to its minimum, one change
+        handle.focus()
+        handle.press("Home")
+        assert _wait_layers(page, 1, timeout=120)
+        assert "depth=1" in page.url
+        assert page.get_by_text("Cancelled the sweep").count() == 0
+        _assert_clean(watch)
+        page.context.close()
     finally:
         proc.kill()
         proc.wait()
