@@ -388,6 +388,7 @@ class Controls(param.Parameterized):
     def __init__(self, **params):
         self.param.presets.objects = preset_names()
         super().__init__(**params)
+        self._canonical_presets()
         self._sync_heads_choices()
         self._show_derived_alpha()
 
@@ -426,6 +427,15 @@ class Controls(param.Parameterized):
 
         heads = self.check_heads()
         return derived_alpha_init(int(self.tokens), int(self.dim), int(self.dim) // heads)
+
+    @param.depends("presets", watch=True)
+    def _canonical_presets(self) -> None:
+        """Keep the chosen presets in the order of :func:`preset_names`: the order of the chips in
+        the presets widget, of the curves in every legend and of the sweep tables, whatever order
+        they were picked or written in a link (one order, and one cache key per set of presets)."""
+        ordered = [p for p in self.param.presets.objects if p in self.presets]
+        if ordered != list(self.presets):
+            self.presets = ordered
 
     @param.depends("dim", watch=True)
     def _sync_heads_choices(self) -> None:

@@ -910,3 +910,23 @@ def test_jacobians_and_long_sweeps_share_one_worker_path():
     assert "follow_job(" in inspect.getsource(state.SweepState._start_worker)
     for module in (views, app):
         assert "asyncio.sleep" not in inspect.getsource(module)
+
+
+def test_preset_chips_and_legend_share_one_order(dash):
+    """However presets are picked or written in a link, the chips of the presets widget, the
+    legend of the figure and the URL list them in one order (that of osa_lab.nn.presets)."""
+    from osa_lab.dashboard.state import preset_names
+
+    a = dash.build_app(**SMALL)
+    pn.panel(a)
+    a.controls.presets = ["pure-osa", "vit", "pure-ssa"]  # picked in this order
+    canonical = [p for p in preset_names() if p in ("pure-osa", "vit", "pure-ssa")]
+    assert canonical != ["pure-osa", "vit", "pure-ssa"]
+    chips = pn.widgets.MultiChoice.from_param(a.controls.param.presets)
+    assert list(chips.value) == canonical == list(a.controls.presets)
+    legend = list(dict.fromkeys(el.label for el in _pane_data(a.rank_view, "metric") if isinstance(el, hv.Curve)))
+    assert legend == canonical
+    assert a.controls.to_query()["presets"] == ",".join(canonical)
+    b = dash.build_app(compute_now=False)
+    b.apply_url({"presets": "pure-ssa,vit"})
+    assert list(b.controls.presets) == [p for p in preset_names() if p in ("pure-ssa", "vit")]

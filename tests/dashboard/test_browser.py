@@ -278,23 +278,33 @@ def _wait_url(page, needle: str, timeout: float = 60) -> str:
     raise AssertionError(f"the address bar never contained {needle!r}: {page.url}")
 
 
+def _chips(page) -> list[str]:
+    """The presets shown as chips in the presets widget, left to right."""
+    texts = page.locator(".choices__list--multiple .choices__item").all_inner_texts()
+    return [t.replace("Remove item", "").strip() for t in texts]
+
+
 def test_copied_url_restores_the_full_view_including_presets(server, browser):
     """Add a preset in the page, copy the URL, open it: the same view."""
     watch = _open(browser, f"{server}?{QUERY}&seeds=1&metric=stable_rank&site=attention&scale=linear")
     page = watch.page
     _wait_title(page, "stable rank after attention")
+    _wait_url(page, "presets=pure-ssa,pure-osa")
     for attempt in range(3):  # typing that lands while the page re-renders can be lost: retry
+        if "vit" in _chips(page):
+            break  # the choice arrived after the wait below gave up: typing again would pick another
         box = page.locator(".choices__input--cloned").first  # the presets MultiChoice
         box.click()
         box.fill("vit")
         page.keyboard.press("Enter")
         page.get_by_text("OSA check", exact=True).click()  # leave the box (the choice is sent on blur)
         try:
-            _wait_url(page, "presets=pure-ssa,pure-osa,vit", timeout=30)
+            _wait_url(page, "presets=vit,pure-ssa,pure-osa", timeout=30)  # the order of osa_lab.nn.presets
             break
         except AssertionError:
             if attempt == 2:
                 raise
+    _wait_url(page, "presets=vit,pure-ssa,pure-osa", timeout=30)
     page.wait_for_timeout(2000)
     for _ in range(3):  # a click that lands while the page re-renders can be lost: retry
         page.get_by_text("Spectra", exact=True).first.click()
@@ -316,7 +326,10 @@ def test_copied_url_restores_the_full_view_including_presets(server, browser):
     assert page.url == copied
     page.get_by_text("Rank collapse", exact=True).click()
     _wait_title(page, "stable rank after attention")
-    assert set(page.evaluate(JS_LEGEND)) >= {"pure-ssa", "pure-osa", "vit"}
+    legend = list(dict.fromkeys(page.evaluate(JS_LEGEND)))
+    assert set(legend) >= {"pure-ssa", "pure-osa", "vit"}
+    chips = _chips(page)
+    assert chips == [p for p in legend if p in chips] == ["vit", "pure-ssa", "pure-osa"], (chips, legend)
     _assert_clean(fresh)
     page.context.close()
 
