@@ -52,11 +52,20 @@ from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
 from osa_lab.plots.style import with_options
 
+#: The group of :func:`placeholder` figures (no data: nothing to export).
+PLACEHOLDER_GROUP = "OSALabPlaceholder"
+
 
 def placeholder(text: str) -> hv.Curve:
     """An empty figure with ``text`` as its title (HoloViews panes need a HoloViews object)."""
-    return hv.Curve([]).opts(title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
+    return hv.Curve([], group=PLACEHOLDER_GROUP).opts(
+        title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
         title=text, xaxis=None, yaxis=None, backend="matplotlib")
+
+
+def is_placeholder(obj: object) -> bool:
+    """Whether ``obj`` is a :func:`placeholder` (a message in place of a figure)."""
+    return isinstance(obj, hv.Curve) and obj.group == PLACEHOLDER_GROUP
 
 
 def message_pane(*errors) -> pn.pane.Alert:
@@ -172,6 +181,7 @@ class FigureView(pn.viewable.Viewer):
 
     controls = param.ClassSelector(class_=Controls)
     active = param.Boolean(default=False, doc="The view's tab is visible.")
+    exportable = param.List(default=[], doc="Keys of the panes that show a figure (not a placeholder message).")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -257,6 +267,7 @@ class FigureView(pn.viewable.Viewer):
         title and ranges instead of building every Bokeh model again (≈ 4× faster for 5 presets).
         Layouts (the spectra grids) are always drawn anew.
         """
+        self.exportable = [k for k, f in self.figures.items() if not is_placeholder(f)]
         shown, signature = prepared(obj)
         current = self._streams.get(key)
         if signature is not None and current is not None and current[0] == signature:
@@ -278,8 +289,9 @@ class FigureView(pn.viewable.Viewer):
         """The figure on screen in pane ``key`` as PNG (at :data:`~osa_lab.plots.depth.EXPORT_DPI`),
         SVG or PDF; its title goes into the file's metadata."""
         obj = self.figures.get(key)
-        if obj is None:
-            raise ConfigurationError("no figure to export yet")
+        if obj is None or is_placeholder(obj):
+            raise ConfigurationError(f"no figure to export: the page shows a message instead "
+                                     f"({plots.figure_title(obj) if obj is not None else 'nothing drawn yet'})")
         meta = {"Title": plots.figure_title(obj), "Description": f"data {_digest(self.tables.get(key))}",
                 "Software": "osa_lab dashboard"}
         return plots.figure_bytes(obj, format, metadata=meta)
@@ -296,8 +308,12 @@ class FigureView(pn.viewable.Viewer):
         return pn.Row(self._download(key, stem, "png", f"PNG: {filename}"), self._download(key, stem, "svg", "SVG"))
 
     def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
-        button = pn.widgets.FileDownload(filename=f"{stem}.{format}", label=label, button_type="light",
-                                         embed=False, width=260 if format == "png" else 70)
+        button = pn.widgets.FileDownload(
+            filename=f"{stem}.{format}", label=label, button_type="light", embed=False,
+            width=260 if format == "png" else 70,
+            disabled=pn.bind(lambda keys: key not in keys, self.param.exportable),  # a message is no figure
+            description=pn.bind(lambda keys: None if key in keys else "no figure to download: the pane shows a message",
+                                self.param.exportable))
 
         def render() -> io.BytesIO:
             data = self.export(key, format)

@@ -500,9 +500,46 @@ def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     assert app.jacobian_view.png("histogram") == exact_png
     app.jacobian_view.param.trigger("compute")
     shown = _pane_data(app.jacobian_view, "histogram")
-    mf_png = app.jacobian_view.png("histogram")
-    assert mf_png != exact_png
-    assert _png_title(mf_png) == _title(shown) and "matrix-free" in _png_title(mf_png)
+    assert "No histogram" in _title(shown)  # a message, not a figure: nothing to download
+    assert "histogram" not in app.jacobian_view.exportable
+    with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+        app.jacobian_view.png("histogram")
+    kappa_png = app.jacobian_view.png("kappa")
+    assert "matrix-free" in _png_title(kappa_png)
+    assert _png_title(kappa_png) == _title(_pane_data(app.jacobian_view, "kappa"))
+
+
+def _downloads(view) -> dict[str, pn.widgets.FileDownload]:
+    """The PNG and SVG buttons of a view, by file name."""
+    return {b.filename: b for b in pn.panel(view).select(pn.widgets.FileDownload)}
+
+
+def test_figure_downloads_are_disabled_while_a_pane_shows_a_message(dash, monkeypatch):
+    """While the Jacobian tab shows a placeholder message (nothing computed, waiting for
+    Compute), its PNG and SVG buttons are disabled and say why, and an export refuses with
+    a message; once a figure is drawn they are enabled and export it."""
+    calls = []
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(dash_views.JacobianView, "preview_units", lambda self, units: None)  # no preview
+    a = dash.build_app(**{**SMALL, "tokens": 64, "dim": 64})
+    pn.panel(a)
+    a.controls.view = "jacobian"
+    view = a.jacobian_view
+    assert "Compute Jacobians" in view.notice and not calls
+    assert dash_views.is_placeholder(view.figures["kappa"]) and view.exportable == []
+    buttons = _downloads(view)
+    assert len(buttons) == 4 and all(b.disabled for b in buttons.values())
+    assert all("message" in b.description for b in buttons.values())
+    for key in ("kappa", "histogram"):
+        for fmt in ("png", "svg"):
+            with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+                view.export(key, fmt)
+    view.param.trigger("compute")  # matrix-free at this size: κ drawn, the histogram a message
+    assert calls and view.exportable == ["kappa"]
+    assert {name: b.disabled for name, b in buttons.items()} == {
+        "jacobian_kappa.png": False, "jacobian_kappa.svg": False, "jacobian_histogram.png": True,
+        "jacobian_histogram.svg": True}
+    assert view.png("kappa").startswith(b"\x89PNG")
 
 
 def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monkeypatch):
