@@ -30,7 +30,7 @@ import holoviews as hv
 import panel as pn
 import param
 
-from osa_lab.dashboard import jobs, spare
+from osa_lab.dashboard import jobs
 from osa_lab.dashboard.state import (
     CHECKS,
     FIGURE_LOCK,
@@ -363,7 +363,6 @@ def serve_session() -> Dashboard:
     lean_page_resources()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
-    spare.install()
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
@@ -377,14 +376,13 @@ def serve_session() -> Dashboard:
             d.link_url(pn.state.location)  # after the browser's own location has arrived
         d.state.refresh()
         d.check_view.refresh()
-        spare.page_loaded(pn.state.curdoc)  # the next page's session is built now, not on its request
 
     pn.state.onload(on_load)
     return dashboard
 
 
 def log_to_server_output() -> None:
-    """Let the dashboard's INFO messages (caches warmed, spare sessions built and handed out)
+    """Let the dashboard's INFO messages (caches warmed)
     reach the server's log, beside Bokeh's own lines, once per process.
 
     ``panel serve`` configures the root logger (Bokeh's ``basicConfig``) but raises only the

@@ -767,78 +767,37 @@ def test_status_line_says_when_the_sweep_came_from_the_cache(app):
     assert status.startswith("last sweep: from the cache · 2 presets × 2 seeds"), status
 
 
-class _FakeLoop:
-    def __init__(self):
-        self.later = []
+def test_the_dashboard_patches_no_server_internals():
+    """The dashboard serves through Panel's and Bokeh's public hooks only: no module of the
+    package replaces a method of a Panel, Bokeh or Tornado class (e.g. a page handler's
+    ``get_session`` or the server's ``start``) or sets a private attribute of an object it
+    does not own (e.g. a session's ``_token``)."""
+    import ast
 
-    def call_later(self, delay, callback, *args):
-        self.later.append((delay, callback, args))
-
-    def add_callback(self, callback, *args):
-        callback(*args)
-
-
-class _FakeSession:
-    destroyed = False
-
-    def __init__(self, session_id="spare-1"):
-        self.id, self.document, self._token, self.blocks = session_id, object(), "old", 1
-
-    def unblock_expiration(self):
-        self.blocks -= 1
-
-
-def _fake_handler(path="/osa_dashboard", query="", headers=None):
-    from types import SimpleNamespace
-    from urllib.parse import parse_qs
-
-    from bokeh.server.auth_provider import NullAuth
-
-    request = SimpleNamespace(path=path, query=query, arguments={k: [v[0].encode()] for k, v in parse_qs(query).items()},
-                              headers=headers or {})
-    app = SimpleNamespace(auth_provider=NullAuth(), secret_key=None, sign_sessions=False, session_token_expiration=300,
-                          io_loop=_FakeLoop())
-    return SimpleNamespace(request=request, application=app,
-                           _generate_token_payload=lambda: {"headers": {"User-Agent": "x"}, "cookies": {}, "arguments": {}})
+    foreign = ("panel", "bokeh", "tornado")
+    for path in sorted((ROOT / "osa_lab" / "dashboard").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").split(".")[0] in foreign for alias in node.names}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if not isinstance(target, ast.Attribute):
+                    continue
+                where = f"{path.name}:{node.lineno}"
+                assert not (isinstance(target.value, ast.Name) and target.value.id in imported), \
+                    f"{where} replaces {target.value.id}.{target.attr}"
+                owned = target.attr.startswith("_osa_lab") or (isinstance(target.value, ast.Name)
+                                                                and target.value.id == "self")
+                assert owned or not target.attr.startswith("_"), f"{where} sets a private attribute {target.attr}"
 
 
-def test_spare_session_goes_only_to_a_plain_request_and_only_once():
-    """osa_lab.dashboard.spare: the spare answers a request for the app's path without a query or
-    a session id of its own, with a fresh token for the spare's id; then it is gone."""
-    from bokeh.util.token import get_session_id, get_token_payload
-
-    from osa_lab.dashboard.spare import SpareSessions
-
-    spares = SpareSessions()
-    session = _FakeSession()
-    spares.spares["/osa_dashboard"] = session
-    for refused in (_fake_handler(query="presets=vit,pure-osa"), _fake_handler(path="/other"),
-                    _fake_handler(headers={"Bokeh-Session-Id": "mine"})):
-        assert spares.take(refused) is None
-    handler = _fake_handler()
-    assert spares.take(handler) is session
-    assert get_session_id(session._token) == "spare-1" and session._token != "old"
-    assert get_token_payload(session._token)["headers"] == {"User-Agent": "x"}
-    assert spares.take(_fake_handler()) is None  # never handed out twice
-    assert session.document in spares.handed_out and session.blocks == 1  # protected until its page loads
-    delays = sorted(d for d, *_ in handler.application.io_loop.later)
-    assert delays == [20.0, 60.0]  # a fallback rebuild, and the release if the page never loads
-    spares.tornado = handler.application
-    spares.page_answered(session)
-    spares._page_loaded_on_loop(session.document)
-    assert session.blocks == 0 and not spares.handed_out and not spares.in_flight
-
-
-def test_spare_session_is_off_with_its_environment_variable(monkeypatch, capsys):
+def test_cli_dry_run_prints_the_panel_serve_command(capsys):
     from osa_lab.cli import main
-    from osa_lab.dashboard import spare
 
-    monkeypatch.setenv(spare.ENV_VARIABLE, "0")
-    assert not spare.enabled()
-    monkeypatch.setenv(spare.ENV_VARIABLE, "1")
-    assert spare.enabled()
-    assert main(["dashboard", "--no-spare-session", "--dry-run"]) == 0
-    assert capsys.readouterr().out.startswith(f"{spare.ENV_VARIABLE}=0 ")
+    assert main(["dashboard", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert " -m panel serve " in out and "--warm" in out and "=" not in out.split()[0]
 
 
 def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
@@ -967,3 +926,21 @@ def test_preset_chips_and_legend_share_one_order(dash):
     b = dash.build_app(compute_now=False)
     b.apply_url({"presets": "pure-ssa,vit"})
     assert list(b.controls.presets) == [p for p in preset_names() if p in ("pure-ssa", "vit")]
+
+
+def test_process_wide_caches_are_kept_by_panel():
+    """The sweeps, checks, figures and Jacobians shared by all sessions live in Panel's memo
+    store (pn.cache, least recently used evicted first), not in a cache of the package's own:
+    Panel's clear_caches empties them."""
+    from osa_lab.dashboard import state
+
+    assert not hasattr(state, "LRU")
+    cache = state.CHECKS  # pn.cache(max_items=64)
+    cache.clear()
+    for i in range(65):
+        cache.put(("check", i), {"i": i})
+        cache.get(("check", 0))  # 0 stays recently used
+    assert cache.get(("check", 0)) == {"i": 0} and cache.get(("check", 64)) == {"i": 64}
+    assert cache.get(("check", 1)) is None  # the least recently used went
+    pn.state.clear_caches()
+    assert cache.get(("check", 64)) is None and ("check", 0) not in cache
