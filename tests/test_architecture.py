@@ -414,7 +414,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
     "studies/grid.py": (830, "to be split: options, local/remote execution, results"),
     "nn/models.py": (760, "to be split: configuration, encoder and classifiers, mixing diagnostics"),
     "studies/data.py": (750, "to be split: image data sets, MNIST-1D generation and its checked cache"),
-    "dashboard/state.py": (630, "to be split: URL parsing and the sweep state"),
 }
 
 

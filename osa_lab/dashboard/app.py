@@ -31,18 +31,14 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS, SWEEPS
 from osa_lab.dashboard.state import (
-    CHECKS,
     FIGURE_LOCK,
-    FIGURES,
-    JACOBIANS,
     PRESET_HEADS,
-    SWEEPS,
     URL_PARAMETERS,
     VIEW_LABELS,
     VIEWS,
     Controls,
-    SweepState,
     compute_osa_check,
     compute_sweep,
     compute_unit,
@@ -50,6 +46,7 @@ from osa_lab.dashboard.state import (
     markdown_literal,
     sweep_key,
 )
+from osa_lab.dashboard.sweep import SweepState
 from osa_lab.dashboard.views import (
     JacobianView,
     OSACheckView,

@@ -3,9 +3,10 @@
 Everything that defines what is on screen (presets, tab, site, scale, metric, Jacobian mode and
 scope, sizes) lives in :class:`Controls` and in the page URL (:meth:`Controls.to_query`,
 :meth:`Controls.apply_query`). :class:`Job` runs a computation off the server's event loop in a
-daemon thread; :class:`SweepState` holds one session's current sweep. The caches here
-(:func:`compute_sweep`, :func:`compute_osa_check`, :data:`FIGURES`, :data:`JACOBIANS`) are
-module-level, hence shared by every session of the server process. Sessions compute
+daemon thread (:class:`osa_lab.dashboard.sweep.SweepState` holds one session's current sweep);
+:func:`follow_job` follows a worker process. The caches (:func:`compute_sweep`,
+:func:`compute_osa_check`, :mod:`osa_lab.dashboard.caches`) are shared by every session of the
+server process. Sessions compute
 concurrently: models are built with an explicit dtype (no process-wide default-dtype switch).
 """
 
@@ -25,6 +26,7 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import CHECKS, SWEEPS
 from osa_lab.errors import ConfigurationError, UserError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -125,87 +127,6 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 FIGURE_LOCK: threading.Lock = threading.Lock()
 
 
-class _Slot:
-    """One entry of a :class:`SharedCache`: empty (``None``) until a value is put in it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value: Any = None
-
-
-class SharedCache:
-    """A bounded cache shared by every session of the server process, kept by Panel's
-    :func:`panel.cache`: ``slot`` is a function memoized with ``pn.cache(max_items=…,
-    policy="LRU")`` that returns an empty :class:`_Slot` for a key it has not seen, so Panel owns
-    the storage, the sharing across sessions and the eviction of the least recently used key;
-    :meth:`get` reads a slot without computing anything (a view can apply a cached result at
-    once) and :meth:`put` fills it. Keys are compared by their ``repr`` (tuples of primitives and
-    frozen dataclasses of primitives). Calls are serialised: Panel's memo store is a plain dict."""
-
-    def __init__(self, slot: Callable[[str], _Slot]) -> None:
-        self._slot, self._lock = slot, threading.Lock()
-
-    def _at(self, key: Any) -> _Slot:
-        with self._lock:
-            return self._slot(repr(key))
-
-    def get(self, key: Any) -> Any:
-        """The value stored for ``key``, or ``None``."""
-        return self._at(key).value
-
-    def put(self, key: Any, value: Any) -> None:
-        self._at(key).value = value
-
-    def __contains__(self, key: Any) -> bool:
-        return self.get(key) is not None
-
-    def clear(self) -> None:
-        with self._lock:
-            self._slot.clear()
-
-
-# One memoized slot function per cache: pn.cache keeps one store per function (by module and name).
-@pn.cache(max_items=96, policy="LRU")
-def _figure_slot(key: str) -> _Slot:
-    return _Slot()
-
-
-@pn.cache(max_items=256, policy="LRU")
-def _jacobian_slot(key: str) -> _Slot:
-    return _Slot()
-
-
-@pn.cache(max_items=32, policy="LRU")
-def _sweep_slot(key: str) -> _Slot:
-    return _Slot()
-
-
-@pn.cache(max_items=256, policy="LRU")
-def _sweep_unit_slot(key: str) -> _Slot:
-    return _Slot()
-
-
-@pn.cache(max_items=64, policy="LRU")
-def _check_slot(key: str) -> _Slot:
-    return _Slot()
-
-
-#: Built figures (HoloViews objects and the reduced tables they draw), keyed by view, settings
-#: and options: returning to computed settings needs no rebuild.
-FIGURES = SharedCache(_figure_slot)
-#: Jacobian results per :class:`osa_lab.dashboard.jobs.Unit` (preset × seed × resolved method).
-JACOBIANS = SharedCache(_jacobian_slot)
-#: Sweep results by configuration (:func:`sweep_key`), filled by :func:`compute_sweep` and by
-#: long sweeps' workers: what :meth:`SweepState.refresh` can apply at once.
-SWEEPS = SharedCache(_sweep_slot)
-#: Tables of single model runs (:class:`osa_lab.dashboard.jobs.SweepUnit`) computed by a long
-#: sweep's worker: a sweep cancelled and asked for again, or one more preset, runs only the missing ones.
-SWEEP_UNITS = SharedCache(_sweep_unit_slot)
-#: OSA check results by the arguments of :func:`compute_osa_check`.
-CHECKS = SharedCache(_check_slot)
-
-
 def sweep_key(cfg: dict[str, Any]) -> tuple:
     """The :data:`SWEEPS` key of a configuration (:meth:`Controls.config`)."""
     return tuple(sorted(cfg.items()))
@@ -232,26 +153,6 @@ def compute_sweep(
     )
     SWEEPS.put(key, (result.metrics, result.spectra))
     return result.metrics, result.spectra
-
-
-#: Sweeps estimated above this many seconds run in a worker process with an estimate, progress
-#: and *Cancel sweep* (:meth:`SweepState.refresh`); shorter ones in a thread (no worker start).
-WORKER_SWEEP_SECONDS = 5.0
-
-
-def sweep_units(cfg: Mapping[str, Any]) -> list[jobs.SweepUnit]:
-    """The model runs of a configuration (:meth:`Controls.config`), preset by preset, seed by seed."""
-    return [jobs.SweepUnit(p, int(cfg["depth"]), int(cfg["tokens"]), int(cfg["dim"]), cfg["heads"], cfg["alpha"], s)
-            for p in cfg["presets"] for s in range(int(cfg["seeds"]))]
-
-
-def assemble_sweep(units: list[jobs.SweepUnit], results: Mapping[jobs.SweepUnit, tuple[pd.DataFrame, pd.DataFrame]]
-                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The tidy metrics and spectra tables of a sweep from those of its ``units`` (the rows
-    :func:`compute_sweep` gives for the same configuration, in the same order)."""
-    parts = [results[u] for u in units]
-    return (pd.concat([m for m, _ in parts], ignore_index=True),
-            pd.concat([sp for _, sp in parts], ignore_index=True))
 
 
 def progress_text(what: str, done: int, total: int, elapsed: float, eta: float, cancel: str = "Cancel") -> str:
@@ -692,135 +593,3 @@ class Job(param.Parameterized):
             self.error = describe_error(exc)
         finally:
             self.busy = False
-
-
-class SweepState(Job):
-    """The current sweep of one session: tidy metrics and spectra tables of the last good settings.
-
-    A sweep estimated above :data:`WORKER_SWEEP_SECONDS` (the largest sizes a link can ask for
-    compute for minutes) runs in a worker process, one model run after another, with the
-    estimate and then the progress in :attr:`notice` and a *Cancel sweep* button
-    (:attr:`cancel`); the figures of the last settings stay meanwhile.
-    """
-
-    controls = param.ClassSelector(class_=Controls)
-    metrics = param.DataFrame(default=None, allow_None=True, doc="Tidy metrics table (osa_lab.studies.depth).")
-    spectra = param.DataFrame(default=None, allow_None=True, doc="Tidy spectra table (osa_lab.studies.depth).")
-    config = param.Dict(default={}, doc="Configuration of the tables shown.")
-    notice = param.String(default="", doc="Estimate and progress of a long sweep, or that it was cancelled.")
-    running = param.Boolean(default=False, doc="A long sweep runs in a worker process.")
-    cancel = param.Event(label="Cancel sweep", doc="Stop the long sweep that is running.")
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._worker: jobs.WorkerJob | None = None
-        self._worker_config: dict[str, Any] = {}
-
-    @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
-                   "controls.derived_alpha", "controls.alpha", "controls.seeds", watch=True)
-    def refresh(self) -> None:
-        """Recompute for the current controls (cached); on error keep the tables and set ``error``."""
-        controls = self.controls
-        try:
-            controls.validate()
-        except ConfigurationError as exc:
-            self._generation += 1  # drop any result still running for earlier settings
-            self.stop_worker()
-            self.error = str(exc)
-            return
-        cfg = controls.config()
-        if cfg == self.config and self.metrics is not None and not self.busy:
-            self.error = ""
-            return  # e.g. the α slider following α₀ while derived
-        if self._worker is not None and cfg == self._worker_config:
-            return  # this sweep is running in a worker already
-
-        def compute():
-            return cfg, compute_sweep(**cfg)
-
-        def cached():
-            hit = SWEEPS.get(sweep_key(cfg))
-            return None if hit is None else (cfg, hit)
-
-        def apply(value):
-            cfg, (metrics, spectra) = value
-            with param.parameterized.batch_call_watchers(self):
-                self.config = cfg
-                self.metrics = metrics
-                self.spectra = spectra
-
-        self.stop_worker()
-        self.notice = ""  # new settings: an earlier "Cancelled …" no longer applies
-        if cached() is None and is_served():
-            units = sweep_units(cfg)
-            missing = [u for u in units if u not in SWEEP_UNITS]
-            eta = jobs.estimate_sweep_seconds(len(missing), cfg["tokens"], cfg["dim"], cfg["depth"])
-            if eta > WORKER_SWEEP_SECONDS:
-                self._start_worker(cfg, units, missing, eta, apply)
-                return
-        self.run(compute, apply, cached)
-
-    def _start_worker(self, cfg: dict[str, Any], units: list[jobs.SweepUnit], missing: list[jobs.SweepUnit],
-                      eta: float, apply: Callable[[object], None]) -> None:
-        """Run the ``missing`` model runs of ``cfg`` in a worker process (:func:`follow_job`), then
-        apply the assembled tables; the notice gives the estimate, then the progress."""
-        self._generation += 1  # a sweep still running in a thread for earlier settings is dropped
-        results = {u: SWEEP_UNITS.get(u) for u in units if u not in missing}
-        what = (f"the sweep ({len(missing)} model runs: {len(cfg['presets'])} presets × {cfg['seeds']} seeds, "
-                f"depth {cfg['depth']}, N = {cfg['tokens']}, d = {cfg['dim']})")
-        job = jobs.start_sweep_job(missing)
-        self._worker, self._worker_config = job, cfg
-        with param.parameterized.batch_call_watchers(self):
-            self.error, self.busy, self.running = "", True, True
-            self.notice = (f"Computing {what}, estimated {jobs.format_seconds(eta)} on this machine. *Cancel sweep* "
-                           "stops it; the figures below are from earlier settings until it is done.")
-
-        def on_unit(unit, result) -> None:
-            SWEEP_UNITS.put(unit, result)
-            results[unit] = result
-
-        def on_progress(done: int, elapsed: float) -> None:
-            if self._worker is job:
-                self.notice = progress_text(what, done, len(missing), elapsed, eta, cancel="Cancel sweep")
-
-        def on_error(exc: BaseException) -> None:
-            if self._worker is job:
-                self.error = describe_error(exc)
-
-        def on_end(seconds: float) -> None:
-            if self._worker is not job:
-                return  # cancelled, or overtaken by newer settings
-            self._worker = None
-            complete = not job.cancelled and all(u in results for u in units)
-            with param.parameterized.batch_call_watchers(self):
-                self.running, self.busy, self.notice = False, False, ""
-                if complete:
-                    tables = assemble_sweep(units, results)
-                    SWEEPS.put(sweep_key(cfg), tables)
-                    self.seconds, self.from_cache = seconds, False
-            if complete:
-                try:
-                    apply((cfg, tables))
-                except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
-                    self.error = describe_error(exc)
-
-        follow_job(job, on_unit, on_progress, on_error, on_end)
-
-    @param.depends("cancel", watch=True)
-    def _on_cancel(self) -> None:
-        cfg = self._worker_config
-        if self._worker is None:
-            return
-        shown = (f"the figures show the last settings computed ({self.controls.describe(self.config)})"
-                 if self.config else "no figures were computed yet")
-        self.stop_worker(f"Cancelled the sweep at {self.controls.describe(cfg)}: {shown}. Change a setting to compute "
-                         "again.")
-
-    def stop_worker(self, notice: str = "") -> None:
-        """Stop a long sweep's worker process, if one runs (a cancel, new settings, a closed tab)."""
-        job, self._worker = self._worker, None
-        if job is None:
-            return
-        job.cancel()
-        with param.parameterized.batch_call_watchers(self):
-            self.running, self.busy, self.notice = False, False, notice

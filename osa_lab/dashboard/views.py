@@ -6,7 +6,7 @@
 * :class:`JacobianView`: κ across depth and the end-to-end Jacobian's singular-value histogram.
 
 Each view draws only while its tab is visible (:class:`FigureView`); figures are cached
-process-wide in :data:`osa_lab.dashboard.state.FIGURES`. Jacobians run in a worker process
+process-wide in :data:`osa_lab.dashboard.caches.FIGURES`. Jacobians run in a worker process
 (:mod:`osa_lab.dashboard.jobs`) with an estimate, progress and *Cancel*
 (:func:`osa_lab.dashboard.state.follow_job`, the path long sweeps take too).
 """
@@ -26,17 +26,14 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS
 from osa_lab.dashboard.state import (
     AUTO_JACOBIAN_SECONDS,
-    CHECKS,
     FIGURE_LOCK,
-    FIGURES,
-    JACOBIANS,
     METRIC_LABELS,
     SCOPE_LABELS,
     Controls,
     Job,
-    SweepState,
     compute_osa_check,
     compute_unit,
     describe_error,
@@ -48,6 +45,7 @@ from osa_lab.dashboard.state import (
     markdown_literal,
     progress_text,
 )
+from osa_lab.dashboard.sweep import SweepState
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
 from osa_lab.plots.style import with_options
@@ -309,8 +307,7 @@ class FigureView(pn.viewable.Viewer):
 
     def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
         button = pn.widgets.FileDownload(
-            filename=f"{stem}.{format}", label=label, button_type="light", embed=False,
-            width=260 if format == "png" else 70,
+            filename=f"{stem}.{format}", label=label, button_type="light", embed=False, width=260 if format == "png" else 70,
             disabled=pn.bind(lambda keys: key not in keys, self.param.exportable),  # a message is no figure
             description=pn.bind(lambda keys: None if key in keys else "no figure to download: the pane shows a message",
                                 self.param.exportable))

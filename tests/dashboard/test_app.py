@@ -210,12 +210,12 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
 
 
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
-    from osa_lab.dashboard import state
+    from osa_lab.dashboard import sweep
 
     def boom(**kwargs):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(state, "compute_sweep", boom)
+    monkeypatch.setattr(sweep, "compute_sweep", boom)  # where the session's sweep calls it
     metrics = app.state.metrics
     app.controls.depth = 2
     assert "simulated failure" in app.state.error and "Traceback" not in app.state.error
@@ -725,13 +725,16 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
 
     monkeypatch.setattr(dash_views, "is_served", lambda: True)  # as in a server session
     from osa_lab.dashboard import state as dash_state
+    from osa_lab.dashboard import sweep as dash_sweep
 
-    monkeypatch.setattr(dash_state, "is_served", lambda: True)
+    for module in (dash_state, dash_sweep):
+        monkeypatch.setattr(module, "is_served", lambda: True)
 
     def no_compute(**_):
         raise AssertionError("cached settings were recomputed")
 
-    monkeypatch.setattr(dash_state, "compute_sweep", no_compute)
+    for module in (dash_state, dash_sweep):
+        monkeypatch.setattr(module, "compute_sweep", no_compute)
     second = dash.build_app(compute_now=False, **SMALL)
     pn.panel(second)
     assert second.state.metrics is None  # nothing yet: the served page would show placeholders
@@ -752,7 +755,7 @@ def test_show_cached_leaves_uncached_settings_to_the_page_load(dash):
 
 
 def test_status_line_says_when_the_sweep_came_from_the_cache(app):
-    from osa_lab.dashboard.state import SWEEPS
+    from osa_lab.dashboard.caches import SWEEPS
 
     depth = app.controls.depth
     SWEEPS.clear()
@@ -829,14 +832,14 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
 def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
     """A long sweep runs model by model in a worker: its units, assembled, are the rows that
     compute_sweep gives for the same configuration, in the same order."""
-    from osa_lab.dashboard import jobs, state
+    from osa_lab.dashboard import caches, jobs, state, sweep
 
     cfg = dict(presets=("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None, seeds=2)
-    units = state.sweep_units(cfg)
+    units = sweep.sweep_units(cfg)
     assert [(u.preset, u.seed) for u in units] == [(p, s) for p in cfg["presets"] for s in range(2)]
     results = {u: jobs.compute_sweep_unit(u) for u in units}
-    metrics, spectra = state.assemble_sweep(units, results)
-    state.SWEEPS.clear()
+    metrics, spectra = sweep.assemble_sweep(units, results)
+    caches.SWEEPS.clear()
     whole_metrics, whole_spectra = state.compute_sweep(**cfg)
     pd.testing.assert_frame_equal(metrics, whole_metrics)
     pd.testing.assert_frame_equal(spectra, whole_spectra)
@@ -845,12 +848,12 @@ def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
 def test_sweep_estimate_separates_the_default_view_from_the_largest_link():
     """The largest sizes a link reaches (7 presets × 5 seeds, depth 48, N 256, d 128) are
     estimated beyond the worker threshold (a measured 118 s), the default view far below it."""
-    from osa_lab.dashboard import jobs, state
+    from osa_lab.dashboard import jobs, sweep
 
     largest = jobs.estimate_sweep_seconds(7 * 5, 256, 128, 48)
     default = jobs.estimate_sweep_seconds(2 * 2, 32, 32, 12)
-    assert largest > 10 * state.WORKER_SWEEP_SECONDS
-    assert default < state.WORKER_SWEEP_SECONDS / 5
+    assert largest > 10 * sweep.WORKER_SWEEP_SECONDS
+    assert default < sweep.WORKER_SWEEP_SECONDS / 5
 
 
 def test_a_long_sweep_runs_in_a_worker_with_estimate_progress_and_cancel(dash, monkeypatch):
@@ -859,16 +862,16 @@ def test_a_long_sweep_runs_in_a_worker_with_estimate_progress_and_cancel(dash, m
     so; a later setting computes as usual."""
     import time
 
-    from osa_lab.dashboard import state
+    from osa_lab.dashboard import caches, sweep
 
     followed = []
-    monkeypatch.setattr(state, "is_served", lambda: True)
-    monkeypatch.setattr(state, "follow_job", lambda job, *callbacks: followed.append((job, callbacks)))
+    monkeypatch.setattr(sweep, "is_served", lambda: True)
+    monkeypatch.setattr(sweep, "follow_job", lambda job, *callbacks: followed.append((job, callbacks)))
     a = dash.build_app(**SMALL)
     pn.panel(a)
     shown = a.state.config
     assert a.state.metrics is not None and not a.state.running
-    state.SWEEPS.clear()
+    caches.SWEEPS.clear()
     a.controls.param.update(tokens=256, dim=128, depth=48, seeds=5)
     try:
         assert a.state.running and a.state.busy and len(followed) == 1
@@ -898,12 +901,12 @@ def test_jacobians_and_long_sweeps_share_one_worker_path():
     state.follow_job; the views keep no follower loop of their own."""
     import inspect
 
-    from osa_lab.dashboard import app, jobs, state, views
+    from osa_lab.dashboard import app, jobs, sweep, views
 
     assert "start_job(" in inspect.getsource(jobs.start_jacobian_job)
     assert "start_job(" in inspect.getsource(jobs.start_sweep_job)
     assert "follow_job(" in inspect.getsource(views.JacobianView._start)
-    assert "follow_job(" in inspect.getsource(state.SweepState._start_worker)
+    assert "follow_job(" in inspect.getsource(sweep.SweepState._start_worker)
     for module in (views, app):
         assert "asyncio.sleep" not in inspect.getsource(module)
 
@@ -932,10 +935,10 @@ def test_process_wide_caches_are_kept_by_panel():
     """The sweeps, checks, figures and Jacobians shared by all sessions live in Panel's memo
     store (pn.cache, least recently used evicted first), not in a cache of the package's own:
     Panel's clear_caches empties them."""
-    from osa_lab.dashboard import state
+    from osa_lab.dashboard import caches, state
 
-    assert not hasattr(state, "LRU")
-    cache = state.CHECKS  # pn.cache(max_items=64)
+    assert not hasattr(state, "LRU") and not hasattr(caches, "LRU")
+    cache = caches.CHECKS  # pn.cache(max_items=64)
     cache.clear()
     for i in range(65):
         cache.put(("check", i), {"i": i})
