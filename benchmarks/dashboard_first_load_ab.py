@@ -14,14 +14,14 @@ e.g. an older commit checked out with ``git worktree add /tmp/base <commit>``::
         base=/tmp/base/osa_lab/dashboard/osa_dashboard.py@/tmp/base \\
         now=osa_lab/dashboard/osa_dashboard.py
 
-or the same code with and without the spare session (an environment variable per version)::
+or the same code under two settings of an environment variable the server reads::
 
     python benchmarks/dashboard_first_load_ab.py 8 \\
-        spare=osa_lab/dashboard/osa_dashboard.py \\
-        none=osa_lab/dashboard/osa_dashboard.py?OSA_DASHBOARD_SPARE_SESSION=0
+        one=osa_lab/dashboard/osa_dashboard.py?OSA_DASHBOARD_TORCH_THREADS=1 \\
+        two=osa_lab/dashboard/osa_dashboard.py?OSA_DASHBOARD_TORCH_THREADS=2
 
-``--gap SECONDS`` (default 0) waits that long before each page, e.g. for the idle time in which
-the server builds its spare session. Prints one line per page and the medians; no assertion on
+``--gap SECONDS`` (default 0) waits that long before each page, e.g. to give each server idle time
+between pages. Prints one line per page and the medians; no assertion on
 time.
 """
 

@@ -50,15 +50,15 @@ TARGETS = {"first_plot": 3.0, "cached_update": 0.5, "uncached_update_5": 3.0}
 
 
 class _Dashboard:
-    """The dashboard's modules under one name (caches live in :mod:`osa_lab.dashboard.state`)."""
+    """The dashboard's modules under one name (caches live in :mod:`osa_lab.dashboard.caches`)."""
 
     def __init__(self) -> None:
-        from osa_lab.dashboard import app, state
+        from osa_lab.dashboard import app, caches, state
 
         self.build_app = app.build_app
         self.compute_sweep, self.compute_osa_check, self.FIGURES = state.compute_sweep, state.compute_osa_check, \
-            state.FIGURES
-        self.SWEEPS, self.CHECKS = state.SWEEPS, state.CHECKS
+            caches.FIGURES
+        self.SWEEPS, self.CHECKS = caches.SWEEPS, caches.CHECKS
 
     def clear(self) -> None:
         """Empty every process-wide cache (sweeps, OSA checks, figures): the next update computes."""

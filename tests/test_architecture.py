@@ -411,7 +411,6 @@ OVERSIZED: dict[str, tuple[int, str]] = {
     "ops/triton/kernels.py": (1000, "the Triton kernels, their launch plans and tile tables load as one module "
                                     "(the interpreter and the compile check import it whole)"),
     "dashboard/views.py": (850, "one Viewer per tab; to be split per tab"),
-    "dashboard/state.py": (630, "to be split: URL parsing and the sweep state"),
 }
 
 

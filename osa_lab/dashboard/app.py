@@ -30,19 +30,15 @@ import holoviews as hv
 import panel as pn
 import param
 
-from osa_lab.dashboard import jobs, spare
+from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS, SWEEPS
 from osa_lab.dashboard.state import (
-    CHECKS,
     FIGURE_LOCK,
-    FIGURES,
-    JACOBIANS,
     PRESET_HEADS,
-    SWEEPS,
     URL_PARAMETERS,
     VIEW_LABELS,
     VIEWS,
     Controls,
-    SweepState,
     compute_osa_check,
     compute_sweep,
     compute_unit,
@@ -50,6 +46,7 @@ from osa_lab.dashboard.state import (
     markdown_literal,
     sweep_key,
 )
+from osa_lab.dashboard.sweep import SweepState
 from osa_lab.dashboard.views import (
     JacobianView,
     OSACheckView,
@@ -159,6 +156,7 @@ class Dashboard(pn.viewable.Viewer):
     def stop(self) -> None:
         """Cancel this session's background work (the browser tab closed)."""
         self.jacobian_view.stop()
+        self.state.stop_worker()
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -195,6 +193,10 @@ class Dashboard(pn.viewable.Viewer):
             pn.pane.Alert(pn.bind(self._url_message, self.param.url_errors), alert_type="danger",
                           visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             message_pane(self.state.param.error),
+            pn.Row(pn.pane.Alert(self.state.param.notice, alert_type="info", sizing_mode="stretch_width"),
+                   pn.widgets.Button.from_param(self.state.param.cancel, button_type="danger", width=130,
+                                                visible=self.state.param.running, align="center"),
+                   visible=pn.bind(bool, self.state.param.notice), sizing_mode="stretch_width"),
             pn.pane.Alert(pn.bind(markdown_literal, self.controls.param.adjusted), alert_type="info",
                           visible=pn.bind(bool, self.controls.param.adjusted), sizing_mode="stretch_width"),
             notes,
@@ -358,7 +360,6 @@ def serve_session() -> Dashboard:
     lean_page_resources()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
-    spare.install()
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
@@ -372,14 +373,13 @@ def serve_session() -> Dashboard:
             d.link_url(pn.state.location)  # after the browser's own location has arrived
         d.state.refresh()
         d.check_view.refresh()
-        spare.page_loaded(pn.state.curdoc)  # the next page's session is built now, not on its request
 
     pn.state.onload(on_load)
     return dashboard
 
 
 def log_to_server_output() -> None:
-    """Let the dashboard's INFO messages (caches warmed, spare sessions built and handed out)
+    """Let the dashboard's INFO messages (caches warmed)
     reach the server's log, beside Bokeh's own lines, once per process.
 
     ``panel serve`` configures the root logger (Bokeh's ``basicConfig``) but raises only the

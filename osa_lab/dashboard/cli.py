@@ -79,9 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-threads", type=positive_int, default=None,
                         help="Panel thread pool size for callbacks (default: none; heavy work already runs in threads)")
-    parser.add_argument("--no-spare-session", action="store_true",
-                        help="build each page's session when it is requested, not ahead of time "
-                             "(sets OSA_DASHBOARD_SPARE_SESSION=0; see docs/dashboard.md)")
     parser.add_argument("--dry-run", action="store_true", help="print the panel serve command and exit")
 
 
@@ -100,13 +97,6 @@ def build_command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
-def environment(args: argparse.Namespace) -> dict[str, str]:
-    """Environment variables the served app reads, set by this command's options."""
-    from osa_lab.dashboard.spare import ENV_VARIABLE
-
-    return {ENV_VARIABLE: "0"} if args.no_spare_session else {}
-
-
 def run(args: argparse.Namespace) -> int:
     """Serve the dashboard until interrupted; returns panel's exit status."""
     try:
@@ -114,11 +104,9 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"osa-lab dashboard: error: {exc}", file=sys.stderr)
         return 2
-    env = environment(args)
     if args.dry_run:
-        print(" ".join([f"{k}={v}" for k, v in env.items()] + cmd))
+        print(" ".join(cmd))
         return 0
-    os.environ.update(env)
     print(f"serving {cmd[4]} at http://{args.address}:{args.port}/osa_dashboard (Ctrl-C to stop)", flush=True)
     if os.name == "posix":
         # Become the server (exec), so that SIGTERM/SIGINT sent to `osa-lab dashboard` reach it

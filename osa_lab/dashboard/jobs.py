@@ -1,17 +1,21 @@
-"""Jacobian jobs of the dashboard, run in a worker process that can be stopped at any time.
+"""Long computations of the dashboard, run in a worker process that can be stopped at any time.
 
-Jacobians of deep models take seconds to minutes. The dashboard (:mod:`osa_lab.dashboard.views`)
-runs each job in a separate process started by :func:`start_jacobian_job`, so that
+Jacobians of deep models and sweeps at the largest sizes take seconds to minutes. The dashboard
+(:mod:`osa_lab.dashboard.views`, :mod:`osa_lab.dashboard.state`) runs each such job in a separate
+process started by :func:`start_job`, so that
 
 * a *Cancel* button, a closed browser tab or the server's SIGTERM stops the work at once
-  (:meth:`JacobianJob.cancel` terminates the process; a thread could not be stopped),
+  (:meth:`WorkerJob.cancel` terminates the process; a thread could not be stopped),
 * the server's event loop and the other sessions stay responsive meanwhile.
 
-The worker computes one *unit* (preset × seed) after another with
-:func:`osa_lab.studies.jacobian.jacobian_depth_profile` and, for exact Jacobians,
-:func:`osa_lab.studies.jacobian.jacobian_singular_values`, and sends each finished unit back through a
-pipe, so the parent can show progress and cache every unit on its own (a later request that
-shares presets or seeds computes only the missing units).
+A job is a list of *units*, each computed by one function: :func:`compute_unit` for a Jacobian
+unit (:class:`Unit`, preset × seed: :func:`osa_lab.studies.jacobian.jacobian_depth_profile` and,
+for exact Jacobians, :func:`osa_lab.studies.jacobian.jacobian_singular_values`) and
+:func:`compute_sweep_unit` for a sweep unit (:class:`SweepUnit`, preset × seed: one model run of
+:func:`osa_lab.studies.depth.sweep`). The worker sends each finished unit back through a pipe, so
+the parent can show progress and cache every unit on its own (a later request that shares
+presets or seeds computes only the missing units). :func:`estimate_seconds` and
+:func:`estimate_sweep_seconds` give the estimate shown before a job starts.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +33,8 @@ import pandas as pd
 if TYPE_CHECKING:
     from osa_lab.studies.settings import StudyPoint
 
-__all__ = ["JacobianJob", "Unit", "compute_unit", "estimate_seconds", "start_jacobian_job"]
+__all__ = ["SweepUnit", "Unit", "WorkerJob", "compute_sweep_unit", "compute_unit", "estimate_seconds",
+           "estimate_sweep_seconds", "start_jacobian_job", "start_job", "start_sweep_job"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,19 @@ class Unit:
         from osa_lab.studies.settings import StudyPoint
 
         return StudyPoint(self.preset, self.depth, self.tokens, self.dim, self.heads, self.alpha, self.seed)
+
+
+@dataclass(frozen=True)
+class SweepUnit:
+    """One model run (preset × seed) of a dashboard sweep (primitive fields: the cache key)."""
+
+    preset: str
+    depth: int
+    tokens: int
+    dim: int
+    heads: int | None
+    alpha: float | None
+    seed: int
 
 
 #: The figures of :func:`estimate_seconds`, measured on the 2-core CPU machine under load (seconds per preset ×
@@ -83,14 +102,38 @@ def compute_unit(unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     return prof, svals
 
 
-def _worker(conn, units: list[Unit], threads: int) -> None:  # pragma: no cover - runs in the child
+#: The sweep cost model, measured on the 2-core CPU machine under load (one torch thread, both
+#: sites, spectra included): 11 ms per block at N·d = 1024 (N = d = 32), 55 ms at 8192
+#: (N = 128, d = 64), 66–128 ms at 32768 (N = 256, d = 128; vit to skipless-ssa), i.e. about
+#: ∝ (N·d)^0.63; a sweep of 7 presets × 5 seeds at depth 48 and that size took 118 s.
+_SWEEP_PER_BLOCK, _SWEEP_EXPONENT = 0.011, 0.63
+
+
+def estimate_sweep_seconds(unit_count: int, tokens: int, dim: int, depth: int) -> float:
+    """A rough wall-time estimate of ``unit_count`` sweep units (model runs) of ``depth`` blocks."""
+    per_block = _SWEEP_PER_BLOCK * (tokens * dim / 1024) ** _SWEEP_EXPONENT
+    return unit_count * depth * per_block
+
+
+def compute_sweep_unit(unit: SweepUnit) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tidy metrics and spectra tables of one model run (both sites), as
+    :func:`osa_lab.studies.depth.sweep` gives them for this preset and seed: the rows of a sweep
+    over several presets and seeds are those of its units, concatenated preset by preset, seed by seed."""
+    from osa_lab.studies.depth import sweep
+
+    result = sweep([unit.preset], depths=[unit.depth], tokens=[unit.tokens], dims=[unit.dim], heads=[unit.heads],
+                   alphas=[unit.alpha], seeds=[unit.seed], site="both", progress=False)
+    return result.metrics, result.spectra
+
+
+def _worker(conn, compute: Callable[[Any], Any], units: list, threads: int) -> None:  # pragma: no cover - child
     import torch
 
     torch.set_num_threads(max(int(threads), 1))
     try:
         for unit in units:
             start = time.perf_counter()
-            result = compute_unit(unit)
+            result = compute(unit)
             conn.send(("unit", unit, result, time.perf_counter() - start))
         conn.send(("done", None, None, 0.0))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the page
@@ -103,26 +146,26 @@ def _worker(conn, units: list[Unit], threads: int) -> None:  # pragma: no cover 
 
 
 _CTX_LOCK = threading.Lock()
-_LIVE: set[JacobianJob] = set()
+_LIVE: set[WorkerJob] = set()
 
 
 def _context():
-    """A forkserver context with osa_lab's Jacobian code preloaded (fast starts, no fork of a
+    """A forkserver context with osa_lab's Jacobian and sweep code preloaded (fast starts, no fork of a
     multi-threaded server); spawn where forkserver does not exist."""
     with _CTX_LOCK:
         try:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["osa_lab.dashboard.jobs", "osa_lab.studies.jacobian"])
+            ctx.set_forkserver_preload(["osa_lab.dashboard.jobs", "osa_lab.studies.jacobian", "osa_lab.studies.depth"])
         except ValueError:  # pragma: no cover - platforms without forkserver
             ctx = mp.get_context("spawn")
         return ctx
 
 
 @dataclass(eq=False)
-class JacobianJob:
+class WorkerJob:
     """A running worker process: poll it for finished units, cancel it at any time."""
 
-    units: list[Unit]
+    units: list
     process: Any
     conn: Any
     started: float = field(default_factory=time.perf_counter)
@@ -144,7 +187,7 @@ class JacobianJob:
             self._close()
             if not self.cancelled:
                 code = self.process.exitcode
-                out.append(("error", None, RuntimeError(f"the Jacobian worker stopped (exit code {code})"), 0.0))
+                out.append(("error", None, RuntimeError(f"the worker process stopped (exit code {code})"), 0.0))
         return out
 
     def cancel(self) -> None:
@@ -169,17 +212,29 @@ class JacobianJob:
             self.process.join(0)
 
 
-def start_jacobian_job(units: list[Unit], threads: int = 1) -> JacobianJob:
-    """Start a worker process computing ``units`` (daemonic: it never outlives the server)."""
+def start_job(compute: Callable[[Any], Any], units: list, threads: int = 1) -> WorkerJob:
+    """Start a worker process computing ``compute(unit)`` for each of ``units`` in turn
+    (daemonic: it never outlives the server). ``compute`` must be a module-level function (it is
+    sent to the worker by name)."""
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_worker, args=(child, list(units), threads), daemon=True,
-                       name="osa-lab-jacobian")
+    proc = ctx.Process(target=_worker, args=(child, compute, list(units), threads), daemon=True,
+                       name="osa-lab-worker")
     proc.start()
     child.close()
-    job = JacobianJob(list(units), proc, parent)
+    job = WorkerJob(list(units), proc, parent)
     _LIVE.add(job)
     return job
+
+
+def start_jacobian_job(units: list[Unit], threads: int = 1) -> WorkerJob:
+    """Start a worker process computing the Jacobian ``units`` (:func:`compute_unit`)."""
+    return start_job(compute_unit, units, threads)
+
+
+def start_sweep_job(units: list[SweepUnit], threads: int = 1) -> WorkerJob:
+    """Start a worker process computing the sweep ``units`` (:func:`compute_sweep_unit`)."""
+    return start_job(compute_sweep_unit, units, threads)
 
 
 def cancel_all() -> int:

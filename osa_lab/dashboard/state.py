@@ -3,16 +3,16 @@
 Everything that defines what is on screen (presets, tab, site, scale, metric, Jacobian mode and
 scope, sizes) lives in :class:`Controls` and in the page URL (:meth:`Controls.to_query`,
 :meth:`Controls.apply_query`). :class:`Job` runs a computation off the server's event loop in a
-daemon thread; :class:`SweepState` holds one session's current sweep. The caches here
-(:func:`compute_sweep`, :func:`compute_osa_check`, :data:`FIGURES`, :data:`JACOBIANS`) are
-module-level, hence shared by every session of the server process. Sessions compute
+daemon thread (:class:`osa_lab.dashboard.sweep.SweepState` holds one session's current sweep);
+:func:`follow_job` follows a worker process. The caches (:func:`compute_sweep`,
+:func:`compute_osa_check`, :mod:`osa_lab.dashboard.caches`) are shared by every session of the
+server process. Sessions compute
 concurrently: models are built with an explicit dtype (no process-wide default-dtype switch).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
 import re
@@ -26,6 +26,7 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import CHECKS, SWEEPS
 from osa_lab.errors import ConfigurationError, UserError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -125,49 +126,6 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 FIGURE_LOCK: threading.Lock = threading.Lock()
 
 
-class LRU:
-    """A small thread-safe least-recently-used cache shared by all sessions of the process."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self._data, self._lock = size, collections.OrderedDict(), threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            if key not in self._data:
-                return None
-            self._data.move_to_end(key)
-            return self._data[key]
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-
-    def __contains__(self, key: Any) -> bool:
-        with self._lock:
-            return key in self._data
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-
-#: Built figures (HoloViews objects and the reduced tables they draw), keyed by view, settings
-#: and options: returning to computed settings needs no rebuild.
-FIGURES: LRU = LRU(96)
-#: Jacobian results per :class:`osa_lab.dashboard.jobs.Unit` (preset × seed × resolved method).
-JACOBIANS: LRU = LRU(256)
-
-
-#: Sweep results by configuration (:func:`sweep_key`), filled by :func:`compute_sweep`: what
-#: :meth:`SweepState.refresh` can apply at once.
-SWEEPS: LRU = LRU(32)
-#: OSA check results by the arguments of :func:`compute_osa_check`.
-CHECKS: LRU = LRU(64)
-
-
 def sweep_key(cfg: dict[str, Any]) -> tuple:
     """The :data:`SWEEPS` key of a configuration (:meth:`Controls.config`)."""
     return tuple(sorted(cfg.items()))
@@ -194,6 +152,47 @@ def compute_sweep(
     )
     SWEEPS.put(key, (result.metrics, result.spectra))
     return result.metrics, result.spectra
+
+
+def progress_text(what: str, done: int, total: int, elapsed: float, eta: float, cancel: str = "Cancel") -> str:
+    """The progress line of a job in a worker process (Jacobians, long sweeps)."""
+    left = f", about {jobs.format_seconds(elapsed / done * (total - done))} left" if done else ""
+    return (f"Computing {what}: {done}/{total} done, {elapsed:.0f} s elapsed (estimated "
+            f"{jobs.format_seconds(eta)}{left}). *{cancel}* stops it.")
+
+
+def follow_job(
+    job: jobs.WorkerJob,
+    on_unit: Callable[[Any, Any], None],
+    on_progress: Callable[[int, float], None],
+    on_error: Callable[[BaseException], None],
+    on_end: Callable[[float], None],
+) -> None:
+    """Follow a worker job (:func:`osa_lab.dashboard.jobs.start_job`) on the server's event loop.
+
+    Every 0.2 s each finished unit goes to ``on_unit(unit, result)``, a failure to
+    ``on_error(exception)`` and, while it runs, the count of units done and the seconds elapsed
+    to ``on_progress``; ``on_end(seconds)`` is called once the worker has finished, failed or
+    been cancelled. The one path of every long computation of the dashboard (Jacobians and
+    long sweeps): estimate before, progress during, *Cancel* at any time.
+    """
+    start = time.perf_counter()
+
+    async def follow() -> None:
+        done = 0
+        while not job.finished:
+            await asyncio.sleep(0.2)
+            for kind, unit, result, _seconds in job.poll():
+                if kind == "unit":
+                    done += 1
+                    on_unit(unit, result)
+                elif kind == "error":
+                    on_error(result)
+            if not job.finished:
+                on_progress(done, time.perf_counter() - start)
+        on_end(time.perf_counter() - start)
+
+    pn.state.execute(follow)
 
 
 def compute_osa_check(tokens: int, dim: int, heads: int, alpha: float | None) -> dict[str, object]:
@@ -289,6 +288,7 @@ class Controls(param.Parameterized):
     def __init__(self, **params):
         self.param.presets.objects = preset_names()
         super().__init__(**params)
+        self._canonical_presets()
         self._sync_heads_choices()
         self._show_derived_alpha()
 
@@ -327,6 +327,15 @@ class Controls(param.Parameterized):
 
         heads = self.check_heads()
         return derived_alpha_init(int(self.tokens), int(self.dim), int(self.dim) // heads)
+
+    @param.depends("presets", watch=True)
+    def _canonical_presets(self) -> None:
+        """Keep the chosen presets in the order of :func:`preset_names`: the order of the chips in
+        the presets widget, of the curves in every legend and of the sweep tables, whatever order
+        they were picked or written in a link (one order, and one cache key per set of presets)."""
+        ordered = [p for p in self.param.presets.objects if p in self.presets]
+        if ordered != list(self.presets):
+            self.presets = ordered
 
     @param.depends("dim", watch=True)
     def _sync_heads_choices(self) -> None:
@@ -583,44 +592,3 @@ class Job(param.Parameterized):
             self.error = describe_error(exc)
         finally:
             self.busy = False
-
-
-class SweepState(Job):
-    """The current sweep of one session: tidy metrics and spectra tables of the last good settings."""
-
-    controls = param.ClassSelector(class_=Controls)
-    metrics = param.DataFrame(default=None, allow_None=True, doc="Tidy metrics table (osa_lab.studies.depth).")
-    spectra = param.DataFrame(default=None, allow_None=True, doc="Tidy spectra table (osa_lab.studies.depth).")
-    config = param.Dict(default={}, doc="Configuration of the tables shown.")
-
-    @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
-                   "controls.derived_alpha", "controls.alpha", "controls.seeds", watch=True)
-    def refresh(self) -> None:
-        """Recompute for the current controls (cached); on error keep the tables and set ``error``."""
-        controls = self.controls
-        try:
-            controls.validate()
-        except ConfigurationError as exc:
-            self._generation += 1  # drop any result still running for earlier settings
-            self.error = str(exc)
-            return
-        cfg = controls.config()
-        if cfg == self.config and self.metrics is not None and not self.busy:
-            self.error = ""
-            return  # e.g. the α slider following α₀ while derived
-
-        def compute():
-            return cfg, compute_sweep(**cfg)
-
-        def cached():
-            hit = SWEEPS.get(sweep_key(cfg))
-            return None if hit is None else (cfg, hit)
-
-        def apply(value):
-            cfg, (metrics, spectra) = value
-            with param.parameterized.batch_call_watchers(self):
-                self.config = cfg
-                self.metrics = metrics
-                self.spectra = spectra
-
-        self.run(compute, apply, cached)

@@ -6,18 +6,17 @@
 * :class:`JacobianView`: κ across depth and the end-to-end Jacobian's singular-value histogram.
 
 Each view draws only while its tab is visible (:class:`FigureView`); figures are cached
-process-wide in :data:`osa_lab.dashboard.state.FIGURES`. Jacobians run in a worker process
-(:mod:`osa_lab.dashboard.jobs`) with an estimate, progress and *Cancel*.
+process-wide in :data:`osa_lab.dashboard.caches.FIGURES`. Jacobians run in a worker process
+(:mod:`osa_lab.dashboard.jobs`) with an estimate, progress and *Cancel*
+(:func:`osa_lab.dashboard.state.follow_job`, the path long sweeps take too).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import html
 import io
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,36 +26,45 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS
 from osa_lab.dashboard.state import (
     AUTO_JACOBIAN_SECONDS,
-    CHECKS,
     FIGURE_LOCK,
-    FIGURES,
-    JACOBIANS,
     METRIC_LABELS,
     SCOPE_LABELS,
     Controls,
     Job,
-    SweepState,
     compute_osa_check,
     compute_unit,
     describe_error,
+    follow_job,
     in_daemon_thread,
     is_served,
     jacobian_layers,
     label_of,
     markdown_literal,
+    progress_text,
 )
+from osa_lab.dashboard.sweep import SweepState
 from osa_lab.errors import ConfigurationError
 from osa_lab.plots import depth as plots
 from osa_lab.plots.style import with_options
 from osa_lab.studies.jacobian import resolve_algorithm
 
+#: The group of :func:`placeholder` figures (no data: nothing to export).
+PLACEHOLDER_GROUP = "OSALabPlaceholder"
+
 
 def placeholder(text: str) -> hv.Curve:
     """An empty figure with ``text`` as its title (HoloViews panes need a HoloViews object)."""
-    return hv.Curve([]).opts(title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
+    return hv.Curve([], group=PLACEHOLDER_GROUP).opts(
+        title=text, xaxis=None, yaxis=None, toolbar=None, height=120, backend="bokeh").opts(
         title=text, xaxis=None, yaxis=None, backend="matplotlib")
+
+
+def is_placeholder(obj: object) -> bool:
+    """Whether ``obj`` is a :func:`placeholder` (a message in place of a figure)."""
+    return isinstance(obj, hv.Curve) and obj.group == PLACEHOLDER_GROUP
 
 
 def message_pane(*errors) -> pn.pane.Alert:
@@ -172,6 +180,7 @@ class FigureView(pn.viewable.Viewer):
 
     controls = param.ClassSelector(class_=Controls)
     active = param.Boolean(default=False, doc="The view's tab is visible.")
+    exportable = param.List(default=[], doc="Keys of the panes that show a figure (not a placeholder message).")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -257,6 +266,7 @@ class FigureView(pn.viewable.Viewer):
         title and ranges instead of building every Bokeh model again (≈ 4× faster for 5 presets).
         Layouts (the spectra grids) are always drawn anew.
         """
+        self.exportable = [k for k, f in self.figures.items() if not is_placeholder(f)]
         shown, signature = prepared(obj)
         current = self._streams.get(key)
         if signature is not None and current is not None and current[0] == signature:
@@ -278,8 +288,9 @@ class FigureView(pn.viewable.Viewer):
         """The figure on screen in pane ``key`` as PNG (at :data:`~osa_lab.plots.depth.EXPORT_DPI`),
         SVG or PDF; its title goes into the file's metadata."""
         obj = self.figures.get(key)
-        if obj is None:
-            raise ConfigurationError("no figure to export yet")
+        if obj is None or is_placeholder(obj):
+            raise ConfigurationError(f"no figure to export: the page shows a message instead "
+                                     f"({plots.figure_title(obj) if obj is not None else 'nothing drawn yet'})")
         meta = {"Title": plots.figure_title(obj), "Description": f"data {_digest(self.tables.get(key))}",
                 "Software": "osa_lab dashboard"}
         return plots.figure_bytes(obj, format, metadata=meta)
@@ -296,8 +307,11 @@ class FigureView(pn.viewable.Viewer):
         return pn.Row(self._download(key, stem, "png", f"PNG: {filename}"), self._download(key, stem, "svg", "SVG"))
 
     def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
-        button = pn.widgets.FileDownload(filename=f"{stem}.{format}", label=label, button_type="light",
-                                         embed=False, width=260 if format == "png" else 70)
+        button = pn.widgets.FileDownload(
+            filename=f"{stem}.{format}", label=label, button_type="light", embed=False, width=260 if format == "png" else 70,
+            disabled=pn.bind(lambda keys: key not in keys, self.param.exportable),  # a message is no figure
+            description=pn.bind(lambda keys: None if key in keys else "no figure to download: the pane shows a message",
+                                self.param.exportable))
 
         def render() -> io.BytesIO:
             data = self.export(key, format)
@@ -489,7 +503,7 @@ class JacobianView(FigureView):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._job: jobs.JacobianJob | None = None
+        self._job: jobs.WorkerJob | None = None
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -623,36 +637,29 @@ class JacobianView(FigureView):
         and set the notice to ``done_notice`` (a preview keeps saying what it is)."""
         job = jobs.start_jacobian_job(missing)
         self._job, self.running = job, True
-        SESSION_JOBS.add(job)
-        start, done = time.perf_counter(), 0
+        what = "Jacobians"
 
-        async def follow() -> None:
-            nonlocal done
-            try:
-                while not job.finished:
-                    await asyncio.sleep(0.2)
-                    for kind, unit, result, _seconds in job.poll():
-                        if kind == "unit":
-                            JACOBIANS.put(unit, result)
-                            done += 1
-                        elif kind == "error":
-                            if self._job is job:
-                                self.job.error = describe_error(result)
-                                self.notice = ""
-                                self._nothing_shown("No Jacobian figures: the computation failed (message above)")
-                    if self._job is job and not job.finished:
-                        elapsed = time.perf_counter() - start
-                        self.notice = (f"Computing Jacobians: {done}/{len(missing)} done, {elapsed:.0f} s elapsed "
-                                       f"(estimated {jobs.format_seconds(eta)}). *Cancel* stops them.")
-            finally:
-                SESSION_JOBS.discard(job)
+        def on_unit(unit, result) -> None:
+            JACOBIANS.put(unit, result)
+
+        def on_progress(done: int, elapsed: float) -> None:
+            if self._job is job:
+                self.notice = progress_text(what, done, len(missing), elapsed, eta)
+
+        def on_error(exc: BaseException) -> None:
+            if self._job is job:
+                self.job.error = describe_error(exc)
+                self.notice = ""
+                self._nothing_shown("No Jacobian figures: the computation failed (message above)")
+
+        def on_end(_seconds: float) -> None:
             if self._job is job:
                 self._job, self.running = None, False
                 if not job.cancelled and all(u in JACOBIANS for u in units):
                     self.notice = done_notice
                     self._show(units)
 
-        pn.state.execute(follow)
+        follow_job(job, on_unit, on_progress, on_error, on_end)
 
     def _nothing_shown(self, text: str) -> None:
         """While no Jacobian figure has been drawn, say why instead of the initial "Computing…"."""
@@ -738,10 +745,6 @@ class JacobianView(FigureView):
         return pn.Column(message_pane(self.job.param.error), notice, options, sizes,
                          pn.pane.Markdown(pn.bind(self.badge, self.param.profile)), kappa, hist, downloads,
                          sizing_mode="stretch_width", name="Jacobian")
-
-
-#: Jobs of all sessions (cancelled on server shutdown).
-SESSION_JOBS: set = set()
 
 
 class OSACheckView(pn.viewable.Viewer):

@@ -210,12 +210,12 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
 
 
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
-    from osa_lab.dashboard import state
+    from osa_lab.dashboard import sweep
 
     def boom(**kwargs):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(state, "compute_sweep", boom)
+    monkeypatch.setattr(sweep, "compute_sweep", boom)  # where the session's sweep calls it
     metrics = app.state.metrics
     app.controls.depth = 2
     assert "simulated failure" in app.state.error and "Traceback" not in app.state.error
@@ -267,7 +267,7 @@ def test_url_round_trip_restores_the_view(dash):
     a.controls.param.update(view="jacobian", site="attention", scale="log", metric="stable_rank",
                             jacobian="matrix-free", scope="layer", heads=4)
     query = a.controls.to_query()
-    assert query["presets"] == "vit,pure-osa,pure-ssa" and query["view"] == "jacobian"
+    assert query["presets"] == "vit,pure-ssa,pure-osa" and query["view"] == "jacobian"  # osa_lab.nn.presets order
     b = dash.Dashboard(compute_now=False)
     b.apply_url({k: [v.encode()] for k, v in query.items()})  # as Bokeh passes session_args
     assert b.url_errors == []
@@ -500,9 +500,46 @@ def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     assert app.jacobian_view.png("histogram") == exact_png
     app.jacobian_view.param.trigger("compute")
     shown = _pane_data(app.jacobian_view, "histogram")
-    mf_png = app.jacobian_view.png("histogram")
-    assert mf_png != exact_png
-    assert _png_title(mf_png) == _title(shown) and "matrix-free" in _png_title(mf_png)
+    assert "No histogram" in _title(shown)  # a message, not a figure: nothing to download
+    assert "histogram" not in app.jacobian_view.exportable
+    with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+        app.jacobian_view.png("histogram")
+    kappa_png = app.jacobian_view.png("kappa")
+    assert "matrix-free" in _png_title(kappa_png)
+    assert _png_title(kappa_png) == _title(_pane_data(app.jacobian_view, "kappa"))
+
+
+def _downloads(view) -> dict[str, pn.widgets.FileDownload]:
+    """The PNG and SVG buttons of a view, by file name."""
+    return {b.filename: b for b in pn.panel(view).select(pn.widgets.FileDownload)}
+
+
+def test_figure_downloads_are_disabled_while_a_pane_shows_a_message(dash, monkeypatch):
+    """While the Jacobian tab shows a placeholder message (nothing computed, waiting for
+    Compute), its PNG and SVG buttons are disabled and say why, and an export refuses with
+    a message; once a figure is drawn they are enabled and export it."""
+    calls = []
+    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(dash_views.JacobianView, "preview_units", lambda self, units: None)  # no preview
+    a = dash.build_app(**{**SMALL, "tokens": 64, "dim": 64})
+    pn.panel(a)
+    a.controls.view = "jacobian"
+    view = a.jacobian_view
+    assert "Compute Jacobians" in view.notice and not calls
+    assert dash_views.is_placeholder(view.figures["kappa"]) and view.exportable == []
+    buttons = _downloads(view)
+    assert len(buttons) == 4 and all(b.disabled for b in buttons.values())
+    assert all("message" in b.description for b in buttons.values())
+    for key in ("kappa", "histogram"):
+        for fmt in ("png", "svg"):
+            with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+                view.export(key, fmt)
+    view.param.trigger("compute")  # matrix-free at this size: κ drawn, the histogram a message
+    assert calls and view.exportable == ["kappa"]
+    assert {name: b.disabled for name, b in buttons.items()} == {
+        "jacobian_kappa.png": False, "jacobian_kappa.svg": False, "jacobian_histogram.png": True,
+        "jacobian_histogram.svg": True}
+    assert view.png("kappa").startswith(b"\x89PNG")
 
 
 def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monkeypatch):
@@ -688,13 +725,16 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
 
     monkeypatch.setattr(dash_views, "is_served", lambda: True)  # as in a server session
     from osa_lab.dashboard import state as dash_state
+    from osa_lab.dashboard import sweep as dash_sweep
 
-    monkeypatch.setattr(dash_state, "is_served", lambda: True)
+    for module in (dash_state, dash_sweep):
+        monkeypatch.setattr(module, "is_served", lambda: True)
 
     def no_compute(**_):
         raise AssertionError("cached settings were recomputed")
 
-    monkeypatch.setattr(dash_state, "compute_sweep", no_compute)
+    for module in (dash_state, dash_sweep):
+        monkeypatch.setattr(module, "compute_sweep", no_compute)
     second = dash.build_app(compute_now=False, **SMALL)
     pn.panel(second)
     assert second.state.metrics is None  # nothing yet: the served page would show placeholders
@@ -715,7 +755,7 @@ def test_show_cached_leaves_uncached_settings_to_the_page_load(dash):
 
 
 def test_status_line_says_when_the_sweep_came_from_the_cache(app):
-    from osa_lab.dashboard.state import SWEEPS
+    from osa_lab.dashboard.caches import SWEEPS
 
     depth = app.controls.depth
     SWEEPS.clear()
@@ -730,78 +770,37 @@ def test_status_line_says_when_the_sweep_came_from_the_cache(app):
     assert status.startswith("last sweep: from the cache · 2 presets × 2 seeds"), status
 
 
-class _FakeLoop:
-    def __init__(self):
-        self.later = []
+def test_the_dashboard_patches_no_server_internals():
+    """The dashboard serves through Panel's and Bokeh's public hooks only: no module of the
+    package replaces a method of a Panel, Bokeh or Tornado class (e.g. a page handler's
+    ``get_session`` or the server's ``start``) or sets a private attribute of an object it
+    does not own (e.g. a session's ``_token``)."""
+    import ast
 
-    def call_later(self, delay, callback, *args):
-        self.later.append((delay, callback, args))
-
-    def add_callback(self, callback, *args):
-        callback(*args)
-
-
-class _FakeSession:
-    destroyed = False
-
-    def __init__(self, session_id="spare-1"):
-        self.id, self.document, self._token, self.blocks = session_id, object(), "old", 1
-
-    def unblock_expiration(self):
-        self.blocks -= 1
-
-
-def _fake_handler(path="/osa_dashboard", query="", headers=None):
-    from types import SimpleNamespace
-    from urllib.parse import parse_qs
-
-    from bokeh.server.auth_provider import NullAuth
-
-    request = SimpleNamespace(path=path, query=query, arguments={k: [v[0].encode()] for k, v in parse_qs(query).items()},
-                              headers=headers or {})
-    app = SimpleNamespace(auth_provider=NullAuth(), secret_key=None, sign_sessions=False, session_token_expiration=300,
-                          io_loop=_FakeLoop())
-    return SimpleNamespace(request=request, application=app,
-                           _generate_token_payload=lambda: {"headers": {"User-Agent": "x"}, "cookies": {}, "arguments": {}})
+    foreign = ("panel", "bokeh", "tornado")
+    for path in sorted((ROOT / "osa_lab" / "dashboard").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").split(".")[0] in foreign for alias in node.names}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if not isinstance(target, ast.Attribute):
+                    continue
+                where = f"{path.name}:{node.lineno}"
+                assert not (isinstance(target.value, ast.Name) and target.value.id in imported), \
+                    f"{where} replaces {target.value.id}.{target.attr}"
+                owned = target.attr.startswith("_osa_lab") or (isinstance(target.value, ast.Name)
+                                                                and target.value.id == "self")
+                assert owned or not target.attr.startswith("_"), f"{where} sets a private attribute {target.attr}"
 
 
-def test_spare_session_goes_only_to_a_plain_request_and_only_once():
-    """osa_lab.dashboard.spare: the spare answers a request for the app's path without a query or
-    a session id of its own, with a fresh token for the spare's id; then it is gone."""
-    from bokeh.util.token import get_session_id, get_token_payload
-
-    from osa_lab.dashboard.spare import SpareSessions
-
-    spares = SpareSessions()
-    session = _FakeSession()
-    spares.spares["/osa_dashboard"] = session
-    for refused in (_fake_handler(query="presets=vit,pure-osa"), _fake_handler(path="/other"),
-                    _fake_handler(headers={"Bokeh-Session-Id": "mine"})):
-        assert spares.take(refused) is None
-    handler = _fake_handler()
-    assert spares.take(handler) is session
-    assert get_session_id(session._token) == "spare-1" and session._token != "old"
-    assert get_token_payload(session._token)["headers"] == {"User-Agent": "x"}
-    assert spares.take(_fake_handler()) is None  # never handed out twice
-    assert session.document in spares.handed_out and session.blocks == 1  # protected until its page loads
-    delays = sorted(d for d, *_ in handler.application.io_loop.later)
-    assert delays == [20.0, 60.0]  # a fallback rebuild, and the release if the page never loads
-    spares.tornado = handler.application
-    spares.page_answered(session)
-    spares._page_loaded_on_loop(session.document)
-    assert session.blocks == 0 and not spares.handed_out and not spares.in_flight
-
-
-def test_spare_session_is_off_with_its_environment_variable(monkeypatch, capsys):
+def test_cli_dry_run_prints_the_panel_serve_command(capsys):
     from osa_lab.cli import main
-    from osa_lab.dashboard import spare
 
-    monkeypatch.setenv(spare.ENV_VARIABLE, "0")
-    assert not spare.enabled()
-    monkeypatch.setenv(spare.ENV_VARIABLE, "1")
-    assert spare.enabled()
-    assert main(["dashboard", "--no-spare-session", "--dry-run"]) == 0
-    assert capsys.readouterr().out.startswith(f"{spare.ENV_VARIABLE}=0 ")
+    assert main(["dashboard", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert " -m panel serve " in out and "--warm" in out and "=" not in out.split()[0]
 
 
 def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
@@ -828,3 +827,123 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
     monkeypatch.setattr(hv.core.accessors.Opts, "__call__", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):
         with_options(curve, framewise=True)
+
+
+def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
+    """A long sweep runs model by model in a worker: its units, assembled, are the rows that
+    compute_sweep gives for the same configuration, in the same order."""
+    from osa_lab.dashboard import caches, jobs, state, sweep
+
+    cfg = dict(presets=("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None, seeds=2)
+    units = sweep.sweep_units(cfg)
+    assert [(u.preset, u.seed) for u in units] == [(p, s) for p in cfg["presets"] for s in range(2)]
+    results = {u: jobs.compute_sweep_unit(u) for u in units}
+    metrics, spectra = sweep.assemble_sweep(units, results)
+    caches.SWEEPS.clear()
+    whole_metrics, whole_spectra = state.compute_sweep(**cfg)
+    pd.testing.assert_frame_equal(metrics, whole_metrics)
+    pd.testing.assert_frame_equal(spectra, whole_spectra)
+
+
+def test_sweep_estimate_separates_the_default_view_from_the_largest_link():
+    """The largest sizes a link reaches (7 presets × 5 seeds, depth 48, N 256, d 128) are
+    estimated beyond the worker threshold (a measured 118 s), the default view far below it."""
+    from osa_lab.dashboard import jobs, sweep
+
+    largest = jobs.estimate_sweep_seconds(7 * 5, 256, 128, 48)
+    default = jobs.estimate_sweep_seconds(2 * 2, 32, 32, 12)
+    assert largest > 10 * sweep.WORKER_SWEEP_SECONDS
+    assert default < sweep.WORKER_SWEEP_SECONDS / 5
+
+
+def test_a_long_sweep_runs_in_a_worker_with_estimate_progress_and_cancel(dash, monkeypatch):
+    """Served, a sweep over the worker threshold starts a worker process: the notice gives the
+    estimate, then progress; Cancel sweep terminates the worker, keeps the last tables and says
+    so; a later setting computes as usual."""
+    import time
+
+    from osa_lab.dashboard import caches, sweep
+
+    followed = []
+    monkeypatch.setattr(sweep, "is_served", lambda: True)
+    monkeypatch.setattr(sweep, "follow_job", lambda job, *callbacks: followed.append((job, callbacks)))
+    a = dash.build_app(**SMALL)
+    pn.panel(a)
+    shown = a.state.config
+    assert a.state.metrics is not None and not a.state.running
+    caches.SWEEPS.clear()
+    a.controls.param.update(tokens=256, dim=128, depth=48, seeds=5)
+    try:
+        assert a.state.running and a.state.busy and len(followed) == 1
+        job, (on_unit, on_progress, on_error, on_end) = followed[0]
+        assert job.process.is_alive() and len(job.units) == 2 * 5
+        assert "estimated" in a.state.notice and "Cancel sweep" in a.state.notice
+        on_progress(0, 3.0)
+        assert "0/10 done, 3 s elapsed" in a.state.notice
+        a.state.param.trigger("cancel")
+        deadline = time.time() + 5
+        while job.process.is_alive() and time.time() < deadline:
+            time.sleep(0.05)
+        assert not job.process.is_alive() and job.cancelled
+        assert not a.state.running and not a.state.busy
+        assert a.state.notice.startswith("Cancelled the sweep at depth 48 · N 256 · d 128")
+        assert a.state.config == shown and a.state.metrics is not None  # the last tables stay
+        on_end(1.0)  # the follower's last call after a cancel changes nothing
+        assert a.state.config == shown
+    finally:
+        a.stop()
+    a.controls.param.update(tokens=8, dim=8, depth=2, seeds=1)  # small: computed at once, no worker
+    assert len(followed) == 1 and a.state.config["depth"] == 2 and a.state.notice == ""
+
+
+def test_jacobians_and_long_sweeps_share_one_worker_path():
+    """One mechanism: both start their worker through jobs.start_job and follow it with
+    state.follow_job; the views keep no follower loop of their own."""
+    import inspect
+
+    from osa_lab.dashboard import app, jobs, sweep, views
+
+    assert "start_job(" in inspect.getsource(jobs.start_jacobian_job)
+    assert "start_job(" in inspect.getsource(jobs.start_sweep_job)
+    assert "follow_job(" in inspect.getsource(views.JacobianView._start)
+    assert "follow_job(" in inspect.getsource(sweep.SweepState._start_worker)
+    for module in (views, app):
+        assert "asyncio.sleep" not in inspect.getsource(module)
+
+
+def test_preset_chips_and_legend_share_one_order(dash):
+    """However presets are picked or written in a link, the chips of the presets widget, the
+    legend of the figure and the URL list them in one order (that of osa_lab.nn.presets)."""
+    from osa_lab.dashboard.state import preset_names
+
+    a = dash.build_app(**SMALL)
+    pn.panel(a)
+    a.controls.presets = ["pure-osa", "vit", "pure-ssa"]  # picked in this order
+    canonical = [p for p in preset_names() if p in ("pure-osa", "vit", "pure-ssa")]
+    assert canonical != ["pure-osa", "vit", "pure-ssa"]
+    chips = pn.widgets.MultiChoice.from_param(a.controls.param.presets)
+    assert list(chips.value) == canonical == list(a.controls.presets)
+    legend = list(dict.fromkeys(el.label for el in _pane_data(a.rank_view, "metric") if isinstance(el, hv.Curve)))
+    assert legend == canonical
+    assert a.controls.to_query()["presets"] == ",".join(canonical)
+    b = dash.build_app(compute_now=False)
+    b.apply_url({"presets": "pure-ssa,vit"})
+    assert list(b.controls.presets) == [p for p in preset_names() if p in ("pure-ssa", "vit")]
+
+
+def test_process_wide_caches_are_kept_by_panel():
+    """The sweeps, checks, figures and Jacobians shared by all sessions live in Panel's memo
+    store (pn.cache, least recently used evicted first), not in a cache of the package's own:
+    Panel's clear_caches empties them."""
+    from osa_lab.dashboard import caches, state
+
+    assert not hasattr(state, "LRU") and not hasattr(caches, "LRU")
+    cache = caches.CHECKS  # pn.cache(max_items=64)
+    cache.clear()
+    for i in range(65):
+        cache.put(("check", i), {"i": i})
+        cache.get(("check", 0))  # 0 stays recently used
+    assert cache.get(("check", 0)) == {"i": 0} and cache.get(("check", 64)) == {"i": 64}
+    assert cache.get(("check", 1)) is None  # the least recently used went
+    pn.state.clear_caches()
+    assert cache.get(("check", 64)) is None and ("check", 0) not in cache

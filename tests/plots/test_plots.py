@@ -678,3 +678,37 @@ def test_figures_export_as_vector_formats_and_refuse_unknown_ones():
     assert b"<svg" in svg and b"<path" in svg
     with pytest.raises(OSAInputError, match="svg"):
         figure_bytes(obj, "jpeg")
+
+
+def test_ablation_bar_labels_do_not_overlap():
+    """The α := 0 ablation bars (report 04): one label per preset under its group of bars, on
+    one row and clear of each other, and a legend naming the two settings (HoloViews' own labels
+    put each preset beside its bars' setting labels, where the longer names ran into them)."""
+    import itertools
+
+    from osa_lab.plots import training as T
+
+    presets = ("skipless-osa", "pure-osa", "skipless-osa-alpha0")
+    fig, plt = _mpl_axes(T.ablation_bars(_training_metrics(presets)))
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        labels = [t for t in (*ax.get_xticklabels(), *ax.get_xticklabels(minor=True)) if t.get_text()]
+        assert [t.get_text() for t in labels] == list(presets)
+        boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+        assert len({t.get_position()[1] for t in labels}) == 1  # one row
+        assert max(b.y0 for b in boxes) < min(b.y1 for b in boxes)
+        gaps = [right.x0 - left.x1 for left, right in itertools.pairwise(boxes)]
+        assert min(gaps) > 5, gaps  # pixels between neighbouring labels
+        centres = [(b.x0 + b.x1) / 2 for b in boxes]
+        bars = sorted(ax.patches, key=lambda p: p.get_x())
+        groups = [bars[2 * i: 2 * i + 2] for i in range(len(presets))]
+        for centre, (first, second) in zip(centres, groups, strict=True):
+            left = ax.transData.transform((first.get_x(), 0))[0]
+            right = ax.transData.transform((second.get_x() + second.get_width(), 0))[0]
+            assert left < centre < right  # each label under its own group of bars
+        legend = ax.get_legend()
+        assert legend is not None and [t.get_text() for t in legend.get_texts()] == list(T.ABLATION_SETTINGS)
+    finally:
+        plt.close(fig)

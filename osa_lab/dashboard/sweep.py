@@ -1,0 +1,184 @@
+"""The sweep of one dashboard session: tidy metrics and spectra tables, short ones computed in a
+thread, long ones in a worker process with an estimate, progress and *Cancel sweep*.
+
+:class:`SweepState` is what the rank-collapse and spectra views draw from. A sweep estimated
+above :data:`WORKER_SWEEP_SECONDS` runs one model run (:class:`osa_lab.dashboard.jobs.SweepUnit`)
+after another in a worker (:func:`osa_lab.dashboard.jobs.start_sweep_job`), followed on the
+event loop by :func:`osa_lab.dashboard.state.follow_job`, the path Jacobians take too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+import param
+
+from osa_lab.dashboard import jobs
+from osa_lab.dashboard.caches import SWEEP_UNITS, SWEEPS
+from osa_lab.dashboard.state import (
+    Controls,
+    Job,
+    compute_sweep,
+    describe_error,
+    follow_job,
+    is_served,
+    progress_text,
+    sweep_key,
+)
+from osa_lab.errors import ConfigurationError
+
+__all__ = ["WORKER_SWEEP_SECONDS", "SweepState", "assemble_sweep", "sweep_units"]
+
+
+#: Sweeps estimated above this many seconds run in a worker process with an estimate, progress
+#: and *Cancel sweep* (:meth:`SweepState.refresh`); shorter ones in a thread (no worker start).
+WORKER_SWEEP_SECONDS = 5.0
+
+
+def sweep_units(cfg: Mapping[str, Any]) -> list[jobs.SweepUnit]:
+    """The model runs of a configuration (:meth:`Controls.config`), preset by preset, seed by seed."""
+    return [jobs.SweepUnit(p, int(cfg["depth"]), int(cfg["tokens"]), int(cfg["dim"]), cfg["heads"], cfg["alpha"], s)
+            for p in cfg["presets"] for s in range(int(cfg["seeds"]))]
+
+
+def assemble_sweep(units: list[jobs.SweepUnit], results: Mapping[jobs.SweepUnit, tuple[pd.DataFrame, pd.DataFrame]]
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The tidy metrics and spectra tables of a sweep from those of its ``units`` (the rows
+    :func:`compute_sweep` gives for the same configuration, in the same order)."""
+    parts = [results[u] for u in units]
+    return (pd.concat([m for m, _ in parts], ignore_index=True),
+            pd.concat([sp for _, sp in parts], ignore_index=True))
+
+
+class SweepState(Job):
+    """The current sweep of one session: tidy metrics and spectra tables of the last good settings.
+
+    A sweep estimated above :data:`WORKER_SWEEP_SECONDS` (the largest sizes a link can ask for
+    compute for minutes) runs in a worker process, one model run after another, with the
+    estimate and then the progress in :attr:`notice` and a *Cancel sweep* button
+    (:attr:`cancel`); the figures of the last settings stay meanwhile.
+    """
+
+    controls = param.ClassSelector(class_=Controls)
+    metrics = param.DataFrame(default=None, allow_None=True, doc="Tidy metrics table (osa_lab.studies.depth).")
+    spectra = param.DataFrame(default=None, allow_None=True, doc="Tidy spectra table (osa_lab.studies.depth).")
+    config = param.Dict(default={}, doc="Configuration of the tables shown.")
+    notice = param.String(default="", doc="Estimate and progress of a long sweep, or that it was cancelled.")
+    running = param.Boolean(default=False, doc="A long sweep runs in a worker process.")
+    cancel = param.Event(label="Cancel sweep", doc="Stop the long sweep that is running.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._worker: jobs.WorkerJob | None = None
+        self._worker_config: dict[str, Any] = {}
+
+    @param.depends("controls.presets", "controls.depth", "controls.tokens", "controls.dim", "controls.heads",
+                   "controls.derived_alpha", "controls.alpha", "controls.seeds", watch=True)
+    def refresh(self) -> None:
+        """Recompute for the current controls (cached); on error keep the tables and set ``error``."""
+        controls = self.controls
+        try:
+            controls.validate()
+        except ConfigurationError as exc:
+            self._generation += 1  # drop any result still running for earlier settings
+            self.stop_worker()
+            self.error = str(exc)
+            return
+        cfg = controls.config()
+        if cfg == self.config and self.metrics is not None and not self.busy:
+            self.error = ""
+            return  # e.g. the α slider following α₀ while derived
+        if self._worker is not None and cfg == self._worker_config:
+            return  # this sweep is running in a worker already
+
+        def compute():
+            return cfg, compute_sweep(**cfg)
+
+        def cached():
+            hit = SWEEPS.get(sweep_key(cfg))
+            return None if hit is None else (cfg, hit)
+
+        def apply(value):
+            cfg, (metrics, spectra) = value
+            with param.parameterized.batch_call_watchers(self):
+                self.config = cfg
+                self.metrics = metrics
+                self.spectra = spectra
+
+        self.stop_worker()
+        self.notice = ""  # new settings: an earlier "Cancelled …" no longer applies
+        if cached() is None and is_served():
+            units = sweep_units(cfg)
+            missing = [u for u in units if u not in SWEEP_UNITS]
+            eta = jobs.estimate_sweep_seconds(len(missing), cfg["tokens"], cfg["dim"], cfg["depth"])
+            if eta > WORKER_SWEEP_SECONDS:
+                self._start_worker(cfg, units, missing, eta, apply)
+                return
+        self.run(compute, apply, cached)
+
+    def _start_worker(self, cfg: dict[str, Any], units: list[jobs.SweepUnit], missing: list[jobs.SweepUnit],
+                      eta: float, apply: Callable[[object], None]) -> None:
+        """Run the ``missing`` model runs of ``cfg`` in a worker process (:func:`follow_job`), then
+        apply the assembled tables; the notice gives the estimate, then the progress."""
+        self._generation += 1  # a sweep still running in a thread for earlier settings is dropped
+        results = {u: SWEEP_UNITS.get(u) for u in units if u not in missing}
+        what = (f"the sweep ({len(missing)} model runs: {len(cfg['presets'])} presets × {cfg['seeds']} seeds, "
+                f"depth {cfg['depth']}, N = {cfg['tokens']}, d = {cfg['dim']})")
+        job = jobs.start_sweep_job(missing)
+        self._worker, self._worker_config = job, cfg
+        with param.parameterized.batch_call_watchers(self):
+            self.error, self.busy, self.running = "", True, True
+            self.notice = (f"Computing {what}, estimated {jobs.format_seconds(eta)} on this machine. *Cancel sweep* "
+                           "stops it; the figures below are from earlier settings until it is done.")
+
+        def on_unit(unit, result) -> None:
+            SWEEP_UNITS.put(unit, result)
+            results[unit] = result
+
+        def on_progress(done: int, elapsed: float) -> None:
+            if self._worker is job:
+                self.notice = progress_text(what, done, len(missing), elapsed, eta, cancel="Cancel sweep")
+
+        def on_error(exc: BaseException) -> None:
+            if self._worker is job:
+                self.error = describe_error(exc)
+
+        def on_end(seconds: float) -> None:
+            if self._worker is not job:
+                return  # cancelled, or overtaken by newer settings
+            self._worker = None
+            complete = not job.cancelled and all(u in results for u in units)
+            with param.parameterized.batch_call_watchers(self):
+                self.running, self.busy, self.notice = False, False, ""
+                if complete:
+                    tables = assemble_sweep(units, results)
+                    SWEEPS.put(sweep_key(cfg), tables)
+                    self.seconds, self.from_cache = seconds, False
+            if complete:
+                try:
+                    apply((cfg, tables))
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
+                    self.error = describe_error(exc)
+
+        follow_job(job, on_unit, on_progress, on_error, on_end)
+
+    @param.depends("cancel", watch=True)
+    def _on_cancel(self) -> None:
+        cfg = self._worker_config
+        if self._worker is None:
+            return
+        shown = (f"the figures show the last settings computed ({self.controls.describe(self.config)})"
+                 if self.config else "no figures were computed yet")
+        self.stop_worker(f"Cancelled the sweep at {self.controls.describe(cfg)}: {shown}. Change a setting to compute "
+                         "again.")
+
+    def stop_worker(self, notice: str = "") -> None:
+        """Stop a long sweep's worker process, if one runs (a cancel, new settings, a closed tab)."""
+        job, self._worker = self._worker, None
+        if job is None:
+            return
+        job.cancel()
+        with param.parameterized.batch_call_watchers(self):
+            self.running, self.busy, self.notice = False, False, notice
