@@ -479,9 +479,11 @@ def test_alpha_tensor_is_not_rounded_through_its_own_dtype(method, dtype):
 def test_timm_osa_attention_passes_alpha_unrounded_under_autocast(monkeypatch):
     """timm's OSAAttention hands its float32 α to osa() as is, not cast to q's (bf16) dtype."""
     ot = pytest.importorskip("osa_lab.integrations.timm")
+    from osa_lab.integrations.timm import layers as timm_layers  # where OSAAttention looks osa up
+
     seen = []
-    real = ot.osa
-    monkeypatch.setattr(ot, "osa", lambda q, k, v, alpha, **kw: seen.append(alpha) or real(q, k, v, alpha, **kw))
+    real = timm_layers.osa
+    monkeypatch.setattr(timm_layers, "osa", lambda q, k, v, alpha, **kw: seen.append(alpha) or real(q, k, v, alpha, **kw))
     layer = ot.OSAAttention(16, num_heads=2, alpha_init=257.3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         layer(torch.randn(1, 5, 16))
