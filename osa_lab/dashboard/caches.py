@@ -91,7 +91,7 @@ JACOBIANS = SharedCache(_jacobian_slot)
 #: Sweep results by configuration (:func:`sweep_key`), filled by :func:`compute_sweep` and by
 #: long sweeps' workers: what :meth:`SweepState.refresh` can apply at once.
 SWEEPS = SharedCache(_sweep_slot)
-#: Tables of single model runs (:class:`osa_lab.dashboard.jobs.SweepUnit`) computed by a long
+#: Tables of single model runs (:class:`~osa_lab.studies.settings.StudyPoint`) computed by a long
 #: sweep's worker: a sweep cancelled and asked for again, or one more preset, runs only the missing ones.
 SWEEP_UNITS = SharedCache(_sweep_unit_slot)
 #: OSA check results by the arguments of :func:`compute_osa_check`.

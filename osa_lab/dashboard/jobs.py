@@ -11,7 +11,7 @@ process started by :func:`start_job`, so that
 A job is a list of *units*, each computed by one function: :func:`compute_unit` for a Jacobian
 unit (:class:`Unit`, preset × seed: :func:`osa_lab.studies.jacobian.jacobian_depth_profile` and,
 for exact Jacobians, :func:`osa_lab.studies.jacobian.jacobian_singular_values`) and
-:func:`compute_sweep_unit` for a sweep unit (:class:`SweepUnit`, preset × seed: one model run of
+:func:`compute_sweep_unit` for a sweep unit (a :class:`~osa_lab.studies.settings.StudyPoint`, preset × seed: one model run of
 :func:`osa_lab.studies.depth.sweep`). The worker sends each finished unit back through a pipe, so
 the parent can show progress and cache every unit on its own (a later request that shares
 presets or seeds computes only the missing units). :func:`estimate_seconds` and
@@ -33,7 +33,7 @@ import pandas as pd
 if TYPE_CHECKING:
     from osa_lab.studies.settings import StudyPoint
 
-__all__ = ["SweepUnit", "Unit", "WorkerJob", "compute_sweep_unit", "compute_unit", "estimate_seconds",
+__all__ = ["Unit", "WorkerJob", "compute_sweep_unit", "compute_unit", "estimate_seconds",
            "estimate_sweep_seconds", "start_jacobian_job", "start_job", "start_sweep_job"]
 
 
@@ -57,19 +57,6 @@ class Unit:
         from osa_lab.studies.settings import StudyPoint
 
         return StudyPoint(self.preset, self.depth, self.tokens, self.dim, self.heads, self.alpha, self.seed)
-
-
-@dataclass(frozen=True)
-class SweepUnit:
-    """One model run (preset × seed) of a dashboard sweep (primitive fields: the cache key)."""
-
-    preset: str
-    depth: int
-    tokens: int
-    dim: int
-    heads: int | None
-    alpha: float | None
-    seed: int
 
 
 #: The figures of :func:`estimate_seconds`, measured on the 2-core CPU machine under load (seconds per preset ×
@@ -115,7 +102,7 @@ def estimate_sweep_seconds(unit_count: int, tokens: int, dim: int, depth: int) -
     return unit_count * depth * per_block
 
 
-def compute_sweep_unit(unit: SweepUnit) -> tuple[pd.DataFrame, pd.DataFrame]:
+def compute_sweep_unit(unit: StudyPoint) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Tidy metrics and spectra tables of one model run (both sites), as
     :func:`osa_lab.studies.depth.sweep` gives them for this preset and seed: the rows of a sweep
     over several presets and seeds are those of its units, concatenated preset by preset, seed by seed."""
@@ -232,7 +219,7 @@ def start_jacobian_job(units: list[Unit], threads: int = 1) -> WorkerJob:
     return start_job(compute_unit, units, threads)
 
 
-def start_sweep_job(units: list[SweepUnit], threads: int = 1) -> WorkerJob:
+def start_sweep_job(units: list[StudyPoint], threads: int = 1) -> WorkerJob:
     """Start a worker process computing the sweep ``units`` (:func:`compute_sweep_unit`)."""
     return start_job(compute_sweep_unit, units, threads)
 

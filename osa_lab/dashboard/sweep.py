@@ -2,7 +2,7 @@
 thread, long ones in a worker process with an estimate, progress and *Cancel sweep*.
 
 :class:`SweepState` is what the rank-collapse and spectra views draw from. A sweep estimated
-above :data:`WORKER_SWEEP_SECONDS` runs one model run (:class:`osa_lab.dashboard.jobs.SweepUnit`)
+above :data:`WORKER_SWEEP_SECONDS` runs one model run (:class:`osa_lab.dashboard.StudyPoint`)
 after another in a worker (:func:`osa_lab.dashboard.jobs.start_sweep_job`), followed on the
 event loop by :func:`osa_lab.dashboard.state.follow_job`, the path Jacobians take too.
 """
@@ -28,6 +28,7 @@ from osa_lab.dashboard.state import (
     sweep_key,
 )
 from osa_lab.errors import ConfigurationError
+from osa_lab.studies.settings import StudyPoint
 
 __all__ = ["WORKER_SWEEP_SECONDS", "SweepState", "assemble_sweep", "sweep_units"]
 
@@ -37,13 +38,13 @@ __all__ = ["WORKER_SWEEP_SECONDS", "SweepState", "assemble_sweep", "sweep_units"
 WORKER_SWEEP_SECONDS = 5.0
 
 
-def sweep_units(cfg: Mapping[str, Any]) -> list[jobs.SweepUnit]:
+def sweep_units(cfg: Mapping[str, Any]) -> list[StudyPoint]:
     """The model runs of a configuration (:meth:`Controls.config`), preset by preset, seed by seed."""
-    return [jobs.SweepUnit(p, int(cfg["depth"]), int(cfg["tokens"]), int(cfg["dim"]), cfg["heads"], cfg["alpha"], s)
+    return [StudyPoint(p, int(cfg["depth"]), int(cfg["tokens"]), int(cfg["dim"]), cfg["heads"], cfg["alpha"], s)
             for p in cfg["presets"] for s in range(int(cfg["seeds"]))]
 
 
-def assemble_sweep(units: list[jobs.SweepUnit], results: Mapping[jobs.SweepUnit, tuple[pd.DataFrame, pd.DataFrame]]
+def assemble_sweep(units: list[StudyPoint], results: Mapping[StudyPoint, tuple[pd.DataFrame, pd.DataFrame]]
                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The tidy metrics and spectra tables of a sweep from those of its ``units`` (the rows
     :func:`compute_sweep` gives for the same configuration, in the same order)."""
@@ -118,7 +119,7 @@ class SweepState(Job):
                 return
         self.run(compute, apply, cached)
 
-    def _start_worker(self, cfg: dict[str, Any], units: list[jobs.SweepUnit], missing: list[jobs.SweepUnit],
+    def _start_worker(self, cfg: dict[str, Any], units: list[StudyPoint], missing: list[StudyPoint],
                       eta: float, apply: Callable[[object], None]) -> None:
         """Run the ``missing`` model runs of ``cfg`` in a worker process (:func:`follow_job`), then
         apply the assembled tables; the notice gives the estimate, then the progress."""
