@@ -86,7 +86,7 @@ def _check_slot(key: str) -> _Slot:
 #: Built figures (HoloViews objects and the reduced tables they draw), keyed by view, settings
 #: and options: returning to computed settings needs no rebuild.
 FIGURES = SharedCache(_figure_slot)
-#: Jacobian results per :class:`osa_lab.dashboard.jobs.Unit` (preset × seed × resolved method).
+#: Jacobian results per :class:`osa_lab.dashboard.jobs.Unit` (preset × seed × resolved algorithm).
 JACOBIANS = SharedCache(_jacobian_slot)
 #: Sweep results by configuration (:func:`sweep_key`), filled by :func:`compute_sweep` and by
 #: long sweeps' workers: what :meth:`SweepState.refresh` can apply at once.
