@@ -40,9 +40,19 @@ from osa_lab.studies.training.tune import TuneGrid, tune
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``osa-lab train``."""
-    d = TrainConfig()
-    parser.add_argument(
+    """Arguments of ``osa-lab train``, in the help's groups: the named study, the presets and their
+    tuning, the data, the optimisation, the model, and the run's output; then the Dask grid's."""
+    _add_study_arguments(parser.add_argument_group("named study"))
+    _add_preset_arguments(parser.add_argument_group("presets, comparison and tuning"))
+    _add_data_arguments(parser.add_argument_group("data"))
+    _add_optimisation_arguments(parser.add_argument_group("optimisation"))
+    _add_model_arguments(parser.add_argument_group("model"))
+    _add_run_arguments(parser.add_argument_group("output and run"))
+    add_grid_arguments(parser)  # runs of --compare/--tune/several presets go to a Dask grid
+
+
+def _add_study_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--experiment",
         default=None,
         metavar="FILE",
@@ -50,78 +60,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tuning that brackets each optimum, the final seeds, and tables + verdict in the file's results folder "
         "(--output overrides it); the other training options are ignored",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="--experiment: use the file's `quick` profile (a few minutes; what CI runs)")  # fmt: skip
-    parser.add_argument("--summary-only", action="store_true",
-                        help="--experiment: regenerate the tables and verdict from the results folder, train nothing")  # fmt: skip
-    parser.add_argument(
-        "--preset",
-        nargs="+",
-        default=[d.preset],
-        metavar="NAME",
-        help=f"model preset(s) (default {d.preset}); several presets are compared",
-    )
-    parser.add_argument(
+    group.add_argument("--quick", action="store_true",
+                       help="--experiment: use the file's `quick` profile (a few minutes; what CI runs)")  # fmt: skip
+    group.add_argument("--summary-only", action="store_true",
+                       help="--experiment: regenerate the tables and verdict from the results folder, train nothing")  # fmt: skip
+
+
+def _add_preset_arguments(group: argparse._ArgumentGroup) -> None:
+    d, g = TrainConfig(), TuneGrid()
+    group.add_argument("--preset", nargs="+", default=[d.preset], metavar="NAME",
+                       help=f"model preset(s) (default {d.preset}); several presets are compared")  # fmt: skip
+    group.add_argument(
         "--compare",
         action="store_true",
         help=f"compare the presets {', '.join(DEFAULT_COMPARISON)} and the controls {', '.join(CONTROLS)} "
         "(+ cnn1d on MNIST-1D) (overrides --preset)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--tune",
         action="store_true",
         help="choose each preset's lr (and OSA's α-lr multiplier) on validation accuracy from the grids "
         "below, then train --seeds with the chosen setting and report test accuracy, paired differences "
         "against skipless-osa and a verdict (osa_lab.studies.training.tune)",
     )
-    g = TuneGrid()
-    parser.add_argument("--lr-grid", type=float, nargs="+", default=list(g.lrs), metavar="LR",
-                        help=f"--tune: learning rates tried for every preset (default {list(g.lrs)})")  # fmt: skip
-    parser.add_argument("--alpha-lr-mult-grid", type=float, nargs="+", default=list(g.alpha_lr_mults), metavar="M",
-                        help=f"--tune: α-lr multipliers for learned-α OSA presets (default {list(g.alpha_lr_mults)})")  # fmt: skip
-    parser.add_argument("--tune-seeds", type=int, nargs="+", default=list(g.seeds), metavar="SEED",
-                        help=f"--tune: seeds of the tuning runs (default {list(g.seeds)}, disjoint from --seeds)")  # fmt: skip
-    parser.add_argument("--data", default=d.data, help=f"data set: {', '.join(DATASETS)} (default {d.data})")
-    parser.add_argument("--data-dir", default=None,
-                        help="--data mnist: directory with the MNIST IDX files or mnist.npz; MNIST-1D: its cache folder")  # fmt: skip
-    parser.add_argument("--train-limit", type=int, default=None, help="MNIST: use a fixed stratified subset")
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size)
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--warmup-fraction", type=float, default=d.warmup_fraction)
-    parser.add_argument("--grad-clip", type=float, default=d.grad_clip, help="global norm clip (0: off)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
-    parser.add_argument(
-        "--diag-every", type=int, default=d.diag_every, help="hidden-state diagnostics every K steps"
-    )
-    parser.add_argument("--diag-samples", type=int, default=d.diag_samples)
-    parser.add_argument("--patch-size", type=int, default=None, help="default: 2 for 8×8, 4 for 28×28")
-    for name in ("depth", "dim", "heads"):
-        parser.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
-    parser.add_argument(
-        "--osa-method",
-        default=None,
-        help="OSA computation method of the model (osa_lab.ops.functional.OSA_METHODS; default: the preset's 'auto')",
-    )
-    parser.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
-    parser.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")  # fmt: skip
-    parser.add_argument(
-        "--alpha-lr-mult",
-        type=float,
-        default=d.alpha_lr_mult,
-        help="learning-rate multiplier of OSA's α (its own AdamW group, no weight decay; default 1)",
-    )
-    parser.add_argument(
+    group.add_argument("--lr-grid", type=float, nargs="+", default=list(g.lrs), metavar="LR",
+                       help=f"--tune: learning rates tried for every preset (default {list(g.lrs)})")  # fmt: skip
+    group.add_argument("--alpha-lr-mult-grid", type=float, nargs="+", default=list(g.alpha_lr_mults), metavar="M",
+                       help=f"--tune: α-lr multipliers for learned-α OSA presets (default {list(g.alpha_lr_mults)})")  # fmt: skip
+    group.add_argument("--tune-seeds", type=int, nargs="+", default=list(g.seeds), metavar="SEED",
+                       help=f"--tune: seeds of the tuning runs (default {list(g.seeds)}, disjoint from --seeds)")  # fmt: skip
+    group.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
+
+
+def _add_data_arguments(group: argparse._ArgumentGroup) -> None:
+    d = TrainConfig()
+    group.add_argument("--data", default=d.data, help=f"data set: {', '.join(DATASETS)} (default {d.data})")
+    group.add_argument("--data-dir", default=None,
+                       help="--data mnist: directory with the MNIST IDX files or mnist.npz; MNIST-1D: its cache folder")  # fmt: skip
+    group.add_argument("--train-limit", type=int, default=None, help="MNIST: use a fixed stratified subset")
+    group.add_argument(
         "--val-fraction",
         type=float,
         default=d.val_fraction,
         help="hold out this fraction of the training data as a validation split (default 0: none)",
     )
-    add_grid_arguments(parser)  # runs of --compare/--tune/several presets go to a Dask grid
+
+
+def _add_optimisation_arguments(group: argparse._ArgumentGroup) -> None:
+    d = TrainConfig()
+    group.add_argument("--epochs", type=int, default=d.epochs)
+    group.add_argument("--batch-size", type=int, default=d.batch_size)
+    group.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    group.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    group.add_argument("--warmup-fraction", type=float, default=d.warmup_fraction)
+    group.add_argument("--grad-clip", type=float, default=d.grad_clip, help="global norm clip (0: off)")
+    group.add_argument(
+        "--alpha-lr-mult",
+        type=float,
+        default=d.alpha_lr_mult,
+        help="learning-rate multiplier of OSA's α (its own AdamW group, no weight decay; default 1)",
+    )
+
+
+def _add_model_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--patch-size", type=int, default=None, help="default: 2 for 8×8, 4 for 28×28")
+    for name in ("depth", "dim", "heads"):
+        group.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
+    group.add_argument(
+        "--osa-method",
+        default=None,
+        help="OSA computation method of the model (osa_lab.ops.functional.OSA_METHODS; default: the preset's 'auto')",
+    )
+
+
+def _add_run_arguments(group: argparse._ArgumentGroup) -> None:
+    d = TrainConfig()
+    group.add_argument("--diag-every", type=int, default=d.diag_every, help="hidden-state diagnostics every K steps")
+    group.add_argument("--diag-samples", type=int, default=d.diag_samples)
+    group.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
+    group.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    group.add_argument("--device", default="cpu")
+    group.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    group.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
