@@ -164,7 +164,8 @@ def _spec(**kw) -> StudySpec:
                      seeds={4: 4}, gate={"mlp": 0.65}, **kw)  # fmt: skip
 
 
-def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok", lr: float = 0.01) -> None:
+def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok", lr: float = 0.01,
+               kappa_init: float = 3.0) -> None:
     search = root / "search" / f"{preset}-d4.json"
     search.parent.mkdir(parents=True, exist_ok=True)
     search.write_text(json.dumps({"preset": preset, "depth": 4, "chosen": [0.01, 1.0], "edge_after_limit": []}))
@@ -176,7 +177,7 @@ def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok
                                 "alpha_lr_mult": 1.0, "steps": 216, "status": status, "curve": curve,
                                 "test_accuracy": acc if status == "ok" else math.nan, "val_accuracy": acc,
                                 "train_accuracy": 1.0, "train_loss": 0.1, "steps_to_90": 180.0,
-                                "kappa_init": 3.0, "kappa_trained": 9.0,
+                                "kappa_init": kappa_init, "kappa_trained": 9.0,
                                 "rank_init": {"effective_rank": 10.0, "relative_residual": 0.9}}))  # fmt: skip
 
 
@@ -206,6 +207,17 @@ def test_a_partial_study_says_so_everywhere(tmp_path):
     assert "no conclusion" in out["verdict"]
     for name in ("runs", "claims", "curves", "tuning"):
         assert not bool(__import__("pandas").read_csv(tmp_path / f"{name}.csv")["complete"].any())
+
+
+def test_a_kappa_beyond_float64_is_named_so_not_quoted(tmp_path):
+    for s in range(2):
+        _write_run(tmp_path, "skipless-ssa", s, 0.7, kappa_init=[7e19, 4.5e34][s])
+        _write_run(tmp_path, "vit", s, 0.85, kappa_init=[30.0, 40.0][s])
+    text = report.summarise(tmp_path, _spec())["verdict"]
+    ssa = next(line for line in text.splitlines() if line.startswith("* `skipless-ssa` depth 4"))
+    vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
+    assert "κ at init above 4.5e+15, beyond what float64 resolves" in ssa and "e+34" not in ssa
+    assert vit.endswith("κ at init 35)")
 
 
 def test_a_failed_gate_draws_no_conclusion(tmp_path):

@@ -19,6 +19,7 @@ import pandas as pd
 
 from osa_lab.studies.depth_study import stats
 from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.summaries import KAPPA_RESOLVED
 
 REFERENCE = "skipless-osa"
 
@@ -240,8 +241,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
                      f"{_pct(r.ci_high)}] ({r.finished - r.diverged} of {r.planned} seeds, {r.diverged} diverged; "
                      f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
-                     + "; κ at init "
-                     + (f"{r.kappa_init_median:.3g})" if math.isfinite(r.kappa_init_median) else "— (no token encoder))"))  # fmt: skip
+                     + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
     lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested)", ""]
     if claims.empty:
         lines.append("* no claim has two paired seeds yet")
@@ -268,6 +268,17 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
               "optimisers other than the ones above; depths other than " + ", ".join(
                   str(d) for d in sorted({d for _, ds in spec.cells for d in ds})) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _kappa_words(kappa: float) -> str:
+    """A median κ in words: its value, "above ≈ 4.5e15" where float64 no longer resolves it
+    (:data:`~osa_lab.studies.summaries.KAPPA_RESOLVED`: σ_min is rounding noise there), or a dash
+    for a model without a token encoder (no Jacobian is taken)."""
+    if math.isnan(kappa):
+        return "— (no token encoder)"
+    if kappa >= KAPPA_RESOLVED:
+        return f"above {KAPPA_RESOLVED:.2g}, beyond what float64 resolves (numerically singular)"
+    return f"{kappa:.3g}"
 
 
 def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
