@@ -555,3 +555,52 @@ def test_the_package_changes_no_process_wide_state():
     found = [f"{path.relative_to(ROOT)}: {name}" for path in sorted(PACKAGE.rglob("*.py"))
              for name in PROCESS_WIDE_STATE if name in path.read_text(encoding="utf-8")]  # fmt: skip
     assert found == []
+
+
+# ---------------------------------------------------------------------------- no private torch internals
+
+
+def torch_c_uses(source: str) -> list[str]:
+    """Every use of ``torch._C`` (PyTorch's private C extension) in ``source``: ``import torch._C…``,
+    ``from torch._C… import …``, ``from torch import _C`` and the attribute ``<torch>._C``, where
+    ``<torch>`` is any name ``torch`` is imported as. Found on the syntax tree, so a mention in a
+    string or comment does not count and an alias does not hide one."""
+    tree = ast.parse(source)
+    torch_names = {"torch"} | {
+        alias.asname
+        for node in ast.walk(tree) if isinstance(node, ast.Import)
+        for alias in node.names if alias.name == "torch" and alias.asname
+    }  # fmt: skip
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name == "torch._C" or a.name.startswith("torch._C.")]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "torch._C" or node.module.startswith("torch._C."):
+                found.append(f"from {node.module} import …")
+            elif node.module == "torch" and any(a.name == "_C" for a in node.names):
+                found.append("from torch import _C")
+        elif isinstance(node, ast.Attribute) and node.attr == "_C":
+            if isinstance(node.value, ast.Name) and node.value.id in torch_names:
+                found.append(f"{node.value.id}._C")
+    return found
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("torch._C._functorch.is_functorch_wrapped_tensor(t)", ["torch._C"]),
+    ("import torch as th\nth._C._are_functorch_transforms_active()", ["th._C"]),
+    ("import torch._C._functorch", ["import torch._C._functorch"]),
+    ("from torch._C import _functorch", ["from torch._C import …"]),
+    ("from torch import _C", ["from torch import _C"]),
+    ("torch.func.debug_unwrap(t, recurse=False)\n'torch._C in a string'  # torch._C in a comment", []),
+])  # fmt: skip
+def test_the_torch_c_scan_sees_every_form(source, expected):
+    assert torch_c_uses(source) == expected
+
+
+def test_the_package_uses_no_torch_c():
+    """``torch._C`` is PyTorch's private C extension: its names change between releases without
+    notice. The package uses public APIs only (torch.func, autograd.Function's torch.func support)."""
+    found = [f"{path.relative_to(ROOT)}: {use}" for path in sorted(PACKAGE.rglob("*.py"))
+             for use in torch_c_uses(path.read_text(encoding="utf-8"))]  # fmt: skip
+    assert found == []

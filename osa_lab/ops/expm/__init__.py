@@ -42,6 +42,7 @@ from osa_lab.ops.expm.batch import (
     concrete,
     replace_rows,
     take_rows,
+    transformed,
     under_transform,
 )
 from osa_lab.ops.expm.bounds import (
@@ -185,6 +186,7 @@ __all__ = [
     "spectral_norm_bound",
     "spectral_refine_above",
     "take_rows",
+    "transformed",
     "taylor_ps",
     "taylor_theta",
     "truncation_unit",

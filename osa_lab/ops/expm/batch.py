@@ -30,13 +30,64 @@ def _zero_if_none(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor
     return torch.zeros_like(like) if grad is None else grad
 
 
+class _Sink:
+    """Where :class:`_WholeBatch` leaves the values it reads (a plain object: torch.func passes it
+    through its levels untouched, where a list or dict would be copied as a pytree)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+class _WholeBatch(torch.autograd.Function):
+    """Reads the values of a tensor under any torch.func transform (PyTorch's "Extending torch.func
+    with autograd.Function"): at a vmap level its ``vmap`` rule receives the batched tensor itself
+    and passes it on with the vmapped dimension in front; at a grad or jvp level torch.func hands
+    the forward the unwrapped tensor. The forward, below every level, leaves a plain tensor in the
+    :class:`_Sink`. It returns nothing and has no derivatives: it only reads."""
+
+    @staticmethod
+    def forward(t: torch.Tensor, sink: _Sink) -> None:  # noqa: D102
+        sink.value = t
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: D102
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: D102
+        return None, None
+
+    @staticmethod
+    def jvp(ctx, *tangents) -> None:  # noqa: D102
+        return None
+
+    @staticmethod
+    def vmap(info, in_dims, t: torch.Tensor, sink: _Sink):  # noqa: D102
+        _WholeBatch.apply(t.movedim(in_dims[0], 0), sink)
+        return None, None
+
+
+def transformed(t: torch.Tensor) -> bool:
+    """Whether ``t`` is wrapped by a torch.func transform (vmap, grad, jacrev, jacfwd, jvp, …):
+    :func:`torch.func.debug_unwrap` returns such a tensor's underlying tensor and any other tensor
+    itself. Only the identity is compared; the unwrapped tensor is never used (torch.func
+    documents its use inside a transformed function as undefined). No tensor operation."""
+    return torch.func.debug_unwrap(t, recurse=False) is not t
+
+
 def concrete(t: torch.Tensor) -> torch.Tensor:
-    """``t`` without its torch.func wrappers: under ``vmap`` the values of the whole vmapped
-    batch, so that a decision on them ("does any matrix need float64?") holds for every call."""
-    wrapped, unwrap = torch._C._functorch.is_functorch_wrapped_tensor, torch._C._functorch.get_unwrapped
-    while wrapped(t):
-        t = unwrap(t)
-    return t
+    """The values of ``t`` as a plain tensor, for a decision on them ("does any matrix need
+    float64?"): ``t`` itself outside torch.func transforms; under them the values below every
+    level (:class:`_WholeBatch`), under ``vmap`` those of the whole vmapped batch with the
+    vmapped dimensions in front, so that the decision holds for every call of the batch
+    (detached there)."""
+    if not transformed(t):
+        return t
+    sink = _Sink()
+    _WholeBatch.apply(t.detach(), sink)
+    return sink.value
 
 
 def any_row(mask: torch.Tensor) -> bool:
@@ -61,10 +112,9 @@ def replace_rows(
 
 
 def under_transform(*tensors: torch.Tensor) -> bool:
-    """True under torch.func transforms (jacrev, jacfwd, vmap, grad) or forward-mode AD, which the
-    hand-written backwards of :class:`_ChebyshevAction` and :class:`_GramAction` do not support:
-    the plain-operation references run there."""
+    """True under torch.func transforms (jacrev, jacfwd, vmap, grad; :func:`transformed`) or
+    forward-mode AD, which the hand-written backwards of :class:`_ChebyshevAction` and
+    :class:`_GramAction` do not support: the plain-operation references run there."""
     from torch.autograd import forward_ad
 
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return any(wrapped(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+    return any(transformed(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
