@@ -6,9 +6,10 @@ Serve it with::
 
 Layout (docs/dashboard.md): a :class:`~panel.template.BootstrapTemplate` whose sidebar holds the
 :class:`~osa_lab.dashboard.state.Controls` (presets, depth, tokens N, width d, heads, α, seeds,
-metric) and whose main area holds the OSA-check badges and one tab per view
-(:mod:`osa_lab.dashboard.views`). Everything on screen is mirrored in the page URL; a copied
-link restores the view. The page loads no resource from the internet, and only the BokehJS
+metric) and whose main area holds the OSA-check badges (:mod:`osa_lab.dashboard.check_view`)
+and one tab per view (:mod:`~osa_lab.dashboard.rank_view`, :mod:`~osa_lab.dashboard.spectra_view`,
+:mod:`~osa_lab.dashboard.jacobian_view`). Everything on screen is mirrored in the page URL; a
+copied link restores the view. The page loads no resource from the internet, and only the BokehJS
 bundles it uses (:func:`lean_page_resources`).
 
 The served entry scripts (``dashboards/osa_dashboard.py`` and the copy inside this package that
@@ -32,6 +33,11 @@ import param
 
 from osa_lab.dashboard import jobs
 from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS, SWEEPS
+from osa_lab.dashboard.check_view import OSACheckView
+from osa_lab.dashboard.figure_view import message_pane, prepared, throttled
+from osa_lab.dashboard.jacobian_view import JacobianView
+from osa_lab.dashboard.rank_view import RankCollapseView
+from osa_lab.dashboard.spectra_view import SpectraView
 from osa_lab.dashboard.state import (
     FIGURE_LOCK,
     PRESET_HEADS,
@@ -47,15 +53,6 @@ from osa_lab.dashboard.state import (
     sweep_key,
 )
 from osa_lab.dashboard.sweep import SweepState
-from osa_lab.dashboard.views import (
-    JacobianView,
-    OSACheckView,
-    RankCollapseView,
-    SpectraView,
-    message_pane,
-    prepared,
-    throttled,
-)
 from osa_lab.errors import ConfigurationError
 
 log = logging.getLogger("osa_lab.dashboard")

@@ -22,7 +22,9 @@ hv = pytest.importorskip("holoviews")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from osa_lab.dashboard import views as dash_views  # noqa: E402 - after the panel importorskip
+from osa_lab.dashboard import figure_view, jacobian_view  # noqa: E402 - after the panel importorskip
+from osa_lab.errors import ConfigurationError  # noqa: E402
+from osa_lab.plots.depth import figure_title  # noqa: E402
 
 APP = ROOT / "dashboards" / "osa_dashboard.py"
 SMALL = dict(depth=3, tokens=8, dim=8, seeds=2)
@@ -93,7 +95,7 @@ def _pane_data(view, key):
     obj = view.panes[key].object
     if isinstance(obj, hv.DynamicMap):
         frame = obj[()]
-        assert frame is dash_views.prepared(view.figures[key])[0]  # the figure with its update options
+        assert frame is figure_view.prepared(view.figures[key])[0]  # the figure with its update options
         return frame
     return obj
 
@@ -423,7 +425,7 @@ def test_link_keys_and_values_reach_the_page_as_text_never_as_markup(dash, paylo
 
 @pytest.mark.parametrize("payload", SCRIPT_PAYLOADS)
 def test_error_messages_reach_the_page_as_text(payload):
-    pane = dash_views.message_pane(pn.widgets.TextInput(value=f"failed for {payload}").param.value)
+    pane = figure_view.message_pane(pn.widgets.TextInput(value=f"failed for {payload}").param.value)
     page = _rendered_html(pane.object)
     assert set(re.findall(r"<\s*/?\s*([a-zA-Z]+)", page)) <= {"p"}, page
 
@@ -475,7 +477,7 @@ def _fake_unit(calls):
 
 def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash, monkeypatch):
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
     app.controls.depth = 2
     assert calls == []  # tab closed: nothing computed
     app.controls.view = "jacobian"
@@ -491,7 +493,7 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
 
 def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     """After exact → matrix-free the PNG is the figure on screen, not the old one."""
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit([]))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit([]))
     app.controls.view = "jacobian"
     exact_png = app.jacobian_view.png("histogram")
     assert "[exact]" in _png_title(exact_png)
@@ -502,7 +504,7 @@ def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     shown = _pane_data(app.jacobian_view, "histogram")
     assert "No histogram" in _title(shown)  # a message, not a figure: nothing to download
     assert "histogram" not in app.jacobian_view.exportable
-    with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+    with pytest.raises(ConfigurationError, match="no figure to export"):
         app.jacobian_view.png("histogram")
     kappa_png = app.jacobian_view.png("kappa")
     assert "matrix-free" in _png_title(kappa_png)
@@ -519,20 +521,20 @@ def test_figure_downloads_are_disabled_while_a_pane_shows_a_message(dash, monkey
     Compute), its PNG and SVG buttons are disabled and say why, and an export refuses with
     a message; once a figure is drawn they are enabled and export it."""
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
-    monkeypatch.setattr(dash_views.JacobianView, "preview_units", lambda self, units: None)  # no preview
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view.JacobianView, "preview_units", lambda self, units: None)  # no preview
     a = dash.build_app(**{**SMALL, "tokens": 64, "dim": 64})
     pn.panel(a)
     a.controls.view = "jacobian"
     view = a.jacobian_view
     assert "Compute Jacobians" in view.notice and not calls
-    assert dash_views.is_placeholder(view.figures["kappa"]) and view.exportable == []
+    assert figure_view.is_placeholder(view.figures["kappa"]) and view.exportable == []
     buttons = _downloads(view)
     assert len(buttons) == 4 and all(b.disabled for b in buttons.values())
     assert all("message" in b.description for b in buttons.values())
     for key in ("kappa", "histogram"):
         for fmt in ("png", "svg"):
-            with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+            with pytest.raises(ConfigurationError, match="no figure to export"):
                 view.export(key, fmt)
     view.param.trigger("compute")  # matrix-free at this size: κ drawn, the histogram a message
     assert calls and view.exportable == ["kappa"]
@@ -544,7 +546,7 @@ def test_figure_downloads_are_disabled_while_a_pane_shows_a_message(dash, monkey
 
 def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monkeypatch):
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
     app.controls.tokens, app.controls.dim = 64, 64
     app.controls.view = "jacobian"
     notice = app.jacobian_view.notice
@@ -553,8 +555,8 @@ def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monke
     assert calls and all(u.tokens < 64 or u.dim < 64 for u in calls), calls
     p = calls[0]
     assert f"preview at N = {p.tokens}, d = {p.dim}" in notice
-    assert dash_views.jobs.estimate_seconds(len(calls), p.algorithm, p.tokens, p.dim, p.depth,
-                                            len(p.layers)) <= dash_views.AUTO_JACOBIAN_SECONDS
+    assert jacobian_view.jobs.estimate_seconds(len(calls), p.algorithm, p.tokens, p.dim, p.depth,
+                                            len(p.layers)) <= jacobian_view.AUTO_JACOBIAN_SECONDS
     assert "PREVIEW at smaller N, d" in _title(_pane_data(app.jacobian_view, "kappa"))
     assert f"N {p.tokens} · d {p.dim}" in _title(_pane_data(app.jacobian_view, "kappa"))
     calls.clear()
@@ -568,7 +570,7 @@ def test_default_jacobian_view_draws_a_preview_figure(dash, monkeypatch):
     """At the default settings (estimated minutes) the Jacobian tab draws a figure at once, at
     smaller N and d, and says so, instead of an empty placeholder."""
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
     d = dash.Dashboard(compute_now=False)
     pn.panel(d)
     d.controls.view = "jacobian"
@@ -605,7 +607,7 @@ def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
     def too_big(unit):
         raise ConfigurationError("the exact Jacobian would be 4096×4096 (134 MB); use algorithm='matrix-free'")
 
-    monkeypatch.setattr(dash_views, "compute_unit", too_big)
+    monkeypatch.setattr(jacobian_view, "compute_unit", too_big)
     app.controls.jacobian = "exact"
     app.controls.view = "jacobian"
     assert "matrix-free" in app.jacobian_view.job.error
@@ -655,7 +657,8 @@ def test_template_is_bootstrap_and_the_page_omits_unused_bokeh_bundles(app, dash
 
 def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
     """The dashboard's modules import only public names of osa_lab, and their imports
-    of each other point one way (state ← views ← app; jobs below all)."""
+    of each other point one way (state ← sweep ← figure_view ← one view per tab ← app; jobs
+    below all)."""
     import ast
 
     pkg = ROOT / "osa_lab" / "dashboard"
@@ -723,7 +726,8 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     pn.panel(first)
     assert first.state.metrics is not None and first.check_view.result is not None
 
-    monkeypatch.setattr(dash_views, "is_served", lambda: True)  # as in a server session
+    for module in (figure_view, jacobian_view):
+        monkeypatch.setattr(module, "is_served", lambda: True)  # as in a server session
     from osa_lab.dashboard import state as dash_state
     from osa_lab.dashboard import sweep as dash_sweep
 
@@ -743,7 +747,7 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     assert second.check_view.result == first.check_view.result and not second.check_view.job.busy
     fig = _pane_data(second.rank_view, "metric")  # the drawn figure (asserted inside), not a placeholder
     assert isinstance(fig, hv.Overlay) and not second.rank_view.job.busy
-    assert "Computing" not in dash_views.plots.figure_title(fig)
+    assert "Computing" not in figure_title(fig)
 
 
 def test_show_cached_leaves_uncached_settings_to_the_page_load(dash):
@@ -901,13 +905,13 @@ def test_jacobians_and_long_sweeps_share_one_worker_path():
     state.follow_job; the views keep no follower loop of their own."""
     import inspect
 
-    from osa_lab.dashboard import app, jobs, sweep, views
+    from osa_lab.dashboard import app, figure_view, jobs, rank_view, spectra_view, sweep
 
     assert "start_job(" in inspect.getsource(jobs.start_jacobian_job)
     assert "start_job(" in inspect.getsource(jobs.start_sweep_job)
-    assert "follow_job(" in inspect.getsource(views.JacobianView._start)
+    assert "follow_job(" in inspect.getsource(jacobian_view.JacobianView._start)
     assert "follow_job(" in inspect.getsource(sweep.SweepState._start_worker)
-    for module in (views, app):
+    for module in (figure_view, rank_view, spectra_view, jacobian_view, app):
         assert "asyncio.sleep" not in inspect.getsource(module)
 
 
