@@ -429,6 +429,7 @@ class Controls(param.Parameterized):
         """
         errors: list[str] = []
         updates: dict[str, object] = {}
+        texts: dict[str, str] = {}
         for key, raw in query.items():
             if isinstance(raw, list):
                 raw = raw[-1] if raw else ""
@@ -439,12 +440,16 @@ class Controls(param.Parameterized):
             if key not in URL_PARAMETERS:
                 errors.append(f"unknown URL parameter {quoted(key)} (known: {', '.join(URL_PARAMETERS)})")
                 continue
+            texts[key] = text
             try:
                 updates[key] = self._parse(key, text)
             except (ValueError, OverflowError) as exc:
                 errors.append(f"{key}={quoted(text)} was ignored: {exc}")
         if "alpha" in updates and "derived_alpha" not in updates:
             updates["derived_alpha"] = False  # an explicit α means: use it
+        if "alpha" in texts and "alpha" not in updates and updates.get("derived_alpha") is False:
+            updates["derived_alpha"] = True  # no usable α to use instead of α₀
+            errors.append(self._derived_alpha_kept(texts["derived_alpha"]))
         if "dim" in updates or "heads" in updates:
             dim = int(updates.get("dim", self.dim))
             heads = updates.get("heads", self.heads)
@@ -457,15 +462,31 @@ class Controls(param.Parameterized):
         try:
             self.param.update(**ordered)
         except Exception:  # noqa: BLE001 - set what can be set, name the rest
-            for name, value in ordered.items():
-                try:
-                    setattr(self, name, value)
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("URL value %s=%r not applied: %s", name, value, exc)
-                    errors.append(f"{name}={quoted(value)} was ignored: the control refused it")
+            errors.extend(self._apply_one_by_one(ordered, texts.get("derived_alpha", "false")))
         if len(errors) > MESSAGE_LIMIT:
             errors = [*errors[:MESSAGE_LIMIT], f"and {len(errors) - MESSAGE_LIMIT} more unusable values"]
         return errors
+
+    def _apply_one_by_one(self, ordered: dict[str, object], derived_text: str) -> list[str]:
+        """Set each value of ``ordered`` on its own; one message per value the controls refuse.
+        A refused α leaves the derived α₀ on (no α would stand behind ``derived_alpha=false``)."""
+        errors = []
+        for name, value in ordered.items():
+            try:
+                setattr(self, name, value)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("URL value %s=%r not applied: %s", name, value, exc)
+                errors.append(f"{name}={quoted(value)} was ignored: the control refused it")
+                if name == "alpha" and not self.derived_alpha:
+                    self.derived_alpha = True
+                    errors.append(self._derived_alpha_kept(derived_text))
+        return errors
+
+    @staticmethod
+    def _derived_alpha_kept(derived_text: str) -> str:
+        """The message for a link whose α is unusable while it turns the derived α₀ off."""
+        return (f"derived_alpha={quoted(derived_text)} was ignored: the link's alpha cannot be used, so the "
+                "derived α₀ (OSA init) is used instead of a fixed α")
 
     def _parse(self, key: str, text: str) -> object:
         p = self.param[key]

@@ -307,10 +307,41 @@ def test_non_finite_or_malformed_numbers_in_a_link_are_named_and_the_rest_applie
     for name in ("alpha", "depth", "seeds", "points"):
         assert f"{name}=“{value.strip()}” was ignored" in text, text
     c = d.controls
-    assert c.tokens == 16 and c.derived_alpha is False
-    assert c.alpha == 0.05 or np.isfinite(c.alpha)
+    assert c.tokens == 16 and c.derived_alpha is True and c.alpha_value is None  # no usable α: α₀ stays
+    assert "derived_alpha=“false” was ignored" in text, text
+    assert np.isfinite(c.alpha)
     assert (c.depth, c.seeds, c.points) == (12, 2, 6)
     assert "nan" not in str(c.to_query()).lower() and "inf" not in str(c.to_query()).lower()
+
+
+@pytest.mark.parametrize("derived", ["false", "0", "off"])
+def test_an_unusable_alpha_keeps_the_derived_alpha0_and_says_so(dash, derived):
+    """``alpha=nan&derived_alpha=false``: the α is refused, so turning the derived α₀ off would
+    run with whatever α the slider held (the α₀ of other sizes, as a fixed α). The derived α₀
+    stays on, the sweep and the OSA check run with it, and the message names both values."""
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": [b"nan"], "derived_alpha": [derived.encode()], "tokens": [b"16"], "dim": [b"16"]})
+    c = d.controls
+    assert c.derived_alpha is True and c.alpha_value is None
+    assert c.config()["alpha"] is None and c.check_args()[3] is None  # what the sweep and the check run with
+    assert c.alpha == pytest.approx(c.derived_alpha0(), rel=1e-4)  # the slider shows the α₀ of N = d = 16
+    assert d.url_errors[0].startswith("alpha=“nan” was ignored"), d.url_errors
+    assert any(e.startswith(f"derived_alpha=“{derived}” was ignored") and "derived α₀" in e
+               for e in d.url_errors), d.url_errors
+    assert c.to_query()["derived_alpha"] == "true" and "alpha" not in c.to_query()
+    assert "derived α₀" in d._url_message(d.url_errors)  # on the page (as escaped Markdown)
+
+
+def test_a_usable_alpha_or_no_alpha_leaves_derived_alpha_as_the_link_says(dash):
+    d = dash.Dashboard(compute_now=False)
+    assert d.controls.apply_query({"alpha": "0.25", "derived_alpha": "false"}) == []
+    assert d.controls.alpha_value == 0.25
+    e = dash.Dashboard(compute_now=False)
+    assert e.controls.apply_query({"derived_alpha": "false"}) == []
+    assert e.controls.derived_alpha is False and np.isfinite(e.controls.alpha_value)
+    f = dash.Dashboard(compute_now=False)
+    assert f.controls.apply_query({"alpha": "nan"})[0].startswith("alpha=“nan” was ignored")
+    assert f.controls.derived_alpha is True  # nothing asked to turn α₀ off
 
 
 def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(dash, monkeypatch):
@@ -325,6 +356,8 @@ def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(das
     d.apply_url({"alpha": "0.3", "depth": "5"})
     assert d.controls.depth == 5
     assert any(e.startswith("alpha=“nan” was ignored") for e in d.url_errors), d.url_errors
+    assert d.controls.derived_alpha is True and d.controls.alpha_value is None  # the refused α is not used
+    assert any(e.startswith("derived_alpha=“false” was ignored") for e in d.url_errors), d.url_errors
     monkeypatch.setattr(d.controls, "apply_query", lambda q: 1 / 0)
     d.apply_url({"depth": "6"})
     assert d.url_errors and "could not be applied" in d.url_errors[0]

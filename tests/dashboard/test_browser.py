@@ -433,6 +433,11 @@ def test_a_link_with_non_finite_or_malformed_values_still_draws_the_page(server,
         time.sleep(0.3)
     assert "nan" not in page.url.lower().split("?", 1)[1], page.url
     assert "view=rank" in page.url
+    if "derived_alpha=false" in bad:  # no usable α to use: the derived α₀ stays on, and the page says so
+        assert page.get_by_text("derived_alpha=“false” was ignored").count() >= 1
+        _wait_url(page, "derived_alpha=true")
+        assert not re.search(r"[?&]alpha=", page.url), page.url
+        assert any("α₀ derived" in t for t in _wait_title(page, "after each block")), page.evaluate(JS_TITLES)
     _assert_clean(watch)
     page.context.close()
 
