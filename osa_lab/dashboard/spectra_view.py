@@ -27,9 +27,10 @@ CLEAN_EDGE_OPTIONS = {"plot.border_line_color": CANVAS_BACKGROUND, "plot.border_
 
 
 def with_clean_edges(layout: hv.Layout) -> hv.Layout:
-    """``layout`` with :data:`CLEAN_EDGE_OPTIONS` on each heatmap and line panel (in place)."""
-    return layout.opts(hv.opts.Image(backend_opts=CLEAN_EDGE_OPTIONS),
-                       hv.opts.Overlay(backend_opts=CLEAN_EDGE_OPTIONS), backend="bokeh")
+    """``layout`` with :data:`CLEAN_EDGE_OPTIONS` on each panel (heatmap or line overlay), in place."""
+    for panel in layout:
+        panel.opts(backend_opts=CLEAN_EDGE_OPTIONS, backend="bokeh")
+    return layout
 
 
 class SpectraView(FigureView):
