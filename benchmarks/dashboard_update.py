@@ -53,12 +53,10 @@ class _Dashboard:
     """The dashboard's modules under one name (caches live in :mod:`osa_lab.dashboard.caches`)."""
 
     def __init__(self) -> None:
-        from osa_lab.dashboard import app, caches, state
+        from osa_lab.dashboard import app, caches
 
         self.build_app = app.build_app
-        self.compute_sweep, self.compute_osa_check, self.FIGURES = state.compute_sweep, state.compute_osa_check, \
-            caches.FIGURES
-        self.SWEEPS, self.CHECKS = caches.SWEEPS, caches.CHECKS
+        self.FIGURES, self.SWEEPS, self.CHECKS = caches.FIGURES, caches.SWEEPS, caches.CHECKS
 
     def clear(self) -> None:
         """Empty every process-wide cache (sweeps, OSA checks, figures): the next update computes."""

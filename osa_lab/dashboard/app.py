@@ -46,13 +46,11 @@ from osa_lab.dashboard.state import (
     VIEWS,
     Controls,
     compute_osa_check,
-    compute_sweep,
     compute_unit,
     jacobian_layers,
     markdown_literal,
-    sweep_key,
 )
-from osa_lab.dashboard.sweep import SweepState
+from osa_lab.dashboard.sweep import SweepSettings, SweepState, compute_sweep
 from osa_lab.errors import ConfigurationError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -100,7 +98,7 @@ class Dashboard(pn.viewable.Viewer):
             cfg, args = self.controls.config(), self.controls.check_args()
         except ConfigurationError:
             return
-        if SWEEPS.get(sweep_key(cfg)) is not None:
+        if SWEEPS.get(SweepSettings.of(cfg)) is not None:
             self.state.refresh()
         if CHECKS.get(args) is not None:
             self.check_view.refresh()
@@ -333,7 +331,7 @@ def prewarm() -> None:
     app.controls.validate()
     cfg = app.controls.config()
     compute_osa_check(*app.controls.check_args())
-    app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
+    app.state._run_sync(lambda: (cfg, compute_sweep(SweepSettings.of(cfg))), lambda v: app.state.param.update(
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
     for cache_key, build in app.rank_view.specs().values():
         with FIGURE_LOCK:

@@ -4,10 +4,10 @@ Everything that defines what is on screen (presets, tab, site, scale, metric, Ja
 scope, sizes) lives in :class:`Controls` and in the page URL (:meth:`Controls.to_query`,
 :meth:`Controls.apply_query`). :class:`Job` runs a computation off the server's event loop in a
 daemon thread (:class:`osa_lab.dashboard.sweep.SweepState` holds one session's current sweep);
-:func:`follow_job` follows a worker process. The caches (:func:`compute_sweep`,
-:func:`compute_osa_check`, :mod:`osa_lab.dashboard.caches`) are shared by every session of the
-server process. Sessions compute
-concurrently: models are built with an explicit dtype (no process-wide default-dtype switch).
+:func:`follow_job` follows a worker process. The caches (:func:`compute_osa_check`,
+:func:`osa_lab.dashboard.sweep.compute_sweep`, :mod:`osa_lab.dashboard.caches`) are shared by
+every session of the server process. Sessions compute concurrently: models are built with an
+explicit dtype (no process-wide default-dtype switch).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pandas as pd
 import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
-from osa_lab.dashboard.caches import CHECKS, SWEEPS
+from osa_lab.dashboard.caches import CHECKS
 from osa_lab.errors import ConfigurationError, UserError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -124,34 +123,6 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 # and inputs come from private generators.
 #: Serialises building HoloViews objects (their option trees are global state).
 FIGURE_LOCK: threading.Lock = threading.Lock()
-
-
-def sweep_key(cfg: dict[str, Any]) -> tuple:
-    """The :data:`SWEEPS` key of a configuration (:meth:`Controls.config`)."""
-    return tuple(sorted(cfg.items()))
-
-
-def compute_sweep(
-    presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.studies.depth.sweep`),
-    cached process-wide in :data:`SWEEPS`.
-
-    ``heads=None`` gives every preset its own head count (the pure stacks one head).
-    """
-    key = sweep_key(dict(presets=presets, depth=depth, tokens=tokens, dim=dim, heads=heads, alpha=alpha,
-                         seeds=seeds))
-    hit = SWEEPS.get(key)
-    if hit is not None:
-        return hit
-    from osa_lab.studies.depth import sweep
-
-    result = sweep(
-        list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
-        seeds=list(range(seeds)), site="both", progress=False,
-    )
-    SWEEPS.put(key, (result.metrics, result.spectra))
-    return result.metrics, result.spectra
 
 
 def progress_text(what: str, done: int, total: int, elapsed: float, eta: float, cancel: str = "Cancel") -> str:

@@ -214,7 +214,7 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
     from osa_lab.dashboard import sweep
 
-    def boom(**kwargs):
+    def boom(settings):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(sweep, "compute_sweep", boom)  # where the session's sweep calls it
@@ -767,10 +767,10 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     for module in (dash_state, dash_sweep):
         monkeypatch.setattr(module, "is_served", lambda: True)
 
-    def no_compute(**_):
+    def no_compute(settings):
         raise AssertionError("cached settings were recomputed")
 
-    for module in (dash_state, dash_sweep):
+    for module in (dash_sweep, dash):  # where a session's sweep and the pre-warm call it
         monkeypatch.setattr(module, "compute_sweep", no_compute)
     second = dash.build_app(compute_now=False, **SMALL)
     pn.panel(second)
@@ -868,18 +868,72 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
 
 def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
     """A long sweep runs model by model in a worker: its units, assembled, are the rows that
-    compute_sweep gives for the same configuration, in the same order."""
-    from osa_lab.dashboard import caches, jobs, state, sweep
+    compute_sweep gives for the same settings, in the same order."""
+    from osa_lab.dashboard import caches, jobs, sweep
 
-    cfg = dict(presets=("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None, seeds=2)
-    units = sweep.sweep_units(cfg)
-    assert [(u.preset, u.seed) for u in units] == [(p, s) for p in cfg["presets"] for s in range(2)]
+    settings = sweep.SweepSettings(("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None,
+                                   seeds=2)
+    units = settings.points()
+    assert [(u.preset, u.seed) for u in units] == [(p, s) for p in settings.presets for s in range(2)]
     results = {u: jobs.compute_sweep_unit(u) for u in units}
     metrics, spectra = sweep.assemble_sweep(units, results)
     caches.SWEEPS.clear()
-    whole_metrics, whole_spectra = state.compute_sweep(**cfg)
+    whole_metrics, whole_spectra = sweep.compute_sweep(settings)
     pd.testing.assert_frame_equal(metrics, whole_metrics)
     pd.testing.assert_frame_equal(spectra, whole_spectra)
+
+
+def test_sweep_settings_are_one_cache_key_per_sweep(monkeypatch):
+    """Equal settings, however written (a list or a tuple of presets, NumPy or Python numbers),
+    are one frozen, hashable key and share one SWEEPS entry; settings that differ in any field
+    have their own entry and their own tables."""
+    from osa_lab.dashboard import caches, sweep
+    from osa_lab.studies import depth
+
+    base = dict(presets=("pure-ssa", "pure-osa"), depth=2, tokens=8, dim=8, heads=None, alpha=None, seeds=1)
+    a = sweep.SweepSettings(**base)
+    same = sweep.SweepSettings(**{**base, "presets": ["pure-ssa", "pure-osa"], "depth": np.int64(2),
+                                  "tokens": np.int32(8)})
+    assert a == same and hash(a) == hash(same) and repr(a) == repr(same)
+    assert a == sweep.SweepSettings.of({**base, "view": "rank"})  # from Controls.config()
+    with pytest.raises(AttributeError):
+        a.depth = 3  # frozen
+    others = [sweep.SweepSettings(**{**base, name: value}) for name, value in (
+        ("presets", ("pure-ssa", "vit")), ("depth", 3), ("tokens", 16), ("dim", 16), ("heads", 2), ("alpha", 0.3),
+        ("seeds", 2))]
+    assert len({a, *others}) == 1 + len(others)
+
+    calls = []
+    real_sweep = depth.sweep
+    monkeypatch.setattr(depth, "sweep", lambda *args, **kw: calls.append(kw) or real_sweep(*args, **kw))
+    caches.SWEEPS.clear()
+    first = sweep.compute_sweep(a)
+    again = sweep.compute_sweep(same)
+    assert len(calls) == 1 and again[0] is first[0] and again[1] is first[1]  # the equal settings' entry
+    assert caches.SWEEPS.get(same)[0] is first[0]
+    deeper = sweep.compute_sweep(others[1])  # depth 3: its own entry and its own tables
+    assert len(calls) == 2 and calls[1]["depths"] == [3]
+    assert deeper[0]["layer"].max() == 3 and first[0]["layer"].max() == 2
+    assert caches.SWEEPS.get(a)[0] is first[0]  # the depth-3 tables did not replace them
+    assert caches.SWEEPS.get(others[2]) is None  # nothing computed for N = 16
+
+
+def test_spectra_panels_repaint_their_canvas_edge(app):
+    """Every spectra panel (heatmap and lines) carries a border line in the background colour,
+    2 px wide with mitred corners, that repaints the outermost canvas column and row
+    (:data:`osa_lab.dashboard.spectra_view.CLEAN_EDGE_OPTIONS`; the browser test reads the pixels)."""
+    from bokeh.models import Plot
+
+    from osa_lab.dashboard.spectra_view import CANVAS_BACKGROUND
+
+    app.controls.view = "spectra"
+    for key in ("heatmaps", "lines"):
+        fig = app.spectra_view.figures[key]
+        plots_ = list(hv.renderer("bokeh").get_plot(fig).state.select({"type": Plot}))
+        assert len(plots_) == len(app.controls.presets), key
+        for p in plots_:
+            assert (p.border_line_color, p.border_line_width, p.border_line_join) == (CANVAS_BACKGROUND, 2, "miter")
+            assert p.border_fill_color == CANVAS_BACKGROUND  # the line is invisible on the figure's margin
 
 
 def test_sweep_estimate_separates_the_default_view_from_the_largest_link():
