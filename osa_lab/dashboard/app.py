@@ -279,8 +279,11 @@ def lean_page_resources() -> bool:
 
     Panel's server page lists every BokehJS bundle, and MathJax whenever a Markdown or HTML
     pane is present, whatever the page uses; parsing them was part of the browser's first load.
-    This wraps ``panel.io.server.bundle_resources`` (the function that lists the page's scripts)
-    once per process. Returns ``False``, changing nothing, when that function is missing (a
+    Neither Panel nor Bokeh has a public option to leave a bundle out (``pn.extension`` only adds
+    them; Bokeh's ``Resources`` lists WebGL by default), so this wraps
+    ``panel.io.server.bundle_resources`` (the function that lists the page's scripts) once per
+    process: the dashboard's one use of a Panel internal (docs/dashboard.md gives its measured
+    effect). Returns ``False``, changing nothing, when that function is missing (a
     Panel version that renamed it): the page then loads the full set, which works, only slower.
     """
     import panel.io.server as server
