@@ -866,7 +866,7 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
         with_options(curve, framewise=True)
 
 
-def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
+def test_sweep_points_assemble_to_the_tables_of_the_whole_sweep():
     """A long sweep runs model by model in a worker: its units, assembled, are the rows that
     compute_sweep gives for the same settings, in the same order."""
     from osa_lab.dashboard import caches, jobs, sweep
