@@ -16,7 +16,7 @@ within 3 s, a return to settings already computed within 0.5 s, and an uncached 
 Medians of ``--repeat`` runs; no assertion on time (shared machines are noisy); a table is
 printed and written to ``--csv``.
 
-    python benchmarks/dashboard_update.py [--repeat 3] [--threads 1] [--no-browser]
+    python benchmarks/dashboard_update.py [--repeat 3] [--threads 1] [--no-browser | --only-served]
         [--sessions 5 [--only-sessions]] [--csv bench_results/dashboard_update.csv]
 
 ``--sessions 5`` adds 5 sessions making an uncached update at the same moment (in process,
@@ -53,12 +53,10 @@ class _Dashboard:
     """The dashboard's modules under one name (caches live in :mod:`osa_lab.dashboard.caches`)."""
 
     def __init__(self) -> None:
-        from osa_lab.dashboard import app, caches, state
+        from osa_lab.dashboard import app, caches
 
         self.build_app = app.build_app
-        self.compute_sweep, self.compute_osa_check, self.FIGURES = state.compute_sweep, state.compute_osa_check, \
-            caches.FIGURES
-        self.SWEEPS, self.CHECKS = caches.SWEEPS, caches.CHECKS
+        self.FIGURES, self.SWEEPS, self.CHECKS = caches.FIGURES, caches.SWEEPS, caches.CHECKS
 
     def clear(self) -> None:
         """Empty every process-wide cache (sweeps, OSA checks, figures): the next update computes."""
@@ -297,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --sessions: alternate runs with the old global compute lock (emulated) and without")
     parser.add_argument("--only-sessions", action="store_true",
                         help="measure only the concurrent sessions (with --sessions)")
+    parser.add_argument("--only-served", action="store_true", help="measure only the served page (browser)")
     parser.add_argument("--csv", default="bench_results/dashboard_update.csv")
     args = parser.parse_args(argv)
 
@@ -306,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print("load average:", os.getloadavg())
     dash = load_dashboard()
     rows = []
-    if not args.only_sessions:
+    if not args.only_sessions and not args.only_served:
         rows += in_process(dash, ["pure-ssa", "pure-osa"], args.repeat) + in_process(dash, FIVE, args.repeat)
     if args.sessions and args.compare_lock:
         rows += compare_lock(dash, args.sessions, args.repeat)

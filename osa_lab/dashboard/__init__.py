@@ -2,7 +2,10 @@
 
 * :mod:`osa_lab.dashboard.state`: the controls (mirrored in the URL), background jobs and the
   process-wide caches of sweeps, OSA checks, figures and Jacobians;
-* :mod:`osa_lab.dashboard.views`: OSA-check badges, rank collapse, spectra, Jacobians;
+* :mod:`osa_lab.dashboard.figure_view`: the base of the tabs' views and the widgets they share;
+* one module per tab: :mod:`~osa_lab.dashboard.rank_view`, :mod:`~osa_lab.dashboard.spectra_view`,
+  :mod:`~osa_lab.dashboard.jacobian_view`, and :mod:`~osa_lab.dashboard.check_view` for the
+  OSA-check badges above them;
 * :mod:`osa_lab.dashboard.app`: the page (:class:`~osa_lab.dashboard.app.Dashboard`,
   :func:`~osa_lab.dashboard.app.build_app`, :func:`~osa_lab.dashboard.app.serve_session`);
 * :mod:`osa_lab.dashboard.jobs`: Jacobians in a worker process that can be cancelled;

@@ -6,9 +6,10 @@ Serve it with::
 
 Layout (docs/dashboard.md): a :class:`~panel.template.BootstrapTemplate` whose sidebar holds the
 :class:`~osa_lab.dashboard.state.Controls` (presets, depth, tokens N, width d, heads, α, seeds,
-metric) and whose main area holds the OSA-check badges and one tab per view
-(:mod:`osa_lab.dashboard.views`). Everything on screen is mirrored in the page URL; a copied
-link restores the view. The page loads no resource from the internet, and only the BokehJS
+metric) and whose main area holds the OSA-check badges (:mod:`osa_lab.dashboard.check_view`)
+and one tab per view (:mod:`~osa_lab.dashboard.rank_view`, :mod:`~osa_lab.dashboard.spectra_view`,
+:mod:`~osa_lab.dashboard.jacobian_view`). Everything on screen is mirrored in the page URL; a
+copied link restores the view. The page loads no resource from the internet, and only the BokehJS
 bundles it uses (:func:`lean_page_resources`).
 
 The served entry scripts (``dashboards/osa_dashboard.py`` and the copy inside this package that
@@ -32,6 +33,11 @@ import param
 
 from osa_lab.dashboard import jobs
 from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS, SWEEPS
+from osa_lab.dashboard.check_view import OSACheckView
+from osa_lab.dashboard.figure_view import message_pane, prepared, throttled
+from osa_lab.dashboard.jacobian_view import JacobianView
+from osa_lab.dashboard.rank_view import RankCollapseView
+from osa_lab.dashboard.spectra_view import SpectraView
 from osa_lab.dashboard.state import (
     FIGURE_LOCK,
     PRESET_HEADS,
@@ -40,22 +46,11 @@ from osa_lab.dashboard.state import (
     VIEWS,
     Controls,
     compute_osa_check,
-    compute_sweep,
     compute_unit,
     jacobian_layers,
     markdown_literal,
-    sweep_key,
 )
-from osa_lab.dashboard.sweep import SweepState
-from osa_lab.dashboard.views import (
-    JacobianView,
-    OSACheckView,
-    RankCollapseView,
-    SpectraView,
-    message_pane,
-    prepared,
-    throttled,
-)
+from osa_lab.dashboard.sweep import SweepSettings, SweepState, compute_sweep
 from osa_lab.errors import ConfigurationError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -103,7 +98,7 @@ class Dashboard(pn.viewable.Viewer):
             cfg, args = self.controls.config(), self.controls.check_args()
         except ConfigurationError:
             return
-        if SWEEPS.get(sweep_key(cfg)) is not None:
+        if SWEEPS.get(SweepSettings.of(cfg)) is not None:
             self.state.refresh()
         if CHECKS.get(args) is not None:
             self.check_view.refresh()
@@ -284,8 +279,11 @@ def lean_page_resources() -> bool:
 
     Panel's server page lists every BokehJS bundle, and MathJax whenever a Markdown or HTML
     pane is present, whatever the page uses; parsing them was part of the browser's first load.
-    This wraps ``panel.io.server.bundle_resources`` (the function that lists the page's scripts)
-    once per process. Returns ``False``, changing nothing, when that function is missing (a
+    Neither Panel nor Bokeh has a public option to leave a bundle out (``pn.extension`` only adds
+    them; Bokeh's ``Resources`` lists WebGL by default), so this wraps
+    ``panel.io.server.bundle_resources`` (the function that lists the page's scripts) once per
+    process: the dashboard's one use of a Panel internal (docs/dashboard.md gives its measured
+    effect). Returns ``False``, changing nothing, when that function is missing (a
     Panel version that renamed it): the page then loads the full set, which works, only slower.
     """
     import panel.io.server as server
@@ -336,7 +334,7 @@ def prewarm() -> None:
     app.controls.validate()
     cfg = app.controls.config()
     compute_osa_check(*app.controls.check_args())
-    app.state._run_sync(lambda: (cfg, compute_sweep(**cfg)), lambda v: app.state.param.update(
+    app.state._run_sync(lambda: (cfg, compute_sweep(SweepSettings.of(cfg))), lambda v: app.state.param.update(
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
     for cache_key, build in app.rank_view.specs().values():
         with FIGURE_LOCK:

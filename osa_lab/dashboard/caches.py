@@ -88,8 +88,9 @@ def _check_slot(key: str) -> _Slot:
 FIGURES = SharedCache(_figure_slot)
 #: Jacobian results per :class:`osa_lab.dashboard.jobs.Unit` (preset × seed × resolved algorithm).
 JACOBIANS = SharedCache(_jacobian_slot)
-#: Sweep results by configuration (:func:`sweep_key`), filled by :func:`compute_sweep` and by
-#: long sweeps' workers: what :meth:`SweepState.refresh` can apply at once.
+#: Sweep results by :class:`~osa_lab.dashboard.sweep.SweepSettings`, filled by
+#: :func:`~osa_lab.dashboard.sweep.compute_sweep` and by long sweeps' workers: what
+#: :meth:`SweepState.refresh` can apply at once.
 SWEEPS = SharedCache(_sweep_slot)
 #: Tables of single model runs (:class:`~osa_lab.studies.settings.StudyPoint`) computed by a long
 #: sweep's worker: a sweep cancelled and asked for again, or one more preset, runs only the missing ones.

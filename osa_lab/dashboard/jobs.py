@@ -1,8 +1,8 @@
 """Long computations of the dashboard, run in a worker process that can be stopped at any time.
 
 Jacobians of deep models and sweeps at the largest sizes take seconds to minutes. The dashboard
-(:mod:`osa_lab.dashboard.views`, :mod:`osa_lab.dashboard.state`) runs each such job in a separate
-process started by :func:`start_job`, so that
+(:mod:`osa_lab.dashboard.jacobian_view`, :mod:`osa_lab.dashboard.sweep`) runs each such job in a
+separate process started by :func:`start_job`, so that
 
 * a *Cancel* button, a closed browser tab or the server's SIGTERM stops the work at once
   (:meth:`WorkerJob.cancel` terminates the process; a thread could not be stopped),

@@ -4,10 +4,10 @@ Everything that defines what is on screen (presets, tab, site, scale, metric, Ja
 scope, sizes) lives in :class:`Controls` and in the page URL (:meth:`Controls.to_query`,
 :meth:`Controls.apply_query`). :class:`Job` runs a computation off the server's event loop in a
 daemon thread (:class:`osa_lab.dashboard.sweep.SweepState` holds one session's current sweep);
-:func:`follow_job` follows a worker process. The caches (:func:`compute_sweep`,
-:func:`compute_osa_check`, :mod:`osa_lab.dashboard.caches`) are shared by every session of the
-server process. Sessions compute
-concurrently: models are built with an explicit dtype (no process-wide default-dtype switch).
+:func:`follow_job` follows a worker process. The caches (:func:`compute_osa_check`,
+:func:`osa_lab.dashboard.sweep.compute_sweep`, :mod:`osa_lab.dashboard.caches`) are shared by
+every session of the server process. Sessions compute concurrently: models are built with an
+explicit dtype (no process-wide default-dtype switch).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pandas as pd
 import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
-from osa_lab.dashboard.caches import CHECKS, SWEEPS
+from osa_lab.dashboard.caches import CHECKS
 from osa_lab.errors import ConfigurationError, UserError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -124,34 +123,6 @@ def label_of(labels: Mapping[str, str], value: str) -> str:
 # and inputs come from private generators.
 #: Serialises building HoloViews objects (their option trees are global state).
 FIGURE_LOCK: threading.Lock = threading.Lock()
-
-
-def sweep_key(cfg: dict[str, Any]) -> tuple:
-    """The :data:`SWEEPS` key of a configuration (:meth:`Controls.config`)."""
-    return tuple(sorted(cfg.items()))
-
-
-def compute_sweep(
-    presets: tuple[str, ...], depth: int, tokens: int, dim: int, heads: int | None, alpha: float | None, seeds: int
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tidy metrics and spectra tables of one configuration (:func:`osa_lab.studies.depth.sweep`),
-    cached process-wide in :data:`SWEEPS`.
-
-    ``heads=None`` gives every preset its own head count (the pure stacks one head).
-    """
-    key = sweep_key(dict(presets=presets, depth=depth, tokens=tokens, dim=dim, heads=heads, alpha=alpha,
-                         seeds=seeds))
-    hit = SWEEPS.get(key)
-    if hit is not None:
-        return hit
-    from osa_lab.studies.depth import sweep
-
-    result = sweep(
-        list(presets), depths=[depth], tokens=[tokens], dims=[dim], heads=[heads], alphas=[alpha],
-        seeds=list(range(seeds)), site="both", progress=False,
-    )
-    SWEEPS.put(key, (result.metrics, result.spectra))
-    return result.metrics, result.spectra
 
 
 def progress_text(what: str, done: int, total: int, elapsed: float, eta: float, cancel: str = "Cancel") -> str:
@@ -429,6 +400,7 @@ class Controls(param.Parameterized):
         """
         errors: list[str] = []
         updates: dict[str, object] = {}
+        texts: dict[str, str] = {}
         for key, raw in query.items():
             if isinstance(raw, list):
                 raw = raw[-1] if raw else ""
@@ -439,12 +411,16 @@ class Controls(param.Parameterized):
             if key not in URL_PARAMETERS:
                 errors.append(f"unknown URL parameter {quoted(key)} (known: {', '.join(URL_PARAMETERS)})")
                 continue
+            texts[key] = text
             try:
                 updates[key] = self._parse(key, text)
             except (ValueError, OverflowError) as exc:
                 errors.append(f"{key}={quoted(text)} was ignored: {exc}")
         if "alpha" in updates and "derived_alpha" not in updates:
             updates["derived_alpha"] = False  # an explicit α means: use it
+        if "alpha" in texts and "alpha" not in updates and updates.get("derived_alpha") is False:
+            updates["derived_alpha"] = True  # no usable α to use instead of α₀
+            errors.append(self._derived_alpha_kept(texts["derived_alpha"]))
         if "dim" in updates or "heads" in updates:
             dim = int(updates.get("dim", self.dim))
             heads = updates.get("heads", self.heads)
@@ -457,15 +433,31 @@ class Controls(param.Parameterized):
         try:
             self.param.update(**ordered)
         except Exception:  # noqa: BLE001 - set what can be set, name the rest
-            for name, value in ordered.items():
-                try:
-                    setattr(self, name, value)
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("URL value %s=%r not applied: %s", name, value, exc)
-                    errors.append(f"{name}={quoted(value)} was ignored: the control refused it")
+            errors.extend(self._apply_one_by_one(ordered, texts.get("derived_alpha", "false")))
         if len(errors) > MESSAGE_LIMIT:
             errors = [*errors[:MESSAGE_LIMIT], f"and {len(errors) - MESSAGE_LIMIT} more unusable values"]
         return errors
+
+    def _apply_one_by_one(self, ordered: dict[str, object], derived_text: str) -> list[str]:
+        """Set each value of ``ordered`` on its own; one message per value the controls refuse.
+        A refused α leaves the derived α₀ on (no α would stand behind ``derived_alpha=false``)."""
+        errors = []
+        for name, value in ordered.items():
+            try:
+                setattr(self, name, value)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("URL value %s=%r not applied: %s", name, value, exc)
+                errors.append(f"{name}={quoted(value)} was ignored: the control refused it")
+                if name == "alpha" and not self.derived_alpha:
+                    self.derived_alpha = True
+                    errors.append(self._derived_alpha_kept(derived_text))
+        return errors
+
+    @staticmethod
+    def _derived_alpha_kept(derived_text: str) -> str:
+        """The message for a link whose α is unusable while it turns the derived α₀ off."""
+        return (f"derived_alpha={quoted(derived_text)} was ignored: the link's alpha cannot be used, so the "
+                "derived α₀ (OSA init) is used instead of a fixed α")
 
     def _parse(self, key: str, text: str) -> object:
         p = self.param[key]

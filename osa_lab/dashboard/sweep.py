@@ -1,15 +1,18 @@
 """The sweep of one dashboard session: tidy metrics and spectra tables, short ones computed in a
 thread, long ones in a worker process with an estimate, progress and *Cancel sweep*.
 
-:class:`SweepState` is what the rank-collapse and spectra views draw from. A sweep estimated
-above :data:`WORKER_SWEEP_SECONDS` runs one model run (:class:`osa_lab.dashboard.StudyPoint`)
-after another in a worker (:func:`osa_lab.dashboard.jobs.start_sweep_job`), followed on the
+:class:`SweepSettings` names one sweep (frozen, hashable: the key of the process-wide cache
+:data:`~osa_lab.dashboard.caches.SWEEPS`); :func:`compute_sweep` computes it. :class:`SweepState`
+is what the rank-collapse and spectra views draw from. A sweep estimated above
+:data:`WORKER_SWEEP_SECONDS` runs one model run
+(:class:`~osa_lab.studies.settings.StudyPoint`) after another in a worker (:func:`osa_lab.dashboard.jobs.start_sweep_job`), followed on the
 event loop by :func:`osa_lab.dashboard.state.follow_job`, the path Jacobians take too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -20,17 +23,15 @@ from osa_lab.dashboard.caches import SWEEP_UNITS, SWEEPS
 from osa_lab.dashboard.state import (
     Controls,
     Job,
-    compute_sweep,
     describe_error,
     follow_job,
     is_served,
     progress_text,
-    sweep_key,
 )
 from osa_lab.errors import ConfigurationError
 from osa_lab.studies.settings import StudyPoint
 
-__all__ = ["WORKER_SWEEP_SECONDS", "SweepState", "assemble_sweep", "sweep_units"]
+__all__ = ["WORKER_SWEEP_SECONDS", "SweepSettings", "SweepState", "assemble_sweep", "compute_sweep"]
 
 
 #: Sweeps estimated above this many seconds run in a worker process with an estimate, progress
@@ -38,10 +39,57 @@ __all__ = ["WORKER_SWEEP_SECONDS", "SweepState", "assemble_sweep", "sweep_units"
 WORKER_SWEEP_SECONDS = 5.0
 
 
-def sweep_units(cfg: Mapping[str, Any]) -> list[StudyPoint]:
-    """The model runs of a configuration (:meth:`Controls.config`), preset by preset, seed by seed."""
-    return [StudyPoint(p, int(cfg["depth"]), int(cfg["tokens"]), int(cfg["dim"]), cfg["heads"], cfg["alpha"], s)
-            for p in cfg["presets"] for s in range(int(cfg["seeds"]))]
+@dataclass(frozen=True)
+class SweepSettings:
+    """The settings of one sweep: ``presets`` at ``depth`` blocks, ``tokens`` N, width ``dim``,
+    ``heads`` (``None``: each preset's own), OSA ``alpha`` (``None``: the derived α₀) and
+    ``seeds`` seeds (0 … seeds − 1). Its model runs are :meth:`points`.
+
+    Frozen and hashable; the fields are normalised (a tuple of names, ints, a float α) so that
+    equal settings, however they were written, are one key of :data:`SWEEPS` (whose
+    :class:`~osa_lab.dashboard.caches.SharedCache` compares keys by ``repr``).
+    """
+
+    presets: tuple[str, ...]
+    depth: int
+    tokens: int
+    dim: int
+    heads: int | None
+    alpha: float | None
+    seeds: int
+
+    def __post_init__(self) -> None:
+        normal = {"presets": tuple(str(p) for p in self.presets), "depth": int(self.depth),
+                  "tokens": int(self.tokens), "dim": int(self.dim),
+                  "heads": None if self.heads is None else int(self.heads),
+                  "alpha": None if self.alpha is None else float(self.alpha), "seeds": int(self.seeds)}
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> SweepSettings:
+        """The settings of a configuration dict (:meth:`Controls.config`)."""
+        return cls(**{name: cfg[name] for name in cls.__dataclass_fields__})
+
+    def points(self) -> list[StudyPoint]:
+        """The sweep's model runs, preset by preset, seed by seed."""
+        return [StudyPoint(p, self.depth, self.tokens, self.dim, self.heads, self.alpha, s)
+                for p in self.presets for s in range(self.seeds)]
+
+
+def compute_sweep(settings: SweepSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tidy metrics and spectra tables of one sweep (:func:`osa_lab.studies.depth.sweep`),
+    cached process-wide in :data:`SWEEPS` under ``settings``."""
+    hit = SWEEPS.get(settings)
+    if hit is not None:
+        return hit
+    from osa_lab.studies.depth import sweep
+
+    s = settings
+    result = sweep(list(s.presets), depths=[s.depth], tokens=[s.tokens], dims=[s.dim], heads=[s.heads],
+                   alphas=[s.alpha], seeds=list(range(s.seeds)), site="both", progress=False)
+    SWEEPS.put(settings, (result.metrics, result.spectra))
+    return result.metrics, result.spectra
 
 
 def assemble_sweep(units: list[StudyPoint], results: Mapping[StudyPoint, tuple[pd.DataFrame, pd.DataFrame]]
@@ -94,11 +142,13 @@ class SweepState(Job):
         if self._worker is not None and cfg == self._worker_config:
             return  # this sweep is running in a worker already
 
+        settings = SweepSettings.of(cfg)
+
         def compute():
-            return cfg, compute_sweep(**cfg)
+            return cfg, compute_sweep(settings)
 
         def cached():
-            hit = SWEEPS.get(sweep_key(cfg))
+            hit = SWEEPS.get(settings)
             return None if hit is None else (cfg, hit)
 
         def apply(value):
@@ -111,7 +161,7 @@ class SweepState(Job):
         self.stop_worker()
         self.notice = ""  # new settings: an earlier "Cancelled …" no longer applies
         if cached() is None and is_served():
-            units = sweep_units(cfg)
+            units = settings.points()
             missing = [u for u in units if u not in SWEEP_UNITS]
             eta = jobs.estimate_sweep_seconds(len(missing), cfg["tokens"], cfg["dim"], cfg["depth"])
             if eta > WORKER_SWEEP_SECONDS:
@@ -155,7 +205,7 @@ class SweepState(Job):
                 self.running, self.busy, self.notice = False, False, ""
                 if complete:
                     tables = assemble_sweep(units, results)
-                    SWEEPS.put(sweep_key(cfg), tables)
+                    SWEEPS.put(SweepSettings.of(cfg), tables)
                     self.seconds, self.from_cache = seconds, False
             if complete:
                 try:

@@ -22,7 +22,9 @@ hv = pytest.importorskip("holoviews")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from osa_lab.dashboard import views as dash_views  # noqa: E402 - after the panel importorskip
+from osa_lab.dashboard import figure_view, jacobian_view  # noqa: E402 - after the panel importorskip
+from osa_lab.errors import ConfigurationError  # noqa: E402
+from osa_lab.plots.depth import figure_title  # noqa: E402
 
 APP = ROOT / "dashboards" / "osa_dashboard.py"
 SMALL = dict(depth=3, tokens=8, dim=8, seeds=2)
@@ -93,7 +95,7 @@ def _pane_data(view, key):
     obj = view.panes[key].object
     if isinstance(obj, hv.DynamicMap):
         frame = obj[()]
-        assert frame is dash_views.prepared(view.figures[key])[0]  # the figure with its update options
+        assert frame is figure_view.prepared(view.figures[key])[0]  # the figure with its update options
         return frame
     return obj
 
@@ -212,7 +214,7 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
     from osa_lab.dashboard import sweep
 
-    def boom(**kwargs):
+    def boom(settings):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(sweep, "compute_sweep", boom)  # where the session's sweep calls it
@@ -305,10 +307,41 @@ def test_non_finite_or_malformed_numbers_in_a_link_are_named_and_the_rest_applie
     for name in ("alpha", "depth", "seeds", "points"):
         assert f"{name}=“{value.strip()}” was ignored" in text, text
     c = d.controls
-    assert c.tokens == 16 and c.derived_alpha is False
-    assert c.alpha == 0.05 or np.isfinite(c.alpha)
+    assert c.tokens == 16 and c.derived_alpha is True and c.alpha_value is None  # no usable α: α₀ stays
+    assert "derived_alpha=“false” was ignored" in text, text
+    assert np.isfinite(c.alpha)
     assert (c.depth, c.seeds, c.points) == (12, 2, 6)
     assert "nan" not in str(c.to_query()).lower() and "inf" not in str(c.to_query()).lower()
+
+
+@pytest.mark.parametrize("derived", ["false", "0", "off"])
+def test_an_unusable_alpha_keeps_the_derived_alpha0_and_says_so(dash, derived):
+    """``alpha=nan&derived_alpha=false``: the α is refused, so turning the derived α₀ off would
+    run with whatever α the slider held (the α₀ of other sizes, as a fixed α). The derived α₀
+    stays on, the sweep and the OSA check run with it, and the message names both values."""
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": [b"nan"], "derived_alpha": [derived.encode()], "tokens": [b"16"], "dim": [b"16"]})
+    c = d.controls
+    assert c.derived_alpha is True and c.alpha_value is None
+    assert c.config()["alpha"] is None and c.check_args()[3] is None  # what the sweep and the check run with
+    assert c.alpha == pytest.approx(c.derived_alpha0(), rel=1e-4)  # the slider shows the α₀ of N = d = 16
+    assert d.url_errors[0].startswith("alpha=“nan” was ignored"), d.url_errors
+    assert any(e.startswith(f"derived_alpha=“{derived}” was ignored") and "derived α₀" in e
+               for e in d.url_errors), d.url_errors
+    assert c.to_query()["derived_alpha"] == "true" and "alpha" not in c.to_query()
+    assert "derived α₀" in d._url_message(d.url_errors)  # on the page (as escaped Markdown)
+
+
+def test_a_usable_alpha_or_no_alpha_leaves_derived_alpha_as_the_link_says(dash):
+    d = dash.Dashboard(compute_now=False)
+    assert d.controls.apply_query({"alpha": "0.25", "derived_alpha": "false"}) == []
+    assert d.controls.alpha_value == 0.25
+    e = dash.Dashboard(compute_now=False)
+    assert e.controls.apply_query({"derived_alpha": "false"}) == []
+    assert e.controls.derived_alpha is False and np.isfinite(e.controls.alpha_value)
+    f = dash.Dashboard(compute_now=False)
+    assert f.controls.apply_query({"alpha": "nan"})[0].startswith("alpha=“nan” was ignored")
+    assert f.controls.derived_alpha is True  # nothing asked to turn α₀ off
 
 
 def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(dash, monkeypatch):
@@ -323,6 +356,8 @@ def test_a_link_value_the_controls_refuse_is_named_and_the_page_still_builds(das
     d.apply_url({"alpha": "0.3", "depth": "5"})
     assert d.controls.depth == 5
     assert any(e.startswith("alpha=“nan” was ignored") for e in d.url_errors), d.url_errors
+    assert d.controls.derived_alpha is True and d.controls.alpha_value is None  # the refused α is not used
+    assert any(e.startswith("derived_alpha=“false” was ignored") for e in d.url_errors), d.url_errors
     monkeypatch.setattr(d.controls, "apply_query", lambda q: 1 / 0)
     d.apply_url({"depth": "6"})
     assert d.url_errors and "could not be applied" in d.url_errors[0]
@@ -423,7 +458,7 @@ def test_link_keys_and_values_reach_the_page_as_text_never_as_markup(dash, paylo
 
 @pytest.mark.parametrize("payload", SCRIPT_PAYLOADS)
 def test_error_messages_reach_the_page_as_text(payload):
-    pane = dash_views.message_pane(pn.widgets.TextInput(value=f"failed for {payload}").param.value)
+    pane = figure_view.message_pane(pn.widgets.TextInput(value=f"failed for {payload}").param.value)
     page = _rendered_html(pane.object)
     assert set(re.findall(r"<\s*/?\s*([a-zA-Z]+)", page)) <= {"p"}, page
 
@@ -475,7 +510,7 @@ def _fake_unit(calls):
 
 def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash, monkeypatch):
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
     app.controls.depth = 2
     assert calls == []  # tab closed: nothing computed
     app.controls.view = "jacobian"
@@ -491,7 +526,7 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
 
 def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     """After exact → matrix-free the PNG is the figure on screen, not the old one."""
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit([]))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit([]))
     app.controls.view = "jacobian"
     exact_png = app.jacobian_view.png("histogram")
     assert "[exact]" in _png_title(exact_png)
@@ -502,7 +537,7 @@ def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     shown = _pane_data(app.jacobian_view, "histogram")
     assert "No histogram" in _title(shown)  # a message, not a figure: nothing to download
     assert "histogram" not in app.jacobian_view.exportable
-    with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+    with pytest.raises(ConfigurationError, match="no figure to export"):
         app.jacobian_view.png("histogram")
     kappa_png = app.jacobian_view.png("kappa")
     assert "matrix-free" in _png_title(kappa_png)
@@ -519,20 +554,20 @@ def test_figure_downloads_are_disabled_while_a_pane_shows_a_message(dash, monkey
     Compute), its PNG and SVG buttons are disabled and say why, and an export refuses with
     a message; once a figure is drawn they are enabled and export it."""
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
-    monkeypatch.setattr(dash_views.JacobianView, "preview_units", lambda self, units: None)  # no preview
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view.JacobianView, "preview_units", lambda self, units: None)  # no preview
     a = dash.build_app(**{**SMALL, "tokens": 64, "dim": 64})
     pn.panel(a)
     a.controls.view = "jacobian"
     view = a.jacobian_view
     assert "Compute Jacobians" in view.notice and not calls
-    assert dash_views.is_placeholder(view.figures["kappa"]) and view.exportable == []
+    assert figure_view.is_placeholder(view.figures["kappa"]) and view.exportable == []
     buttons = _downloads(view)
     assert len(buttons) == 4 and all(b.disabled for b in buttons.values())
     assert all("message" in b.description for b in buttons.values())
     for key in ("kappa", "histogram"):
         for fmt in ("png", "svg"):
-            with pytest.raises(dash_views.ConfigurationError, match="no figure to export"):
+            with pytest.raises(ConfigurationError, match="no figure to export"):
                 view.export(key, fmt)
     view.param.trigger("compute")  # matrix-free at this size: κ drawn, the histogram a message
     assert calls and view.exportable == ["kappa"]
@@ -544,7 +579,7 @@ def test_figure_downloads_are_disabled_while_a_pane_shows_a_message(dash, monkey
 
 def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monkeypatch):
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
     app.controls.tokens, app.controls.dim = 64, 64
     app.controls.view = "jacobian"
     notice = app.jacobian_view.notice
@@ -553,8 +588,8 @@ def test_large_jacobian_shows_an_estimate_and_waits_for_compute(app, dash, monke
     assert calls and all(u.tokens < 64 or u.dim < 64 for u in calls), calls
     p = calls[0]
     assert f"preview at N = {p.tokens}, d = {p.dim}" in notice
-    assert dash_views.jobs.estimate_seconds(len(calls), p.algorithm, p.tokens, p.dim, p.depth,
-                                            len(p.layers)) <= dash_views.AUTO_JACOBIAN_SECONDS
+    assert jacobian_view.jobs.estimate_seconds(len(calls), p.algorithm, p.tokens, p.dim, p.depth,
+                                            len(p.layers)) <= jacobian_view.AUTO_JACOBIAN_SECONDS
     assert "PREVIEW at smaller N, d" in _title(_pane_data(app.jacobian_view, "kappa"))
     assert f"N {p.tokens} · d {p.dim}" in _title(_pane_data(app.jacobian_view, "kappa"))
     calls.clear()
@@ -568,7 +603,7 @@ def test_default_jacobian_view_draws_a_preview_figure(dash, monkeypatch):
     """At the default settings (estimated minutes) the Jacobian tab draws a figure at once, at
     smaller N and d, and says so, instead of an empty placeholder."""
     calls = []
-    monkeypatch.setattr(dash_views, "compute_unit", _fake_unit(calls))
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit(calls))
     d = dash.Dashboard(compute_now=False)
     pn.panel(d)
     d.controls.view = "jacobian"
@@ -605,7 +640,7 @@ def test_jacobian_too_big_is_a_message(app, dash, monkeypatch):
     def too_big(unit):
         raise ConfigurationError("the exact Jacobian would be 4096×4096 (134 MB); use algorithm='matrix-free'")
 
-    monkeypatch.setattr(dash_views, "compute_unit", too_big)
+    monkeypatch.setattr(jacobian_view, "compute_unit", too_big)
     app.controls.jacobian = "exact"
     app.controls.view = "jacobian"
     assert "matrix-free" in app.jacobian_view.job.error
@@ -655,7 +690,8 @@ def test_template_is_bootstrap_and_the_page_omits_unused_bokeh_bundles(app, dash
 
 def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
     """The dashboard's modules import only public names of osa_lab, and their imports
-    of each other point one way (state ← views ← app; jobs below all)."""
+    of each other point one way (state ← sweep ← figure_view ← one view per tab ← app; jobs
+    below all)."""
     import ast
 
     pkg = ROOT / "osa_lab" / "dashboard"
@@ -723,17 +759,18 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     pn.panel(first)
     assert first.state.metrics is not None and first.check_view.result is not None
 
-    monkeypatch.setattr(dash_views, "is_served", lambda: True)  # as in a server session
+    for module in (figure_view, jacobian_view):
+        monkeypatch.setattr(module, "is_served", lambda: True)  # as in a server session
     from osa_lab.dashboard import state as dash_state
     from osa_lab.dashboard import sweep as dash_sweep
 
     for module in (dash_state, dash_sweep):
         monkeypatch.setattr(module, "is_served", lambda: True)
 
-    def no_compute(**_):
+    def no_compute(settings):
         raise AssertionError("cached settings were recomputed")
 
-    for module in (dash_state, dash_sweep):
+    for module in (dash_sweep, dash):  # where a session's sweep and the pre-warm call it
         monkeypatch.setattr(module, "compute_sweep", no_compute)
     second = dash.build_app(compute_now=False, **SMALL)
     pn.panel(second)
@@ -743,7 +780,7 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     assert second.check_view.result == first.check_view.result and not second.check_view.job.busy
     fig = _pane_data(second.rank_view, "metric")  # the drawn figure (asserted inside), not a placeholder
     assert isinstance(fig, hv.Overlay) and not second.rank_view.job.busy
-    assert "Computing" not in dash_views.plots.figure_title(fig)
+    assert "Computing" not in figure_title(fig)
 
 
 def test_show_cached_leaves_uncached_settings_to_the_page_load(dash):
@@ -829,20 +866,74 @@ def test_an_options_cleanup_race_in_holoviews_is_tried_again(monkeypatch):
         with_options(curve, framewise=True)
 
 
-def test_sweep_units_assemble_to_the_tables_of_the_whole_sweep():
+def test_sweep_points_assemble_to_the_tables_of_the_whole_sweep():
     """A long sweep runs model by model in a worker: its units, assembled, are the rows that
-    compute_sweep gives for the same configuration, in the same order."""
-    from osa_lab.dashboard import caches, jobs, state, sweep
+    compute_sweep gives for the same settings, in the same order."""
+    from osa_lab.dashboard import caches, jobs, sweep
 
-    cfg = dict(presets=("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None, seeds=2)
-    units = sweep.sweep_units(cfg)
-    assert [(u.preset, u.seed) for u in units] == [(p, s) for p in cfg["presets"] for s in range(2)]
+    settings = sweep.SweepSettings(("pure-ssa", "pure-osa", "vit"), depth=3, tokens=8, dim=8, heads=None, alpha=None,
+                                   seeds=2)
+    units = settings.points()
+    assert [(u.preset, u.seed) for u in units] == [(p, s) for p in settings.presets for s in range(2)]
     results = {u: jobs.compute_sweep_unit(u) for u in units}
     metrics, spectra = sweep.assemble_sweep(units, results)
     caches.SWEEPS.clear()
-    whole_metrics, whole_spectra = state.compute_sweep(**cfg)
+    whole_metrics, whole_spectra = sweep.compute_sweep(settings)
     pd.testing.assert_frame_equal(metrics, whole_metrics)
     pd.testing.assert_frame_equal(spectra, whole_spectra)
+
+
+def test_sweep_settings_are_one_cache_key_per_sweep(monkeypatch):
+    """Equal settings, however written (a list or a tuple of presets, NumPy or Python numbers),
+    are one frozen, hashable key and share one SWEEPS entry; settings that differ in any field
+    have their own entry and their own tables."""
+    from osa_lab.dashboard import caches, sweep
+    from osa_lab.studies import depth
+
+    base = dict(presets=("pure-ssa", "pure-osa"), depth=2, tokens=8, dim=8, heads=None, alpha=None, seeds=1)
+    a = sweep.SweepSettings(**base)
+    same = sweep.SweepSettings(**{**base, "presets": ["pure-ssa", "pure-osa"], "depth": np.int64(2),
+                                  "tokens": np.int32(8)})
+    assert a == same and hash(a) == hash(same) and repr(a) == repr(same)
+    assert a == sweep.SweepSettings.of({**base, "view": "rank"})  # from Controls.config()
+    with pytest.raises(AttributeError):
+        a.depth = 3  # frozen
+    others = [sweep.SweepSettings(**{**base, name: value}) for name, value in (
+        ("presets", ("pure-ssa", "vit")), ("depth", 3), ("tokens", 16), ("dim", 16), ("heads", 2), ("alpha", 0.3),
+        ("seeds", 2))]
+    assert len({a, *others}) == 1 + len(others)
+
+    calls = []
+    real_sweep = depth.sweep
+    monkeypatch.setattr(depth, "sweep", lambda *args, **kw: calls.append(kw) or real_sweep(*args, **kw))
+    caches.SWEEPS.clear()
+    first = sweep.compute_sweep(a)
+    again = sweep.compute_sweep(same)
+    assert len(calls) == 1 and again[0] is first[0] and again[1] is first[1]  # the equal settings' entry
+    assert caches.SWEEPS.get(same)[0] is first[0]
+    deeper = sweep.compute_sweep(others[1])  # depth 3: its own entry and its own tables
+    assert len(calls) == 2 and calls[1]["depths"] == [3]
+    assert deeper[0]["layer"].max() == 3 and first[0]["layer"].max() == 2
+    assert caches.SWEEPS.get(a)[0] is first[0]  # the depth-3 tables did not replace them
+    assert caches.SWEEPS.get(others[2]) is None  # nothing computed for N = 16
+
+
+def test_spectra_panels_repaint_their_canvas_edge(app):
+    """Every spectra panel (heatmap and lines) carries a border line in the background colour,
+    2 px wide with mitred corners, that repaints the outermost canvas column and row
+    (:data:`osa_lab.dashboard.spectra_view.CLEAN_EDGE_OPTIONS`; the browser test reads the pixels)."""
+    from bokeh.models import Plot
+
+    from osa_lab.dashboard.spectra_view import CANVAS_BACKGROUND
+
+    app.controls.view = "spectra"
+    for key in ("heatmaps", "lines"):
+        fig = app.spectra_view.figures[key]
+        plots_ = list(hv.renderer("bokeh").get_plot(fig).state.select({"type": Plot}))
+        assert len(plots_) == len(app.controls.presets), key
+        for p in plots_:
+            assert (p.border_line_color, p.border_line_width, p.border_line_join) == (CANVAS_BACKGROUND, 2, "miter")
+            assert p.border_fill_color == CANVAS_BACKGROUND  # the line is invisible on the figure's margin
 
 
 def test_sweep_estimate_separates_the_default_view_from_the_largest_link():
@@ -901,13 +992,13 @@ def test_jacobians_and_long_sweeps_share_one_worker_path():
     state.follow_job; the views keep no follower loop of their own."""
     import inspect
 
-    from osa_lab.dashboard import app, jobs, sweep, views
+    from osa_lab.dashboard import app, figure_view, jobs, rank_view, spectra_view, sweep
 
     assert "start_job(" in inspect.getsource(jobs.start_jacobian_job)
     assert "start_job(" in inspect.getsource(jobs.start_sweep_job)
-    assert "follow_job(" in inspect.getsource(views.JacobianView._start)
+    assert "follow_job(" in inspect.getsource(jacobian_view.JacobianView._start)
     assert "follow_job(" in inspect.getsource(sweep.SweepState._start_worker)
-    for module in (views, app):
+    for module in (figure_view, rank_view, spectra_view, jacobian_view, app):
         assert "asyncio.sleep" not in inspect.getsource(module)
 
 

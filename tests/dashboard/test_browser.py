@@ -433,6 +433,11 @@ def test_a_link_with_non_finite_or_malformed_values_still_draws_the_page(server,
         time.sleep(0.3)
     assert "nan" not in page.url.lower().split("?", 1)[1], page.url
     assert "view=rank" in page.url
+    if "derived_alpha=false" in bad:  # no usable α to use: the derived α₀ stays on, and the page says so
+        assert page.get_by_text("derived_alpha=“false” was ignored").count() >= 1
+        _wait_url(page, "derived_alpha=true")
+        assert not re.search(r"[?&]alpha=", page.url), page.url
+        assert any("α₀ derived" in t for t in _wait_title(page, "after each block")), page.evaluate(JS_TITLES)
     _assert_clean(watch)
     page.context.close()
 
@@ -487,6 +492,53 @@ def test_figures_keep_the_page_width_after_a_slider_move_and_single_block(server
     page.screenshot(path=str(OUTPUT / "dashboard_jacobian_single_block.png"), full_page=True)
     _assert_clean(watch)
     page.context.close()
+
+
+#: For each figure canvas on the page (wider and taller than 100 px), the marked (non-white,
+#: non-transparent) pixels ``[x, y, r, g, b, a]`` of its outermost column and row, left and top.
+#: Nothing the figures draw lies there: a mark is a leftover of a paint at another layout.
+JS_EDGE_MARKS = """(canvases) => canvases.filter(c => c.width > 100 && c.height > 100).map(c => {
+  const ctx = c.getContext('2d'), marks = [];
+  for (const [x, y, w, h] of [[0, 0, 1, c.height], [1, 0, c.width - 1, 1]]) {
+    const d = ctx.getImageData(x, y, w, h).data;
+    for (let i = 0; i < d.length; i += 4)
+      if (d[i + 3] > 0 && d[i] + d[i + 1] + d[i + 2] < 690)
+        marks.push([x + (i / 4) % w, y + Math.floor(i / 4 / w), d[i], d[i + 1], d[i + 2], d[i + 3]]);
+  }
+  return marks;
+})"""
+
+
+def _wait_clean_edges(page, timeout: float = 30) -> list[list]:
+    """Wait until no figure canvas has a marked pixel on its left or top edge (:data:`JS_EDGE_MARKS`)."""
+    deadline, marks = time.time() + timeout, []
+    while time.time() < deadline:
+        marks = page.locator("canvas").evaluate_all(JS_EDGE_MARKS)
+        if marks and not any(marks):
+            return marks
+        time.sleep(0.5)
+    raise AssertionError(f"marked pixels [x, y, r, g, b, a] on the left/top edge of the figure canvases: {marks}")
+
+
+def test_spectra_heatmaps_have_no_sliver_at_their_edge(server, browser):
+    """The spectra figures are painted once at a provisional layout (every label piled at the
+    canvas's corner) before their final one; BokehJS then clears the canvas half a pixel in, so
+    that paint's marks stayed as a sliver in the left column and top row of each heatmap. Checked
+    on a page opened at the Spectra tab and on one whose Spectra tab is opened after load."""
+    for query, click in ((f"{QUERY}&view=spectra", False), (QUERY, True)):
+        watch = _open(browser, f"{server}?{query}")
+        page = watch.page
+        if click:
+            assert _wait_layers(page, 4)
+            page.get_by_text("Spectra", exact=True).click()
+        _wait_title(page, "pure-osa")
+        page.get_by_text("σᵢ/σ₁ across depth").first.wait_for(timeout=30_000)
+        marks = _wait_clean_edges(page)
+        assert len(marks) >= 4, marks  # the two heatmaps and the two line panels
+        OUTPUT.mkdir(exist_ok=True)
+        page.screenshot(path=str(OUTPUT / f"dashboard_spectra{'_after_load' if click else ''}.png"), full_page=True)
+        _assert_clean(watch)
+        page.context.close()
 
 
 def _png_title(data: bytes) -> str:
