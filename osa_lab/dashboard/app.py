@@ -9,8 +9,7 @@ Layout (docs/dashboard.md): a :class:`~panel.template.BootstrapTemplate` whose s
 metric) and whose main area holds the OSA-check badges (:mod:`osa_lab.dashboard.check_view`)
 and one tab per view (:mod:`~osa_lab.dashboard.rank_view`, :mod:`~osa_lab.dashboard.spectra_view`,
 :mod:`~osa_lab.dashboard.jacobian_view`). Everything on screen is mirrored in the page URL; a
-copied link restores the view. The page loads no resource from the internet, and only the BokehJS
-bundles it uses (:func:`lean_page_resources`).
+copied link restores the view. The page loads no resource from the internet.
 
 The served entry scripts (``dashboards/osa_dashboard.py`` and the copy inside this package that
 ``osa-lab dashboard`` serves) only call :func:`serve_session`; all code lives in this package,
@@ -269,44 +268,6 @@ def limit_torch_threads() -> int:
 #: The page's accent colour (the header; Okabe–Ito blue, as the OSA presets' lines).
 ACCENT = "#0072B2"
 
-#: BokehJS bundles the page never needs: no TeX anywhere (MathJax, 1.8 MB) and canvas figures
-#: (:func:`canvas_figures`), not WebGL (0.2 MB).
-OMITTED_BOKEH_BUNDLES = ("bokeh-mathjax", "bokeh-gl")
-
-
-def lean_page_resources() -> bool:
-    """Serve the page without the BokehJS bundles in :data:`OMITTED_BOKEH_BUNDLES`.
-
-    Panel's server page lists every BokehJS bundle, and MathJax whenever a Markdown or HTML
-    pane is present, whatever the page uses; parsing them was part of the browser's first load.
-    Neither Panel nor Bokeh has a public option to leave a bundle out (``pn.extension`` only adds
-    them; Bokeh's ``Resources`` lists WebGL by default), so this wraps
-    ``panel.io.server.bundle_resources`` (the function that lists the page's scripts) once per
-    process: the dashboard's one use of a Panel internal (docs/dashboard.md gives its measured
-    effect). Returns ``False``, changing nothing, when that function is missing (a
-    Panel version that renamed it): the page then loads the full set, which works, only slower.
-    """
-    import panel.io.server as server
-
-    original = getattr(server, "bundle_resources", None)
-    if original is None:
-        log.warning("panel.io.server.bundle_resources not found: serving every BokehJS bundle")
-        return False
-    if getattr(original, "osa_lab_lean", False):
-        return True
-
-    def bundle_resources(roots, resources, *args, **kwargs):
-        if resources is not None and hasattr(resources, "clone"):
-            resources = resources.clone(
-                components=[c for c in resources.components if c not in OMITTED_BOKEH_BUNDLES])
-        kwargs["enable_mathjax"] = False
-        return original(roots, resources, *args, **kwargs)
-
-    bundle_resources.osa_lab_lean = True
-    server.bundle_resources = bundle_resources
-    return True
-
-
 def canvas_figures() -> None:
     """Draw the served figures on an HTML canvas, not WebGL (HoloViews' default).
 
@@ -355,7 +316,6 @@ def serve_session() -> Dashboard:
     log_to_server_output()
     limit_torch_threads()
     canvas_figures()
-    lean_page_resources()
     pn.extension(sizing_mode="stretch_width")
     _install_process_hooks()
     prewarm()
@@ -432,9 +392,9 @@ def _install_process_hooks() -> None:
 
 
 __all__ = [
-    "ACCENT", "FIGURES", "JACOBIANS", "OMITTED_BOKEH_BUNDLES", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView",
+    "ACCENT", "FIGURES", "JACOBIANS", "PRESET_HEADS", "Controls", "Dashboard", "JacobianView",
     "OSACheckView", "RankCollapseView", "SpectraView", "SweepState", "build_app", "canvas_figures", "compute_osa_check",
-    "compute_sweep", "compute_unit", "jacobian_layers", "lean_page_resources", "limit_torch_threads", "log_to_server_output",
+    "compute_sweep", "compute_unit", "jacobian_layers", "limit_torch_threads", "log_to_server_output",
     "prewarm",
     "serve_resources_locally", "serve_session",
 ]

@@ -666,26 +666,49 @@ def test_jacobian_worker_process_can_be_cancelled():
     assert time.perf_counter() - start < 3 and not job.process.is_alive() and job.finished
 
 
-def test_template_is_bootstrap_and_the_page_omits_unused_bokeh_bundles(app, dash):
-    import panel.io.server as server
-    from bokeh.resources import Resources
-
+def test_template_is_bootstrap(app, dash):
     tmpl = app.template()
     assert isinstance(tmpl, pn.template.BootstrapTemplate)
     assert tmpl.header_background == dash.ACCENT
-    original = server.bundle_resources
-    try:
-        assert dash.lean_page_resources() and dash.lean_page_resources()  # idempotent
-        assert server.bundle_resources is not original and server.bundle_resources.osa_lab_lean
-        bundle = server.bundle_resources([pn.pane.Markdown("$x$").get_root()], Resources(mode="server"))
-        files = " ".join(map(str, bundle.js_files))
-        assert "bokeh.min.js" in files and "bokeh-widgets" in files and "bokeh-tables" in files
-        assert "bokeh-mathjax" not in files and "bokeh-gl" not in files
-    finally:
-        server.bundle_resources = original
-    # unpatched, Panel lists MathJax for any Markdown pane (what the wrapper removes)
-    full = " ".join(map(str, original([pn.pane.Markdown("$x$").get_root()], Resources(mode="server")).js_files))
-    assert "bokeh-mathjax" in full
+
+
+def _patched_library_attributes(source: str) -> list[str]:
+    """``module.name = …`` (or ``setattr(module, …)``) where ``module`` was imported from Panel,
+    Bokeh, HoloViews or Tornado: a patch of a library's internals."""
+    import ast
+
+    tree = ast.parse(source)
+    libraries = ("panel", "bokeh", "holoviews", "tornado", "param")
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {(a.asname or a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] in libraries}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in libraries:
+            modules |= {a.asname or a.name for a in node.names}
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        found += [ast.unparse(t) for t in targets
+                  if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules]  # fmt: skip
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args:
+            if isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_the_dashboard_patches_no_library_internal():
+    import pathlib
+
+    import osa_lab.dashboard as package
+
+    sources = sorted(pathlib.Path(package.__file__).parent.glob("*.py"))
+    assert len(sources) > 5
+    found = {p.name: hits for p in sources if (hits := _patched_library_attributes(p.read_text()))}
+    assert found == {}, "the dashboard must use Panel's and Bokeh's public APIs, not patch them"
+    # the check finds the patterns it is meant to refuse
+    assert _patched_library_attributes("import panel.io.server as server\nserver.bundle_resources = f\n")
+    assert _patched_library_attributes("from bokeh.server.views import doc_handler as h\nsetattr(h, 'get', f)\n")
+    assert _patched_library_attributes("import panel as pn\npn.state.x += 1\n") == []  # pn.state.x: not a module attribute
 
 
 def test_dashboard_package_imports_no_private_names_and_has_no_cycles():
