@@ -3,34 +3,12 @@ colour scale and selected layers as lines (:class:`SpectraView`)."""
 
 from __future__ import annotations
 
-import holoviews as hv
 import panel as pn
 import param
 
 from osa_lab.dashboard.figure_view import FigureView, message_pane
 from osa_lab.dashboard.sweep import SweepState
 from osa_lab.plots import depth as plots
-
-#: The figures' background: Bokeh's default ``border_fill_color``.
-CANVAS_BACKGROUND = "#ffffff"
-
-#: Bokeh options of every spectra panel: a border line in the background colour along the
-#: canvas's edge, repainted with every paint. A panel of these fixed-size grids is painted once at
-#: a provisional layout (every label piled up at the canvas's top-left corner) before its final
-#: one, on the same canvas; BokehJS clears a canvas half a pixel in (it translates by
-#: (0.5, 0.5) before ``clearRect``), so without this line that first paint's marks stayed in the
-#: outermost column and row as a sliver at the left edge of each heatmap. The line is 2 px wide
-#: (centred half a pixel in, it covers the outermost column and row whole, the corner pixel
-#: included, which a 1-px line leaves partly uncovered) and lies in the canvas's empty margin.
-CLEAN_EDGE_OPTIONS = {"plot.border_line_color": CANVAS_BACKGROUND, "plot.border_line_width": 2,
-                      "plot.border_line_alpha": 1.0, "plot.border_line_join": "miter"}
-
-
-def with_clean_edges(layout: hv.Layout) -> hv.Layout:
-    """``layout`` with :data:`CLEAN_EDGE_OPTIONS` on each panel (heatmap or line overlay), in place."""
-    for panel in layout:
-        panel.opts(backend_opts=CLEAN_EDGE_OPTIONS, backend="bokeh")
-    return layout
 
 
 class SpectraView(FigureView):
@@ -67,13 +45,12 @@ class SpectraView(FigureView):
 
         def heat():
             title = f"σᵢ/σ₁ across depth {where} · {settings}"
-            return with_clean_edges(plots.spectra_heatmaps(spectra, site=site, title=title, panel_width=width,
-                                                           cols=cols)), None
+            return plots.spectra_heatmaps(spectra, site=site, title=title, panel_width=width, cols=cols), None
 
         def lines():
             title = f"normalised spectra of selected layers · {settings}"
-            return with_clean_edges(plots.spectra_lines(spectra, layers=list(layers) or None, site=site,
-                                                        title=title, panel_width=width, cols=cols)), None
+            return plots.spectra_lines(spectra, layers=list(layers) or None, site=site, title=title,
+                                       panel_width=width, cols=cols), None
 
         return {"heatmaps": (("heatmaps", key, site), heat), "lines": (("lines", key, site, layers), lines)}
 

@@ -48,6 +48,7 @@ from osa_lab.plots.style import (
     integer_xticks,
     require_columns,
     spans_decades,
+    with_clean_edges,
 )
 
 __all__ = [
@@ -259,7 +260,7 @@ def spectra_heatmaps(
     layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format="", hspace=0.9))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
-    return layout.cols(cols or max(len(panels), 1))
+    return with_clean_edges(layout.cols(cols or max(len(panels), 1)))
 
 
 def spectra_lines(
@@ -337,7 +338,7 @@ def spectra_lines(
     layout = dual_options(hv.Layout(panels), dict(shared_axes=True), dict(sublabel_format=""))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")
-    return layout.cols(cols or max(len(panels), 1))
+    return with_clean_edges(layout.cols(cols or max(len(panels), 1)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -182,6 +182,29 @@ def require_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None
         raise OSAInputError(f"{what} is empty: nothing to plot")
 
 
+#: The figures' background: Bokeh's default ``border_fill_color``.
+CANVAS_BACKGROUND = "#ffffff"
+
+#: Bokeh options of every spectra panel (:func:`with_clean_edges`, applied by
+#: ``spectra_heatmaps`` and ``spectra_lines``): a border line in the background colour along the
+#: canvas's edge, repainted with every paint. A panel of these fixed-size grids is painted once at
+#: a provisional layout (every label piled up at the canvas's top-left corner) before its final
+#: one, on the same canvas; BokehJS clears a canvas half a pixel in (it translates by
+#: (0.5, 0.5) before ``clearRect``), so without this line that first paint's marks stayed in the
+#: outermost column and row as a sliver at the left edge of each heatmap. The line is 2 px wide
+#: (centred half a pixel in, it covers the outermost column and row whole, the corner pixel
+#: included, which a 1-px line leaves partly uncovered) and lies in the canvas's empty margin.
+CLEAN_EDGE_OPTIONS = {"plot.border_line_color": CANVAS_BACKGROUND, "plot.border_line_width": 2,
+                      "plot.border_line_alpha": 1.0, "plot.border_line_join": "miter"}
+
+
+def with_clean_edges(layout: hv.Layout) -> hv.Layout:
+    """``layout`` with :data:`CLEAN_EDGE_OPTIONS` on each panel (heatmap or line overlay), in place."""
+    for panel in layout:
+        panel.opts(backend_opts=CLEAN_EDGE_OPTIONS, backend="bokeh")
+    return layout
+
+
 def dual_options(obj, bokeh: dict, mpl: dict):
     """Set options for the bokeh and the matplotlib backend on ``obj`` (returns the object)."""
     return obj.opts(backend="bokeh", **bokeh).opts(backend="matplotlib", **mpl)

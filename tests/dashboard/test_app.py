@@ -944,10 +944,10 @@ def test_sweep_settings_are_one_cache_key_per_sweep(monkeypatch):
 def test_spectra_panels_repaint_their_canvas_edge(app):
     """Every spectra panel (heatmap and lines) carries a border line in the background colour,
     2 px wide with mitred corners, that repaints the outermost canvas column and row
-    (:data:`osa_lab.dashboard.spectra_view.CLEAN_EDGE_OPTIONS`; the browser test reads the pixels)."""
+    (:data:`osa_lab.plots.style.CLEAN_EDGE_OPTIONS`, set by the shared plot builders; the browser test reads the pixels)."""
     from bokeh.models import Plot
 
-    from osa_lab.dashboard.spectra_view import CANVAS_BACKGROUND
+    from osa_lab.plots.style import CANVAS_BACKGROUND
 
     app.controls.view = "spectra"
     for key in ("heatmaps", "lines"):
