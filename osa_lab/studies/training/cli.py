@@ -42,12 +42,13 @@ from osa_lab.studies.training.tune import TuneGrid, tune
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``osa-lab train``, in the help's groups: the named study, the presets and their
     tuning, the data, the optimisation, the model, and the run's output; then the Dask grid's."""
+    d = TrainConfig()  # the defaults every group shows
     _add_study_arguments(parser.add_argument_group("named study"))
-    _add_preset_arguments(parser.add_argument_group("presets, comparison and tuning"))
-    _add_data_arguments(parser.add_argument_group("data"))
-    _add_optimisation_arguments(parser.add_argument_group("optimisation"))
+    _add_preset_arguments(parser.add_argument_group("presets, comparison and tuning"), d)
+    _add_data_arguments(parser.add_argument_group("data"), d)
+    _add_optimisation_arguments(parser.add_argument_group("optimisation"), d)
     _add_model_arguments(parser.add_argument_group("model"))
-    _add_run_arguments(parser.add_argument_group("output and run"))
+    _add_run_arguments(parser.add_argument_group("output and run"), d)
     add_grid_arguments(parser)  # runs of --compare/--tune/several presets go to a Dask grid
 
 
@@ -66,8 +67,8 @@ def _add_study_arguments(group: argparse._ArgumentGroup) -> None:
                        help="--experiment: regenerate the tables and verdict from the results folder, train nothing")  # fmt: skip
 
 
-def _add_preset_arguments(group: argparse._ArgumentGroup) -> None:
-    d, g = TrainConfig(), TuneGrid()
+def _add_preset_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> None:
+    g = TuneGrid()
     group.add_argument("--preset", nargs="+", default=[d.preset], metavar="NAME",
                        help=f"model preset(s) (default {d.preset}); several presets are compared")  # fmt: skip
     group.add_argument(
@@ -92,8 +93,7 @@ def _add_preset_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
 
 
-def _add_data_arguments(group: argparse._ArgumentGroup) -> None:
-    d = TrainConfig()
+def _add_data_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> None:
     group.add_argument("--data", default=d.data, help=f"data set: {', '.join(DATASETS)} (default {d.data})")
     group.add_argument("--data-dir", default=None,
                        help="--data mnist: directory with the MNIST IDX files or mnist.npz; MNIST-1D: its cache folder")  # fmt: skip
@@ -106,8 +106,7 @@ def _add_data_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def _add_optimisation_arguments(group: argparse._ArgumentGroup) -> None:
-    d = TrainConfig()
+def _add_optimisation_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> None:
     group.add_argument("--epochs", type=int, default=d.epochs)
     group.add_argument("--batch-size", type=int, default=d.batch_size)
     group.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
@@ -133,8 +132,7 @@ def _add_model_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
-def _add_run_arguments(group: argparse._ArgumentGroup) -> None:
-    d = TrainConfig()
+def _add_run_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> None:
     group.add_argument("--diag-every", type=int, default=d.diag_every, help="hidden-state diagnostics every K steps")
     group.add_argument("--diag-samples", type=int, default=d.diag_samples)
     group.add_argument("--output", default="runs/train", help="output directory (default runs/train)")
