@@ -15,6 +15,7 @@ import torch
 
 from osa_lab.errors import MethodUnavailableError, OSAAccuracyWarning, OSAInputError, unknown_name
 from osa_lab.ops import expm, output_check
+from osa_lab.ops.amp import autocast_off
 from osa_lab.ops.guards import check_alpha, check_float_tensor, check_qkv, refuse_masks
 from osa_lab.ops.output_check import NORM_DRIFT_WARN, NORM_DRIFT_WARN_HALF  # noqa: F401  (public names)
 
@@ -222,14 +223,15 @@ def osa(
     k3 = k.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
     v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
     scale = (alpha_t / math.sqrt(r)).expand(batch).reshape(-1)
-    if name == "triton":
-        y, norms = _triton(q3, k3, v3, scale, strict=mode == "strict", norms=True)
-    else:
-        method_fn = OSA_METHODS[name]
-        if getattr(method_fn, "gives_norms", False):
-            y, norms = method_fn(q3, k3, v3, scale, norms=True)
+    with autocast_off(q.device.type):  # the method computes in work_dtype, not autocast's dtype
+        if name == "triton":
+            y, norms = _triton(q3, k3, v3, scale, strict=mode == "strict", norms=True)
         else:
-            y, norms = method_fn(q3, k3, v3, scale), None
+            method_fn = OSA_METHODS[name]
+            if getattr(method_fn, "gives_norms", False):
+                y, norms = method_fn(q3, k3, v3, scale, norms=True)
+            else:
+                y, norms = method_fn(q3, k3, v3, scale), None
     out = y.reshape(*batch, n, d).to(v.dtype)
     context = {"method": name, "n": n, "r": r, "work_dtype": work_dtype}
     try:

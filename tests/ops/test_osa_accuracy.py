@@ -476,6 +476,42 @@ def test_alpha_tensor_is_not_rounded_through_its_own_dtype(method, dtype):
             assert torch.equal(got, exact), (value, alpha_dtype, rel_err(got, exact), rel_err(got, want))
 
 
+def _autocast_case(n: int):
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g).requires_grad_(True) for _ in range(3))
+    return q, k, v, torch.tensor(0.4, requires_grad=True)
+
+
+@pytest.mark.parametrize(("method", "n"), [(m, n) for m in ("auto", "dense", "qr", "lowrank") for n in (12, 150)] + [("gram", 150)])
+def test_autocast_does_not_lower_the_methods_precision(method, n):
+    """A forward inside ``torch.autocast(bfloat16)`` (backward outside it, PyTorch's recipe)
+    gives exactly the output and gradients of a call outside it: the methods compute in their
+    working dtype (float32 here), not in autocast's."""
+    leaves = _autocast_case(n)
+    outside = osa_lab.osa(*leaves, method=method)
+    want = torch.autograd.grad(outside.square().sum(), leaves)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = osa_lab.osa(*leaves, method=method)
+    got = torch.autograd.grad(inside.square().sum(), leaves)
+    assert inside.dtype == torch.float32 and torch.equal(inside, outside)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("method", "n"), [("auto", 12), ("gram", 150)])
+def test_hand_written_backwards_run_inside_autocast(method, n):
+    """backward() inside an autocast region: the hand-written backwards (the small-N action's,
+    the Gram engine's) switch autocast off, so they neither mix dtypes in their in-place updates
+    (the small-N action's raised) nor round to bfloat16. Autograd's own formulas, which the QR
+    and dense paths use, are PyTorch's and follow autocast there."""
+    leaves = _autocast_case(n)
+    want = torch.autograd.grad(osa_lab.osa(*leaves, method=method).square().sum(), leaves)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = torch.autograd.grad(osa_lab.osa(*leaves, method=method).square().sum(), leaves)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_timm_osa_attention_passes_alpha_unrounded_under_autocast(monkeypatch):
     """timm's OSAAttention hands its float32 α to osa() as is, not cast to q's (bf16) dtype."""
     ot = pytest.importorskip("osa_lab.integrations.timm")

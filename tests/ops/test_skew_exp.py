@@ -184,7 +184,7 @@ def test_concurrent_threads_get_their_own_scratch():
 
 
 def test_scratch_limit_falls_back_to_fresh_buffers(monkeypatch):
-    monkeypatch.setattr(expm.core, "SCRATCH_LIMIT_BYTES", 0)
+    monkeypatch.setattr(expm.scratch, "SCRATCH_LIMIT_BYTES", 0)
     m = _skew_batch(16, 20.0)
     assert rel_err(expm.core_skew_exp(m), _scipy_expm(m)) <= 1e-13
 

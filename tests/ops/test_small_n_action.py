@@ -119,6 +119,48 @@ def test_fused_osa_action_gradcheck():
         assert torch.autograd.gradcheck(expm.osa_chebyshev_action, tuple(args))
 
 
+def test_fused_osa_action_gradients_match_the_autograd_reference():
+    """Float32 fused backward against float64 autograd through the plain-operation reference,
+    α = 0 included (the ``skipless-osa-alpha0`` control): ``∂L/∂c = ⟨A k, q⟩`` needs no D."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(6, 20, 16, generator=g) for _ in range(3))
+    gy = torch.randn(6, 20, 16, generator=g)
+    for cval in (0.0, 0.01, -0.04):
+        c = torch.full((6,), cval)
+        fused = [t.clone().requires_grad_(True) for t in (q, k, c, v)]
+        y = expm.osa_chebyshev_action(*fused)
+        assert y is not None and "_OSAChebyshevActionBackward" in _graph_names(y)
+        y.backward(gy)
+        ref = [t.double().requires_grad_(True) for t in (q, k, c, v)]
+        qk = ref[0] @ ref[1].mT
+        y64 = expm.dense_exp((qk - qk.mT) * ref[2][:, None, None]) @ ref[3]
+        y64.backward(gy.double())
+        assert rel_err(y.double(), y64) <= 2e-6
+        for a, b in zip(fused, ref, strict=True):
+            assert rel_err(a.grad, b.grad) <= 2e-5  # (α = 0: ∂L/∂q = ∂L/∂k = 0 exactly on both sides)
+
+
+def test_fused_osa_action_results_do_not_alias_its_scratch_buffers():
+    """The bound's S² and the backward's N×N temporaries live in reused per-thread buffers;
+    outputs and gradients must be fresh tensors that later calls leave alone."""
+    g = torch.Generator().manual_seed(8)
+    first = [torch.randn(4, 24, 8, generator=g).requires_grad_(True) for _ in range(2)]
+    c = torch.full((4,), 0.05, requires_grad=True)
+    v = torch.randn(4, 24, 8, generator=g).requires_grad_(True)
+    y = expm.osa_chebyshev_action(first[0], first[1], c, v)
+    y.backward(torch.ones_like(y))
+    kept = [t.detach().clone() for t in (y, first[0].grad, first[1].grad, c.grad, v.grad)]
+    buffers = [b.data_ptr() for b in expm.ACTION_SCRATCH.buffers]
+    assert len(buffers) == 2  # the fused path did use the scratch buffers
+    for t in (y, first[0].grad, first[1].grad, c.grad, v.grad):
+        assert t.data_ptr() not in buffers
+    q2, k2, v2 = (torch.randn(4, 24, 8, generator=g).requires_grad_(True) for _ in range(3))
+    expm.osa_chebyshev_action(q2, k2, c.detach(), v2).sum().backward()
+    for a, b in zip(kept, (y, first[0].grad, first[1].grad, c.grad, v.grad), strict=True):
+        assert torch.equal(a, b.detach())
+    assert expm.release_scratch() >= 2 * 4 * 24 * 24 * 4 and expm.ACTION_SCRATCH.buffers == []
+
+
 @pytest.mark.parametrize("norm", [1e-3, 0.1, 1.0, 1.9, 6.0])
 def test_planned_action_matches_scipy(norm):
     """With its own degree, the action equals scipy.linalg.expm(S) @ V to the dtype's accuracy."""

@@ -32,10 +32,10 @@ every matrix at or below the bound; only matrices above it get the tighter
 :func:`spectral_norm_bound`.
 
 
-Rooms: :mod:`~osa_lab.ops.expm.batch`, :mod:`~osa_lab.ops.expm.bounds`, :mod:`~osa_lab.ops.expm.dense`, :mod:`~osa_lab.ops.expm.core`, :mod:`~osa_lab.ops.expm.gram`, :mod:`~osa_lab.ops.expm.chebyshev`, :mod:`~osa_lab.ops.expm.qr`, :mod:`~osa_lab.ops.expm.dispatch`.
+Rooms: :mod:`~osa_lab.ops.expm.batch`, :mod:`~osa_lab.ops.expm.bounds`, :mod:`~osa_lab.ops.expm.dense`, :mod:`~osa_lab.ops.expm.core`, :mod:`~osa_lab.ops.expm.gram`, :mod:`~osa_lab.ops.expm.chebyshev`, :mod:`~osa_lab.ops.expm.qr`, :mod:`~osa_lab.ops.expm.dispatch`, :mod:`~osa_lab.ops.expm.scratch`.
 """
 
-from osa_lab.ops.expm import batch, bounds, chebyshev, core, dense, dispatch, gram, qr
+from osa_lab.ops.expm import batch, bounds, chebyshev, core, dense, dispatch, gram, qr, scratch
 from osa_lab.ops.expm.batch import (
     any_row,
     composite_backward,
@@ -69,13 +69,10 @@ from osa_lab.ops.expm.chebyshev import (
     osa_chebyshev_action,
 )
 from osa_lab.ops.expm.core import (
-    SCRATCH,
-    SCRATCH_LIMIT_BYTES,
     SHARED_SCALING_SPREAD,
     core_skew_exp,
     may_reuse,
     one_norm,
-    release_scratch,
     skew_exp,
     taylor_ps,
     taylor_theta,
@@ -114,6 +111,7 @@ from osa_lab.ops.expm.gram import (
     output_norm_change,
 )
 from osa_lab.ops.expm.qr import qr_action
+from osa_lab.ops.expm.scratch import ACTION_SCRATCH, SCRATCH, SCRATCH_LIMIT_BYTES, release_scratch
 
 __all__ = [
     "ACTION_MAX_DEGREE",
@@ -126,6 +124,7 @@ __all__ = [
     "GRAM_MAX_COND",
     "GRAM_TOLERANCE",
     "NORM_BOUND_SLACK",
+    "ACTION_SCRATCH",
     "SCRATCH",
     "SCRATCH_LIMIT_BYTES",
     "SHARED_SCALING_SPREAD",
@@ -176,6 +175,7 @@ __all__ = [
     "reference_skew_exp",
     "release_scratch",
     "replace_rows",
+    "scratch",
     "short_taylor",
     "short_taylor_plan",
     "skew_exp",

@@ -161,15 +161,16 @@ def warn_float64_rounding(s_two: torch.Tensor, engine: str) -> None:
 NORM_BOUND_SLACK = 1e-4
 
 
-def skew_spectral_bound(d: torch.Tensor) -> torch.Tensor:
+def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """An upper bound of ``‖D‖₂`` per matrix of a batch of skew-symmetric ``D`` (b, N, N):
     ``‖D²‖_F^{1/2}``, since ``D`` is normal and so ``‖D‖₂² = ‖D²‖₂ ≤ ‖D²‖_F``.
 
     It is never above ``‖D‖_F`` and was 1.2–1.9× below it for random ``q, k`` (the Frobenius
     bound counts every eigenvalue pair, this one mostly the largest): a degree or two fewer in
-    :func:`chebyshev_degree` for the price of one N×N×N product.
+    :func:`chebyshev_degree` for the price of one N×N×N product (written into ``scratch``, a
+    contiguous tensor of ``d``'s shape and dtype, when given).
     """
-    return torch.linalg.vector_norm(torch.bmm(d, d), dim=(-2, -1)).sqrt_().mul_(1 + NORM_BOUND_SLACK)
+    return torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1)).sqrt_().mul_(1 + NORM_BOUND_SLACK)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:

@@ -11,8 +11,10 @@ import math
 import torch
 
 from osa_lab.errors import OSAInputError
+from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.expm.batch import composite_backward, under_transform
 from osa_lab.ops.expm.bounds import skew_norm_bound, skew_spectral_bound
+from osa_lab.ops.expm.scratch import ACTION_SCRATCH
 
 #: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
 #: :func:`_small_n_action`: covers ``‖S‖₂ ≲ 10`` in float32 and ``≲ 4.5`` in float64. One product
@@ -78,9 +80,12 @@ def chebyshev_coefficients(rho: float, degree: int) -> list[float]:
     return [j[0]] + [2 * t for t in j[1:]]
 
 
-def _chebyshev_forward(xt: torch.Tensor, v: torch.Tensor, coef: list[float]) -> tuple[torch.Tensor, list]:
+def _chebyshev_forward(
+    xt: torch.Tensor, v: torch.Tensor, coef: list[float], scale: float = 1.0
+) -> tuple[torch.Tensor, list]:
     """``Σ a_k W_k`` with ``W₀ = V``, ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}``, given
-    ``xt = Xᵀ``; also returns the transposes ``Z_k = W_kᵀ`` for ``k < m`` (the backward's inputs).
+    ``xt = Xᵀ / scale``; also returns the transposes ``Z_k = W_kᵀ`` for ``k < m`` (the backward's
+    inputs). ``scale`` rides on the products, so the caller never rescales an N×N matrix.
 
     The recurrence runs on the transposes (``Z_{k+1} = 2 Z_k Xᵀ + Z_{k−1}``) so that the
     backward's ``∂L/∂X = Σ c_k Ḡ_{k+1} Z_k`` multiplies operands stored the way the BLAS reads
@@ -90,23 +95,32 @@ def _chebyshev_forward(xt: torch.Tensor, v: torch.Tensor, coef: list[float]) -> 
     z = v.mT.contiguous()
     zs = [z]
     cur = torch.bmm(z, xt)
+    if scale != 1.0:
+        cur.mul_(scale)
     y_t = z.mul(coef[0]).add_(cur, alpha=coef[1])
     prev = z
     for k in range(2, len(coef)):
         zs.append(cur)
-        prev, cur = cur, torch.baddbmm(prev, cur, xt, alpha=2.0)
+        prev, cur = cur, torch.baddbmm(prev, cur, xt, alpha=2.0 * scale)
         y_t.add_(cur, alpha=coef[k])
     return y_t.mT.contiguous(), zs
 
 
 def _chebyshev_backward(
-    xt: torch.Tensor, zs: list, coef: list[float], g: torch.Tensor, need_x: bool
+    xt: torch.Tensor,
+    zs: list,
+    coef: list[float],
+    g: torch.Tensor,
+    need_x: bool,
+    scale: float = 1.0,
+    gx_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Adjoint of :func:`_chebyshev_forward` (``xt = Xᵀ``): returns ``(∂L/∂X, ∂L/∂V)``.
+    """Adjoint of :func:`_chebyshev_forward` (``xt = Xᵀ / scale``): returns ``(∂L/∂X, ∂L/∂V)``.
 
     With ``Ḡ_k = ∂L/∂W_k`` (through the recurrence): ``Ḡ_m = a_m G``,
     ``Ḡ_k = a_k G + 2Xᵀ Ḡ_{k+1} + Ḡ_{k+2}`` (1 ≤ k < m), ``∂L/∂V = Ḡ₀ = a₀ G + Xᵀ Ḡ₁ + Ḡ₂`` and
-    ``∂L/∂X = Ḡ₁ W₀ᵀ + 2 Σ_{k=1}^{m−1} Ḡ_{k+1} W_kᵀ`` (``W_kᵀ = zs[k]``).
+    ``∂L/∂X = Ḡ₁ W₀ᵀ + 2 Σ_{k=1}^{m−1} Ḡ_{k+1} W_kᵀ`` (``W_kᵀ = zs[k]``), written into ``gx_out``
+    when given.
     """
     m = len(coef) - 1
     g = g.contiguous()
@@ -114,11 +128,16 @@ def _chebyshev_backward(
     gx = None
     for k in range(m - 1, -1, -1):
         if need_x:
-            scale = 2.0 if k else 1.0
-            gx = torch.bmm(cur, zs[k]).mul_(scale) if gx is None else gx.baddbmm_(cur, zs[k], alpha=scale)
-        new = torch.baddbmm(g, xt, cur, beta=coef[k], alpha=2.0 if k else 1.0)
-        if after is not None:
-            new.add_(after)
+            weight = 2.0 if k else 1.0
+            if gx is None:
+                gx = torch.bmm(cur, zs[k], out=gx_out).mul_(weight)
+            else:
+                gx.baddbmm_(cur, zs[k], alpha=weight)
+        step = (2.0 if k else 1.0) * scale
+        if after is None:
+            new = torch.baddbmm(g, xt, cur, beta=coef[k], alpha=step)
+        else:  # Ḡ_{k+2} is not needed again: Ḡ_k overwrites it (no fresh tensor per degree)
+            new = after.add_(g, alpha=coef[k]).baddbmm_(xt, cur, alpha=step)
         after, cur = cur, new
     return gx, cur
 
@@ -136,6 +155,7 @@ class _ChebyshevAction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @autocast_off_backward
     def backward(ctx, g):  # noqa: D102
         s, v, xt, *zs = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
@@ -148,22 +168,24 @@ class _ChebyshevAction(torch.autograd.Function):
 
 
 class _OSAChebyshevAction(torch.autograd.Function):
-    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``D = q kᵀ − k qᵀ`` (formed
-    by the caller without autograd); the backward goes straight to ``q``, ``k``, ``c``, ``V``:
-    with ``A = ∂L/∂S − (∂L/∂S)ᵀ``: ``∂L/∂q = c A k``, ``∂L/∂k = −c A q``, ``∂L/∂c = ½⟨A, D⟩``."""
+    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``Sᵀ`` (formed by the caller
+    without autograd, :func:`osa_skew_transpose`); the backward goes straight to ``q``, ``k``,
+    ``c``, ``V``: with ``A = ∂L/∂S − (∂L/∂S)ᵀ``: ``∂L/∂q = c A k``, ``∂L/∂k = −c A q`` and
+    ``∂L/∂c = ⟨∂L/∂S, q kᵀ − k qᵀ⟩ = ½⟨A, q kᵀ − k qᵀ⟩ = ⟨A k, q⟩`` (``A`` is skew), a
+    by-product of ``∂L/∂q``'s product."""
 
     @staticmethod
-    def forward(ctx, q, k, c, v, d, rho: float, degree: int):  # noqa: D102
-        xt = d * (c / -rho)[:, None, None]  # Xᵀ = −X: D is skew by construction
+    def forward(ctx, q, k, c, v, st, rho: float, degree: int):  # noqa: D102
         coef = chebyshev_coefficients(rho, degree)
-        y, zs = _chebyshev_forward(xt, v, coef)
+        y, zs = _chebyshev_forward(st, v, coef, 1.0 / rho)  # Xᵀ = Sᵀ/ρ, the 1/ρ on the products
         ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
-        ctx.save_for_backward(q, k, c, v, d, xt, *zs)
+        ctx.save_for_backward(q, k, c, v, st, *zs)
         return y
 
     @staticmethod
+    @autocast_off_backward
     def backward(ctx, g):  # noqa: D102
-        q, k, c, v, d, xt, *zs = ctx.saved_tensors
+        q, k, c, v, st, *zs = ctx.saved_tensors
         need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
 
@@ -172,15 +194,28 @@ class _OSAChebyshevAction(torch.autograd.Function):
                 return chebyshev_action_reference((qk - qk.mT) * c_[:, None, None], v_, ctx.rho, ctx.degree + 2)
 
             return (*composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g), None, None, None)
-        gx, gv = _chebyshev_backward(xt, zs, ctx.coef, g, need_q or need_k or need_c)
+        need_x = need_q or need_k or need_c
+        gx_out, a_out = ACTION_SCRATCH.take(st, 2) if need_x else (None, None)
+        gx, gv = _chebyshev_backward(st, zs, ctx.coef, g, need_x, 1.0 / ctx.rho, gx_out)
         gq = gk = gc = None
         if gx is not None:
-            a = gx - gx.mT  # ρ·A, A = ∂L/∂S − (∂L/∂S)ᵀ (∂L/∂S = ∂L/∂X / ρ; 1/ρ folded in below)
+            a = torch.sub(gx, gx.mT, out=a_out)  # ρ·A, A = ∂L/∂S − (∂L/∂S)ᵀ (∂L/∂S = ∂L/∂X / ρ; 1/ρ folded in below)
             cc = (c / ctx.rho)[:, None, None]
-            gq = torch.bmm(a, k).mul_(cc) if need_q else None
+            ak = torch.bmm(a, k) if need_q or need_c else None
+            gq = ak * cc if need_q else None
             gk = torch.bmm(a, q).mul_(-cc) if need_k else None
-            gc = torch.einsum("bij,bij->b", a, d).mul_(0.5 / ctx.rho) if need_c else None
+            gc = (ak * q).sum((-2, -1)).mul_(1.0 / ctx.rho) if need_c else None
         return gq, gk, gc, (gv if need_v else None), None, None, None
+
+
+def osa_skew_transpose(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``Sᵀ = c (k qᵀ − q kᵀ)`` for 3-D ``q, k (b, N, r)`` and ``c (b,)``: two products whose
+    operands are stored the way the BLAS reads them (the scale on the N×r factors, the
+    transposes of the N×r factors copied), so no N×N matrix is read transposed or rescaled.
+    Skew up to rounding of the two products."""
+    c3 = c.to(q.dtype)[:, None, None]
+    st = torch.bmm(k * c3, q.mT.contiguous())
+    return st.baddbmm_(q * c3, k.mT.contiguous(), alpha=-1.0)
 
 
 def chebyshev_action(
@@ -229,11 +264,10 @@ def osa_chebyshev_action(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: t
     if under_transform(q, k, c, v):
         return None
     with torch.no_grad():
-        qk = torch.bmm(q, k.mT)
-        d = qk - qk.mT
-        bound = skew_spectral_bound(d) * c.detach().abs().to(d.dtype)
+        st = osa_skew_transpose(q, k, c)
+        bound = skew_spectral_bound(st, ACTION_SCRATCH.take(st, 2)[0])  # ‖Sᵀ‖₂ = ‖S‖₂
         rho = float(bound.max()) if bound.numel() else 0.0
     degree = chebyshev_degree(rho, v.dtype)
     if degree is None:
         return None
-    return _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, d, max(rho, 1e-30), degree)
+    return _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, st, max(rho, 1e-30), degree)

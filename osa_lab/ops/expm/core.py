@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 
 import torch
 
 from osa_lab.errors import OSAInputError
 from osa_lab.ops.expm.batch import under_transform
 from osa_lab.ops.expm.dense import dense_exp
+from osa_lab.ops.expm.scratch import SCRATCH
 
 
 @functools.cache
@@ -59,47 +59,6 @@ def one_norm(x: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tens
     x = x.detach()
     ax = torch.abs(x, out=scratch) if scratch is not None else x.abs()
     return ax.sum(-1).amax(-1)
-
-
-class _Scratch(threading.local):
-    """Per-thread CPU buffers reused across calls by the no-autograd exponential.
-
-    glibc hands multi-megabyte blocks back to the kernel when they are freed, so every fresh
-    tensor of that size is page-faulted (zeroed) again on first touch: for 32 matrices of
-    128 × 128 that was ≈ 40 % of :func:`core_skew_exp`. Buffers of one shape are kept, at most
-    ``SCRATCH_LIMIT_BYTES`` per thread. :func:`core_skew_exp` returns fresh tensors; only the
-    internal :func:`gram_core_parts` hands two scratch-backed tensors to its callers, which use
-    them at once. Buffers are allocated outside inference mode, so they can be written in and
-    out of it.
-    """
-
-    def __init__(self) -> None:
-        self.key: tuple | None = None
-        self.buffers: list[torch.Tensor] = []
-
-    def take(self, like: torch.Tensor, count: int) -> list[torch.Tensor]:
-        size = like.numel() * like.element_size() * count
-        if like.device.type != "cpu" or size > SCRATCH_LIMIT_BYTES:
-            return [torch.empty_like(like, memory_format=torch.contiguous_format) for _ in range(count)]
-        key = (tuple(like.shape), like.dtype)
-        if key != self.key or len(self.buffers) < count:
-            with torch.inference_mode(False):  # inference tensors could not be written outside it
-                self.key, self.buffers = key, [torch.empty(like.shape, dtype=like.dtype) for _ in range(count)]
-        return self.buffers[:count]
-
-
-#: Most bytes of scratch buffers :func:`core_skew_exp` keeps per thread between calls.
-SCRATCH_LIMIT_BYTES = 64 * 2**20
-
-
-SCRATCH = _Scratch()
-
-
-def release_scratch() -> int:
-    """Free this thread's scratch buffers (they are re-allocated on the next call); returns the bytes freed."""
-    freed = sum(b.numel() * b.element_size() for b in SCRATCH.buffers)
-    SCRATCH.key, SCRATCH.buffers = None, []
-    return freed
 
 
 def core_skew_exp(m: torch.Tensor, *, tol: float | None = None, minus_identity: bool = False) -> torch.Tensor:

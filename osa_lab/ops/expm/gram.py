@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 import torch
 
+from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.expm.batch import any_row, composite_backward, concrete, under_transform
 from osa_lab.ops.expm.bounds import FLOAT64_NORM, float64_needed, spectral_norm_bound, spectral_refine_above
-from osa_lab.ops.expm.core import SCRATCH, may_reuse, skew_exp, truncation_unit
+from osa_lab.ops.expm.core import may_reuse, skew_exp, truncation_unit
+from osa_lab.ops.expm.scratch import SCRATCH
 
 #: Error budget of the Gram engine: ``max(base, slope · ‖S‖)`` per dtype. The float32 budget is
 #: half the accuracy target (2e-6 while ‖S‖₂ ≤ 10, 1e-7·‖S‖₂ beyond); an estimate
@@ -79,7 +81,7 @@ def gram_core_parts(
     more only where one is.
     """
     # Outside autograd every (b, m, m) temporary lives in per-thread scratch buffers (see
-    # _Scratch); the returned L⁻¹ and exp(M) − I then do too, and are valid until the next call
+    # expm.scratch); the returned L⁻¹ and exp(M) − I then do too, and are valid until the next call
     # in this thread: callers use them at once (F or C are fresh tensors).
     bufs = SCRATCH.take(g, 10) if may_reuse(g, j) else None
     width = g.shape[-1]
@@ -277,6 +279,7 @@ class _GramAction(torch.autograd.Function):
         return y, est, s_two, v_sq, delta
 
     @staticmethod
+    @autocast_off_backward
     def backward(ctx, gy: torch.Tensor, _gest, _gtwo, _gvsq, _gdelta):  # noqa: D102
         a, b, j, v, g, p, c, keep = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate

@@ -11,6 +11,7 @@ import math
 import torch
 
 from osa_lab.errors import UntrustedResultError
+from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.expm.batch import any_row, composite_backward, replace_rows, take_rows, under_transform
 from osa_lab.ops.expm.bounds import (
     FLOAT64_ROUNDING_NORM,
@@ -37,6 +38,7 @@ class _RankDeficientQR(torch.autograd.Function):
         return torch.linalg.qr(u)
 
     @staticmethod
+    @autocast_off_backward
     def backward(ctx, gb, gr):  # noqa: D102
         if torch.is_grad_enabled():
             raise UntrustedResultError(

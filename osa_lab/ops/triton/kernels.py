@@ -49,6 +49,7 @@ import torch
 
 from osa_lab.errors import MethodUnavailableError, OSADtypeError, OSAInputError
 from osa_lab.ops import expm
+from osa_lab.ops.amp import autocast_off_backward
 
 try:  # Triton is optional on the CPU.
     import triton
@@ -832,6 +833,7 @@ class _OSATriton(torch.autograd.Function):
         return y, bad, y_sq, v_sq
 
     @staticmethod
+    @autocast_off_backward
     def backward(ctx, gy, _gbad, _gysq, _gvsq):  # noqa: D102
         q, k, v, scale, g, p, c, bad = ctx.saved_tensors
         plan: _Plan = ctx.plan
