@@ -265,7 +265,8 @@ def osa_chebyshev_action(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: t
         return None
     with torch.no_grad():
         st = osa_skew_transpose(q, k, c)
-        bound = skew_spectral_bound(st, ACTION_SCRATCH.take(st, 2)[0])  # ‖Sᵀ‖₂ = ‖S‖₂
+        # ‖Sᵀ‖₂ = ‖S‖₂; S² in the first of the pair of buffers the backward takes too
+        bound = skew_spectral_bound(st, ACTION_SCRATCH.take(st, 2)[0])
         rho = float(bound.max()) if bound.numel() else 0.0
     degree = chebyshev_degree(rho, v.dtype)
     if degree is None:
