@@ -420,6 +420,29 @@ def test_jacobian_kappa_of_a_timm_vit_exact_and_matrix_free_agree():
     assert ot.osa_attention_layers(model)[0].method == "auto"  # functional mode was undone
 
 
+def test_timm_analyses_run_in_eval_mode_and_restore_the_callers_mode():
+    """Dropout must not perturb the profiles: both analyses see the model in eval mode, and the
+    caller's mode (train or eval) comes back afterwards, also when the analysis raises."""
+    from osa_lab.errors import JacobianTooLargeError
+
+    torch.manual_seed(0)
+    model = ot.create_osa_vit(
+        "vit_tiny_patch16_224", img_size=8, patch_size=4, in_chans=1, embed_dim=16, num_heads=2, depth=2,
+        class_token=False, global_pool="avg", dtype=torch.float64,
+    )  # fmt: skip
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
+    for training in (True, False):
+        model.train(training)
+        ot.timm_depth_profile(model, spectra=False)
+        ot.timm_jacobian_profile(model, algorithm="exact", layers=[1], scopes=("layer",))
+        assert model.training is training and all(m.training is training for m in model.modules())
+        with pytest.raises(JacobianTooLargeError):  # refused inside the analysis: too large for "exact"
+            ot.timm_jacobian_profile(model, algorithm="exact", max_bytes=16)
+        assert model.training is training and all(m.training is training for m in model.modules())
+    assert seen and not any(seen)  # every forward the analyses ran was in eval mode
+
+
 # --------------------------------------------------------------------------------------
 # The example script and the example of docs/timm.md
 # --------------------------------------------------------------------------------------

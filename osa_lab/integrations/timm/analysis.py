@@ -85,6 +85,23 @@ def timm_hidden_states(model: nn.Module, images: torch.Tensor, *, check_finite: 
     return hidden
 
 
+@contextlib.contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block, its own mode restored on exit (errors included)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _eval_hidden_states(model: nn.Module, images: torch.Tensor):
+    """:func:`timm_hidden_states` without autograd, the images cast to the model's dtype."""
+    with torch.no_grad():
+        return timm_hidden_states(model, images.to(_model_dtype(model)))
+
+
 def _model_dtype(model: nn.Module) -> torch.dtype:
     for p in model.parameters():
         return p.dtype
@@ -153,13 +170,8 @@ def timm_depth_profile(
         images = default_images(model, batch, seed)
     elif not isinstance(images, torch.Tensor):
         raise OSAInputError(f"`images` must be a torch.Tensor, got {type(images).__name__}")
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            hidden = timm_hidden_states(model, images.to(_model_dtype(model)))
-    finally:
-        model.train(was_training)
+    with _evaluating(model):
+        hidden = _eval_hidden_states(model, images)
     keys = _keys(model, hidden, label, seed)
     metrics_df, spectra_df = profile_tables(hidden, keys, sites, metric_names, spectra)
     return DepthProfile(metrics_df, spectra_df, None)
@@ -219,11 +231,8 @@ def timm_jacobian_profile(
         images = default_images(model, 1, seed)
     if images.dim() != 4 or images.shape[0] != 1:
         raise OSAInputError(f"`images` has shape {tuple(images.shape)}; give one image (1, C, H, W)")
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            hidden = timm_hidden_states(model, images.to(_model_dtype(model)))
+    with _evaluating(model):
+        hidden = _eval_hidden_states(model, images)
         inputs = [h[0] for h in hidden.blocks]
         depth = len(model.blocks)
         wanted = jac.resolve_layers(layers, depth)
@@ -243,8 +252,6 @@ def timm_jacobian_profile(
                  "kappa": jac.kappa_from_extremes(smax, smin), "converged": ok}
                 for scope, l, smax, smin, ok in extremes
             ]  # fmt: skip
-    finally:
-        model.train(was_training)
     return pd.DataFrame(rows, columns=jac.KAPPA_COLUMNS)
 
 
