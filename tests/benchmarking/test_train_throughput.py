@@ -1,0 +1,57 @@
+"""``benchmarks/train_throughput.py``: the per-setting targets and the spread across processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "train_throughput.py")
+#: the smallest model the script builds: a few milliseconds a step
+TINY = ["--sizes", "digits", "--repeat", "1", "--depth", "1", "--dim", "8", "--heads", "2", "--batch", "4",
+        "--osa-methods", "auto", "--no-previous"]  # fmt: skip
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_processes_repeat_the_measurement_and_report_the_spread(tmp_path):
+    out = tmp_path / "tt.csv"
+    done = _run(*TINY, "--processes", "2", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "process 1/2" in done.stderr and "process 2/2" in done.stderr  # progress
+    rows = pd.read_csv(out)
+    assert sorted(set(rows["process"])) == [1, 2]
+    assert len(rows) == 2 * 4  # vit, skipless-ssa, skipless-osa auto, exp(S) skipped; per process
+    spread = pd.read_csv(tmp_path / "tt_spread.csv", keep_default_na=False)
+    assert len(spread) == 4 and set(spread["processes"]) == {2}
+    for _, row in spread.iterrows():
+        ratios = rows.loc[(rows["preset"] == row["preset"]) & (rows["osa_method"] == row["osa_method"]), "cpu_ratio_to_vit"]
+        assert row["cpu_ratio_min"] == ratios.min() and row["cpu_ratio_max"] == ratios.max()
+        assert row["cpu_ratio_median"] == ratios.median()
+    vit = spread[spread["preset"] == "vit"].iloc[0]
+    assert vit["cpu_ratio_median"] == 1.0 and vit["target"] == ""
+    osa = spread[(spread["preset"] == "skipless-osa") & (spread["osa_method"] == "auto")].iloc[0]
+    assert osa["target"] == "≤ 1.5"  # the digits setting's target
+
+
+def test_each_setting_carries_its_own_target():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import train_throughput
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    assert train_throughput.TARGETS == {"digits": "≤ 1.5", "mnist1d": "≤ 1.2", "mnist": "≤ 1.35"}
+    assert {name.split()[0] for name, *_ in train_throughput.SIZES} == set(train_throughput.TARGETS)
+
+
+def test_a_bad_process_count_is_one_line_and_exit_2():
+    done = _run("--processes", "0")
+    assert done.returncode == 2
+    assert done.stdout == "" and done.stderr.strip().splitlines()[-1].endswith("must be an int ≥ 1, got '0'")
+    assert len(done.stderr.strip().splitlines()) == 2  # the usage hint and the message
