@@ -1,0 +1,43 @@
+"""``benchmarks/osa_call_overhead.py``: osa() against the fused action alone, timed and op-counted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "osa_call_overhead.py")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_the_benchmark_times_and_counts_both_calls(tmp_path):
+    out = tmp_path / "overhead.csv"
+    done = _run("--sizes", "6", "12", "--batch", "2", "--heads", "2", "--head-dim", "4", "--repeat", "2",
+                "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(out)
+    assert list(rows["N"]) == [6] * 3 + [12] * 3
+    assert list(rows["call"]) == ["osa()", "osa() on (b, N, r)", "fused action alone"] * 2
+    assert (rows["ms_fwd_bwd"] > 0).all()
+    fused = rows[rows["call"] == "fused action alone"]
+    assert (fused["overhead_ms"] == 0).all()
+    # osa() dispatches the fused action's operations and more (checks, α's chain), and from the
+    # head-split views the copies to and from (b, N, r) besides
+    for n in (6, 12):
+        ops = rows[rows["N"] == n].set_index("call")["aten_ops"]
+        assert ops["osa()"] > ops["osa() on (b, N, r)"] > ops["fused action alone"] > 0
+    assert "git_commit" in rows.columns  # provenance in the CSV
+
+
+def test_a_size_outside_the_fused_path_is_one_line_and_exit_2():
+    done = _run("--sizes", "80", "--head-dim", "16")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and "N = 80 is above 4r = 64" in lines[-1]
