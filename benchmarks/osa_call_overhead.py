@@ -77,18 +77,21 @@ def _calls(n: int, batch: int, heads: int, r: int, alpha: float):
 
 
 def _count_ops(fn) -> int:
+    """The ATen operations one call of ``fn`` dispatches (forward and backward)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
-        calls = 0
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.calls += 1
+            self.calls += 1
             return func(*args, **(kwargs or {}))
 
-    with Count():
+    with Count() as counter:
         fn()
-    return Count.calls
+    return counter.calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         if n > 4 * args.head_dim:
             parser.error(f"N = {n} is above 4r = {4 * args.head_dim}: osa() does not take the fused action there")
         fns, rho, degree = _calls(n, args.batch, args.heads, args.head_dim, args.alpha)
-        for fn in fns.values():
-            fn(), fn()  # warm-up (and the fused action's scratch buffers)
+        for fn in [*fns.values()] * 2:  # warm-up (and the fused action's scratch buffers)
+            fn()
         times: dict = {key: [] for key in fns}
         for _ in range(args.repeat):
             for key, fn in fns.items():
