@@ -129,14 +129,25 @@ class Dashboard(pn.viewable.Viewer):
                                "shown"]
 
     def link_url(self, location) -> None:
-        """Keep ``location.search`` equal to the view on screen (replacing any bad value at once)."""
+        """Keep ``location.search`` equal to the view on screen (replacing any bad value at once).
+
+        The browser's own address can reach the server after the view's was written (on a
+        loaded machine); a ``search`` that differs from the view's is written over again, so
+        the address bar never keeps a link's unusable values."""
+        from urllib.parse import quote, urlencode
+
+        def view_query() -> str:
+            return "?" + urlencode(self.controls.to_query(), quote_via=quote, safe=",")
 
         def write(*_events) -> None:
-            from urllib.parse import quote, urlencode
+            location.search = view_query()
 
-            location.search = "?" + urlencode(self.controls.to_query(), quote_via=quote, safe=",")
+        def restore(event) -> None:
+            if event.new != view_query():
+                write()
 
         self.controls.param.watch(write, list(URL_PARAMETERS))
+        location.param.watch(restore, "search")
         write()
 
     def _url_message(self, errors: list[str]) -> str:

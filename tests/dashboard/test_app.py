@@ -281,6 +281,24 @@ def test_url_round_trip_restores_the_view(dash):
     assert c.controls.presets == ["vit", "pure-osa"] and c.controls.alpha_value == 0.3
 
 
+def test_the_address_bar_keeps_the_view_even_when_the_browsers_address_arrives_late(dash):
+    """``link_url`` writes the view's query into the page's location; the browser's own address
+    (a link's unusable values) reaching the server afterwards is written over again, and a
+    control change moves the address with it."""
+    from panel.io.location import Location
+
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"alpha": [b"inf"], "derived_alpha": [b"false"], "depth": [b"nan"], "tokens": [b"16"]})
+    location = Location()
+    d.link_url(location)
+    first = location.search
+    assert first.startswith("?") and "nan" not in first.lower() and "inf" not in first.lower()
+    location.search = "?depth=4&alpha=inf&derived_alpha=false&depth=nan"  # the browser's, arriving late
+    assert location.search == first
+    d.controls.depth = 6 if d.controls.depth != 6 else 5
+    assert f"depth={d.controls.depth}" in location.search and location.search != first
+
+
 def test_bad_url_values_are_named_and_not_used(dash):
     d = dash.Dashboard(compute_now=False)
     d.apply_url({"presets": "vit,nope", "depth": "99", "heads": "3", "metric": "relative-residual", "dim": "16",
