@@ -272,10 +272,10 @@ def _across_processes(argv: list[str], processes: int, out: str) -> int:
         .assign(processes=processes)
     )
     emit_table(spread.to_dict("records"), None, title=f"CPU-time ratio to vit across {processes} processes")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(out, index=False)
-    spread_path = Path(out).with_name(Path(out).stem + "_spread.csv")
-    spread.to_csv(spread_path, index=False)
+    from osa_lab.fileio import atomic_to_csv
+
+    atomic_to_csv(rows, out)
+    spread_path = atomic_to_csv(spread, Path(out).with_name(Path(out).stem + "_spread.csv"))
     print(f"wrote {out} and {spread_path}")
     return 0
 

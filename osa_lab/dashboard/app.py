@@ -143,8 +143,9 @@ class Dashboard(pn.viewable.Viewer):
             location.search = view_query()
 
         def restore(event) -> None:
-            if event.new != view_query():
-                write()
+            wanted = view_query()
+            if event.new != wanted:
+                location.search = wanted
 
         self.controls.param.watch(write, list(URL_PARAMETERS))
         location.param.watch(restore, "search")
