@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from osa_lab.arguments import ArgumentParser, positive_int
 from osa_lab.benchmarking.timing import emit_table, machine_info
+from osa_lab.fileio import atomic_to_csv
 from osa_lab.nn.models import build_classifier
 from osa_lab.nn.presets import get_preset
 
@@ -272,8 +273,6 @@ def _across_processes(argv: list[str], processes: int, out: str) -> int:
         .assign(processes=processes)
     )
     emit_table(spread.to_dict("records"), None, title=f"CPU-time ratio to vit across {processes} processes")
-    from osa_lab.fileio import atomic_to_csv
-
     atomic_to_csv(rows, out)
     spread_path = atomic_to_csv(spread, Path(out).with_name(Path(out).stem + "_spread.csv"))
     print(f"wrote {out} and {spread_path}")
