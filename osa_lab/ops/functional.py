@@ -53,12 +53,18 @@ def _dense(q, k, v, scale):
 
 def _engine(name: str) -> Callable:
     def run(q, k, v, scale, *, norms: bool = False):
-        if name == "qr" and q.shape[-2] <= 4 * q.shape[-1] and q.shape[0] and v.shape[-1]:
-            # small N: exp(S)V through the N×N S, backward fused down to q, k, α (no J built)
-            y = expm.osa_chebyshev_action(q, k, scale, v)
-            if y is not None:
-                return (y, None) if norms else y
-        j = expm.osa_skew_core(q.shape[-1], scale)
+        """``q, k (*batch, N, r)``, ``v (*batch, N, d)`` with the same leading dims, any layout;
+        ``scale`` (B,). Returns ``(B, N, d)``, or ``(*batch, N, d)`` in v's layout from the fused
+        small-N action."""
+        n, r = q.shape[-2:]
+        if name == "qr" and n <= 4 * r and q.numel() and v.numel():
+            # small N: exp(S)V through the N×N S, backward fused down to q, k, α (no J built),
+            # reading head-split views in place
+            out = expm.osa_chebyshev_action(q, k, scale, v, norms=norms)
+            if out is not None:
+                return out
+        q, k, v = (x.reshape(-1, n, x.shape[-1]) for x in (q, k, v))
+        j = expm.osa_skew_core(r, scale)
         return expm.blocked_action(q, k, j, v, name, osa_core=True, norms=norms)
 
     run.gives_norms = True  # norms=True: (y, the output check's sums or None), see osa()
@@ -206,7 +212,7 @@ def osa(
             )
     mode = output_check.effective_mode(q.device)
     output_check.report_pending()  # deferred checks of earlier calls whose values have arrived
-    batch = tuple(torch.broadcast_shapes(q.shape[:-2], v.shape[:-2]))
+    batch = tuple(q.shape[:-2] if q.shape[:-2] == v.shape[:-2] else torch.broadcast_shapes(q.shape[:-2], v.shape[:-2]))
     alpha_t = _alpha_tensor(alpha, q, batch, check_finite=mode == "strict")
     n, r, d = q.shape[-2], q.shape[-1], v.shape[-1]
     if math.prod(batch) == 0 or d == 0:
@@ -219,19 +225,22 @@ def osa(
     work_dtype = q.dtype
     if q.dtype in (torch.float16, torch.bfloat16) and name != "triton":
         work_dtype = torch.float32
-    q3 = q.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
-    k3 = k.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
-    v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
+    method_fn = OSA_METHODS[name]
+    gives_norms = getattr(method_fn, "gives_norms", False)
+    if gives_norms and work_dtype == q.dtype and q.shape[:-2] == batch == v.shape[:-2]:
+        q3, k3, v3 = q, k, v  # the engines take any layout (the fused small-N action reads views in place)
+    else:
+        q3 = q.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
+        k3 = k.to(work_dtype).expand(*batch, n, r).reshape(-1, n, r)
+        v3 = v.to(work_dtype).expand(*batch, n, d).reshape(-1, n, d)
     scale = (alpha_t / math.sqrt(r)).expand(batch).reshape(-1)
     with autocast_off(q.device.type):  # the method computes in work_dtype, not autocast's dtype
         if name == "triton":
             y, norms = _triton(q3, k3, v3, scale, strict=mode == "strict", norms=True)
+        elif gives_norms:
+            y, norms = method_fn(q3, k3, v3, scale, norms=True)
         else:
-            method_fn = OSA_METHODS[name]
-            if getattr(method_fn, "gives_norms", False):
-                y, norms = method_fn(q3, k3, v3, scale, norms=True)
-            else:
-                y, norms = method_fn(q3, k3, v3, scale), None
+            y, norms = method_fn(q3, k3, v3, scale), None
     out = y.reshape(*batch, n, d).to(v.dtype)
     context = {"method": name, "n": n, "r": r, "work_dtype": work_dtype}
     try:

@@ -90,7 +90,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, finite: bool
             f"N={v.shape[-2]} (shape {tuple(v.shape)}); OSA needs the same N for q, k and v"
         )
     try:
-        torch.broadcast_shapes(q.shape[:-2], v.shape[:-2])
+        if q.shape[:-2] != v.shape[:-2]:  # (torch.broadcast_shapes costs as much as the rest of the checks)
+            torch.broadcast_shapes(q.shape[:-2], v.shape[:-2])
     except RuntimeError as exc:
         raise OSAInputError(
             f"leading dims of `q` {tuple(q.shape[:-2])} and `v` {tuple(v.shape[:-2])} do not broadcast"

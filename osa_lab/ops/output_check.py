@@ -97,11 +97,18 @@ def relative_drift(y_sq: torch.Tensor, v_sq: torch.Tensor, delta: torch.Tensor |
     Inf where a norm is non-finite. ``delta`` (``‖y_b‖² − ‖v_b‖²`` computed directly) avoids
     the cancellation of ``y_sq − v_sq``."""
     y_sq, v_sq = y_sq.double(), v_sq.double()
-    delta = y_sq - v_sq if delta is None else delta.double()
-    ratio = delta / v_sq.clamp_min(torch.finfo(torch.float64).tiny)
+    if not y_sq.numel():
+        return y_sq.new_zeros(())
+    tiny = torch.finfo(torch.float64).tiny
+    if delta is None:
+        # |√(y²/v²) − 1|; NaN and Inf propagate (a NaN through amax, an Inf Σ y² as an Inf ratio,
+        # an Inf Σ v² against a finite Σ y² only by the isfinite test below)
+        drift = (y_sq / v_sq.clamp_min(tiny)).sqrt_().sub_(1).abs_().amax()
+        return torch.where(torch.isfinite(v_sq).all(), drift, math.inf)
+    ratio = delta.double() / v_sq.clamp_min(tiny)
     drift = (ratio.clamp_min(-1.0) + 1).sqrt() - 1
     drift = torch.where(torch.isfinite(y_sq) & torch.isfinite(v_sq), drift.abs(), math.inf)
-    return drift.amax() if drift.numel() else drift.new_zeros(())
+    return drift.amax()
 
 
 def squared_norms(y: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

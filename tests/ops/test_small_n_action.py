@@ -305,6 +305,58 @@ def test_osa_takes_the_fused_path_at_small_n():
     assert "_OSAChebyshevActionBackward" in _graph_names(y)
 
 
+def _head_split(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(batch, N, heads·r) → the (batch, heads, N, r) view a layer passes to osa()."""
+    b, n, width = t.shape
+    return t.view(b, n, heads, width // heads).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("n", [7, 20, 49])
+def test_osa_on_head_split_views_matches_dense_float64_and_keeps_the_layers_layout(dtype, n):
+    """A layer's head-split views go into the fused action as they are: the output takes v's
+    (batch, N, heads, d) layout, so the merge back to (batch, N, heads·d) is a view, and output
+    and gradients (of the token tensors and the per-head α) match the float64 dense reference."""
+    g = torch.Generator().manual_seed(n)
+    heads, r = 3, 16  # N ≤ 4r: the fused small-N path
+    tokens = [torch.randn(2, n, heads * r, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True) for _ in range(3)]
+    alpha = torch.tensor([0.1, -0.07, 0.0], dtype=dtype, requires_grad=True)  # ‖S‖₂ within float64's degree cap
+    q, k, v = (_head_split(t, heads) for t in tokens)
+    y = osa_lab.osa(q, k, v, alpha)
+    assert "_OSAChebyshevActionBackward" in _graph_names(y)
+    assert y.shape == v.shape and y.stride() == v.stride()
+    merged = y.transpose(1, 2).reshape(2, n, heads * r)
+    assert merged.data_ptr() == y.data_ptr()  # a view: no copy for the merge
+    gy = torch.randn(2, n, heads * r, generator=g, dtype=torch.float64)
+    merged.backward(gy.to(dtype))
+
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in (*tokens, alpha)]
+    q64, k64, v64 = (_head_split(t, heads) for t in ref_leaves[:3])
+    y64 = dense_reference(q64, k64, v64, ref_leaves[3])  # α per head: (heads,) over (batch, heads)
+    y64.transpose(1, 2).reshape(2, n, heads * r).backward(gy)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert rel_err(y, y64) <= tol
+    for got, want in zip((*tokens, alpha), ref_leaves, strict=True):
+        assert rel_err(got.grad, want.grad) <= 10 * tol
+
+
+def test_fused_osa_action_on_strided_views_gradcheck_and_second_order():
+    """The fused action on head-split views, by finite differences to first and second order
+    (the second through its plain-operation reference)."""
+    g = torch.Generator().manual_seed(2)
+    tokens = [torch.randn(2, 5, 6, dtype=torch.float64, generator=g).requires_grad_(True) for _ in range(3)]
+    c = torch.tensor([[0.05, -0.03, 0.02], [0.0, 0.04, -0.01]], dtype=torch.float64, requires_grad=True)
+
+    def fused(qt, kt, c, vt):
+        y = expm.osa_chebyshev_action(_head_split(qt, 3), _head_split(kt, 3), c, _head_split(vt, 3))
+        assert y is not None
+        return y.transpose(1, 2).reshape(2, 5, 6)
+
+    args = (tokens[0], tokens[1], c, tokens[2])
+    assert torch.autograd.gradcheck(fused, args)
+    assert torch.autograd.gradgradcheck(fused, args)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(1, 24),

@@ -81,18 +81,18 @@ def chebyshev_coefficients(rho: float, degree: int) -> list[float]:
 
 
 def _chebyshev_forward(
-    xt: torch.Tensor, v: torch.Tensor, coef: list[float], scale: float = 1.0
+    xt: torch.Tensor, z: torch.Tensor, coef: list[float], scale: float = 1.0
 ) -> tuple[torch.Tensor, list]:
-    """``Σ a_k W_k`` with ``W₀ = V``, ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}``, given
-    ``xt = Xᵀ / scale``; also returns the transposes ``Z_k = W_kᵀ`` for ``k < m`` (the backward's
-    inputs). ``scale`` rides on the products, so the caller never rescales an N×N matrix.
+    """``(Σ a_k W_k)ᵀ`` with ``W₀ = V``, ``W₁ = X V``, ``W_{k+1} = 2 X W_k + W_{k−1}``, given
+    ``xt = Xᵀ / scale`` and ``z = Vᵀ`` (packed, (b, d, N)); also returns the transposes
+    ``Z_k = W_kᵀ`` for ``k < m`` (the backward's inputs). ``scale`` rides on the products, so the
+    caller never rescales an N×N matrix.
 
     The recurrence runs on the transposes (``Z_{k+1} = 2 Z_k Xᵀ + Z_{k−1}``) so that the
     backward's ``∂L/∂X = Σ c_k Ḡ_{k+1} Z_k`` multiplies operands stored the way the BLAS reads
     them: a batched product with a transposed right operand (``Ḡ W_kᵀ``) costs about 2.5× as
     much on the CPU at N = 20, d = 16.
     """
-    z = v.mT.contiguous()
     zs = [z]
     cur = torch.bmm(z, xt)
     if scale != 1.0:
@@ -103,7 +103,7 @@ def _chebyshev_forward(
         zs.append(cur)
         prev, cur = cur, torch.baddbmm(prev, cur, xt, alpha=2.0 * scale)
         y_t.add_(cur, alpha=coef[k])
-    return y_t.mT.contiguous(), zs
+    return y_t, zs
 
 
 def _chebyshev_backward(
@@ -149,7 +149,8 @@ class _ChebyshevAction(torch.autograd.Function):
     def forward(ctx, s, v, rho: float, degree: int):  # noqa: D102
         xt = (s.mT / rho).contiguous()
         coef = chebyshev_coefficients(rho, degree)
-        y, zs = _chebyshev_forward(xt, v, coef)
+        y_t, zs = _chebyshev_forward(xt, v.mT.contiguous(), coef)
+        y = y_t.mT.contiguous()
         ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
         ctx.save_for_backward(s, v, xt, *zs)
         return y
@@ -168,54 +169,98 @@ class _ChebyshevAction(torch.autograd.Function):
 
 
 class _OSAChebyshevAction(torch.autograd.Function):
-    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``Sᵀ`` (formed by the caller
-    without autograd, :func:`osa_skew_transpose`); the backward goes straight to ``q``, ``k``,
-    ``c``, ``V``: with ``A = ∂L/∂S − (∂L/∂S)ᵀ``: ``∂L/∂q = c A k``, ``∂L/∂k = −c A q`` and
-    ``∂L/∂c = ⟨∂L/∂S, q kᵀ − k qᵀ⟩ = ½⟨A, q kᵀ − k qᵀ⟩ = ⟨A k, q⟩`` (``A`` is skew), a
-    by-product of ``∂L/∂q``'s product."""
+    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``Sᵀ`` and ``q, k`` packed
+    (B, N, r), formed by the caller without autograd (:func:`_osa_skew_factors`); ``q, k
+    (*batch, N, r)`` and ``V (*batch, N, d)`` in any layout, ``c`` one value per matrix,
+    flattened to ``(B,)``.
+
+    The backward goes straight to ``q``, ``k``, ``c``, ``V``: with ``A = ∂L/∂S − (∂L/∂S)ᵀ``:
+    ``∂L/∂q = c A k``, ``∂L/∂k = −c A q`` and ``∂L/∂c = ⟨∂L/∂S, q kᵀ − k qᵀ⟩ = ½⟨A, q kᵀ − k qᵀ⟩
+    = ⟨A k, q⟩`` (``A`` is skew), a by-product of ``∂L/∂q``'s product; the gradients are
+    written straight into q's and k's layout.
+
+    The output takes V's layout (``torch.empty_like``): for a layer's head-split views of
+    (batch, N, heads·d) memory, ``y.transpose(1, 2).reshape(batch, N, heads·d)`` is then a view.
+    Between the caller's layout and the recurrence's packed one there are no copies beyond the
+    passes the recurrence makes anyway (``q``, ``k``, ``(c·q)ᵀ``, ``(c·k)ᵀ``, ``Vᵀ``, the result
+    and the gradients); none of the backward's passes reads transposed memory, which costs
+    2–3× a plain pass on the CPU.
+
+    Also returns the output check's per-matrix norms ``‖y_b‖, ‖V_b‖`` (not differentiable),
+    reduced from the packed ``yᵀ, Vᵀ``: a strided reduction over a head-split view costs several
+    times as much.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, c, v, st, rho: float, degree: int):  # noqa: D102
+    def forward(ctx, q, k, c, v, st, qp, kp, rho: float, degree: int):  # noqa: D102
         coef = chebyshev_coefficients(rho, degree)
-        y, zs = _chebyshev_forward(st, v, coef, 1.0 / rho)  # Xᵀ = Sᵀ/ρ, the 1/ρ on the products
+        zt = _packed(v.mT)
+        yt, zs = _chebyshev_forward(st, zt, coef, 1.0 / rho)  # Xᵀ = Sᵀ/ρ, the 1/ρ on the products
+        y = torch.empty_like(v)
+        y.copy_(yt.view(v.mT.shape).mT)
+        acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+        y_norm, v_norm = (torch.linalg.vector_norm(t, dim=(-2, -1), dtype=acc) for t in (yt, zt))
+        ctx.mark_non_differentiable(y_norm, v_norm)
         ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
-        ctx.save_for_backward(q, k, c, v, st, *zs)
-        return y
+        ctx.save_for_backward(q, k, c, v, st, qp, kp, *zs)
+        return y, y_norm, v_norm
 
     @staticmethod
     @autocast_off_backward
-    def backward(ctx, g):  # noqa: D102
-        q, k, c, v, st, *zs = ctx.saved_tensors
+    def backward(ctx, g, _y_norm, _v_norm):  # noqa: D102
+        q, k, c, v, st, qp, kp, *zs = ctx.saved_tensors
         need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
 
             def ref(q_, k_, c_, v_):
                 qk = q_ @ k_.mT
-                return chebyshev_action_reference((qk - qk.mT) * c_[:, None, None], v_, ctx.rho, ctx.degree + 2)
+                s = (qk - qk.mT) * c_.view(*q_.shape[:-2], 1, 1)
+                return chebyshev_action_reference(s, v_, ctx.rho, ctx.degree + 2)
 
-            return (*composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g), None, None, None)
+            grads = composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g)
+            return (*grads, None, None, None, None, None)
         need_x = need_q or need_k or need_c
         gx_out, a_out = ACTION_SCRATCH.take(st, 2) if need_x else (None, None)
-        gx, gv = _chebyshev_backward(st, zs, ctx.coef, g, need_x, 1.0 / ctx.rho, gx_out)
+        gx, gv = _chebyshev_backward(st, zs, ctx.coef, g.reshape(-1, *v.shape[-2:]), need_x, 1.0 / ctx.rho, gx_out)
         gq = gk = gc = None
         if gx is not None:
             a = torch.sub(gx, gx.mT, out=a_out)  # ρ·A, A = ∂L/∂S − (∂L/∂S)ᵀ (∂L/∂S = ∂L/∂X / ρ; 1/ρ folded in below)
-            cc = (c / ctx.rho)[:, None, None]
-            ak = torch.bmm(a, k) if need_q or need_c else None
-            gq = ak * cc if need_q else None
-            gk = torch.bmm(a, q).mul_(-cc) if need_k else None
-            gc = (ak * q).sum((-2, -1)).mul_(1.0 / ctx.rho) if need_c else None
-        return gq, gk, gc, (gv if need_v else None), None, None, None
+            cc = (c / ctx.rho).view(*q.shape[:-2], 1, 1)
+            ak = torch.bmm(a, kp) if need_q or need_c else None
+            if need_q:
+                gq = torch.mul(ak.view(q.shape), cc, out=torch.empty_like(q))
+            if need_k:
+                gk = torch.mul(torch.bmm(a, qp).view(k.shape), cc.neg(), out=torch.empty_like(k))
+            if need_c:
+                gc = (ak * qp).sum((-2, -1)).mul_(1.0 / ctx.rho)
+        gv = gv.view(v.shape) if need_v else None
+        return gq, gk, gc, gv, None, None, None, None, None
 
 
-def osa_skew_transpose(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``Sᵀ = c (k qᵀ − q kᵀ)`` for 3-D ``q, k (b, N, r)`` and ``c (b,)``: two products whose
-    operands are stored the way the BLAS reads them (the scale on the N×r factors, the
-    transposes of the N×r factors copied), so no N×N matrix is read transposed or rescaled.
-    Skew up to rounding of the two products."""
-    c3 = c.to(q.dtype)[:, None, None]
-    st = torch.bmm(k * c3, q.mT.contiguous())
-    return st.baddbmm_(q * c3, k.mT.contiguous(), alpha=-1.0)
+def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (…, a, b), in any layout, times ``scale`` when given, as a contiguous (B, a, b)
+    tensor: one pass, whatever the strides (a transposed or head-split view included); a view of
+    ``x`` when it is contiguous already and there is no scale."""
+    if scale is None and x.is_contiguous():
+        return x.view(-1, *x.shape[-2:])
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if scale is None:
+        out.copy_(x)
+    else:
+        torch.mul(x, scale, out=out)
+    return out.view(-1, *x.shape[-2:])
+
+
+def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Sᵀ, q, k)`` for ``q, k (*batch, N, r)`` in any layout and ``c`` flattened ``(B,)``:
+    ``Sᵀ = k (c q)ᵀ − q (c k)ᵀ`` (B, N, N) by two products whose operands are packed the way the
+    BLAS reads them (``q, k`` as (B, N, r), kept for the backward; the scale on the packed
+    r×N transposes), so no N×N matrix is read transposed or rescaled. Skew up to rounding of the
+    two products."""
+    c4 = c.to(q.dtype).view(*q.shape[:-2], 1, 1)
+    qp, kp = _packed(q), _packed(k)
+    st = torch.bmm(kp, _packed(q.mT, c4))
+    return st.baddbmm_(qp, _packed(k.mT, c4), alpha=-1.0), qp, kp
 
 
 def chebyshev_action(
@@ -256,19 +301,26 @@ def chebyshev_action_reference(s: torch.Tensor, v: torch.Tensor, rho: float, deg
     return y
 
 
-def osa_chebyshev_action(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+def osa_chebyshev_action(
+    q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor, *, norms: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
     """``exp(c (q kᵀ − k qᵀ)) V`` by :func:`chebyshev_action` with the backward fused down to
-    ``q, k, c`` (:class:`_OSAChebyshevAction`); 3-D ``q, k (b, N, r)``, ``c (b,)``, ``V (b, N, d)``.
-    ``None`` when ``‖S‖₂``'s bound needs more than ``ACTION_MAX_DEGREE`` terms or under torch.func
-    transforms / forward-mode AD (the caller's general path handles those)."""
+    ``q, k, c`` (:class:`_OSAChebyshevAction`): ``q, k (*batch, N, r)`` and ``V (*batch, N, d)``
+    with the same leading dims, in any layout (head-split views included; the result takes V's
+    layout), ``c`` one value per matrix, ``(*batch)`` or flattened ``(B,)``. ``None`` when
+    ``‖S‖₂``'s bound needs more than ``ACTION_MAX_DEGREE`` terms or under torch.func transforms /
+    forward-mode AD (the caller's general path handles those). ``norms=True`` returns
+    ``(y, (Σ y², Σ V²))`` per matrix, float64, for :mod:`osa_lab.ops.output_check`."""
     if under_transform(q, k, c, v):
         return None
+    c = c.reshape(-1)
     with torch.no_grad():
-        st = osa_skew_transpose(q, k, c)
+        st, qp, kp = _osa_skew_factors(q, k, c)
         # ‖Sᵀ‖₂ = ‖S‖₂; S² in the first of the pair of buffers the backward takes too
         bound = skew_spectral_bound(st, ACTION_SCRATCH.take(st, 2)[0])
         rho = float(bound.max()) if bound.numel() else 0.0
     degree = chebyshev_degree(rho, v.dtype)
     if degree is None:
         return None
-    return _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, st, max(rho, 1e-30), degree)
+    y, y_norm, v_norm = _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, st, qp, kp, max(rho, 1e-30), degree)
+    return (y, (y_norm.double() ** 2, v_norm.double() ** 2)) if norms else y
