@@ -16,9 +16,9 @@ with N(0, 1) token entries and one α for every head (``--alpha``; the default p
 at N = 49, the size trained networks reach, docs/training.md). It reports the bound ``rho`` of
 ``‖S‖₂`` and the degree the action plans from it, and counts the ATen operations each call
 dispatches (``TorchDispatchMode``, forward and backward).
-The first row minus the second is what the head split and merge cost (copies between the
-layer's (batch, N, heads, r) memory and (batch·heads, N, r), their autograd nodes); the second
-minus the third what ``osa()`` itself adds (validation, α's chain, the output check).
+The first row minus the second is what the layer's head-split layout costs (the action's
+packing passes read strided memory, the views' autograd nodes); the second minus the third what
+``osa()`` itself adds (validation, α's chain, the output check's drift).
 
     .venv/bin/python benchmarks/osa_call_overhead.py --sizes 20 49 --repeat 40
 
