@@ -340,6 +340,20 @@ def test_osa_on_head_split_views_matches_dense_float64_and_keeps_the_layers_layo
         assert rel_err(got.grad, want.grad) <= 10 * tol
 
 
+def test_fused_osa_action_returns_the_output_checks_norms():
+    """``norms=True``: the squared norms of every output and input matrix, as the two norm
+    passes of the output check would give them, from the action's packed data."""
+    g = torch.Generator().manual_seed(4)
+    tokens = [torch.randn(3, 20, 32, generator=g) for _ in range(3)]
+    q, k, v = (_head_split(t, 2) for t in tokens)
+    c = torch.full((3, 2), 0.03)
+    y, (y_sq, v_sq) = expm.osa_chebyshev_action(q, k, c, v, norms=True)
+    assert y_sq.dtype == v_sq.dtype == torch.float64 and y_sq.shape == v_sq.shape == (6,)
+    torch.testing.assert_close(y_sq, y.double().square().sum((-2, -1)).reshape(-1), rtol=1e-5, atol=0)
+    torch.testing.assert_close(v_sq, v.double().square().sum((-2, -1)).reshape(-1), rtol=1e-5, atol=0)
+    assert torch.equal(y, expm.osa_chebyshev_action(q, k, c, v))
+
+
 def test_fused_osa_action_on_strided_views_gradcheck_and_second_order():
     """The fused action on head-split views, by finite differences to first and second order
     (the second through its plain-operation reference)."""
