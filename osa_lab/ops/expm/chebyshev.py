@@ -183,8 +183,8 @@ class _OSAChebyshevAction(torch.autograd.Function):
     (batch, N, heads·d) memory, ``y.transpose(1, 2).reshape(batch, N, heads·d)`` is then a view.
     Between the caller's layout and the recurrence's packed one there are no copies beyond the
     passes the recurrence makes anyway (``q``, ``k``, ``(c·q)ᵀ``, ``(c·k)ᵀ``, ``Vᵀ``, the result
-    and the gradients); none of the backward's passes reads transposed memory, which costs
-    2–3× a plain pass on the CPU.
+    and the gradients); apart from ``A``'s ``gx − gxᵀ``, none of the backward's passes reads
+    transposed memory, which costs 2–3× a plain pass on the CPU.
 
     Also returns the output check's per-matrix norms ``‖y_b‖, ‖V_b‖`` (not differentiable),
     reduced from the packed ``yᵀ, Vᵀ``: a strided reduction over a head-split view costs several
