@@ -169,20 +169,20 @@ class _ChebyshevAction(torch.autograd.Function):
 
 
 class _OSAChebyshevAction(torch.autograd.Function):
-    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``Sᵀ`` and ``q, k`` packed
-    (B, N, r), formed by the caller without autograd (:func:`_osa_skew_factors`); ``q, k
+    """``exp(S) V`` for the OSA matrix ``S = c (q kᵀ − k qᵀ)`` given ``Sᵀ`` and ``U = [k q]``
+    packed (B, N, 2r), formed by the caller without autograd (:func:`_osa_skew_factors`); ``q, k
     (*batch, N, r)`` and ``V (*batch, N, d)`` in any layout, ``c`` one value per matrix,
     flattened to ``(B,)``.
 
     The backward goes straight to ``q``, ``k``, ``c``, ``V``: with ``A = ∂L/∂S − (∂L/∂S)ᵀ``:
     ``∂L/∂q = c A k``, ``∂L/∂k = −c A q`` and ``∂L/∂c = ⟨∂L/∂S, q kᵀ − k qᵀ⟩ = ½⟨A, q kᵀ − k qᵀ⟩
-    = ⟨A k, q⟩`` (``A`` is skew), a by-product of ``∂L/∂q``'s product; the gradients are
-    written straight into q's and k's layout.
+    = ⟨A k, q⟩`` (``A`` is skew), a by-product of ``∂L/∂q``'s product; ``A U = [A k  A q]`` is
+    one product, and the gradients are written straight into q's and k's layout.
 
     The output takes V's layout (``torch.empty_like``): for a layer's head-split views of
     (batch, N, heads·d) memory, ``y.transpose(1, 2).reshape(batch, N, heads·d)`` is then a view.
     Between the caller's layout and the recurrence's packed one there are no copies beyond the
-    passes the recurrence makes anyway (``q``, ``k``, ``(c·q)ᵀ``, ``(c·k)ᵀ``, ``Vᵀ``, the result
+    passes the recurrence makes anyway (``U``, ``(c·q)ᵀ``, ``(c·k)ᵀ``, ``Vᵀ``, the result
     and the gradients); apart from ``A``'s ``gx − gxᵀ``, none of the backward's passes reads
     transposed memory, which costs 2–3× a plain pass on the CPU.
 
@@ -192,7 +192,7 @@ class _OSAChebyshevAction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, c, v, st, qp, kp, rho: float, degree: int):  # noqa: D102
+    def forward(ctx, q, k, c, v, st, u, rho: float, degree: int):  # noqa: D102
         coef = chebyshev_coefficients(rho, degree)
         zt = _packed(v.mT)
         yt, zs = _chebyshev_forward(st, zt, coef, 1.0 / rho)  # Xᵀ = Sᵀ/ρ, the 1/ρ on the products
@@ -202,13 +202,13 @@ class _OSAChebyshevAction(torch.autograd.Function):
         y_norm, v_norm = (torch.linalg.vector_norm(t, dim=(-2, -1), dtype=acc) for t in (yt, zt))
         ctx.mark_non_differentiable(y_norm, v_norm)
         ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
-        ctx.save_for_backward(q, k, c, v, st, qp, kp, *zs)
+        ctx.save_for_backward(q, k, c, v, st, u, *zs)
         return y, y_norm, v_norm
 
     @staticmethod
     @autocast_off_backward
     def backward(ctx, g, _y_norm, _v_norm):  # noqa: D102
-        q, k, c, v, st, qp, kp, *zs = ctx.saved_tensors
+        q, k, c, v, st, u, *zs = ctx.saved_tensors
         need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
 
@@ -218,7 +218,7 @@ class _OSAChebyshevAction(torch.autograd.Function):
                 return chebyshev_action_reference(s, v_, ctx.rho, ctx.degree + 2)
 
             grads = composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g)
-            return (*grads, None, None, None, None, None)
+            return (*grads, None, None, None, None)
         need_x = need_q or need_k or need_c
         gx_out, a_out = ACTION_SCRATCH.take(st, 2) if need_x else (None, None)
         gx, gv = _chebyshev_backward(st, zs, ctx.coef, g.reshape(-1, *v.shape[-2:]), need_x, 1.0 / ctx.rho, gx_out)
@@ -226,15 +226,17 @@ class _OSAChebyshevAction(torch.autograd.Function):
         if gx is not None:
             a = torch.sub(gx, gx.mT, out=a_out)  # ρ·A, A = ∂L/∂S − (∂L/∂S)ᵀ (∂L/∂S = ∂L/∂X / ρ; 1/ρ folded in below)
             cc = (c / ctx.rho).view(*q.shape[:-2], 1, 1)
-            ak = torch.bmm(a, kp) if need_q or need_c else None
+            r = q.shape[-1]
+            au = torch.bmm(a, u)  # [A k  A q] (times ρ)
+            ak = au[..., :r]
             if need_q:
                 gq = torch.mul(ak.view(q.shape), cc, out=torch.empty_like(q))
             if need_k:
-                gk = torch.mul(torch.bmm(a, qp).view(k.shape), cc.neg(), out=torch.empty_like(k))
+                gk = torch.mul(au[..., r:].view(k.shape), cc.neg(), out=torch.empty_like(k))
             if need_c:
-                gc = (ak * qp).sum((-2, -1)).mul_(1.0 / ctx.rho)
+                gc = (ak * u[..., r:]).sum((-2, -1)).mul_(1.0 / ctx.rho)
         gv = gv.view(v.shape) if need_v else None
-        return gq, gk, gc, gv, None, None, None, None, None
+        return gq, gk, gc, gv, None, None, None, None
 
 
 def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -252,15 +254,23 @@ def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(Sᵀ, q, k)`` for ``q, k (*batch, N, r)`` in any layout and ``c`` flattened ``(B,)``:
-    ``Sᵀ = k (c q)ᵀ − q (c k)ᵀ`` (B, N, N) by two products whose operands are packed the way the
-    BLAS reads them (``q, k`` as (B, N, r), kept for the backward; the scale on the packed
-    r×N transposes), so no N×N matrix is read transposed or rescaled. Skew up to rounding of the
-    two products."""
-    c4 = c.to(q.dtype).view(*q.shape[:-2], 1, 1)
-    qp, kp = _packed(q), _packed(k)
-    st = torch.bmm(kp, _packed(q.mT, c4))
-    return st.baddbmm_(qp, _packed(k.mT, c4), alpha=-1.0), qp, kp
+    """``(Sᵀ, U)`` for ``q, k (*batch, N, r)`` in any layout and ``c`` flattened ``(B,)``:
+    ``Sᵀ = U W`` (B, N, N) with ``U = [k q]`` (B, N, 2r, kept for the backward) and
+    ``W = [c qᵀ; −c kᵀ]`` (B, 2r, N), the low-rank form of the OSA matrix (docs/design.md §1):
+    one product whose operands are packed the way the BLAS reads them, each half in one pass
+    from the caller's layout, so no N×N matrix is read transposed or rescaled. Skew up to the
+    product's rounding."""
+    n, r = q.shape[-2:]
+    batch = q.shape[:-2]
+    c4 = c.to(q.dtype).view(*batch, 1, 1)
+    u = torch.empty(*batch, n, 2 * r, dtype=q.dtype, device=q.device)
+    u[..., :r].copy_(k)
+    u[..., r:].copy_(q)
+    w = torch.empty(*batch, 2 * r, n, dtype=q.dtype, device=q.device)
+    torch.mul(q.mT, c4, out=w[..., :r, :])
+    torch.mul(k.mT, c4.neg(), out=w[..., r:, :])
+    u, w = u.view(-1, n, 2 * r), w.view(-1, 2 * r, n)
+    return torch.bmm(u, w), u
 
 
 def chebyshev_action(
@@ -315,12 +325,12 @@ def osa_chebyshev_action(
         return None
     c = c.reshape(-1)
     with torch.no_grad():
-        st, qp, kp = _osa_skew_factors(q, k, c)
+        st, u = _osa_skew_factors(q, k, c)
         # ‖Sᵀ‖₂ = ‖S‖₂; S² in the first of the pair of buffers the backward takes too
         bound = skew_spectral_bound(st, ACTION_SCRATCH.take(st, 2)[0])
         rho = float(bound.max()) if bound.numel() else 0.0
     degree = chebyshev_degree(rho, v.dtype)
     if degree is None:
         return None
-    y, y_norm, v_norm = _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, st, qp, kp, max(rho, 1e-30), degree)
+    y, y_norm, v_norm = _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, st, u, max(rho, 1e-30), degree)
     return (y, (y_norm.double() ** 2, v_norm.double() ** 2)) if norms else y
