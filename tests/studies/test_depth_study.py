@@ -344,9 +344,31 @@ def test_the_kappa_sentence_follows_the_sign_and_the_test():
 
 
 def test_the_finding_names_the_state_the_gate_and_the_claims(tmp_path):
-    for s in range(2):
-        _write_run(tmp_path, "skipless-osa", s, 0.85 + 0.01 * s)
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85 + 0.01 * (s % 2))
         _write_run(tmp_path, "vit", s, 0.80)
+    _write_run(tmp_path, "skipless-ssa", 0, 0.70)
+    _write_run(tmp_path, "skipless-ssa", 1, 0.71)
     line = report.summarise(tmp_path, _spec(), write=False)["finding"]
-    assert line.startswith("Depth study (partial, 4 of 16 final runs); baselines' gate not measured")
+    assert line.startswith("Depth study (partial, 10 of 16 final runs); baselines' gate not measured")
     assert "vit at depth 4: refuted" in line and line.endswith("no conclusion drawn.")  # 5.5 points apart: not within ±2
+    assert "skipless-ssa at depth 4: waiting" in line  # 2 of its 4 seeds
+
+
+def test_a_claim_waits_untested_until_both_its_cells_are_complete(tmp_path):
+    """Two of four planned seeds: the difference so far is shown, but no p, no Holm slot and no
+    verdict (a 'shown' from a partial cell would be a look before the planned sample is in)."""
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85 + 0.001 * s)
+        _write_run(tmp_path, "vit", s, 0.80 + 0.002 * s)
+    for s in range(2):
+        _write_run(tmp_path, "skipless-ssa", s, 0.60 + 0.01 * s)
+    out = report.summarise(tmp_path, _spec(), write=False)
+    claims = out["claims"].set_index("other")
+    waiting = claims.loc["skipless-ssa"]
+    assert waiting["verdict"] == "waiting" and waiting["n"] == 2 and math.isnan(waiting["p"]) and math.isnan(waiting["p_holm"])
+    assert waiting["diff_mean"] == pytest.approx(0.85 + 0.0005 - 0.605)
+    tested = claims.loc["vit"]
+    assert tested["verdict"] in ("shown", "refuted", "inconclusive") and tested["p_holm"] == pytest.approx(tested["p"])  # a family of one
+    line = next(x for x in out["verdict"].splitlines() if "softmax attention" in x and "depth 4" in x)
+    assert "**waiting** for its cells' 4 planned seeds" in line and "+24.6 points over 2 seeds" in line and "p =" not in line

@@ -142,15 +142,23 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
 
 
 def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd.DataFrame:
-    """Every claim × depth with ≥ 2 paired seeds: mean difference, interval, p, Holm-adjusted p, verdict."""
+    """Every claim × depth with ≥ 2 paired seeds: mean difference, interval, p, Holm-adjusted p, verdict.
+
+    A claim is tested only once both of its cells have all their planned final runs: until then
+    its row has the verdict ``"waiting"``, the paired difference so far and no p (a "shown" from
+    two of four seeds would be a look at the data before the planned sample is in). Holm runs
+    over the tested claims.
+    """
     ok = runs[runs["status"] == "ok"]
     acc = ok.pivot_table(index=["depth", "seed"], columns="preset", values="test_accuracy")
+    finished = runs.groupby(["preset", "depth"]).size()
     rows = []
     depths = sorted({d for _, ds in spec.cells for d in ds})
     for depth in depths:
         if depth not in acc.index.get_level_values(0):
             continue
         at = acc.loc[depth]
+        planned = len(spec.final_seeds(depth))
         for other, kind, text in CLAIMS:
             if REFERENCE not in at or other not in at:
                 continue
@@ -158,6 +166,11 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
             if len(d) < 2:
                 continue
             m, s = float(d.mean()), float(d.std(ddof=1))
+            if min(finished.get((REFERENCE, depth), 0), finished.get((other, depth), 0)) < planned:
+                rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
+                             "diff_std": s, "ci_low": math.nan, "ci_high": math.nan, "ci_level": math.nan,
+                             "p": math.nan, "p_reverse": math.nan, "planned": planned})  # fmt: skip
+                continue
             if kind == "equivalence":
                 p, p_rev = stats.tost(d, spec.equivalence_margin), math.nan
                 lo, hi = stats.mean_interval(d, 1 - 2 * alpha)
@@ -166,18 +179,24 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
                 lo, hi = stats.mean_interval(d, 0.95)
             rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
                          "diff_std": s, "ci_low": lo, "ci_high": hi,
-                         "ci_level": 1 - 2 * alpha if kind == "equivalence" else 0.95, "p": p, "p_reverse": p_rev})  # fmt: skip
+                         "ci_level": 1 - 2 * alpha if kind == "equivalence" else 0.95, "p": p, "p_reverse": p_rev,
+                         "planned": planned})  # fmt: skip
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    adjusted = stats.holm(list(df["p"]) + list(df["p_reverse"].dropna()))
-    df["p_holm"] = adjusted[: len(df)]
-    rev = iter(adjusted[len(df) :])
-    df["p_reverse_holm"] = [next(rev) if not math.isnan(v) else math.nan for v in df["p_reverse"]]
+    tested = df["p"].notna()
+    adjusted = stats.holm(list(df.loc[tested, "p"]) + list(df.loc[tested, "p_reverse"].dropna()))
+    n_tested = int(tested.sum())
+    holm = iter(adjusted[:n_tested])
+    rev = iter(adjusted[n_tested:])
+    df["p_holm"] = [next(holm) if t else math.nan for t in tested]
+    df["p_reverse_holm"] = [next(rev) if t and not math.isnan(v) else math.nan for t, v in zip(tested, df["p_reverse"], strict=True)]
     verdicts, needed = [], []
     margin = spec.equivalence_margin
     for _, r in df.iterrows():
-        if r["p_holm"] < alpha:
+        if math.isnan(r["p"]):
+            verdicts.append("waiting")
+        elif r["p_holm"] < alpha:
             verdicts.append("shown")
         elif r["kind"] == "equivalence" and (r["ci_low"] > margin or r["ci_high"] < -margin):
             verdicts.append("refuted")
@@ -186,7 +205,7 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
         else:
             verdicts.append("inconclusive")
         needed.append(stats.seeds_needed(r["diff_mean"], r["diff_std"], kind=r["kind"], margin=margin,
-                                         alpha=alpha / len(df)) if verdicts[-1] == "inconclusive" else math.nan)  # fmt: skip
+                                         alpha=alpha / n_tested) if verdicts[-1] == "inconclusive" else math.nan)  # fmt: skip
     df["verdict"], df["seeds_needed"] = verdicts, needed
     return df
 
@@ -242,10 +261,15 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
                      f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
-    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested)", ""]
+    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested; a claim "
+              "is tested once both its cells are complete)", ""]  # fmt: skip
     if claims.empty:
         lines.append("* no claim has two paired seeds yet")
     for r in claims.itertuples():
+        if r.verdict == "waiting":
+            lines.append(f"* depth {r.depth}: {r.claim}: **waiting** for its cells' {r.planned} planned seeds "
+                         f"(untested; paired difference so far {r.diff_mean * 100:+.1f} points over {r.n} seeds)")  # fmt: skip
+            continue
         extra = "" if not math.isfinite(r.seeds_needed) else f"; ≈ {r.seeds_needed:.0f} seeds would be needed"
         if r.verdict == "inconclusive" and math.isinf(r.seeds_needed):
             extra = "; no number of seeds would show it if the observed mean were the truth"
