@@ -96,7 +96,7 @@ def relative_drift(y_sq: torch.Tensor, v_sq: torch.Tensor, delta: torch.Tensor |
     """``max_b |‖y_b‖ − ‖v_b‖| / ‖v_b‖`` from the squared norms (float64, on the device); NaN or
     Inf where a norm is non-finite. ``delta`` (``‖y_b‖² − ‖v_b‖²`` computed directly) avoids
     the cancellation of ``y_sq − v_sq``."""
-    y_sq, v_sq = y_sq.double(), v_sq.double()
+    y_sq, v_sq = y_sq.detach().double(), v_sq.detach().double()  # a check, not part of the graph
     if not y_sq.numel():
         return y_sq.new_zeros(())
     tiny = torch.finfo(torch.float64).tiny
@@ -105,7 +105,7 @@ def relative_drift(y_sq: torch.Tensor, v_sq: torch.Tensor, delta: torch.Tensor |
         # an Inf Σ v² against a finite Σ y² only by the isfinite test below)
         drift = (y_sq / v_sq.clamp_min(tiny)).sqrt_().sub_(1).abs_().amax()
         return torch.where(torch.isfinite(v_sq).all(), drift, math.inf)
-    ratio = delta.double() / v_sq.clamp_min(tiny)
+    ratio = delta.detach().double() / v_sq.clamp_min(tiny)
     drift = (ratio.clamp_min(-1.0) + 1).sqrt() - 1
     drift = torch.where(torch.isfinite(y_sq) & torch.isfinite(v_sq), drift.abs(), math.inf)
     return drift.amax()
