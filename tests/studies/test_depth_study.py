@@ -220,6 +220,21 @@ def test_a_kappa_beyond_float64_is_named_so_not_quoted(tmp_path):
     assert vit.endswith("κ at init 35)")
 
 
+def test_seeds_that_never_reach_90_percent_are_counted_beside_the_median(tmp_path):
+    """A seed stuck at chance keeps status ok (its loss stays finite); the steps-to-90 % median
+    is over the seeds that got there, and the line says how many did."""
+    for s in range(4):
+        _write_run(tmp_path, "vit", s, 0.85)
+    path = tmp_path / "final" / "vit-d4-lr0.01-am1-s3.json"
+    run = json.loads(path.read_text())
+    run.update(steps_to_90=None, test_accuracy=0.10, train_accuracy=0.10)
+    path.write_text(json.dumps(run))
+    text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
+    vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
+    assert "(4 of 4 seeds, 0 diverged;" in vit
+    assert "steps to 90 % train acc. 180 (median of the 3 of 4 seeds that reached it)" in vit
+
+
 def test_a_failed_gate_draws_no_conclusion(tmp_path):
     for s in range(4):
         for p, acc in (("skipless-osa", 0.9), ("vit", 0.7), ("skipless-ssa", 0.6), ("mlp", 0.40)):

@@ -260,6 +260,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
                      f"{_pct(r.ci_high)}] ({r.finished - r.diverged} of {r.planned} seeds, {r.diverged} diverged; "
                      f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
+                     + (f" (median of the {r.reached_90} of {r.finished - r.diverged} seeds that reached it)"
+                        if 0 < r.reached_90 < r.finished - r.diverged else "")
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
     lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested; a claim "
               "is tested once both its cells are complete)", ""]  # fmt: skip
