@@ -23,24 +23,21 @@ if not torch.cuda.is_available():
 # ------------------------------------------------------------------------------------------------
 
 
-def _torch_threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 @pytest.fixture
 def one_torch_thread():
     """torch on one intra-op thread for the test: the tests' matrices are small and extra threads
     only contend on a shared 2-core machine (QR up to 25× slower). Use it for a whole module with
     ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
-    yield from _torch_threads(1)
+    from osa_lab.studies.depth.sweeps import torch_threads  # after TRITON_INTERPRET is chosen above
+
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
 def one_torch_thread_per_module():
     """:func:`one_torch_thread` for a whole module, module-scoped fixtures included (training)."""
-    yield from _torch_threads(1)
+    from osa_lab.studies.depth.sweeps import torch_threads
+
+    with torch_threads(1):
+        yield

@@ -47,6 +47,16 @@ class ImageDataset:
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
 
+    @classmethod
+    def standardised(
+        cls, name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+        num_classes: int, info: dict,
+    ) -> ImageDataset:
+        """The data set of these arrays: images scaled by the training set's mean and std
+        (:func:`standardise`), labels as int64 tensors."""  # fmt: skip
+        x_tr, x_te = standardise(x_train, x_test)
+        return cls(name, x_tr, torch.from_numpy(y_train), x_te, torch.from_numpy(y_test), num_classes, info)
+
     @property
     def channels(self) -> int:
         return int(self.x_train.shape[1])

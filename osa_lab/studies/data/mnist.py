@@ -16,7 +16,6 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from osa_lab.errors import MissingDataError, OSAInputError
 from osa_lab.studies.data.dataset import (
@@ -25,7 +24,6 @@ from osa_lab.studies.data.dataset import (
     check_finite_inputs,
     check_labels,
     limit_samples,
-    standardise,
 )
 
 #: number of MNIST classes: every label must lie in 0–9
@@ -201,13 +199,12 @@ def load_mnist(
     y_tr, y_te = checked["train"], checked["test"]
     x_tr, y_tr = limit_samples(x_tr, y_tr, train_limit, limit_seed)
     x_te, y_te = limit_samples(x_te, y_te, test_limit, limit_seed)
-    x_tr_t, x_te_t = standardise(x_tr[:, None], x_te[:, None])
-    return ImageDataset(
+    return ImageDataset.standardised(
         "mnist",
-        x_tr_t,
-        torch.from_numpy(y_tr),
-        x_te_t,
-        torch.from_numpy(y_te),
+        x_tr[:, None],
+        y_tr,
+        x_te[:, None],
+        y_te,
         MNIST_CLASSES,
         {"source": source, "train_limit": train_limit, "test_limit": test_limit},
     )

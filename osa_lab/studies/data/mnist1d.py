@@ -16,11 +16,10 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from osa_lab.errors import DataCacheWarning, MissingDataError, OSAInputError, unknown_name
 from osa_lab.fileio import atomic_writer
-from osa_lab.studies.data.dataset import SPLIT_SEED, ImageDataset, limit_samples, standardise
+from osa_lab.studies.data.dataset import SPLIT_SEED, ImageDataset, limit_samples
 
 #: MNIST-1D variants (Greydanus & Kobak, "Scaling down deep learning with MNIST-1D", ICML 2024):
 #: overrides of the package's ``get_dataset_args()``. ``mnist1d`` is the standard 4,000 / 1,000
@@ -242,13 +241,12 @@ def load_mnist1d(
     x_tr, y_tr, x_te, y_te = arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"]
     y_tr, y_te = y_tr.astype(np.int64), y_te.astype(np.int64)
     x_tr, y_tr = limit_samples(x_tr, y_tr, train_limit, SPLIT_SEED)
-    x_tr_t, x_te_t = standardise(x_tr[:, None, :], x_te[:, None, :])
-    return ImageDataset(
+    return ImageDataset.standardised(
         variant,
-        x_tr_t,
-        torch.from_numpy(y_tr),
-        x_te_t,
-        torch.from_numpy(y_te),
+        x_tr[:, None, :],
+        y_tr,
+        x_te[:, None, :],
+        y_te,
         10,
         {
             "source": f"mnist1d {version} make_dataset (generated offline)",

@@ -8,10 +8,9 @@ training seed; ``"synthetic"``: class prototypes plus Gaussian noise, tiny and f
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from osa_lab.errors import OSAInputError
-from osa_lab.studies.data.dataset import SPLIT_SEED, ImageDataset, standardise
+from osa_lab.studies.data.dataset import SPLIT_SEED, ImageDataset
 
 
 def load_digits(test_fraction: float = 0.2, split_seed: int = SPLIT_SEED) -> ImageDataset:
@@ -31,13 +30,12 @@ def load_digits(test_fraction: float = 0.2, split_seed: int = SPLIT_SEED) -> Ima
     x_tr, x_te, y_tr, y_te = train_test_split(
         images, labels, test_size=test_fraction, random_state=split_seed, stratify=labels
     )
-    x_tr_t, x_te_t = standardise(x_tr, x_te)
-    return ImageDataset(
+    return ImageDataset.standardised(
         "digits",
-        x_tr_t,
-        torch.from_numpy(y_tr),
-        x_te_t,
-        torch.from_numpy(y_te),
+        x_tr,
+        y_tr,
+        x_te,
+        y_te,
         10,
         {"source": "sklearn.datasets.load_digits", "test_fraction": test_fraction, "split_seed": split_seed},
     )
@@ -68,13 +66,12 @@ def load_synthetic(
 
     x_tr, y_tr = draw(n_train)
     x_te, y_te = draw(n_test)
-    x_tr_t, x_te_t = standardise(x_tr, x_te)
-    return ImageDataset(
+    return ImageDataset.standardised(
         "synthetic",
-        x_tr_t,
-        torch.from_numpy(y_tr),
-        x_te_t,
-        torch.from_numpy(y_te),
+        x_tr,
+        y_tr,
+        x_te,
+        y_te,
         num_classes,
         {"source": "synthetic prototypes", "noise": noise, "seed": seed},
     )
