@@ -189,6 +189,75 @@ def test_scratch_limit_falls_back_to_fresh_buffers(monkeypatch):
     assert rel_err(expm.core_skew_exp(m), _scipy_expm(m)) <= 1e-13
 
 
+def _thp_mode() -> str | None:
+    """The kernel's transparent-huge-page mode (the bracketed word), None where it has none."""
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
+
+
+def test_fresh_output_has_the_requested_shape_dtype_and_layout():
+    like = torch.empty(4, 6, 3, dtype=torch.float64).transpose(0, 1)
+    out = expm.fresh_output(like)
+    assert out.shape == like.shape and out.dtype == like.dtype and out.is_contiguous()
+    assert expm.fresh_output(like, (2, 5)).shape == (2, 5)
+
+
+def test_huge_pages_are_not_advised_for_meta_or_small_tensors():
+    assert not expm.advise_huge_pages(torch.empty(8, 2**20, device="meta"))
+    assert not expm.advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page inside
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="the kernel has no transparent huge pages")
+def test_fresh_output_first_write_faults_huge_pages_not_small_ones():
+    """A 32 MiB fresh output faulted 8,193 times at 4 KiB per page (glibc maps blocks this size
+    from the kernel); with huge pages advised, the whole 2 MiB pages fault once each."""
+    import resource
+
+    like = torch.empty(8, 16384, 64)  # 32 MiB
+    assert like.numel() * like.element_size() >= expm.HUGE_PAGE_MIN_BYTES
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    out = expm.fresh_output(like)
+    out.fill_(1.0)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 8193 // 4, faults  # 4 KiB pages everywhere would be 8,193 (measured: 528)
+
+
+def test_gram_output_matches_its_definition():
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(2, 50, 3, generator=gen), torch.randn(2, 50, 4, generator=gen)
+    c, v = torch.randn(2, 7, 5, generator=gen), torch.randn(2, 50, 5, generator=gen)
+    ref = v.double() + a.double() @ c[:, :3].double() + b.double() @ c[:, 3:].double()
+    assert rel_err(expm.gram_output(a, b, c, v), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["all-kept", "one-dropped"])
+def test_gram_action_backward_gives_no_gradient_from_a_failed_factorisation(dropped):
+    """A matrix whose Cholesky factorisation failed gets no gradient from the Gram engine (its
+    result is not to be trusted); the others get exactly their float64 gradients."""
+    gen = torch.Generator().manual_seed(11)
+    a, b, v = (torch.randn(3, 40, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    if dropped:
+        b[1] = a[1]  # U = [a a] is rank deficient: the factorisation of G fails
+    j = expm.osa_skew_core(4, torch.full((3,), 0.3, dtype=torch.float64))
+    leaves = [x.clone().requires_grad_(True) for x in (a, b, v)]
+    y, est = expm.gram_action(*leaves[:2], j, leaves[2])
+    assert bool(torch.isinf(est[1])) == dropped
+    gy = torch.randn(y.shape, dtype=y.dtype, generator=gen)
+    grads = torch.autograd.grad(y, leaves, gy)
+    for i in range(3):
+        if dropped and i == 1:
+            assert all(torch.equal(g[1], torch.zeros_like(g[1])) for g in grads)
+            continue
+        refs = [x[i : i + 1].detach().clone().requires_grad_(True) for x in (a, b, v)]
+        y_ref = expm.osa_matrix(refs[0], refs[1], 0.3 * 2) @ refs[2]  # osa_matrix takes α, scale = α/√r
+        ref_grads = torch.autograd.grad(y_ref, refs, gy[i : i + 1])
+        for g, ref in zip(grads, ref_grads, strict=True):
+            assert rel_err(g[i : i + 1], ref) <= 1e-9
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocked Cholesky with its inverse
 # ---------------------------------------------------------------------------------------------

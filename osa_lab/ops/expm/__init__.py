@@ -106,12 +106,21 @@ from osa_lab.ops.expm.gram import (
     gram_core_parts,
     gram_core_with_norm,
     gram_engine,
+    gram_output,
     gram_trust_ratio,
     osa_skew_core,
     output_norm_change,
 )
 from osa_lab.ops.expm.qr import qr_action
-from osa_lab.ops.expm.scratch import ACTION_SCRATCH, SCRATCH, SCRATCH_LIMIT_BYTES, release_scratch
+from osa_lab.ops.expm.scratch import (
+    ACTION_SCRATCH,
+    HUGE_PAGE_MIN_BYTES,
+    SCRATCH,
+    SCRATCH_LIMIT_BYTES,
+    advise_huge_pages,
+    fresh_output,
+    release_scratch,
+)
 
 __all__ = [
     "ACTION_MAX_DEGREE",
@@ -125,11 +134,13 @@ __all__ = [
     "GRAM_TOLERANCE",
     "NORM_BOUND_SLACK",
     "ACTION_SCRATCH",
+    "HUGE_PAGE_MIN_BYTES",
     "SCRATCH",
     "SCRATCH_LIMIT_BYTES",
     "SHARED_SCALING_SPREAD",
     "SHORT_TAYLOR_MAX_PRODUCTS",
     "SPECTRAL_SLACK",
+    "advise_huge_pages",
     "any_row",
     "batch",
     "bessel_j_sequence",
@@ -152,6 +163,7 @@ __all__ = [
     "differentiable_plan",
     "dispatch",
     "float64_needed",
+    "fresh_output",
     "gram",
     "gram_action",
     "gram_action_reference",
@@ -160,6 +172,7 @@ __all__ = [
     "gram_core_parts",
     "gram_core_with_norm",
     "gram_engine",
+    "gram_output",
     "gram_trust_ratio",
     "is_orthogonal",
     "lowrank_action",

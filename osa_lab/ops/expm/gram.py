@@ -16,7 +16,7 @@ from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.expm.batch import any_row, composite_backward, concrete, under_transform
 from osa_lab.ops.expm.bounds import FLOAT64_NORM, float64_needed, spectral_norm_bound, spectral_refine_above
 from osa_lab.ops.expm.core import may_reuse, skew_exp, truncation_unit
-from osa_lab.ops.expm.scratch import SCRATCH
+from osa_lab.ops.expm.scratch import SCRATCH, fresh_output
 
 #: Error budget of the Gram engine: ``max(base, slope · ‖S‖)`` per dtype. The float32 budget is
 #: half the accuracy target (2e-6 while ‖S‖₂ ≤ 10, 1e-7·‖S‖₂ beyond); an estimate
@@ -244,6 +244,14 @@ def block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cat([aa, ab], -1), torch.cat([ab.mT, bb], -1)], -2)
 
 
+def gram_output(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The Gram engine's output pass ``Y = V + a C_a + b C_b`` (``C`` split by rows at ``a``'s width),
+    written into :func:`~osa_lab.ops.expm.scratch.fresh_output` (huge pages for large outputs)."""
+    ma = a.shape[-1]
+    y = torch.baddbmm(v, a, c[..., :ma, :], out=fresh_output(v, (*v.shape[:-1], c.shape[-1])))
+    return y.baddbmm_(b, c[..., ma:, :])
+
+
 class _GramAction(torch.autograd.Function):
     """``exp(U J Uᵀ) V`` by the Gram engine for ``U = [a b]``, with a backward linear in N.
 
@@ -258,14 +266,12 @@ class _GramAction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, j, v, replaced: bool, osa_core: bool):  # noqa: D102
-        ma = a.shape[-1]
         g = block_gram(a, b)
         p = torch.cat([a.mT @ v, b.mT @ v], -2)
         parts = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core, spectral_refine_above(v.dtype))
         chol_inv, e_minus_i, ok, (s_norm, cond, s_two) = parts
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
-        y = torch.baddbmm(v, a, c[:, :ma])
-        y.baddbmm_(b, c[:, ma:])
+        y = gram_output(a, b, c, v)
         # The trust rule (estimate over the dtype's budget): > 1 means "use the QR engine".
         v_norm = torch.linalg.vector_norm(v, dim=(-2, -1))
         est = gram_trust_ratio(g, c, v_norm, ok, s_norm, cond, v.dtype)
@@ -294,7 +300,8 @@ class _GramAction(torch.autograd.Function):
         # finite (a near-singular G would put inf·0 = NaN into the whole batch's gradient).
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
         g = torch.where(keep[..., None, None], g, eye)
-        gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
+        if not _all_kept_on_cpu(keep):  # (a token-sized copy of gY; on the CPU only where a row is dropped)
+            gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
         gc = torch.cat([a.mT @ gy, b.mT @ gy], -2)
         if need_j:
             gg, gp, (gj,) = gram_core_backward(lambda g_, j_: gram_core(g_, j_)[0], g, (j,), gc.double(), p.double())
@@ -307,7 +314,8 @@ class _GramAction(torch.autograd.Function):
         if need_a or need_b:
             # gU = U gGs + gY Cᵀ + V gPᵀ, one column block at a time.
             def grad_block(cols: slice) -> torch.Tensor:
-                out = a @ gg[:, :ma, cols]
+                width = gg[:, :, cols].shape[-1]
+                out = torch.bmm(a, gg[:, :ma, cols], out=fresh_output(a, (*a.shape[:-1], width)))
                 out.baddbmm_(b, gg[:, ma:, cols])
                 out.baddbmm_(gy, c[:, cols].mT)
                 return out.baddbmm_(v, gp[:, cols].mT)
@@ -315,9 +323,15 @@ class _GramAction(torch.autograd.Function):
             ga = grad_block(slice(0, ma)) if need_a else None
             gb = grad_block(slice(ma, None)) if need_b else None
         if need_v:
-            gv = torch.baddbmm(gy, a, gp[:, :ma])
+            gv = torch.baddbmm(gy, a, gp[:, :ma], out=fresh_output(v))
             gv.baddbmm_(b, gp[:, ma:])
         return ga, gb, gj, gv, None, None
+
+
+def _all_kept_on_cpu(keep: torch.Tensor) -> bool:
+    """True when ``keep`` is a CPU tensor of all True, read without cost there; False on other
+    devices (no host synchronisation) and while torch.compile traces."""
+    return keep.device.type == "cpu" and not torch.compiler.is_compiling() and bool(keep.all())
 
 
 def gram_action(
