@@ -1,6 +1,6 @@
 """Where the time of a low-rank OSA forward goes, stage by stage (table + CSV; no asserts).
 
-The Gram engine (``osa_lab.ops.expm.gram._GramAction``) at the issue-2 benchmark shapes: r = d_v = 64,
+The Gram engine (``osa_lab.ops.expm.gram._GramAction``) at the core benchmark's shapes: r = d_v = 64,
 float32, α = 0.5. Stages: the Gram products ``UᵀU`` (3 products), ``UᵀV`` (2), the float64
 2r × 2r core (Cholesky and inverse, ``M``, ``exp(M)``), ``C = L⁻ᵀ(e^M − I)L⁻¹P`` and the output
 ``V + q C_q + k C_k``. Also the core exponential alone against ``torch.linalg.matrix_exp`` and
@@ -81,7 +81,7 @@ def _blocked_gram_projection(a, b, v, block: int):
 
 
 def variants(n: int, rounds: int) -> list[dict]:
-    """Issue-16 ideas timed interleaved against the current code (ms; no asserts)."""
+    """Alternative designs timed interleaved against the current code (ms, and minor page faults per call)."""
     bh, r = heads_for(n), 64
     gen = torch.Generator().manual_seed(0)
     a, b, v = (torch.randn(bh, n, r, generator=gen) for _ in range(3))
@@ -98,15 +98,31 @@ def variants(n: int, rounds: int) -> list[dict]:
         "Gram/projection: cat [q k v] + one product": cat_single,
         "Gram/projection: blocked 256 tokens": lambda: _blocked_gram_projection(a, b, v, 256),
         "Gram/projection: blocked 1024 tokens": lambda: _blocked_gram_projection(a, b, v, 1024),
-        "output: fresh result (current)": lambda: torch.baddbmm(v, a, c[:, :r]).baddbmm_(b, c[:, r:]),
+        "output: gram_output, huge-page fresh result (current)": lambda: expm.gram_output(a, b, c, v),
+        "output: plain fresh result": lambda: torch.baddbmm(v, a, c[:, :r]).baddbmm_(b, c[:, r:]),
         "output: out= reused buffer": lambda: torch.baddbmm(v, a, c[:, :r], out=out).baddbmm_(b, c[:, r:]),
         "fresh zeroed tensor like v (page faults)": lambda: torch.zeros_like(v),
+        "fresh_output like v, zeroed (huge pages)": lambda: expm.fresh_output(v).zero_(),
         "whole forward: gram_action": lambda: expm.gram_action(a, b, j, v, replaced=True, osa_core=True),
         "whole forward: osa(method=auto)": lambda: osa(a, b, v, ALPHA),
     }
     with torch.no_grad():
         t = time_interleaved(fns, repeat=rounds)
-    return [{"N": n, "bh": bh, "variant": name, "ms": 1e3 * sec} for name, sec in t.items()]
+        faults = {name: minor_faults_per_call(fn) for name, fn in fns.items()}
+    return [{"N": n, "bh": bh, "variant": name, "ms": 1e3 * sec, "page_faults": faults[name]} for name, sec in t.items()]
+
+
+def minor_faults_per_call(fn, calls: int = 3) -> float:
+    """Minor page faults per call of ``fn`` (after one warm-up call), NaN where ``resource`` is missing."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return float("nan")
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
 def main() -> None:
@@ -115,12 +131,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--output", default="benchmarks/results/core_breakdown.csv")
     parser.add_argument("--variants", action="store_true",
-                        help="time the issue-16 ideas (blocked Gram pass, out= output) instead of the stages")
+                        help="time alternative designs (blocked Gram pass, output memory) instead of the stages")
     args = parser.parse_args()
     print(machine_info())
     if args.variants:
         rows = [row for n in args.sizes for row in variants(n, args.rounds)]
-        emit_table(rows, args.output.replace(".csv", "_variants.csv"), title="issue-16 variants (ms, interleaved)")
+        emit_table(rows, args.output.replace(".csv", "_variants.csv"), title="alternative designs (ms, interleaved; page faults per call)")
         return
     rows = [row for n in args.sizes for row in stages(n, args.rounds)]
     emit_table(rows, args.output, title="low-rank OSA forward by stage (ms; products_2r = multiples of one 2r×2r float64 product)")

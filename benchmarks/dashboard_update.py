@@ -89,8 +89,7 @@ def in_process(dash, presets: list[str], repeat: int) -> list[dict]:
     for _ in range(repeat):
         dash.clear()
         # Each round starts at a third depth: a round ending on depths[1] must not make the next
-        # round's first setting a no-op (which left that round's "cached" update uncached: the
-        # revisit figures before 2026-12-01 04:45 UTC were medians over such rounds).
+        # round's first setting a no-op (which left that round's "cached" update uncached).
         update(depths[0] + 1)
         update(depths[1])  # computed now (uncached), revisited below
         uncached.append(update(depths[0]))

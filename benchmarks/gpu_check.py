@@ -1,4 +1,4 @@
-"""GPU check of the Triton OSA kernels (issues 6, 18): one prepared script, < 4 minutes on an H200.
+"""GPU check of the Triton OSA kernels: one prepared script, < 4 minutes on an H200.
 
     python benchmarks/gpu_check.py                          # GPU; results in $OUT or bench_results/
     python benchmarks/gpu_check.py --cache-dir DIR          # GPU, starting from a prebuilt Triton cache

@@ -511,7 +511,7 @@ def test_functions_stay_short_or_are_listed_with_a_ceiling():
 
 
 #: an issue or pull-request number, or a date: history, which lives in git log and CHANGELOG.md
-_HISTORY = re.compile(r"\b[Ii]ssues? #?\d+\b|\b(?:PR|pull request) #?\d+\b|\b20\d\d-[01]\d-[0-3]\d\b")
+_HISTORY = re.compile(r"\b[Ii]ssues?[ -]#?\d+\b|\b(?:PR|pull request) #?\d+\b|\b20\d\d-[01]\d-[0-3]\d\b")
 
 
 def history_mentions(text: str) -> list[str]:
@@ -521,7 +521,8 @@ def history_mentions(text: str) -> list[str]:
 
 @pytest.mark.parametrize("text, expected", [
     ("# fixed in issue 13", ["issue 13"]), ("(Issue 11 item 8)", ["Issue 11"]), ("measured 2026-12-01", ["2026-12-01"]),
-    ("see PR #42", ["PR #42"]), ("an issue with 3 layers", []), ("version 2.13.0", []),
+    ("see PR #42", ["PR #42"]), ("the issue-16 ideas", ["issue-16"]), ("an issue with 3 layers", []),
+    ("version 2.13.0", []),
 ])  # fmt: skip
 def test_the_history_scan_catches_numbers_and_dates(text, expected):
     assert history_mentions(text) == expected
@@ -530,7 +531,8 @@ def test_the_history_scan_catches_numbers_and_dates(text, expected):
 def test_package_and_test_sources_speak_of_the_code_not_of_its_history():
     this = Path(__file__).resolve()
     found = [f"{path.relative_to(ROOT)}: {hit}"
-             for folder in (PACKAGE, ROOT / "tests") for path in sorted(folder.rglob("*.py")) if path.resolve() != this
+             for folder in (PACKAGE, ROOT / "tests", ROOT / "benchmarks", ROOT / "dashboards", ROOT / "notebooks")
+             for path in sorted(folder.rglob("*.py")) if path.resolve() != this
              for hit in history_mentions(path.read_text(encoding="utf-8"))]  # fmt: skip
     assert found == []
 

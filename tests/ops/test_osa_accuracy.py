@@ -325,7 +325,7 @@ def test_float64_recompute_follows_the_spectral_norm(method, monkeypatch):
     float32 loses ≈ eps₃₂·‖S‖₂ and ‖S‖_F is up to √(2r)·‖S‖₂: the core benchmark row (N = 16384,
     r = 64, α = 0.5: ‖S‖_F ≈ 11,600, ‖S‖₂ ≈ 1,150) ran on the float64 path. Now ‖S‖₂ decides:
     head 0 (‖S‖_F = 1.5e4, ‖S‖₂ ≈ 2.3e3) stays in float32, outputs and gradients within the
-    issue-2 budget 1e-7·‖S‖₂ (measured ≤ 1.7e-5 and ≤ 4.2e-5); head 1 (‖S‖₂ = 3e4) alone is recomputed."""
+    float32 accuracy budget 1e-7·‖S‖₂ (measured ≤ 1.7e-5 and ≤ 4.2e-5); head 1 (‖S‖₂ = 3e4) alone is recomputed."""
     q, k, v, alpha, two = _spectral_case()
     w = torch.randn(2, 512, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     leaves64 = [x.double().requires_grad_() for x in (q, k, v)]

@@ -191,7 +191,7 @@ def test_float64_fallback_follows_the_spectral_norm(monkeypatch):
     float32 loses only ≈ eps₃₂·‖S‖₂ and ‖S‖_F is up to √(2r)·‖S‖₂ (the N = 16384, α = 0.5
     benchmark inputs: ‖S‖_F ≈ 11,600, ‖S‖₂ ≈ 1,150). Head 0 here (N = 512, r = 64) has
     ‖S‖_F = 1.5e4 but ‖S‖₂ ≈ 2.3e3: it stays on the Triton passes with either core, within the
-    issue-2 budget 1e-7·‖S‖₂; head 1 (‖S‖₂ = 3e4) is recomputed in float64 (adaptive) or NaN (fixed)."""
+    float32 accuracy budget 1e-7·‖S‖₂; head 1 (‖S‖₂ = 3e4) is recomputed in float64 (adaptive) or NaN (fixed)."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 512, 64, generator=g) for _ in range(3))
 

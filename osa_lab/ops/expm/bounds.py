@@ -22,7 +22,7 @@ from osa_lab.ops.expm.batch import concrete, under_transform
 #: 0.6–4.6e-8 · ‖S‖₂, from ≤ 1.3e-6 at α = 1 to 5e-3–1.2e-2 at α = 1e4 and 0.45–0.76 at α = 1e6
 #: (‖S‖₂ ≈ 1e7–1e8), with no warning. Recomputed in float64 they are within 3e-8 up to
 #: ‖S‖₂ = 1e8 (float64 rounding ≈ 2e-16·‖S‖₂ adds to that), as ``method="dense"`` already was.
-#: Below this bound the float32 error stays ≲ 5e-4 and within the issue-2 budget ``1e-7·‖S‖₂``
+#: Below this bound the float32 error stays ≲ 5e-4 and within the float32 accuracy budget ``1e-7·‖S‖₂``
 #: (``GRAM_TOLERANCE``); trained layers sit at ‖S‖₂ of order 1–300, so the float32 speed is kept
 #: there. The rule is on the spectral norm, which the error follows, not on ``‖S‖_F`` (up to
 #: √(2r) times larger; nearly that for unit-variance q, k with N ≫ r, whose 2r singular values
