@@ -168,9 +168,15 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     It is never above ``‖D‖_F`` and was 1.2–1.9× below it for random ``q, k`` (the Frobenius
     bound counts every eigenvalue pair, this one mostly the largest): a degree or two fewer in
     :func:`chebyshev_degree` for the price of one N×N×N product (written into ``scratch``, a
-    contiguous tensor of ``d``'s shape and dtype, when given).
+    contiguous tensor of ``d``'s shape and dtype, when given). Where ``D²`` falls below the dtype's
+    normal range (‖D‖ ≲ 1e-19 in float32) its entries lose their digits and the squares of its
+    norm underflow; there ``‖D‖_F``, summed in float64, is the bound.
     """
-    return torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1)).sqrt_().mul_(1 + NORM_BOUND_SLACK)
+    d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1), dtype=torch.float64)
+    fro = torch.linalg.vector_norm(d, dim=(-2, -1), dtype=torch.float64)
+    underflow = d2_norm < torch.finfo(d.dtype).tiny * d.shape[-1] * 1e3
+    bound = torch.where(underflow, fro, d2_norm.sqrt())
+    return bound.mul_(1 + NORM_BOUND_SLACK).to(d.dtype)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:
