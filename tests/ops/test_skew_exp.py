@@ -231,6 +231,8 @@ def test_gram_output_matches_its_definition():
     c, v = torch.randn(2, 7, 5, generator=gen), torch.randn(2, 50, 5, generator=gen)
     ref = v.double() + a.double() @ c[:, :3].double() + b.double() @ c[:, 3:].double()
     assert rel_err(expm.gram_output(a, b, c, v), ref) <= 1e-6
+    leaves = [x.double().requires_grad_(True) for x in (a, b, c, v)]
+    assert torch.autograd.gradcheck(expm.gram_output, leaves)  # autograd's path where inputs need grad
 
 
 @pytest.mark.parametrize("dropped", [False, True], ids=["all-kept", "one-dropped"])
