@@ -13,7 +13,7 @@ import warnings
 import torch
 
 from osa_lab.errors import OSAAccuracyWarning
-from osa_lab.ops.expm.batch import concrete, under_transform
+from osa_lab.ops.expm.batch import any_row, concrete, under_transform
 
 #: ``‖S‖₂`` above which the low-rank engines recompute a float32 matrix in float64 and round only
 #: the result. The float32 engines lose ``≈ eps₃₂·‖S‖₂`` (rounding ``U``, ``G`` or ``R`` perturbs
@@ -168,15 +168,18 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     It is never above ``‖D‖_F`` and was 1.2–1.9× below it for random ``q, k`` (the Frobenius
     bound counts every eigenvalue pair, this one mostly the largest): a degree or two fewer in
     :func:`chebyshev_degree` for the price of one N×N×N product (written into ``scratch``, a
-    contiguous tensor of ``d``'s shape and dtype, when given). Where ``D²`` falls below the dtype's
-    normal range (‖D‖ ≲ 1e-19 in float32) its entries lose their digits and the squares of its
-    norm underflow; there ``‖D‖_F``, summed in float64, is the bound.
+    contiguous tensor of ``d``'s shape and dtype, when given). Where the squares of ``D²``'s entries
+    come near the bottom of the dtype's range (‖D‖ ≲ 1e-8 in float32) its norm loses its digits; for
+    those matrices ``‖D‖_F``, summed in float64, is the bound (a second pass taken only when one is
+    that small, which the callers' host read of the bound makes free to ask).
     """
-    d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1), dtype=torch.float64)
-    fro = torch.linalg.vector_norm(d, dim=(-2, -1), dtype=torch.float64)
-    underflow = d2_norm < torch.finfo(d.dtype).tiny * d.shape[-1] * 1e3
-    bound = torch.where(underflow, fro, d2_norm.sqrt())
-    return bound.mul_(1 + NORM_BOUND_SLACK).to(d.dtype)
+    d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1))
+    bound = d2_norm.sqrt_()
+    small = bound < (torch.finfo(d.dtype).tiny * d.shape[-1] * 1e3) ** 0.25
+    if any_row(small):
+        fro = torch.linalg.vector_norm(d.double(), dim=(-2, -1)).to(d.dtype)
+        bound = torch.where(small, fro, bound)
+    return bound.mul_(1 + NORM_BOUND_SLACK)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:
