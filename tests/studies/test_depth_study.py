@@ -235,6 +235,22 @@ def test_seeds_that_never_reach_90_percent_are_counted_beside_the_median(tmp_pat
     assert "steps to 90 % train acc. 180 (median of the 3 of 4 seeds that reached it)" in vit
 
 
+def test_a_small_cell_lists_its_seeds_and_flags_an_interval_past_the_range(tmp_path):
+    """Four seeds, one stuck at chance: the t-interval runs past 100 %, and the verdict says so and
+    shows each seed's accuracy, so that a reader sees where the spread comes from."""
+    for s, acc in enumerate((0.848, 0.867, 0.834, 0.102)):
+        _write_run(tmp_path, "skipless-osa", s, acc)
+        _write_run(tmp_path, "vit", s, 0.88)
+    out = report.summarise(tmp_path, _spec(), write=False)
+    osa_row = out["summary"].set_index("preset").loc["skipless-osa"]
+    assert osa_row["ci_high"] > 1 and osa_row["test_accuracy_by_seed"] == "84.8 / 86.7 / 83.4 / 10.2"
+    lines = out["verdict"].splitlines()
+    osa_line = next(line for line in lines if line.startswith("* `skipless-osa` depth 4"))
+    vit_line = next(line for line in lines if line.startswith("* `vit` depth 4"))
+    assert "(past 0–100 %: the seeds spread too widely for a t-interval), seeds 84.8 / 86.7 / 83.4 / 10.2 (4 of 4" in osa_line
+    assert "past 0–100 %" not in vit_line and ", seeds 88.0 / 88.0 / 88.0 / 88.0 (4 of 4" in vit_line
+
+
 def test_a_failed_gate_draws_no_conclusion(tmp_path):
     for s in range(4):
         for p, acc in (("skipless-osa", 0.9), ("vit", 0.7), ("skipless-ssa", 0.6), ("mlp", 0.40)):

@@ -132,6 +132,7 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
             "test_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else math.nan,
             "ci_low": lo, "ci_high": hi,
+            "test_accuracy_by_seed": " / ".join(f"{a * 100:.1f}" for a in ok.sort_values("seed")["test_accuracy"]),
             "train_accuracy_mean": float(ok["train_accuracy"].mean()) if len(ok) else math.nan,
             "steps_to_90_median": float(ok["steps_to_90"].median()) if len(ok) else math.nan,
             "reached_90": int(ok["steps_to_90"].notna().sum()),
@@ -231,6 +232,10 @@ def _pct(v: float) -> str:
     return "—" if not math.isfinite(v) else f"{v * 100:.1f}"
 
 
+#: cells with this many finished seeds or fewer list each seed's test accuracy in the verdict
+SEEDS_LISTED = 5
+
+
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
     """The verdict in Markdown, from the tables only."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
@@ -250,18 +255,21 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
     if len(edges):
         lines += ["Tuning optimum still at a grid edge after the extension limit: "
                   + "; ".join(f"`{r.preset}` depth {r.depth} ({r.edge_after_limit})" for r in edges.itertuples()), ""]
-    lines += ["## Test accuracy (%), mean ± std over seeds [95 % interval]", ""]
+    lines += [f"## Test accuracy (%), mean ± std over seeds [95 % t-interval], and each seed's where there are "
+              f"{SEEDS_LISTED} or fewer", ""]  # fmt: skip
     for r in summary.itertuples():
         if r.finished == 0:
             lines.append(f"* `{r.preset}` depth {r.depth}: not run yet")
             continue
         std = "" if not math.isfinite(r.test_accuracy_std) else f" ± {r.test_accuracy_std * 100:.1f}"
+        ok = r.finished - r.diverged
+        beyond = " (past 0–100 %: the seeds spread too widely for a t-interval)" if r.ci_low < 0 or r.ci_high > 1 else ""
+        by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
-                     f"{_pct(r.ci_high)}] ({r.finished - r.diverged} of {r.planned} seeds, {r.diverged} diverged; "
+                     f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {r.diverged} diverged; "
                      f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
-                     + (f" (median of the {r.reached_90} of {r.finished - r.diverged} seeds that reached it)"
-                        if 0 < r.reached_90 < r.finished - r.diverged else "")
+                     + (f" (median of the {r.reached_90} of {ok} seeds that reached it)" if 0 < r.reached_90 < ok else "")
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
     lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested; a claim "
               "is tested once both its cells are complete)", ""]  # fmt: skip
