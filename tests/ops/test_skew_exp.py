@@ -205,12 +205,28 @@ def test_fresh_output_has_the_requested_shape_dtype_and_layout():
     assert expm.fresh_output(like, (2, 5)).shape == (2, 5)
 
 
-def test_huge_pages_are_not_advised_for_meta_or_small_tensors():
+def test_huge_pages_are_not_advised_for_meta_small_or_overlapping_tensors():
     assert not expm.advise_huge_pages(torch.empty(8, 2**20, device="meta"))
     assert not expm.advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page inside
+    big = torch.empty(4 * 2**20)
+    assert not expm.advise_huge_pages(big[-1:].expand(4 * 2**20))  # would reach past big's storage
 
 
-@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="the kernel has no transparent huge pages")
+def test_gram_output_under_vmap_and_forward_mode_ad():
+    from torch.autograd import forward_ad
+
+    gen = torch.Generator().manual_seed(4)
+    a, b, v = (torch.randn(3, 2, 30, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    c = torch.randn(3, 2, 8, 4, dtype=torch.float64, generator=gen)
+    ref = v + a @ c[..., :4, :] + b @ c[..., 4:, :]
+    assert rel_err(torch.func.vmap(expm.gram_output)(a, b, c, v), ref) <= 1e-14
+    tangent = torch.randn(v.shape, dtype=v.dtype, generator=gen)
+    with forward_ad.dual_level():
+        y = expm.gram_output(a[0], b[0], c[0], forward_ad.make_dual(v[0], tangent[0]))
+        assert rel_err(forward_ad.unpack_dual(y).tangent, tangent[0]) <= 1e-14  # ∂Y/∂V = I
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="huge pages need no advice ('always') or take none ('never')")
 def test_fresh_output_first_write_faults_huge_pages_not_small_ones():
     """A 32 MiB fresh output faulted 8,193 times at 4 KiB per page (glibc maps blocks this size
     from the kernel); with huge pages advised, the whole 2 MiB pages fault once each."""

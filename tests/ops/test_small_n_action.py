@@ -397,6 +397,22 @@ def test_skew_spectral_bound_bounds_the_spectral_norm(n, r, rank_one, scale, see
     assert bool((bound <= fro * (1 + 1e-3) + 1e-30).all())
 
 
+@pytest.mark.parametrize("dtype, size", [(torch.float32, 1e-30), (torch.float64, 1e-200)], ids=["f32", "f64"])
+def test_skew_spectral_bound_holds_for_matrices_near_the_bottom_of_the_range(dtype, size):
+    """Squares of entries this small underflow: the bound falls back to the scaled ‖D‖_F there,
+    while a matrix of ordinary size in the same batch keeps the tighter bound."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(2, 9, 9, dtype=torch.float64, generator=g)
+    scale = torch.tensor([size, 1.0], dtype=torch.float64)
+    d = ((a - a.mT) * scale[:, None, None]).to(dtype)
+    bound = expm.skew_spectral_bound(d).double()
+    unscaled = d.double() / scale[:, None, None]  # the references' own squares would underflow too
+    exact = torch.linalg.matrix_norm(unscaled, ord=2) * scale
+    fro = torch.linalg.matrix_norm(unscaled) * scale
+    assert bool((bound >= exact).all()) and bool((bound <= fro * (1 + 1e-3)).all())
+    assert float(bound[1]) < 0.99 * float(fro[1])  # the ordinary matrix: ‖D²‖_F^½, not ‖D‖_F
+
+
 def test_skew_spectral_bound_is_tighter_than_frobenius_for_random_heads():
     """For random q, k at the MNIST-1D head size the bound sits well below ‖S‖_F (the degree it saves)."""
     g = torch.Generator().manual_seed(0)

@@ -169,15 +169,17 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     bound counts every eigenvalue pair, this one mostly the largest): a degree or two fewer in
     :func:`chebyshev_degree` for the price of one N×N×N product (written into ``scratch``, a
     contiguous tensor of ``d``'s shape and dtype, when given). Where the squares of ``D²``'s entries
-    come near the bottom of the dtype's range (‖D‖ ≲ 1e-8 in float32) its norm loses its digits; for
-    those matrices ``‖D‖_F``, summed in float64, is the bound (a second pass taken only when one is
-    that small, which the callers' host read of the bound makes free to ask).
+    come near the bottom of the dtype's range (‖D‖ ≲ 1e-8 in float32, 1e-76 in float64) its norm
+    loses its digits; for those matrices ``‖D‖_F``, taken after scaling by the largest entry, is the
+    bound. Asking whether any matrix is that small is one host read (the callers read the bound on
+    the host anyway); the second pass runs only where one is.
     """
     d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1))
     bound = d2_norm.sqrt_()
     small = bound < (torch.finfo(d.dtype).tiny * d.shape[-1] * 1e3) ** 0.25
     if any_row(small):
-        fro = torch.linalg.vector_norm(d.double(), dim=(-2, -1)).to(d.dtype)
+        largest = d.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(d.dtype).tiny)
+        fro = torch.linalg.vector_norm(d / largest, dim=(-2, -1)) * largest[..., 0, 0]
         bound = torch.where(small, fro, bound)
     return bound.mul_(1 + NORM_BOUND_SLACK)
 

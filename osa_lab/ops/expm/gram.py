@@ -247,9 +247,10 @@ def block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def gram_output(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The Gram engine's output pass ``Y = V + a C_a + b C_b`` (``C`` split by rows at ``a``'s width),
     written into :func:`~osa_lab.ops.expm.scratch.fresh_output` (huge pages for large outputs);
-    differentiable by autograd where an input requires grad (``out=`` is not, so a plain result then)."""
+    differentiable by autograd where an input requires grad, and under torch.func transforms and
+    forward-mode AD (``out=`` is none of these, so a plain result then)."""
     ma = a.shape[-1]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, c, v)):
+    if (torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, c, v))) or under_transform(a, b, c, v):
         return torch.baddbmm(v, a, c[..., :ma, :]).baddbmm(b, c[..., ma:, :])
     y = torch.baddbmm(v, a, c[..., :ma, :], out=fresh_output(v, (*v.shape[:-1], c.shape[-1])))
     return y.baddbmm_(b, c[..., ma:, :])

@@ -84,15 +84,19 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     """Ask Linux to back the whole 2 MiB pages inside ``t``'s memory with transparent huge pages
     (``madvise(MADV_HUGEPAGE)``, what PyTorch's opt-in ``THP_MEM_ALLOC_ENABLE=1`` does for every
     allocation). Advisory: True when the kernel accepted it; False on other systems, for tensors
-    without real CPU memory (meta, fake, under torch.compile) and where the kernel declined."""
+    without real CPU memory (meta, fake or other subclasses, under torch.compile), for tensors that
+    are not contiguous (an expanded view spans more than its storage) and where the kernel declined.
+    Only the tensor's own bytes, inside its storage, are advised."""
+    if t.device.type != "cpu" or type(t) is not torch.Tensor or torch.compiler.is_compiling():
+        return False
     madvise = _madvise()
-    if madvise is None or t.device.type != "cpu" or torch.compiler.is_compiling():
+    if madvise is None or not t.is_contiguous():
         return False
     try:
-        start = t.data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or functional tensors have no storage
+        start, storage = t.data_ptr(), t.untyped_storage()
+        end = min(start + t.numel() * t.element_size(), storage.data_ptr() + storage.nbytes())
+    except (RuntimeError, NotImplementedError):  # functional tensors have no storage
         return False
-    end = start + t.numel() * t.element_size()
     first = -(-start // _HUGE_PAGE_BYTES) * _HUGE_PAGE_BYTES
     last = end // _HUGE_PAGE_BYTES * _HUGE_PAGE_BYTES
     return start != 0 and last > first and madvise(first, last - first, _MADV_HUGEPAGE) == 0

@@ -132,7 +132,7 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
             "test_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else math.nan,
             "ci_low": lo, "ci_high": hi,
-            "test_accuracy_by_seed": " / ".join(f"{a * 100:.1f}" for a in ok.sort_values("seed")["test_accuracy"]),
+            "test_accuracy_by_seed": " / ".join(f"{a * 100:.1f}" for a in ok.sort_values("seed")["test_accuracy"].dropna()),
             "train_accuracy_mean": float(ok["train_accuracy"].mean()) if len(ok) else math.nan,
             "steps_to_90_median": float(ok["steps_to_90"].median()) if len(ok) else math.nan,
             "reached_90": int(ok["steps_to_90"].notna().sum()),
@@ -263,7 +263,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
             continue
         std = "" if not math.isfinite(r.test_accuracy_std) else f" ± {r.test_accuracy_std * 100:.1f}"
         ok = r.finished - r.diverged
-        beyond = " (past 0–100 %: the seeds spread too widely for a t-interval)" if r.ci_low < 0 or r.ci_high > 1 else ""
+        past = round(r.ci_low * 100, 1) < 0 or round(r.ci_high * 100, 1) > 100  # as printed
+        beyond = " (past 0–100 %: the seeds spread too widely for a t-interval)" if past else ""
         by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
                      f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {r.diverged} diverged; "
