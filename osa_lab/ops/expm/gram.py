@@ -318,8 +318,8 @@ class _GramAction(torch.autograd.Function):
         if need_a or need_b:
             # gU = U gGs + gY Cᵀ + V gPᵀ, one column block at a time.
             def grad_block(cols: slice) -> torch.Tensor:
-                width = gg[:, :, cols].shape[-1]
-                out = torch.bmm(a, gg[:, :ma, cols], out=fresh_output(a, (*a.shape[:-1], width)))
+                rhs = gg[:, :ma, cols]
+                out = torch.bmm(a, rhs, out=fresh_output(a, (*a.shape[:-1], rhs.shape[-1])))
                 out.baddbmm_(b, gg[:, ma:, cols])
                 out.baddbmm_(gy, c[:, cols].mT)
                 return out.baddbmm_(v, gp[:, cols].mT)
