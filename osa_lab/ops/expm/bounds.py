@@ -156,32 +156,46 @@ def warn_float64_rounding(s_two: torch.Tensor, engine: str) -> None:
         )
 
 
-#: relative slack of :func:`skew_spectral_bound` over its float-rounded value (``D²`` is
-#: rounded by about N·eps of its dtype; 1e-4 keeps the bound above ``‖D‖₂`` with room to spare)
+#: relative slack of :func:`skew_spectral_bound` beyond its rounding allowance (see there)
 NORM_BOUND_SLACK = 1e-4
+
+_SQRT_HALF = 0.5**0.5
 
 
 def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """An upper bound of ``‖D‖₂`` per matrix of a batch of skew-symmetric ``D`` (b, N, N):
-    ``‖D²‖_F^{1/2}``, since ``D`` is normal and so ``‖D‖₂² = ‖D²‖₂ ≤ ‖D²‖_F``.
+    ``(‖D²‖_F² / 2)^{1/4}``.
 
-    It is never above ``‖D‖_F`` and was 1.2–1.9× below it for random ``q, k`` (the Frobenius
-    bound counts every eigenvalue pair, this one mostly the largest): a degree or two fewer in
-    :func:`chebyshev_degree` for the price of one N×N×N product (written into ``scratch``, a
-    contiguous tensor of ``d``'s shape and dtype, when given). Where the squares of ``D²``'s entries
-    come near the bottom of the dtype's range (‖D‖ ≲ 1e-8 in float32, 1e-76 in float64) its norm
-    loses its digits; for those matrices ``‖D‖_F``, taken after scaling by the largest entry, is the
-    bound. Asking whether any matrix is that small is one host read (the callers read the bound on
-    the host anyway); the second pass runs only where one is.
+    A real skew-symmetric ``D`` has eigenvalues ``0`` and conjugate pairs ``±iθ_j``, so the
+    symmetric ``D²`` has each ``−θ_j²`` at least twice and ``‖D²‖_F² = 2 Σ_j θ_j⁴ ≥ 2 θ_max⁴``,
+    ``θ_max = ‖D‖₂``. Where one pair dominates the bound is ``‖D‖₂`` itself (for the heads of
+    ``benchmarks/train_throughput.py``'s networks it was 1.00–1.07× ``‖D‖₂``); it is never above ``‖D‖_F/√2``. For random ``q, k`` (N = 20–64,
+    r = 4–16) it was 1.01–1.39× ``‖D‖₂`` and 1.6–2.5× below ``‖D‖_F`` (the Frobenius norm counts
+    every pair, this bound mostly the largest): a degree or two
+    fewer in :func:`chebyshev_degree` for the price of one N×N×N product (written into
+    ``scratch``, a contiguous tensor of ``d``'s shape and dtype, when given).
+
+    Rounding: the computed ``D²`` is off by at most ``N u ‖|D|·|D|‖_F ≤ N² u ‖D‖₂²`` (``u`` the
+    unit roundoff), that is by ``N² u/√2`` of ``‖D²‖_F``, and its norm's sum by ``N² u/2`` more;
+    the square root halves both, so raising the bound by ``N² u`` covers them, and
+    :data:`NORM_BOUND_SLACK` on top.
+
+    Where the squares of ``D²``'s entries come near the bottom of the dtype's range (‖D‖ ≲ 1e-8
+    in float32, 1e-76 in float64) its norm loses its digits; for those matrices
+    ``‖D‖_F/√2``, taken after scaling by the largest entry, is the bound. Asking whether any
+    matrix is that small is one host read (the callers read the bound on the host anyway); the
+    second pass runs only where one is.
     """
+    n = d.shape[-1]
     d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1))
-    bound = d2_norm.sqrt_()
-    small = bound < (torch.finfo(d.dtype).tiny * d.shape[-1] * 1e3) ** 0.25
+    bound = d2_norm.mul_(_SQRT_HALF).sqrt_()
+    small = bound < (torch.finfo(d.dtype).tiny * n * 1e3) ** 0.25
     if any_row(small):
         largest = d.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(d.dtype).tiny)
         fro = torch.linalg.vector_norm(d / largest, dim=(-2, -1)) * largest[..., 0, 0]
-        bound = torch.where(small, fro, bound)
-    return bound.mul_(1 + NORM_BOUND_SLACK)
+        bound = torch.where(small, fro * _SQRT_HALF, bound)
+    rounding = n * n * torch.finfo(d.dtype).eps / 2  # N² u
+    return bound.mul_(1 + rounding + NORM_BOUND_SLACK)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:
