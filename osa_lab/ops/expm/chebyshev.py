@@ -182,8 +182,7 @@ class _OSAChebyshevAction(torch.autograd.Function):
     The output takes V's layout (``torch.empty_like``): for a layer's head-split views of
     (batch, N, heads·d) memory, ``y.transpose(1, 2).reshape(batch, N, heads·d)`` is then a view.
     Between the caller's layout and the recurrence's packed one there are no copies beyond the
-    passes the recurrence makes anyway (``U``, ``(c·q)ᵀ``, ``(c·k)ᵀ``, ``Vᵀ``, the result
-    and the gradients); apart from ``A``'s ``gx − gxᵀ``, none of the backward's passes reads
+    passes the recurrence makes anyway (``U``, ``Vᵀ``, the result and the gradients); apart from ``A``'s ``gx − gxᵀ``, none of the backward's passes reads
     transposed memory, which costs 2–3× a plain pass on the CPU.
 
     Also returns the output check's per-matrix norms ``‖y_b‖, ‖V_b‖`` (not differentiable),
@@ -253,24 +252,27 @@ def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     return out.view(-1, *x.shape[-2:])
 
 
-def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Sᵀ, U)`` for ``q, k (*batch, N, r)`` in any layout and ``c`` flattened ``(B,)``:
-    ``Sᵀ = U W`` (B, N, N) with ``U = [k q]`` (B, N, 2r, kept for the backward) and
-    ``W = [c qᵀ; −c kᵀ]`` (B, 2r, N), the low-rank form of the OSA matrix (docs/design.md §1):
-    one product whose operands are packed the way the BLAS reads them, each half in one pass
-    from the caller's layout, so no N×N matrix is read transposed or rescaled. Skew up to the
-    product's rounding."""
+    ``U = [k q]`` (B, N, 2r, packed in one pass per half from the caller's layout and kept for
+    the backward) and ``Sᵀ = c (P − Pᵀ)`` with ``P = k qᵀ`` (B, N, N), the OSA matrix of
+    docs/design.md §1: one product of inner size r on the halves of ``U`` (the BLAS reads the
+    transposed half in place), ``P`` in the second of :data:`ACTION_SCRATCH`'s pair of N×N
+    buffers (the first holds the bound's ``S²`` next). ``Sᵀ`` is exactly skew-symmetric, as :func:`~osa_lab.ops.expm.bounds.skew_spectral_bound` assumes.
+
+    Forming the product ``[k q]·[c qᵀ; −c kᵀ]`` instead needed the scaled transposes packed from
+    the head-split layout, strided passes that cost more than the product (about 1.3× this
+    function at N = 20 and 49, batch 256, r = 16)."""
     n, r = q.shape[-2:]
     batch = q.shape[:-2]
-    c4 = c.to(q.dtype).view(*batch, 1, 1)
     u = torch.empty(*batch, n, 2 * r, dtype=q.dtype, device=q.device)
     u[..., :r].copy_(k)
     u[..., r:].copy_(q)
-    w = torch.empty(*batch, 2 * r, n, dtype=q.dtype, device=q.device)
-    torch.mul(q.mT, c4, out=w[..., :r, :])
-    torch.mul(k.mT, c4.neg(), out=w[..., r:, :])
-    u, w = u.view(-1, n, 2 * r), w.view(-1, 2 * r, n)
-    return torch.bmm(u, w), u
+    u = u.view(-1, n, 2 * r)
+    st = torch.empty(u.shape[0], n, n, dtype=q.dtype, device=q.device)
+    kq = torch.bmm(u[..., :r], u[..., r:].mT, out=ACTION_SCRATCH.take(st, 2)[1])
+    torch.sub(kq, kq.mT, out=st)
+    return st.mul_(c.to(q.dtype).view(-1, 1, 1)), u
 
 
 def chebyshev_action(
