@@ -22,15 +22,29 @@ packing passes read strided memory, the views' autograd nodes); the second minus
 
     .venv/bin/python benchmarks/osa_call_overhead.py --sizes 20 49 --repeat 40
 
+Before/after in one process: ``--baseline REV`` also times ``osa()`` from the package as it was
+at git revision ``REV`` (exported with ``git archive`` into a temporary folder and imported as
+``osa_lab_baseline``), interleaved in the same rounds as the working tree's ``osa()``. The row
+``osa() at REV`` and the ``osa()`` row's ``paired_ratio`` (median, with the interquartile range, of
+the per-round ratios current ÷ baseline) are the change's measurement: between processes this
+machine's speed drifts by more than most changes move a layer.
+
 Prints a table and writes ``bench_results/osa_call_overhead.csv``.
 """
 
 from __future__ import annotations
 
+import importlib
+import io
 import math
+import re
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -40,17 +54,23 @@ from osa_lab.ops import expm
 from osa_lab.ops.functional import osa
 
 
-def _calls(n: int, batch: int, heads: int, r: int, alpha: float):
-    """The two closures (``osa()`` from head-split views; the fused action alone), same data."""
+def _calls(n: int, batch: int, heads: int, r: int, alpha: float, baseline=None, label: str = ""):
+    """The closures (``osa()`` from head-split views, on (b, N, r), the fused action alone, and
+    ``baseline``'s ``osa()`` from head-split views when given), same data."""
     g = torch.Generator().manual_seed(0)
     tokens = [torch.randn(batch, n, heads * r, generator=g) for _ in range(3)]
     alpha_t = torch.full((heads,), alpha, requires_grad=True)
     grad = torch.ones(batch, n, heads * r)
 
-    def through_osa() -> None:
-        q, k, v = (t.detach().requires_grad_(True).view(batch, n, heads, r).transpose(1, 2) for t in tokens)
-        y = osa(q, k, v, alpha_t)
-        y.transpose(1, 2).reshape(batch, n, heads * r).backward(grad)
+    def through(fn):
+        def run() -> None:
+            q, k, v = (t.detach().requires_grad_(True).view(batch, n, heads, r).transpose(1, 2) for t in tokens)
+            y = fn(q, k, v, alpha_t)
+            y.transpose(1, 2).reshape(batch, n, heads * r).backward(grad)
+
+        return run
+
+    through_osa = through(osa)
 
     flat = [t.view(batch, n, heads, r).transpose(1, 2).reshape(-1, n, r).contiguous() for t in tokens]
     flat_grad = grad.view(batch, n, heads, r).transpose(1, 2).reshape(-1, n, r).contiguous()
@@ -73,7 +93,28 @@ def _calls(n: int, batch: int, heads: int, r: int, alpha: float):
         s = expm.skew_from_scale(flat[0], flat[1], c)
         rho = float(expm.skew_spectral_bound(s).max())
     calls = {"osa()": through_osa, "osa() on (b, N, r)": osa_flat, "fused action alone": fused_alone}
+    if baseline is not None:
+        calls[f"osa() at {label}"] = through(baseline)
     return calls, rho, expm.chebyshev_degree(rho, torch.float32)
+
+
+def baseline_osa(rev: str, folder: Path):
+    """``osa`` of the package at git revision ``rev``, exported into ``folder`` and imported as
+    ``osa_lab_baseline`` (every ``osa_lab`` name in its sources renamed). Raises ValueError for a
+    revision git does not know."""
+    root = Path(__file__).resolve().parent.parent
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=root, capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ValueError(f"--baseline {rev!r} is not a commit of this repository (try a hash from `git log`)")
+    archive = subprocess.run(["git", "archive", "--format=tar", found.stdout.strip(), "osa_lab"], cwd=root, capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    package = folder / "osa_lab_baseline"
+    (folder / "osa_lab").rename(package)
+    for source in package.rglob("*.py"):
+        source.write_text(re.sub(r"\bosa_lab\b", "osa_lab_baseline", source.read_text(encoding="utf-8")), encoding="utf-8")
+    sys.path.insert(0, str(folder))
+    return importlib.import_module("osa_lab_baseline.ops.functional").osa
 
 
 def _count_ops(fn) -> int:
@@ -105,14 +146,41 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=positive_int, default=40)
     parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--baseline", metavar="REV", help="also time osa() as of this git revision, interleaved (see above)")
     parser.add_argument("--out", default="bench_results/osa_call_overhead.csv")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = []
     for n in args.sizes:
         if n > 4 * args.head_dim:
             parser.error(f"N = {n} is above 4r = {4 * args.head_dim}: osa() does not take the fused action there")
-        fns, rho, degree = _calls(n, args.batch, args.heads, args.head_dim, args.alpha)
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            baseline = baseline_osa(args.baseline, Path(folder)) if args.baseline else None
+        except ValueError as exc:
+            parser.error(str(exc))
+        rows = _measure(args, baseline)
+    from osa_lab.fileio import atomic_to_csv
+    from osa_lab.reporting.provenance import csv_columns
+
+    title = f"osa() around the fused action, batch {args.batch} × {args.heads} heads, r = {args.head_dim}"
+    table = emit_table(rows, None, title=title)
+    # provenance goes to the CSV only; stdout keeps the readable table
+    atomic_to_csv(table.assign(**csv_columns(vars(args))), args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile)."""
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
+
+
+def _measure(args, baseline) -> list[dict]:
+    """One row per size and call: median process time of ``args.repeat`` interleaved rounds."""
+    rows = []
+    for n in args.sizes:
+        fns, rho, degree = _calls(n, args.batch, args.heads, args.head_dim, args.alpha, baseline, args.baseline)
         for fn in [*fns.values()] * 2:  # warm-up (and the fused action's scratch buffers)
             fn()
         times: dict = {key: [] for key in fns}
@@ -123,19 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                 times[key].append(time.process_time() - t0)
         med = {key: statistics.median(v) for key, v in times.items()}
         ops = {key: _count_ops(fn) for key, fn in fns.items()}
+        paired = {}
+        if baseline is not None:  # per-round ratio: both calls ran in the same round, under the same load
+            ratios = [a / b for a, b in zip(times["osa()"], times[f"osa() at {args.baseline}"], strict=True)]
+            paired = dict(zip(("paired_ratio_q1", "paired_ratio", "paired_ratio_q3"), _quartiles(ratios), strict=True))
         for key in fns:
             rows.append({"N": n, "rho": rho, "degree": degree, "call": key, "ms_fwd_bwd": 1e3 * med[key],
-                         "aten_ops": ops[key], "overhead_ms": 1e3 * (med[key] - med["fused action alone"])})  # fmt: skip
+                         "aten_ops": ops[key], "overhead_ms": 1e3 * (med[key] - med["fused action alone"]),
+                         **(paired if key == "osa()" else dict.fromkeys(paired, math.nan))})  # fmt: skip
         print(f"N = {n} done", file=sys.stderr, flush=True)
-    from osa_lab.fileio import atomic_to_csv
-    from osa_lab.reporting.provenance import csv_columns
-
-    title = f"osa() around the fused action, batch {args.batch} × {args.heads} heads, r = {args.head_dim}"
-    table = emit_table(rows, None, title=title)
-    # provenance goes to the CSV only; stdout keeps the readable table
-    atomic_to_csv(table.assign(**csv_columns(vars(args))), args.out)
-    print(f"wrote {args.out}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

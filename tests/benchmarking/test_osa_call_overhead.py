@@ -41,3 +41,25 @@ def test_a_size_outside_the_fused_path_is_one_line_and_exit_2():
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and "N = 80 is above 4r = 64" in lines[-1]
+
+
+def test_a_baseline_revision_is_timed_in_the_same_rounds(tmp_path):
+    """``--baseline HEAD`` exports the committed package, imports it beside the working tree's and
+    reports the per-round ratio on the ``osa()`` row."""
+    out = tmp_path / "overhead.csv"
+    done = _run("--sizes", "6", "--batch", "2", "--heads", "2", "--head-dim", "4", "--repeat", "4",
+                "--baseline", "HEAD", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(out).set_index("call")
+    assert list(rows.index) == ["osa()", "osa() on (b, N, r)", "fused action alone", "osa() at HEAD"]
+    assert rows.loc["osa() at HEAD", "ms_fwd_bwd"] > 0
+    mine = rows.loc["osa()"]
+    assert 0 < mine["paired_ratio_q1"] <= mine["paired_ratio"] <= mine["paired_ratio_q3"]
+    assert rows.loc[["osa() on (b, N, r)", "osa() at HEAD"], "paired_ratio"].isna().all()
+
+
+def test_an_unknown_baseline_is_one_line_and_exit_2():
+    done = _run("--sizes", "6", "--baseline", "no-such-revision")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and "is not a commit of this repository" in lines[-1]
