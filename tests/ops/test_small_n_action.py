@@ -425,7 +425,19 @@ def test_skew_spectral_bound_holds_for_matrices_near_the_bottom_of_the_range(dty
     exact = torch.linalg.matrix_norm(unscaled, ord=2) * scale
     fro = torch.linalg.matrix_norm(unscaled) * scale
     assert bool((bound >= exact).all()) and bool((bound <= fro * (1 + 1e-3)).all())
-    assert float(bound[1]) < 0.99 * float(fro[1])  # the ordinary matrix: ‖D²‖_F^½, not ‖D‖_F
+    assert float(bound[1]) < 0.99 * float(fro[1])  # the ordinary matrix: (‖D²‖_F²/2)^¼, not ‖D‖_F/√2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("steps", [1, 3, 40])
+def test_skew_spectral_bound_holds_for_subnormal_matrices(dtype, steps):
+    """Entries a few steps above zero on the subnormal grid: the fallback's ‖D‖_F/√2 is rounded
+    there by more than any relative slack, so the bound must still be at least ‖D‖₂."""
+    a = steps * torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # a subnormal multiple
+    d = torch.tensor([[0.0, a, -a], [-a, 0.0, a], [a, -a, 0.0]], dtype=torch.float64).to(dtype)[None]
+    assert float(d.abs().max()) > 0  # representable, not flushed
+    exact = torch.linalg.matrix_norm(d.double(), ord=2)
+    assert bool((expm.skew_spectral_bound(d).double() >= exact).all())
 
 
 def test_skew_spectral_bound_is_tighter_than_frobenius_for_random_heads():

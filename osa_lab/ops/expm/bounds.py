@@ -175,6 +175,10 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     fewer in :func:`chebyshev_degree` for the price of one N×N×N product (written into
     ``scratch``, a contiguous tensor of ``d``'s shape and dtype, when given).
 
+    ``D`` must be skew-symmetric exactly (``D == −Dᵀ``, as ``c·(P − Pᵀ)`` is), not up to rounding:
+    the bound has no room beyond the slack below for a symmetric part (one of relative size δ
+    lowers it to about ``(1 − δ)‖D‖₂``), nor for products rounded to TF32.
+
     Rounding: the computed ``D²`` is off by at most ``N u ‖|D|·|D|‖_F ≤ N² u ‖D‖₂²`` (``u`` the
     unit roundoff), that is by ``N² u/√2`` of ``‖D²‖_F``, and its norm's sum by ``N² u/2`` more;
     the square root halves both, so raising the bound by ``N² u`` covers them, and
@@ -182,7 +186,8 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
 
     Where the squares of ``D²``'s entries come near the bottom of the dtype's range (‖D‖ ≲ 1e-8
     in float32, 1e-76 in float64) its norm loses its digits; for those matrices
-    ``‖D‖_F/√2``, taken after scaling by the largest entry, is the bound. Asking whether any
+    ``‖D‖_F/√2``, taken after scaling by the largest entry, is the bound; the smallest normal
+    number is added to every bound, since a relative slack cannot lift a subnormal one. Asking whether any
     matrix is that small is one host read (the callers read the bound on the host anyway); the
     second pass runs only where one is.
     """
@@ -195,7 +200,8 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
         fro = torch.linalg.vector_norm(d / largest, dim=(-2, -1)) * largest[..., 0, 0]
         bound = torch.where(small, fro * _SQRT_HALF, bound)
     rounding = n * n * torch.finfo(d.dtype).eps / 2  # N² u
-    return bound.mul_(1 + rounding + NORM_BOUND_SLACK)
+    # + tiny: a bound among the subnormals is rounded by more than any relative slack lifts it
+    return bound.mul_(1 + rounding + NORM_BOUND_SLACK).add_(torch.finfo(d.dtype).tiny)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:

@@ -56,7 +56,7 @@ class Scratch(threading.local):
 SCRATCH = Scratch()
 
 #: The fused small-N action's N×N temporaries (:func:`~osa_lab.ops.expm.chebyshev.osa_chebyshev_action`:
-#: the bound's ``S²``, the backward's ``∂L/∂X`` and its skew part).
+#: ``P = k qᵀ`` and the bound's ``S²`` in the forward, the backward's ``∂L/∂X`` and its skew part).
 ACTION_SCRATCH = Scratch()
 
 
