@@ -27,7 +27,9 @@ at git revision ``REV`` (exported with ``git archive`` into a temporary folder a
 ``osa_lab_baseline``), interleaved in the same rounds as the working tree's ``osa()``. The row
 ``osa() at REV`` and the ``osa()`` row's ``paired_ratio`` (median, with the interquartile range, of
 the per-round ratios current ÷ baseline) are the change's measurement: between processes this
-machine's speed drifts by more than most changes move a layer.
+machine's speed drifts by more than most changes move a layer. The calls run in the opposite
+order every other round. ``--baseline HEAD`` on a clean tree times the same code twice (an A/A
+run): its paired ratio shows how far from 1 noise alone takes this measurement.
 
 Prints a table and writes ``bench_results/osa_call_overhead.csv``.
 """
@@ -98,17 +100,35 @@ def _calls(n: int, batch: int, heads: int, r: int, alpha: float, baseline=None, 
     return calls, rho, expm.chebyshev_degree(rho, torch.float32)
 
 
+def _git(*args: str) -> subprocess.CompletedProcess:
+    """``git args`` in this checkout; ValueError naming the problem when git is missing or fails."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True)
+    except FileNotFoundError as exc:
+        raise ValueError("--baseline needs git on PATH") from exc
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()
+        raise ValueError(f"git {args[0]} failed in {root}: {why[-1] if why else 'no message'}")
+    return done
+
+
 def baseline_osa(rev: str, folder: Path):
     """``osa`` of the package at git revision ``rev``, exported into ``folder`` and imported as
-    ``osa_lab_baseline`` (every ``osa_lab`` name in its sources renamed). Raises ValueError for a
-    revision git does not know."""
-    root = Path(__file__).resolve().parent.parent
-    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=root, capture_output=True, text=True)
-    if found.returncode != 0:
-        raise ValueError(f"--baseline {rev!r} is not a commit of this repository (try a hash from `git log`)")
-    archive = subprocess.run(["git", "archive", "--format=tar", found.stdout.strip(), "osa_lab"], cwd=root, capture_output=True, check=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(folder, filter="data")
+    ``osa_lab_baseline`` (every ``osa_lab`` name in its sources renamed). Raises ValueError
+    outside a git checkout, without git, or for a revision git does not know."""
+    _git("rev-parse", "--show-toplevel")  # a checkout at all (an exported tree has no history)
+    try:
+        commit = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").stdout.decode().strip()
+    except ValueError:
+        raise ValueError(f"--baseline {rev!r} is not a commit of this repository (try a hash from `git log`)") from None
+    archive = _git("archive", "--format=tar", commit, "osa_lab").stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:  # our own history; regular files only
+        for member in tar.getmembers():
+            target = folder / member.name
+            if member.isfile() and ".." not in Path(member.name).parts and not Path(member.name).is_absolute():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
     package = folder / "osa_lab_baseline"
     (folder / "osa_lab").rename(package)
     for source in package.rglob("*.py"):
@@ -153,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.sizes:
         if n > 4 * args.head_dim:
             parser.error(f"N = {n} is above 4r = {4 * args.head_dim}: osa() does not take the fused action there")
+    if args.baseline and args.repeat < 2:
+        parser.error("--baseline needs --repeat 2 or more (the paired ratio's quartiles)")
     with tempfile.TemporaryDirectory() as folder:
         try:
             baseline = baseline_osa(args.baseline, Path(folder)) if args.baseline else None
@@ -184,8 +206,10 @@ def _measure(args, baseline) -> list[dict]:
         for fn in [*fns.values()] * 2:  # warm-up (and the fused action's scratch buffers)
             fn()
         times: dict = {key: [] for key in fns}
+        order = list(fns.items())
         for _ in range(args.repeat):
-            for key, fn in fns.items():
+            order.reverse()  # A B C D, D C B A, …: no call always runs first or after the same one
+            for key, fn in order:
                 t0 = time.process_time()
                 fn()
                 times[key].append(time.process_time() - t0)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "osa_call_overhead.py")
@@ -43,6 +44,14 @@ def test_a_size_outside_the_fused_path_is_one_line_and_exit_2():
     assert len(lines) == 2 and "N = 80 is above 4r = 64" in lines[-1]
 
 
+def _git_knows_head() -> bool:
+    try:
+        return subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _git_knows_head(), reason="needs a git checkout with git on PATH")
 def test_a_baseline_revision_is_timed_in_the_same_rounds(tmp_path):
     """``--baseline HEAD`` exports the committed package, imports it beside the working tree's and
     reports the per-round ratio on the ``osa()`` row."""
@@ -63,3 +72,22 @@ def test_an_unknown_baseline_is_one_line_and_exit_2():
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and "is not a commit of this repository" in lines[-1]
+
+
+def test_a_baseline_with_one_round_is_one_line_and_exit_2():
+    done = _run("--sizes", "6", "--repeat", "1", "--baseline", "HEAD")
+    assert done.returncode == 2
+    assert "--baseline needs --repeat 2 or more" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_baseline_outside_a_git_checkout_is_one_line_and_exit_2(tmp_path):
+    """A copy of the script outside any checkout (as from an exported tree) names the problem."""
+    copy = tmp_path / "benchmarks" / "osa_call_overhead.py"
+    copy.parent.mkdir()
+    copy.write_text(open(SCRIPT, encoding="utf-8").read(), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=ROOT, GIT_CEILING_DIRECTORIES=str(tmp_path))
+    done = subprocess.run([sys.executable, str(copy), "--sizes", "6", "--baseline", "HEAD"],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and "git rev-parse failed" in lines[-1], lines
