@@ -169,11 +169,11 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     A real skew-symmetric ``D`` has eigenvalues ``0`` and conjugate pairs ``±iθ_j``, so the
     symmetric ``D²`` has each ``−θ_j²`` at least twice and ``‖D²‖_F² = 2 Σ_j θ_j⁴ ≥ 2 θ_max⁴``,
     ``θ_max = ‖D‖₂``. Where one pair dominates the bound is ``‖D‖₂`` itself (for the heads of
-    ``benchmarks/train_throughput.py``'s networks it was 1.00–1.07× ``‖D‖₂``); it is never above ``‖D‖_F/√2``. For random ``q, k`` (N = 20–64,
-    r = 4–16) it was 1.01–1.39× ``‖D‖₂`` and 1.6–2.5× below ``‖D‖_F`` (the Frobenius norm counts
-    every pair, this bound mostly the largest): a degree or two
-    fewer in :func:`chebyshev_degree` for the price of one N×N×N product (written into
-    ``scratch``, a contiguous tensor of ``d``'s shape and dtype, when given).
+    ``benchmarks/train_throughput.py``'s networks it was 1.00–1.07× ``‖D‖₂``); it is never above
+    ``‖D‖_F/√2``. For random ``q, k`` (N = 20–64, r = 4–16) it was 1.01–1.39× ``‖D‖₂`` and
+    1.6–2.5× below ``‖D‖_F`` (the Frobenius norm counts every pair, this bound mostly the
+    largest): a degree or two fewer in :func:`chebyshev_degree` for the price of one N×N×N
+    product (written into ``scratch``, a contiguous tensor of ``d``'s shape and dtype, when given).
 
     ``D`` must be skew-symmetric exactly (``D == −Dᵀ``, as ``c·(P − Pᵀ)`` is), not up to rounding:
     the bound has no room beyond the slack below for a symmetric part (one of relative size δ
@@ -187,9 +187,9 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     Where the squares of ``D²``'s entries come near the bottom of the dtype's range (‖D‖ ≲ 1e-8
     in float32, 1e-76 in float64) its norm loses its digits; for those matrices
     ``‖D‖_F/√2``, taken after scaling by the largest entry, is the bound; the smallest normal
-    number is added to every bound, since a relative slack cannot lift a subnormal one. Asking whether any
-    matrix is that small is one host read (the callers read the bound on the host anyway); the
-    second pass runs only where one is.
+    number is added to every bound, since a relative slack cannot lift a subnormal one. Asking
+    whether any matrix is that small is one host read (the callers read the bound on the host
+    anyway); the second pass runs only where one is.
     """
     n = d.shape[-1]
     d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1))

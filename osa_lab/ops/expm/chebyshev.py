@@ -182,8 +182,9 @@ class _OSAChebyshevAction(torch.autograd.Function):
     The output takes V's layout (``torch.empty_like``): for a layer's head-split views of
     (batch, N, heads·d) memory, ``y.transpose(1, 2).reshape(batch, N, heads·d)`` is then a view.
     Between the caller's layout and the recurrence's packed one there are no copies beyond the
-    passes the recurrence makes anyway (``U``, ``Vᵀ``, the result and the gradients); apart from ``A``'s ``gx − gxᵀ``, none of the backward's passes reads
-    transposed memory, which costs 2–3× a plain pass on the CPU.
+    passes the recurrence makes anyway (``U``, ``Vᵀ``, the result and the gradients); apart from
+    ``A``'s ``gx − gxᵀ``, none of the backward's passes reads transposed memory, which costs 2–3×
+    a plain pass on the CPU.
 
     Also returns the output check's per-matrix norms ``‖y_b‖, ‖V_b‖`` (not differentiable),
     reduced from the packed ``yᵀ, Vᵀ``: a strided reduction over a head-split view costs several
@@ -258,7 +259,8 @@ def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tupl
     the backward) and ``Sᵀ = c (P − Pᵀ)`` with ``P = k qᵀ`` (B, N, N), the OSA matrix of
     docs/design.md §1: one product of inner size r on the halves of ``U`` (the BLAS reads the
     transposed half in place), ``P`` in the second of :data:`ACTION_SCRATCH`'s pair of N×N
-    buffers (the first holds the bound's ``S²`` next). ``Sᵀ`` is exactly skew-symmetric, as :func:`~osa_lab.ops.expm.bounds.skew_spectral_bound` assumes.
+    buffers (the first holds the bound's ``S²`` next). ``Sᵀ`` is exactly skew-symmetric, as
+    :func:`~osa_lab.ops.expm.bounds.skew_spectral_bound` assumes.
 
     Forming the product ``[k q]·[c qᵀ; −c kᵀ]`` instead needed the scaled transposes packed from
     the head-split layout, strided passes that cost more than the product (about 1.3× this
