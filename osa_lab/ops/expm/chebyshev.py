@@ -253,13 +253,13 @@ def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     return out.view(-1, *x.shape[-2:])
 
 
-def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(Sᵀ, U)`` for ``q, k (*batch, N, r)`` in any layout and ``c`` flattened ``(B,)``:
+def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Sᵀ, U, spare)`` for ``q, k (*batch, N, r)`` in any layout and ``c`` flattened ``(B,)``:
     ``U = [k q]`` (B, N, 2r, packed in one pass per half from the caller's layout and kept for
     the backward) and ``Sᵀ = c (P − Pᵀ)`` with ``P = k qᵀ`` (B, N, N), the OSA matrix of
     docs/design.md §1: one product of inner size r on the halves of ``U`` (the BLAS reads the
     transposed half in place), ``P`` in the second of :data:`ACTION_SCRATCH`'s pair of N×N
-    buffers (the first holds the bound's ``S²`` next). ``Sᵀ`` is exactly skew-symmetric, as
+    buffers; ``spare`` is the first, for the bound's ``S²`` next. ``Sᵀ`` is exactly skew-symmetric, as
     :func:`~osa_lab.ops.expm.bounds.skew_spectral_bound` assumes.
 
     Forming the product ``[k q]·[c qᵀ; −c kᵀ]`` instead needed the scaled transposes packed from
@@ -272,9 +272,10 @@ def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tupl
     u[..., r:].copy_(q)
     u = u.view(-1, n, 2 * r)
     st = torch.empty(u.shape[0], n, n, dtype=q.dtype, device=q.device)
-    kq = torch.bmm(u[..., :r], u[..., r:].mT, out=ACTION_SCRATCH.take(st, 2)[1])
+    spare, kq = ACTION_SCRATCH.take(st, 2)  # (fresh tensors off the CPU)
+    torch.bmm(u[..., :r], u[..., r:].mT, out=kq)
     torch.sub(kq, kq.mT, out=st)
-    return st.mul_(c.to(q.dtype).view(-1, 1, 1)), u
+    return st.mul_(c.to(q.dtype).view(-1, 1, 1)), u, spare
 
 
 def chebyshev_action(
@@ -329,9 +330,8 @@ def osa_chebyshev_action(
         return None
     c = c.reshape(-1)
     with torch.no_grad():
-        st, u = _osa_skew_factors(q, k, c)
-        # ‖Sᵀ‖₂ = ‖S‖₂; S² in the first of the pair of buffers the backward takes too
-        bound = skew_spectral_bound(st, ACTION_SCRATCH.take(st, 2)[0])
+        st, u, spare = _osa_skew_factors(q, k, c)
+        bound = skew_spectral_bound(st, spare)  # ‖Sᵀ‖₂ = ‖S‖₂
         rho = float(bound.max()) if bound.numel() else 0.0
     degree = chebyshev_degree(rho, v.dtype)
     if degree is None:
