@@ -192,12 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    """(lower quartile, median, upper quartile)."""
-    q1, q2, q3 = statistics.quantiles(values, n=4)
-    return q1, q2, q3
-
-
 def _measure(args, baseline) -> list[dict]:
     """One row per size and call: median process time of ``args.repeat`` interleaved rounds."""
     rows = []
@@ -218,7 +212,7 @@ def _measure(args, baseline) -> list[dict]:
         paired = {}
         if baseline is not None:  # per-round ratio: both calls ran in the same round, under the same load
             ratios = [a / b for a, b in zip(times["osa()"], times[f"osa() at {args.baseline}"], strict=True)]
-            paired = dict(zip(("paired_ratio_q1", "paired_ratio", "paired_ratio_q3"), _quartiles(ratios), strict=True))
+            paired = dict(zip(("paired_ratio_q1", "paired_ratio", "paired_ratio_q3"), statistics.quantiles(ratios, n=4), strict=True))
         for key in fns:
             rows.append({"N": n, "rho": rho, "degree": degree, "call": key, "ms_fwd_bwd": 1e3 * med[key],
                          "aten_ops": ops[key], "overhead_ms": 1e3 * (med[key] - med["fused action alone"]),

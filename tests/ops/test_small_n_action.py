@@ -382,8 +382,8 @@ def test_fused_osa_action_on_strided_views_gradcheck_and_second_order():
 )
 @example(n=16, r=2, rank_one=True, scale=1.0, seed=0, dtype=torch.float32)  # D ≈ 1e-16: D²'s squares underflow
 def test_skew_spectral_bound_bounds_the_spectral_norm(n, r, rank_one, scale, seed, dtype):
-    """The fused action's ‖S‖₂ bound is at least the exact ‖S‖₂ and at most ‖S‖_F (within rounding),
-    also for rank-deficient [q k] (k ∥ q)."""
+    """The fused action's ‖S‖₂ bound is at least the exact ‖S‖₂ and at most ‖S‖_F/√2 (within
+    rounding), also for rank-deficient [q k] (k ∥ q)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(3, n, r, dtype=torch.float64, generator=g) * scale
     k = 0.5 * q if rank_one else torch.randn(3, n, r, dtype=torch.float64, generator=g)
@@ -414,7 +414,7 @@ def test_skew_spectral_bound_is_the_norm_itself_for_one_eigenvalue_pair(n, dtype
 
 @pytest.mark.parametrize("dtype, size", [(torch.float32, 1e-30), (torch.float64, 1e-200)], ids=["f32", "f64"])
 def test_skew_spectral_bound_holds_for_matrices_near_the_bottom_of_the_range(dtype, size):
-    """Squares of entries this small underflow: the bound falls back to the scaled ‖D‖_F there,
+    """Squares of entries this small underflow: the bound falls back to the scaled ‖D‖_F/√2 there,
     while a matrix of ordinary size in the same batch keeps the tighter bound."""
     g = torch.Generator().manual_seed(1)
     a = torch.randn(2, 9, 9, dtype=torch.float64, generator=g)

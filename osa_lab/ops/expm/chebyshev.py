@@ -259,8 +259,8 @@ def _osa_skew_factors(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tupl
     the backward) and ``Sᵀ = c (P − Pᵀ)`` with ``P = k qᵀ`` (B, N, N), the OSA matrix of
     docs/design.md §1: one product of inner size r on the halves of ``U`` (the BLAS reads the
     transposed half in place), ``P`` in the second of :data:`ACTION_SCRATCH`'s pair of N×N
-    buffers; ``spare`` is the first, for the bound's ``S²`` next. ``Sᵀ`` is exactly skew-symmetric, as
-    :func:`~osa_lab.ops.expm.bounds.skew_spectral_bound` assumes.
+    buffers; ``spare`` is the first, for the bound's ``S²`` next. ``Sᵀ`` is exactly
+    skew-symmetric, as :func:`~osa_lab.ops.expm.bounds.skew_spectral_bound` assumes.
 
     Forming the product ``[k q]·[c qᵀ; −c kᵀ]`` instead needed the scaled transposes packed from
     the head-split layout, strided passes that cost more than the product (about 1.3× this
