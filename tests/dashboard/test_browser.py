@@ -430,7 +430,7 @@ def test_a_link_with_non_finite_or_malformed_values_still_draws_the_page(server,
     assert page.get_by_text(f"{first}=“").count() >= 1  # the unusable value is named
     deadline = time.time() + 90  # the address bar is rewritten to what is on screen (after the page load)
     while "nan" in page.url.lower().split("?", 1)[1] and time.time() < deadline:
-        time.sleep(0.3)
+        page.wait_for_timeout(300)  # (lets Playwright take in the rewrite; time.sleep would not)
     assert "nan" not in page.url.lower().split("?", 1)[1], page.url
     assert "view=rank" in page.url
     if "derived_alpha=false" in bad:  # no usable α to use: the derived α₀ stays on, and the page says so
