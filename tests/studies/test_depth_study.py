@@ -403,3 +403,28 @@ def test_a_claim_waits_untested_until_both_its_cells_are_complete(tmp_path):
     assert tested["verdict"] in ("shown", "refuted", "inconclusive") and tested["p_holm"] == pytest.approx(tested["p"])  # a family of one
     line = next(x for x in out["verdict"].splitlines() if "softmax attention" in x and "depth 4" in x)
     assert "**waiting** for its cells' 4 planned seeds" in line and "+24.6 points over 2 seeds" in line and "p =" not in line
+
+
+def test_a_cell_without_final_runs_says_how_far_its_tuning_got(tmp_path):
+    """Not run, tuning under way, or tuned: the verdict line says which, with the chosen setting."""
+    for s in range(4):
+        _write_run(tmp_path, "vit", s, 0.85)
+    tune = tmp_path / "tune"
+    tune.mkdir()
+    for preset in ("skipless-osa", "skipless-ssa"):
+        for i, lr in enumerate((0.001, 0.003, 0.01)):
+            (tune / f"{preset}-d4-lr{lr:g}-am1-s1000.json").write_text(json.dumps(
+                {"stage": "tune", "preset": preset, "depth": 4, "seed": 1000, "lr": lr, "alpha_lr_mult": 1.0,
+                 "status": "ok", "val_accuracy": 0.5 + 0.1 * i}))  # fmt: skip
+    (tmp_path / "search" / "skipless-ssa-d4.json").write_text(json.dumps(
+        {"preset": "skipless-ssa", "depth": 4, "chosen": [0.003, 1.0], "extension_points": [[0.01, 1.0]],
+         "edge_after_limit": []}))  # fmt: skip
+    out = report.summarise(tmp_path, _spec(), write=False)
+    lines = {line.split(" depth 4: ")[0]: line.split(" depth 4: ")[1] for line in out["verdict"].splitlines()
+             if line.startswith("* `") and " depth 4: " in line}  # fmt: skip
+    assert lines["* `skipless-ssa`"] == "tuned at lr 0.003, α-lr ×1 (3 tuning runs, grid extended); no final run yet"
+    assert lines["* `skipless-osa`"] == "tuning (3 tuning runs so far); no final run yet"
+    assert lines["* `mlp`"] == "not run yet"
+    summary = out["summary"].set_index("preset")
+    assert summary.loc["skipless-ssa", "lr"] == 0.003 and summary.loc["skipless-ssa", "finished"] == 0
+    assert math.isnan(summary.loc["skipless-osa", "lr"])

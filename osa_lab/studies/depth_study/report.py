@@ -122,11 +122,14 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
         lo, hi = stats.mean_interval(acc, 0.95)
         t = tuning[(tuning["preset"] == preset) & (tuning["depth"] == depth)]
         planned = len(spec.final_seeds(depth))
+        chosen = t[t["chosen"]]  # the tuner's choice, for a cell whose final runs have not started
+        setting = r if len(r) else chosen
         rows.append({
             "preset": preset, "depth": depth, "planned": planned, "finished": len(r), "diverged": int((r["status"] == "diverged").sum()),
             "complete": len(r) >= planned,
-            "lr": float(r["lr"].iloc[0]) if len(r) else math.nan,
-            "alpha_lr_mult": float(r["alpha_lr_mult"].iloc[0]) if len(r) else math.nan,
+            "lr": float(setting["lr"].iloc[0]) if len(setting) else math.nan,
+            "alpha_lr_mult": float(setting["alpha_lr_mult"].iloc[0]) if len(setting) else math.nan,
+            "tuning_runs": len(t),
             "grid_extended": bool(t["extended"].any()) if len(t) else False,
             "edge_after_limit": t["edge_after_limit"].iloc[0] if len(t) else "",
             "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
@@ -236,6 +239,17 @@ def _pct(v: float) -> str:
 SEEDS_LISTED = 5
 
 
+def _not_final_words(r) -> str:
+    """What a cell without a final run has done: nothing, part of its tuning, or all of it."""
+    if r.tuning_runs == 0:
+        return "not run yet"
+    if math.isfinite(r.lr):
+        extended = ", grid extended" if r.grid_extended else ""
+        return (f"tuned at lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g} ({r.tuning_runs} tuning runs{extended}); "
+                "no final run yet")  # fmt: skip
+    return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
+
+
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
     """The verdict in Markdown, from the tables only."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
@@ -259,7 +273,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
               f"{SEEDS_LISTED} or fewer", ""]  # fmt: skip
     for r in summary.itertuples():
         if r.finished == 0:
-            lines.append(f"* `{r.preset}` depth {r.depth}: not run yet")
+            lines.append(f"* `{r.preset}` depth {r.depth}: " + _not_final_words(r))
             continue
         std = "" if not math.isfinite(r.test_accuracy_std) else f" ± {r.test_accuracy_std * 100:.1f}"
         ok = r.finished - r.diverged
