@@ -428,3 +428,19 @@ def test_a_cell_without_final_runs_says_how_far_its_tuning_got(tmp_path):
     summary = out["summary"].set_index("preset")
     assert summary.loc["skipless-ssa", "lr"] == 0.003 and summary.loc["skipless-ssa", "finished"] == 0
     assert math.isnan(summary.loc["skipless-osa", "lr"])
+
+
+def test_the_verdict_counts_the_training_time_the_runs_recorded(tmp_path):
+    """Σ epoch_time_s × epochs per stage, from the run files: 2 final runs of 100 epochs at 18 s and
+    1 tuning run of 50 epochs at 36 s are 1.0 + 0.5 hours."""
+    for s in range(2):
+        _write_run(tmp_path, "vit", s, 0.85)
+        path = tmp_path / "final" / f"vit-d4-lr0.01-am1-s{s}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": 100, "epoch_time_s": 18.0}))
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "vit-d4-lr0.01-am1-s1000.json").write_text(json.dumps(
+        {"stage": "tune", "preset": "vit", "depth": 4, "seed": 1000, "lr": 0.01, "alpha_lr_mult": 1.0,
+         "status": "ok", "val_accuracy": 0.8, "epochs": 50, "epoch_time_s": 36.0}))  # fmt: skip
+    assert report.training_hours(tmp_path) == {"final": (2, pytest.approx(1.0)), "tune": (1, pytest.approx(0.5))}
+    text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
+    assert "Compute: 1.5 hours of training steps, 1.0 in 2 final runs and 0.5 in 1 tuning runs" in text

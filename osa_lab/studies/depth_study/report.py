@@ -250,8 +250,21 @@ def _not_final_words(r) -> str:
     return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
 
 
-def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
-    """The verdict in Markdown, from the tables only."""
+def training_hours(results: Path) -> dict[str, tuple[int, float]]:
+    """Per stage (``"tune"``, ``"final"``): the runs recorded and their training time in hours,
+    ``Σ epoch_time_s × epochs`` from each run's JSON (training steps only: the loop's epoch time
+    leaves out evaluation and diagnostics, κ included). Runs of a superseded choice count: they ran."""
+    out = {}
+    for stage in ("tune", "final"):
+        recs = _read(results / stage)
+        seconds = [r.get("epoch_time_s", math.nan) * r.get("epochs", math.nan) for r in recs]
+        out[stage] = (len(recs), float(np.nansum(seconds)) / 3600)
+    return out
+
+
+def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
+                 hours: dict[str, tuple[int, float]] | None = None) -> str:  # fmt: skip
+    """The verdict in Markdown, from the tables (and :func:`training_hours`, when given) only."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
     complete = finished >= planned
     lines = [f"# Verdict: {spec.name} ({spec.profile} profile)", ""]
@@ -263,6 +276,11 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
               f"and cosine decay, for every preset; test accuracy of the final checkpoint; learning rate (and OSA's "
               f"α-lr multiplier) chosen per preset and depth on validation accuracy ({spec.val_fraction:g} of the training "
               f"data) at {spec.tuning.steps} steps over tuning seeds {list(spec.tuning.seeds)}.", ""]  # fmt: skip
+    if hours:
+        (n_final, h_final), (n_tune, h_tune) = hours["final"], hours["tune"]
+        lines += [f"Compute: {h_final + h_tune:.1f} hours of training steps, {h_final:.1f} in {n_final} final runs and "
+                  f"{h_tune:.1f} in {n_tune} tuning runs (each run's recorded time per epoch × its epochs; "
+                  f"evaluation and diagnostics, κ included, are not counted).", ""]  # fmt: skip
     gate, gate_lines = gate_status(summary, spec)
     lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
     edges = summary[summary["edge_after_limit"].astype(str) != ""]
@@ -369,7 +387,7 @@ def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> di
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
-    text = verdict_text(summary, claims, spec)
+    text = verdict_text(summary, claims, spec, training_hours(results))
     tables = {"runs": runs, "curves": curve_table(results), "tuning": tuning, "summary": summary, "claims": claims}
     if write:
         for name, df in tables.items():
