@@ -243,6 +243,11 @@ def osa(
             y, norms = method_fn(q3, k3, v3, scale), None
     out = y.reshape(*batch, n, d).to(v.dtype)
     context = {"method": name, "n": n, "r": r, "work_dtype": work_dtype}
+    on_host = norms is not None and norms[0].device.type == "cpu" and out.dtype == y.dtype
+    if mode == "strict" and on_host and not expm.transformed(norms[0]):
+        # the CPU's blocking check in NumPy: no ATen operation per step of the formula
+        output_check.check_now(output_check.relative_drift_on_host(*norms), out, (q, k, v, alpha_t), context)
+        return out
     try:
         drift = output_check.relative_drift(*(norms or output_check.squared_norms(y, v3)))
         if out.dtype == torch.float16 and y.dtype != torch.float16:  # the cast may overflow float16

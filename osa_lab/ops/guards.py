@@ -67,6 +67,17 @@ def sum_is_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum(dtype=acc)))
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite. A small float32/float64 CPU tensor is tested in
+    NumPy, without the six ATen operations of ``torch.isfinite(x).all()`` and their dispatch."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.numel() <= 4096:
+        try:
+            return bool(np.isfinite((x.detach() if x.requires_grad else x).numpy()).all())
+        except RuntimeError:  # a torch.func wrapper has no NumPy view
+            pass
+    return bool(torch.isfinite(x).all())
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, finite: bool = True) -> None:
     """Check shapes, dtypes and devices of q (..., N, r), k (..., N, r), v (..., N, d_v).
 
@@ -120,7 +131,7 @@ def check_alpha(alpha: object, *, finite: bool = True) -> float | None:
                 f"`alpha` is a tensor of dtype {alpha.dtype}; α must be real: pass a float or a "
                 "floating-point tensor (e.g. `alpha.float()`, or `alpha.real` for a complex one)"
             )
-        if finite and alpha.numel() and not bool(torch.isfinite(alpha).all()):
+        if finite and alpha.numel() and not all_finite(alpha):
             raise NonFiniteError(f"`alpha` contains NaN or Inf: {alpha}")
         return None
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):

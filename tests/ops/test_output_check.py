@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import osa_lab
 from osa_lab.ops import expm, functional, output_check
@@ -88,3 +92,69 @@ def test_registry_methods_still_return_the_output_tensor(method):
     y = osa_lab.OSA_METHODS[method](q, k, v, torch.full((2,), 0.25, dtype=torch.float64))
     assert isinstance(y, torch.Tensor) and y.shape == v.shape
     assert torch.equal(y, osa_lab.osa(q, k, v, 0.5, method=method))
+
+
+_SPECIAL = st.sampled_from([0.0, 1e-320, 1.0, 1e300, math.inf, -math.inf, math.nan])
+_VALUE = st.one_of(st.floats(0.0, 1e6), _SPECIAL)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.tuples(_VALUE, _VALUE, st.one_of(st.floats(-1e6, 1e6), _SPECIAL)), min_size=0, max_size=6),
+    with_delta=st.booleans(),
+)
+def test_the_host_drift_equals_the_device_formula(values, with_delta):
+    """relative_drift_on_host (NumPy, the CPU's strict check) against relative_drift (torch, float64),
+    zero, subnormal, huge, infinite and NaN norms included."""
+    y_sq, v_sq, delta = (torch.tensor([row[i] for row in values], dtype=torch.float64) for i in range(3))
+    args = (y_sq, v_sq, delta) if with_delta else (y_sq, v_sq)
+    expected = float(output_check.relative_drift(*args))
+    got = output_check.relative_drift_on_host(*args)
+    assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_the_host_check_of_a_float32_action_call_names_a_nan_input_and_warns_on_drift(monkeypatch):
+    """osa()'s CPU strict path (the drift in NumPy) keeps the check's decisions: a NaN in v is
+    named, a drifting output warns."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 8, 4, generator=g) for _ in range(3))
+    bad = v.clone()
+    bad[1, 2, 5, 0] = math.nan
+    with pytest.raises(osa_lab.OSAInputError, match="`v` contains 1 NaN"):
+        osa_lab.osa(q, k, bad, 0.3)
+    action = expm.osa_chebyshev_action
+
+    def drifting(*args, norms=False):
+        y, (y_sq, v_sq) = action(*args, norms=True)
+        return y, (1.01 * y_sq, v_sq)
+
+    monkeypatch.setattr(expm, "osa_chebyshev_action", drifting)
+    with pytest.warns(osa_lab.OSAAccuracyWarning, match="norms differ"):
+        osa_lab.osa(q, k, v, 0.3)
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_cpu_strict_check_adds_no_aten_reduction_or_scalar_read_to_the_small_n_action():
+    """On the CPU the output check of a small-N call is decided in NumPy from the action's own
+    norms: osa()'s forward dispatches the fused action's operations plus α's chain and the
+    squares of the norms, and no further reduction, comparison or ``.item()``."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 10, 4, generator=g, requires_grad=True) for _ in range(3))
+    alpha = torch.full((8,), 0.3, dtype=torch.float64, requires_grad=True)
+    osa_lab.osa(q, k, v, alpha)  # warm-up
+    with _OpNames() as call:
+        osa_lab.osa(q, k, v, alpha)
+    with _OpNames() as action:
+        expm.osa_chebyshev_action(q, k, (alpha / 2).detach(), v, norms=True)
+    extra = Counter(call.names) - Counter(action.names)
+    assert not extra.keys() & {"amax", "max", "all", "any", "isfinite", "ne", "eq", "where", "_local_scalar_dense"}, extra
+    assert sum(extra.values()) <= 10, extra
