@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 import warnings
+from collections import Counter
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import osa_lab
