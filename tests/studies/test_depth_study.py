@@ -372,6 +372,23 @@ def test_the_kappa_sentence_follows_the_sign_and_the_test():
     assert "had higher test accuracy" in report.kappa_correlation_sentence(k, [0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
     assert "not significant" in report.kappa_correlation_sentence(k, [0.5, 0.9, 0.4, 0.8, 0.6, 0.7])
     assert "too few" in report.kappa_correlation_sentence(k[:3], [0.1, 0.2, 0.3])
+    assert "beyond what float64 resolves" not in report.kappa_correlation_sentence(k, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+
+
+def test_the_kappa_sentence_separates_the_points_beyond_float64():
+    from scipy.stats import spearmanr
+
+    # four resolved points ordered one way, three beyond float64 (tied at the ceiling) far down:
+    # over all seven ρ is negative, over the resolved four it is +1
+    kappa = [10.0, 100.0, 1e3, 1e4, 1e20, 1e40, 1e200]
+    acc = [0.50, 0.60, 0.70, 0.80, 0.20, 0.30, 0.10]
+    text = report.kappa_correlation_sentence(kappa, acc)
+    ceiling = report.KAPPA_RESOLVED
+    rho_all = spearmanr([min(x, ceiling) for x in kappa], acc)[0]
+    assert f"over 7 preset × depth points: ρ = {rho_all:+.2f}" in text
+    assert "3 of the 7 points have κ beyond what float64 resolves (tied); over the 4 below it alone, ρ = +1.00" in text
+    few = report.kappa_correlation_sentence(kappa[2:], acc[2:])
+    assert "the 2 below it are too few" in few
 
 
 def test_the_finding_names_the_state_the_gate_and_the_claims(tmp_path):

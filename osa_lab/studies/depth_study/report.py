@@ -360,7 +360,12 @@ def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
 
 
 def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], what: str = "test accuracy") -> str:
-    """Spearman's rank correlation of κ at initialisation with ``what`` across preset × depth points, in words."""
+    """Spearman's rank correlation of κ at initialisation with ``what`` across preset × depth points, in words.
+
+    κ at or above :data:`~osa_lab.studies.summaries.KAPPA_RESOLVED` counts as tied at that ceiling.
+    Where some points sit there, a second sentence gives the correlation over the points below it
+    alone, so a reader sees how much of ρ only separates "resolved" from "beyond float64".
+    """
     from scipy.stats import spearmanr
 
     k, v = np.asarray(kappa, dtype=float), np.asarray(value, dtype=float)
@@ -368,12 +373,24 @@ def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], w
     n = int(keep.sum())
     if n < 4:
         return f"Only {n} preset × depth point(s) with κ and {what}: too few for a rank correlation."
+    k = np.minimum(k, KAPPA_RESOLVED)
     rho, p = spearmanr(k[keep], v[keep])
     head = f"Spearman rank correlation of κ at initialisation with {what} over {n} preset × depth points: ρ = {rho:+.2f} (p = {p:.2g}); "
     if not p < 0.05:
-        return head + f"not significant at 5 %: these points do not show that κ predicts {what}."
-    direction = "higher" if rho > 0 else "lower"
-    return head + f"networks worse conditioned at initialisation had {direction} {what} (an association across presets and depths, not a cause)."
+        text = head + f"not significant at 5 %: these points do not show that κ predicts {what}."
+    else:
+        direction = "higher" if rho > 0 else "lower"
+        text = head + f"networks worse conditioned at initialisation had {direction} {what} (an association across presets and depths, not a cause)."
+    resolved = keep & (k < KAPPA_RESOLVED)
+    at_ceiling = n - int(resolved.sum())
+    if at_ceiling == 0:
+        return text
+    m = int(resolved.sum())
+    if m < 4:
+        return text + f" {at_ceiling} of the {n} points have κ beyond what float64 resolves (tied); the {m} below it are too few for a correlation of their own."
+    rho_r, p_r = spearmanr(k[resolved], v[resolved])
+    return text + (f" {at_ceiling} of the {n} points have κ beyond what float64 resolves (tied); over the {m} below it "
+                   f"alone, ρ = {rho_r:+.2f} (p = {p_r:.2g}).")
 
 
 def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
