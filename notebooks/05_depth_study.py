@@ -78,9 +78,12 @@ else:
 # %%
 if tables is not None and tables["summary"]["finished"].sum():
     nb.show(plots.accuracy_vs_depth(tables["summary"]))
-    display(tables["summary"][["preset", "depth", "finished", "planned", "diverged", "lr", "alpha_lr_mult",
+    table = tables["summary"][["preset", "depth", "finished", "planned", "diverged", "lr", "alpha_lr_mult",
                                "test_accuracy_mean", "ci_low", "ci_high", "steps_to_90_median",
-                               "kappa_init_median", "kappa_trained_median", "edge_after_limit"]].round(4))  # fmt: skip
+                               "kappa_init_median", "kappa_trained_median", "edge_after_limit"]].round(4)  # fmt: skip
+    # the tuned settings to 3 significant digits (3.33e-4, not 0.0003)
+    table[["lr", "alpha_lr_mult"]] = tables["summary"][["lr", "alpha_lr_mult"]].map(lambda x: f"{x:.3g}")
+    display(table)
 
 # %% [markdown]
 # ## Training loss per depth

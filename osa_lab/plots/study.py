@@ -37,20 +37,27 @@ __all__ = [
 
 
 def accuracy_vs_depth_data(summary: pd.DataFrame) -> pd.DataFrame:
-    """``preset, depth, mean, lo, hi, n`` in percent: mean test accuracy and its 95 % interval per depth."""
+    """``preset, depth, mean, lo, hi, n`` in percent: mean test accuracy and its 95 % interval per depth.
+
+    The interval is cut to 0–100 %: a t-interval over few, widely spread seeds can run past
+    either end (the verdict prints it uncut and says so), and an accuracy axis past 100 % misleads.
+    """
     require_columns(summary, ["preset", "depth", "test_accuracy_mean", "ci_low", "ci_high", "finished"], "summary")
     s = summary[summary["finished"] > 0]
     out = pd.DataFrame({"preset": s["preset"], "depth": s["depth"], "mean": 100 * s["test_accuracy_mean"],
-                        "lo": 100 * s["ci_low"].fillna(s["test_accuracy_mean"]),
-                        "hi": 100 * s["ci_high"].fillna(s["test_accuracy_mean"]),
+                        "lo": (100 * s["ci_low"].fillna(s["test_accuracy_mean"])).clip(0.0, 100.0),
+                        "hi": (100 * s["ci_high"].fillna(s["test_accuracy_mean"])).clip(0.0, 100.0),
                         "n": s["finished"] - s["diverged"]})  # fmt: skip
     return out.reset_index(drop=True)
 
 
 def accuracy_vs_depth(summary: pd.DataFrame, *, title: str = "test accuracy against depth (95 % interval)") -> hv.Overlay:
-    """Mean test accuracy (%) against depth per preset, with its 95 % interval as a band."""
+    """Mean test accuracy (%) against depth per preset, with its 95 % interval (cut to 0–100 %) as a band."""
     data = accuracy_vs_depth_data(summary)
-    return curves_with_bands(data, "depth", "test accuracy %", title, logy=False, logx=False)
+    overlay = curves_with_bands(data, "depth", "test accuracy %", title, logy=False, logx=False)
+    # the whole accuracy scale, and axes wider than tall beside the legend
+    overlay.opts(ylim=(0, 100), backend="bokeh")
+    return overlay.opts(ylim=(0, 100), aspect=1.6, fig_inches=(7, 3.6), backend="matplotlib")
 
 
 def loss_curves_data(curves: pd.DataFrame, depth: int, metric: str = "train_loss") -> pd.DataFrame:
@@ -93,6 +100,10 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
                              colours=colours, dashes=dashes)  # fmt: skip
 
 
+#: x ticks of the κ figures (matplotlib): every fourth decade up to the float64 ceiling (≈ 4.5e15)
+KAPPA_DECADES = [1.0, 1e4, 1e8, 1e12, 1e16]
+
+
 def kappa_vs_trainability_data(runs: pd.DataFrame, y: str = "steps_to_90") -> pd.DataFrame:
     """``preset, depth, kappa_init, y`` per preset × depth (medians over seeds; κ at the float64 ceiling if larger)."""
     require_columns(runs, ["preset", "depth", "kappa_init", y, "status"], "runs")
@@ -125,5 +136,14 @@ def kappa_vs_trainability(runs: pd.DataFrame, y: str = "steps_to_90") -> hv.Over
     return dual_options(overlay, dict(logx=True, xlabel="Jacobian κ at initialisation", ylabel=label, width=620,
                                       height=380, legend_position="right", title=f"κ at init against {label}",
                                       show_grid=True),
-                        dict(logx=True, xlabel="Jacobian κ at initialisation", ylabel=label, fig_inches=(6.5, 3.8),
-                             legend_position="right", title=f"κ at init against {label}", show_grid=True))  # fmt: skip
+                        dict(logx=True, xlabel="Jacobian κ at initialisation", ylabel=label, fig_inches=(9, 4.2),
+                             hooks=[_wide_axes], xticks=KAPPA_DECADES, legend_position="right",
+                             title=f"κ at init against {label}", show_grid=True))  # fmt: skip
+
+
+def _wide_axes(plot, element) -> None:
+    """matplotlib hook: axes 1.6× as wide as tall. HoloViews' numeric ``aspect`` is a data ratio,
+    which on a log axis spanning 16 decades squeezed the axes to a narrow column beside the legend."""
+    ax = plot.handles["axis"]
+    ax.set_aspect("auto")
+    ax.set_box_aspect(1 / 1.6)
