@@ -159,7 +159,7 @@ class _Pending:
 def check_now(drift: torch.Tensor | float, out: torch.Tensor, inputs: tuple, context: dict) -> None:
     """The blocking check: raise for non-finite output (naming a NaN/Inf input first), warn on drift."""
     try:
-        value = drift if isinstance(drift, float) else float(drift)
+        value = float(drift)
     except RuntimeError:  # under torch.func.vmap there is no single value to test: skip the check
         return
     _decide(value, context, inputs, out)

@@ -382,10 +382,10 @@ def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], w
         direction = "higher" if rho > 0 else "lower"
         text = head + f"networks worse conditioned at initialisation had {direction} {what} (an association across presets and depths, not a cause)."
     resolved = keep & (k < KAPPA_RESOLVED)
-    at_ceiling = n - int(resolved.sum())
+    m = int(resolved.sum())
+    at_ceiling = n - m
     if at_ceiling == 0:
         return text
-    m = int(resolved.sum())
     if m < 4:
         return text + f" {at_ceiling} of the {n} points have κ beyond what float64 resolves (tied); the {m} below it are too few for a correlation of their own."
     rho_r, p_r = spearmanr(k[resolved], v[resolved])
