@@ -26,7 +26,8 @@ base its callers expect (``OSAInputError`` is a ``ValueError``, ``MissingDataErr
 
   * outcomes that are not the user's mistake: :class:`TrainingDivergedError`,
     :class:`ComputationCancelledError`, :class:`MalformedResultError` (a damaged stored result,
-    computed again).
+    computed again), :class:`KernelFailedError` (a compiled CPU kernel could not run: no memory
+    for its workspace).
   * :class:`OSALabWarning` — the root of osa_lab's warnings: :class:`OSAAccuracyWarning`,
     :class:`SolverNotConvergedWarning`, :class:`GridTaskFailedWarning`, :class:`TaskStoreWarning`,
     :class:`DataCacheWarning`.
@@ -191,6 +192,11 @@ class UnstorableResultError(UserError, TypeError):
 class MalformedResultError(OSALabError, ValueError):
     """A stored task result is not one osa_lab wrote for this task (damaged, truncated, a pickle,
     another task's, an unknown format); it is never executed, and the grid computes it again."""
+
+
+class KernelFailedError(OSALabError, RuntimeError):
+    """A compiled CPU kernel (:mod:`osa_lab.ops.cpu`) reported a failure, e.g. no memory for its
+    per-thread workspace; the message names the kernel."""
 
 
 class ComputationCancelledError(OSALabError, RuntimeError):

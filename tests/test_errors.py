@@ -173,9 +173,10 @@ def test_every_error_type_is_below_the_root_and_keeps_its_builtin_base():
 def test_user_errors_are_one_subtree():
     from osa_lab import errors
 
-    # outcomes, not mistakes: a diverged run, a cancelled computation, a damaged stored result (recomputed)
+    # outcomes, not mistakes: a diverged run, a cancelled computation, a damaged stored result
+    # (recomputed), a compiled kernel that could not run
     not_user = {errors.OSALabError, errors.TrainingDivergedError, errors.ComputationCancelledError,
-                errors.MalformedResultError}
+                errors.MalformedResultError, errors.KernelFailedError}
     not_user |= {cls for cls in _error_types() if issubclass(cls, Warning)}
     for cls in _error_types():
         assert issubclass(cls, errors.UserError) == (cls not in not_user), cls

@@ -8,6 +8,8 @@
   computation methods (:data:`~osa_lab.ops.functional.OSA_METHODS`).
 * :mod:`osa_lab.ops.guards`: input guards shared by every entry point (shapes, dtypes, masks).
 * :mod:`osa_lab.ops.triton`: the Triton kernels, their compile check and sync counter.
+* :mod:`osa_lab.ops.cpu`: compiled CPU kernels (the small-N Chebyshev action, float32), built at
+  first use from the package's C source.
 
 This wing imports only :mod:`osa_lab.errors` (docs/architecture.md).
 """

@@ -22,7 +22,22 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import osa_lab
+from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.ops import expm
+
+
+@pytest.fixture(params=["kernels", "pytorch"])
+def fused_node(request, monkeypatch) -> str:
+    """Run a float32 test on both paths of the fused action: the compiled CPU kernels
+    (``osa_lab.ops.cpu``; skipped where none can be built) and the PyTorch reference path.
+    Returns the name of the autograd node the path puts into the graph."""
+    if request.param == "kernels":
+        monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+        if not cpu_kernels.usable(torch.ones(1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1, 1)):
+            pytest.skip(f"CPU kernels: {cpu_kernels.status()}")
+        return "_OSAChebyshevActionCPUBackward"
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "0")
+    return "_OSAChebyshevActionBackward"
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -119,7 +134,7 @@ def test_fused_osa_action_gradcheck():
         assert torch.autograd.gradcheck(expm.osa_chebyshev_action, tuple(args))
 
 
-def test_fused_osa_action_gradients_match_the_autograd_reference():
+def test_fused_osa_action_gradients_match_the_autograd_reference(fused_node):
     """Float32 fused backward against float64 autograd through the plain-operation reference,
     α = 0 included (the ``skipless-osa-alpha0`` control): ``∂L/∂c = ⟨A k, q⟩`` needs no D."""
     g = torch.Generator().manual_seed(5)
@@ -129,7 +144,7 @@ def test_fused_osa_action_gradients_match_the_autograd_reference():
         c = torch.full((6,), cval)
         fused = [t.clone().requires_grad_(True) for t in (q, k, c, v)]
         y = expm.osa_chebyshev_action(*fused)
-        assert y is not None and "_OSAChebyshevActionBackward" in _graph_names(y)
+        assert y is not None and fused_node in _graph_names(y)
         y.backward(gy)
         ref = [t.double().requires_grad_(True) for t in (q, k, c, v)]
         qk = ref[0] @ ref[1].mT
@@ -297,12 +312,12 @@ def _graph_names(t: torch.Tensor) -> set[str]:
     return {type(f).__name__ for f in seen}
 
 
-def test_osa_takes_the_fused_path_at_small_n():
+def test_osa_takes_the_fused_path_at_small_n(fused_node):
     """osa() at the MNIST token count (N = 49, r = 16, trained-size ‖S‖) runs the fused action."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(4, 2, 49, 16, generator=g).requires_grad_(True) for _ in range(3))
     y = osa_lab.osa(q, k, v, torch.tensor([0.01, 0.02], requires_grad=True))
-    assert "_OSAChebyshevActionBackward" in _graph_names(y)
+    assert fused_node in _graph_names(y)
 
 
 def _head_split(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -313,7 +328,7 @@ def _head_split(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("n", [7, 20, 49])
-def test_osa_on_head_split_views_matches_dense_float64_and_keeps_the_layers_layout(dtype, n):
+def test_osa_on_head_split_views_matches_dense_float64_and_keeps_the_layers_layout(dtype, n, fused_node):
     """A layer's head-split views go into the fused action as they are: the output takes v's
     (batch, N, heads, d) layout, so the merge back to (batch, N, heads·d) is a view, and output
     and gradients (of the token tensors and the per-head α) match the float64 dense reference."""
@@ -323,7 +338,7 @@ def test_osa_on_head_split_views_matches_dense_float64_and_keeps_the_layers_layo
     alpha = torch.tensor([0.1, -0.07, 0.0], dtype=dtype, requires_grad=True)  # ‖S‖₂ within float64's degree cap
     q, k, v = (_head_split(t, heads) for t in tokens)
     y = osa_lab.osa(q, k, v, alpha)
-    assert "_OSAChebyshevActionBackward" in _graph_names(y)
+    assert (fused_node if dtype == torch.float32 else "_OSAChebyshevActionBackward") in _graph_names(y)
     assert y.shape == v.shape and y.stride() == v.stride()
     merged = y.transpose(1, 2).reshape(2, n, heads * r)
     assert merged.data_ptr() == y.data_ptr()  # a view: no copy for the merge

@@ -204,6 +204,19 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     return bound.mul_(1 + rounding + NORM_BOUND_SLACK).add_(torch.finfo(d.dtype).tiny)
 
 
+def skew_bound_from_squares(d2_sq: torch.Tensor, fro_sq: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`skew_spectral_bound` from sums of squares computed elsewhere (the CPU kernels'
+    :func:`~osa_lab.ops.cpu.kernels.prepare`): ``d2_sq = ‖D²‖_F²`` with ``D²`` computed in
+    ``dtype`` and ``fro_sq = ‖D‖_F²``, both summed in float64, for N×N skew ``D``. The same bound,
+    rounding allowance and small-matrix rule (``‖D‖_F/√2`` where ``D²``'s squares near the bottom
+    of ``dtype``'s range), as float64."""
+    info = torch.finfo(dtype)
+    bound = d2_sq.mul(0.5).sqrt_().sqrt_()
+    small = bound < (info.tiny * n * 1e3) ** 0.25
+    bound = torch.where(small, fro_sq.mul(0.5).sqrt(), bound)
+    return bound.mul_(1 + n * n * info.eps / 2 + NORM_BOUND_SLACK).add_(info.tiny)
+
+
 def skew_norm_bound(s: torch.Tensor) -> float:
     """Largest ``min(‖S‖₁, ‖S‖_F)`` over the batch: an upper bound of every ``‖S‖₂`` (``inf``
     under torch.func.vmap, where a tensor has no single value, or for non-finite ``S``)."""

@@ -11,9 +11,10 @@ import math
 import torch
 
 from osa_lab.errors import OSAInputError
+from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.expm.batch import composite_backward, under_transform
-from osa_lab.ops.expm.bounds import skew_norm_bound, skew_spectral_bound
+from osa_lab.ops.expm.bounds import skew_bound_from_squares, skew_norm_bound, skew_spectral_bound
 from osa_lab.ops.expm.scratch import ACTION_SCRATCH
 
 #: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
@@ -211,13 +212,7 @@ class _OSAChebyshevAction(torch.autograd.Function):
         q, k, c, v, st, u, *zs = ctx.saved_tensors
         need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
-
-            def ref(q_, k_, c_, v_):
-                qk = q_ @ k_.mT
-                s = (qk - qk.mT) * c_.view(*q_.shape[:-2], 1, 1)
-                return chebyshev_action_reference(s, v_, ctx.rho, ctx.degree + 2)
-
-            grads = composite_backward(ref, (q, k, c, v), (need_q, need_k, need_c, need_v), g)
+            grads = _reference_osa_grads(q, k, c, v, ctx.rho, ctx.degree, (need_q, need_k, need_c, need_v), g)
             return (*grads, None, None, None, None)
         need_x = need_q or need_k or need_c
         gx_out, a_out = ACTION_SCRATCH.take(st, 2) if need_x else (None, None)
@@ -237,6 +232,46 @@ class _OSAChebyshevAction(torch.autograd.Function):
                 gc = (ak * u[..., r:]).sum((-2, -1)).mul_(1.0 / ctx.rho)
         gv = gv.view(v.shape) if need_v else None
         return gq, gk, gc, gv, None, None, None, None
+
+
+def _reference_osa_grads(q, k, c, v, rho: float, degree: int, needs: tuple[bool, ...], g: torch.Tensor) -> tuple:
+    """``∂L/∂(q, k, c, v)`` by autograd through :func:`chebyshev_action_reference` on the OSA
+    matrix, differentiable again (the ``create_graph=True`` backward of the fused actions); two
+    more terms, since a second derivative of the expansion loses two."""
+
+    def ref(q_, k_, c_, v_):
+        qk = q_ @ k_.mT
+        s = (qk - qk.mT) * c_.view(*q_.shape[:-2], 1, 1)
+        return chebyshev_action_reference(s, v_, rho, degree + 2)
+
+    return composite_backward(ref, (q, k, c, v), needs, g)
+
+
+class _OSAChebyshevActionCPU(torch.autograd.Function):
+    """:class:`_OSAChebyshevAction` by the fused C kernels of :mod:`osa_lab.ops.cpu` (float32 on
+    the CPU): ``Sᵀ`` from :func:`osa_lab.ops.cpu.kernels.prepare`, then one kernel call for the
+    forward and one for the whole backward down to ``q, k, c, V``, each matrix start to finish in
+    cache and every tensor read and written in its own layout. Same outputs (``y`` in V's layout,
+    the float64 sums of squares); :class:`_OSAChebyshevAction` is the reference beside it, and
+    ``create_graph=True`` differentiates the same plain-operation reference."""
+
+    @staticmethod
+    def forward(ctx, q, k, c, v, st, rho: float, degree: int):  # noqa: D102
+        coef = chebyshev_coefficients(rho, degree)
+        y, zs, y_sq, v_sq = cpu_kernels.chebyshev_forward(st, v, coef, rho)
+        ctx.mark_non_differentiable(y_sq, v_sq)
+        ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
+        ctx.save_for_backward(q, k, c, v, st, zs)
+        return y, y_sq, v_sq
+
+    @staticmethod
+    @autocast_off_backward
+    def backward(ctx, g, _y_sq, _v_sq):  # noqa: D102
+        q, k, c, v, st, zs = ctx.saved_tensors
+        needs = tuple(ctx.needs_input_grad[:4])
+        if torch.is_grad_enabled():  # create_graph=True
+            return (*_reference_osa_grads(q, k, c, v, ctx.rho, ctx.degree, needs, g), None, None, None)
+        return (*cpu_kernels.chebyshev_backward(st, zs, ctx.coef, ctx.rho, c, g, q, k, v, needs), None, None, None)
 
 
 def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -329,6 +364,16 @@ def osa_chebyshev_action(
     if under_transform(q, k, c, v):
         return None
     c = c.reshape(-1)
+    if cpu_kernels.usable(q, k, v):  # float32 on the CPU: the fused C kernels
+        with torch.no_grad():
+            st, d2_sq, fro_sq = cpu_kernels.prepare(q, k, c)
+            bound = skew_bound_from_squares(d2_sq, fro_sq, q.shape[-2], q.dtype)
+        rho = float(bound.max()) if bound.numel() else 0.0
+        degree = chebyshev_degree(rho, v.dtype)
+        if degree is None:
+            return None
+        y, y_sq, v_sq = _OSAChebyshevActionCPU.apply(q, k, c.to(q.dtype), v, st, max(rho, 1e-30), degree)
+        return (y, (y_sq, v_sq)) if norms else y
     with torch.no_grad():
         st, u, spare = _osa_skew_factors(q, k, c)
         bound = skew_spectral_bound(st, spare)  # ‖Sᵀ‖₂ = ‖S‖₂

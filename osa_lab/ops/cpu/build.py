@@ -1,0 +1,97 @@
+"""Build the CPU kernels at first use from the C source shipped in this package, and load them.
+
+The library is compiled by the system C compiler (``$CC``, else ``cc``) with ``-march=native`` into a
+fresh private directory (``tempfile.mkdtemp``, mode 0700) and loaded from there; the directory is
+removed once the library is loaded. Nothing is read from a cache or any other place a second
+party could write: the only code loaded is what this process compiled from the package's own
+source. Without a compiler, or where the build fails, :func:`library` returns None, the callers
+keep the PyTorch path, and :func:`status` says why (the benchmarks record it beside their figures).
+
+``OSA_LAB_CPU_KERNELS=0`` turns the kernels off (the PyTorch path everywhere).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("chebyshev_action.c")
+
+#: Seconds the compiler may take before the build is given up.
+BUILD_TIMEOUT_S = 120
+
+_FLAG_SETS = (
+    ["-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-pthread"],
+    ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread"],  # a compiler without -march=native
+)
+
+_state: dict[str, str] = {"status": "not built yet"}
+
+
+def enabled() -> bool:
+    """False when ``OSA_LAB_CPU_KERNELS`` is ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get("OSA_LAB_CPU_KERNELS", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i, f, p, n = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64
+    view = [p, p, n, n]  # base, per-matrix offsets, row stride, column stride
+    lib.osa_cheb_prepare.argtypes = [i, i, i, *view, *view, p, p, p, p, i]
+    lib.osa_cheb_forward.argtypes = [i, i, i, i, p, *view, p, f, p, *view, p, p, i]
+    lib.osa_cheb_backward.argtypes = [i, i, i, i, i, p, p, p, f, p, *(view * 6), p, i]
+    for fn in (lib.osa_cheb_prepare, lib.osa_cheb_forward, lib.osa_cheb_backward):
+        fn.restype = i
+    return lib
+
+
+@functools.cache
+def _build() -> ctypes.CDLL | None:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        _state["status"] = f"no C compiler ({os.environ.get('CC', 'cc')!r} not found): PyTorch path"
+        return None
+    errors = []
+    workdir = tempfile.mkdtemp(prefix="osa_lab_cpu_")  # private (0700), fresh for this process
+    try:
+        target = Path(workdir) / "osa_lab_cpu.so"
+        for flags in _FLAG_SETS:
+            try:
+                done = subprocess.run(
+                    [compiler, *flags, "-o", str(target), str(SOURCE)],
+                    capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False,
+                )  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as err:
+                errors.append(f"{type(err).__name__}: {err}")
+                continue
+            if done.returncode == 0 and target.exists():
+                lib = _declare(ctypes.CDLL(str(target)))
+                _state["status"] = f"built with {compiler} {' '.join(flags[:2])}"
+                return lib
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            errors.append(lines[-1] if lines else f"exit code {done.returncode}")
+    except OSError as err:
+        errors.append(f"{type(err).__name__}: {err}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # the loaded library stays mapped
+    _state["status"] = f"build failed ({errors[-1] if errors else 'unknown'}): PyTorch path"
+    return None
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, built on the first call; None where they are turned off or cannot be built."""
+    if not enabled():
+        return None
+    return _build()
+
+
+def status() -> str:
+    """One line: whether the CPU kernels are in use, and if not, why."""
+    if not enabled():
+        return "turned off (OSA_LAB_CPU_KERNELS=0): PyTorch path"
+    library()
+    return _state["status"]

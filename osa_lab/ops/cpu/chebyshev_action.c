@@ -1,0 +1,394 @@
+/* The small-N Chebyshev (Jacobi–Anger) action exp(S) V of orthogonal self-attention on the CPU,
+ * float32, forward and backward fused per matrix (Zhang & Martens, arXiv 2602.05996; the
+ * expansion and its adjoint as in osa_lab/ops/expm/chebyshev.py, docs/design.md §1–§2).
+ *
+ * The reference beside it is osa_lab.ops.expm.chebyshev._chebyshev_forward / _chebyshev_backward
+ * (batched torch products); tests/test_cpu_kernels.py compares the two, and both against float64.
+ *
+ * Per matrix, for S = c (q kᵀ − k qᵀ), st = Sᵀ = c (P − Pᵀ) with P = k qᵀ (exactly skew),
+ * X = S/ρ and Z_k = W_kᵀ (d×N):
+ *   prepare   st, and ‖st²‖_F², ‖st‖_F² for the spectral bound ((‖S²‖_F²/2)^{1/4} ≥ ‖S‖₂);
+ *   forward   Z_0 = Vᵀ, Z_1 = Z_0 Xᵀ, Z_{k+1} = 2 Z_k Xᵀ + Z_{k−1},  Yᵀ = Σ_k a_k Z_k;
+ *   backward  (transposed) Ḡ_mᵀ = a_m Gᵀ, Ḡ_kᵀ = a_k Gᵀ + 2 Ḡ_{k+1}ᵀ X + Ḡ_{k+2}ᵀ (X = −st/ρ),
+ *             ∂L/∂V = Ḡ_0, ∂L/∂X = Ḡ_1 W_0ᵀ + 2 Σ_{k=1}^{m−1} Ḡ_{k+1} W_kᵀ (one product of inner
+ *             size m·d), ρA = ∂L/∂X − (∂L/∂X)ᵀ, then with cc = c/ρ:
+ *             ∂L/∂q = cc A k, ∂L/∂k = −cc A q, ∂L/∂c = ⟨A k, q⟩/ρ.
+ * Inputs and outputs of shape (…, N, r) or (…, N, d) are read and written in place in the
+ * caller's layout (a view's per-matrix element offsets and its row and column strides), so the
+ * head-split views of a layer need no packing pass.
+ * A matrix and its m + 1 iterates fit in the first cache levels at the N ≤ 4r where the action is
+ * used, so each matrix runs start to finish in one pass over its own data: no N×d intermediate
+ * goes to memory between products, and there is one call per batch instead of ~3m library calls.
+ *
+ * Layout inside: rows padded with zeros to a multiple of 8 floats (Np = ⌈N⌉₈, Dp = ⌈d⌉₈), so the
+ * products run on 8-float vectors (GCC/Clang vector extensions; AVX2/AVX-512 with -march=native).
+ * The padding is zero and stays zero, so it changes no sum. Built at first use by
+ * osa_lab/ops/cpu/build.py; IEEE arithmetic (no -ffast-math), so NaN and Inf propagate.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+#define LD(p) (*(const v8 *)(p))
+#define ST(p, x) (*(v8 *)(p) = (x))
+
+static inline int up8(int n) { return (n + 7) & ~7; }
+
+/* C[M × 8·NV] += alpha · A · B: A's entry (i, k) at A[i·lda + k·sak], read as scalars; B (K rows)
+ * and C as 8-float vectors, row strides ldb and ldc (multiples of 8 floats, 32-byte aligned).
+ * Register block: 4 rows × 3 (or 2, 1) vectors, summed over k before alpha and C are applied. */
+static void gemm_bcast(int M, int K, int NV, const float *A, int lda, int sak, float alpha,
+                       const float *B, int ldb, float *C, int ldc)
+{
+    int i = 0;
+    for (; i + 4 <= M; i += 4) {
+        const float *a0 = A + (int64_t)i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+        int v = 0;
+        for (; v + 3 <= NV; v += 3) {
+            v8 c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
+            v8 c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
+            const float *bp = B + 8 * v;
+            for (int k = 0; k < K; ++k, bp += ldb) {
+                v8 b0 = LD(bp), b1 = LD(bp + 8), b2 = LD(bp + 16);
+                float s0 = a0[k * sak], s1 = a1[k * sak], s2 = a2[k * sak], s3 = a3[k * sak];
+                c00 += s0 * b0; c01 += s0 * b1; c02 += s0 * b2;
+                c10 += s1 * b0; c11 += s1 * b1; c12 += s1 * b2;
+                c20 += s2 * b0; c21 += s2 * b1; c22 += s2 * b2;
+                c30 += s3 * b0; c31 += s3 * b1; c32 += s3 * b2;
+            }
+            float *cp = C + (int64_t)i * ldc + 8 * v;
+            ST(cp, LD(cp) + alpha * c00); ST(cp + 8, LD(cp + 8) + alpha * c01); ST(cp + 16, LD(cp + 16) + alpha * c02);
+            cp += ldc;
+            ST(cp, LD(cp) + alpha * c10); ST(cp + 8, LD(cp + 8) + alpha * c11); ST(cp + 16, LD(cp + 16) + alpha * c12);
+            cp += ldc;
+            ST(cp, LD(cp) + alpha * c20); ST(cp + 8, LD(cp + 8) + alpha * c21); ST(cp + 16, LD(cp + 16) + alpha * c22);
+            cp += ldc;
+            ST(cp, LD(cp) + alpha * c30); ST(cp + 8, LD(cp + 8) + alpha * c31); ST(cp + 16, LD(cp + 16) + alpha * c32);
+        }
+        for (; v + 2 <= NV; v += 2) {
+            v8 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+            const float *bp = B + 8 * v;
+            for (int k = 0; k < K; ++k, bp += ldb) {
+                v8 b0 = LD(bp), b1 = LD(bp + 8);
+                float s0 = a0[k * sak], s1 = a1[k * sak], s2 = a2[k * sak], s3 = a3[k * sak];
+                c00 += s0 * b0; c01 += s0 * b1; c10 += s1 * b0; c11 += s1 * b1;
+                c20 += s2 * b0; c21 += s2 * b1; c30 += s3 * b0; c31 += s3 * b1;
+            }
+            float *cp = C + (int64_t)i * ldc + 8 * v;
+            ST(cp, LD(cp) + alpha * c00); ST(cp + 8, LD(cp + 8) + alpha * c01); cp += ldc;
+            ST(cp, LD(cp) + alpha * c10); ST(cp + 8, LD(cp + 8) + alpha * c11); cp += ldc;
+            ST(cp, LD(cp) + alpha * c20); ST(cp + 8, LD(cp + 8) + alpha * c21); cp += ldc;
+            ST(cp, LD(cp) + alpha * c30); ST(cp + 8, LD(cp + 8) + alpha * c31);
+        }
+        for (; v < NV; ++v) {
+            v8 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+            const float *bp = B + 8 * v;
+            for (int k = 0; k < K; ++k, bp += ldb) {
+                v8 b0 = LD(bp);
+                c0 += a0[k * sak] * b0; c1 += a1[k * sak] * b0; c2 += a2[k * sak] * b0; c3 += a3[k * sak] * b0;
+            }
+            float *cp = C + (int64_t)i * ldc + 8 * v;
+            ST(cp, LD(cp) + alpha * c0); cp += ldc;
+            ST(cp, LD(cp) + alpha * c1); cp += ldc;
+            ST(cp, LD(cp) + alpha * c2); cp += ldc;
+            ST(cp, LD(cp) + alpha * c3);
+        }
+    }
+    for (; i < M; ++i) {
+        const float *a0 = A + (int64_t)i * lda;
+        for (int v = 0; v < NV; ++v) {
+            v8 c0 = {0};
+            for (int k = 0; k < K; ++k) c0 += a0[k * sak] * LD(B + (int64_t)k * ldb + 8 * v);
+            float *cp = C + (int64_t)i * ldc + 8 * v;
+            ST(cp, LD(cp) + alpha * c0);
+        }
+    }
+}
+
+/* A strided (B, rows, cols) view: element (b, i, j) at base[offs[b] + i·rs + j·cs]. */
+typedef struct {
+    float *base;
+    const int64_t *offs;
+    int64_t rs, cs;
+} view_t;
+
+static inline float vget(const view_t *t, int b, int i, int j) { return t->base[t->offs[b] + i * t->rs + j * t->cs]; }
+static inline void vset(const view_t *t, int b, int i, int j, float x) { t->base[t->offs[b] + i * t->rs + j * t->cs] = x; }
+
+/* st's matrix copied into N rows of Np floats, zero-padded on the right. */
+static void load_padded(const float *src, int N, int Np, float *dst)
+{
+    for (int j = 0; j < N; ++j) {
+        memcpy(dst + (int64_t)j * Np, src + (int64_t)j * N, sizeof(float) * N);
+        memset(dst + (int64_t)j * Np + N, 0, sizeof(float) * (Np - N));
+    }
+}
+
+enum { PREPARE, FORWARD, BACKWARD };
+
+typedef struct {
+    int kind, B, N, d, r, m, nthreads;
+    view_t q, k, v, g, y, gq, gk, gv;
+    const float *c;       /* per-matrix c (prepare) or c/ρ (backward) */
+    const double *coef;   /* a_0 … a_m */
+    float rinv;           /* 1/ρ */
+    float *st, *zs, *gc;
+    double *d2_sq, *fro_sq, *y_sq, *v_sq;
+    int failed;
+} job_t;
+
+typedef struct {
+    job_t *job;
+    int first, last;
+} range_t;
+
+static size_t workspace_floats(const job_t *job)
+{
+    const size_t N = job->N, Np = up8(job->N), sz = (size_t)up8(job->d) * Np, Rp = up8(2 * job->r);
+    switch (job->kind) {
+    case PREPARE: return (size_t)job->r * Np + 3 * N * Np;
+    case FORWARD: return N * Np + 2 * sz;
+    default: return 2 * N * Np + sz + (size_t)(job->m + 1) * sz + 2 * N * Rp;
+    }
+}
+
+static void prepare_range(job_t *job, int first, int last, float *work)
+{
+    const int N = job->N, r = job->r, Np = up8(N);
+    float *qt = work, *p = qt + (int64_t)r * Np, *sp = p + (int64_t)N * Np, *s2 = sp + (int64_t)N * Np;
+    for (int b = first; b < last; ++b) {
+        for (int l = 0; l < r; ++l) {
+            for (int j = 0; j < N; ++j) qt[(int64_t)l * Np + j] = vget(&job->q, b, j, l);
+            memset(qt + (int64_t)l * Np + N, 0, sizeof(float) * (Np - N));
+        }
+        memset(p, 0, sizeof(float) * N * Np);  /* P = k qᵀ, read from k's layout in place */
+        gemm_bcast(N, r, Np / 8, job->k.base + job->k.offs[b], (int)job->k.rs, (int)job->k.cs, 1.0f, qt, Np, p, Np);
+        const float cb = job->c[b];
+        float *st = job->st + (int64_t)b * N * N;
+        double fro = 0.0;
+        for (int i = 0; i < N; ++i) {
+            for (int j = 0; j < N; ++j) {
+                float x = cb * (p[(int64_t)i * Np + j] - p[(int64_t)j * Np + i]);
+                st[(int64_t)i * N + j] = x;
+                sp[(int64_t)i * Np + j] = x;
+                fro += (double)x * x;
+            }
+            memset(sp + (int64_t)i * Np + N, 0, sizeof(float) * (Np - N));
+        }
+        memset(s2, 0, sizeof(float) * N * Np);
+        gemm_bcast(N, N, Np / 8, st, N, 1, 1.0f, sp, Np, s2, Np);  /* st², in float32 like the reference */
+        double d2 = 0.0;
+        for (int i = 0; i < N; ++i)
+            for (int j = 0; j < N; ++j) {
+                double x = s2[(int64_t)i * Np + j];
+                d2 += x * x;
+            }
+        job->d2_sq[b] = d2;
+        job->fro_sq[b] = fro;
+    }
+}
+
+static void forward_range(job_t *job, int first, int last, float *work)
+{
+    const int N = job->N, d = job->d, m = job->m, Np = up8(N), Dp = up8(d), sz = Dp * Np;
+    float *xw = work, *acc = xw + (int64_t)N * Np, *spare = acc + sz;
+    for (int b = first; b < last; ++b) {
+        load_padded(job->st + (int64_t)b * N * N, N, Np, xw);
+        float *z = job->zs + (int64_t)b * m * sz;
+        memset(z, 0, sizeof(float) * sz);
+        double vs = 0.0;
+        for (int i = 0; i < N; ++i)
+            for (int c = 0; c < d; ++c) {
+                float t = vget(&job->v, b, i, c);
+                z[(int64_t)c * Np + i] = t;
+                vs += (double)t * t;
+            }
+        const float a0 = (float)job->coef[0];
+        for (int i = 0; i < sz; ++i) acc[i] = a0 * z[i];
+        for (int k = 0; k < m; ++k) {
+            const float *cur = z + (int64_t)k * sz;
+            float *nxt = k + 1 < m ? z + (int64_t)(k + 1) * sz : spare;
+            if (k) memcpy(nxt, z + (int64_t)(k - 1) * sz, sizeof(float) * sz);
+            else memset(nxt, 0, sizeof(float) * sz);
+            gemm_bcast(Dp, N, Np / 8, cur, Np, 1, k ? 2.0f * job->rinv : job->rinv, xw, Np, nxt, Np);
+            const float ck = (float)job->coef[k + 1];
+            for (int i = 0; i < sz; ++i) acc[i] += ck * nxt[i];
+        }
+        double ys = 0.0;
+        for (int i = 0; i < N; ++i)
+            for (int c = 0; c < d; ++c) {
+                float t = acc[(int64_t)c * Np + i];
+                vset(&job->y, b, i, c, t);
+                ys += (double)t * t;
+            }
+        job->y_sq[b] = ys;
+        job->v_sq[b] = vs;
+    }
+}
+
+static void backward_range(job_t *job, int first, int last, float *work)
+{
+    const int N = job->N, d = job->d, r = job->r, m = job->m, Np = up8(N), Dp = up8(d), sz = Dp * Np;
+    const int Rp = up8(2 * r);
+    float *xw = work, *gt = xw + (int64_t)N * Np, *gxw = gt + sz, *gb = gxw + (int64_t)N * Np;
+    float *up = gb + (int64_t)(m + 1) * sz, *au = up + (int64_t)N * Rp;
+    const int need_x = job->gq.base || job->gk.base || job->gc;
+    for (int b = first; b < last; ++b) {
+        load_padded(job->st + (int64_t)b * N * N, N, Np, xw);
+        const float *z = job->zs + (int64_t)b * m * sz;
+        memset(gt, 0, sizeof(float) * sz);
+        for (int i = 0; i < N; ++i)
+            for (int c = 0; c < d; ++c) gt[(int64_t)c * Np + i] = vget(&job->g, b, i, c);
+        float *top = gb + (int64_t)m * sz;  /* gb[k] = Ḡ_kᵀ, k = 0 … m */
+        const float am = (float)job->coef[m];
+        for (int i = 0; i < sz; ++i) top[i] = am * gt[i];
+        for (int k = m - 1; k >= 0; --k) {
+            float *o = gb + (int64_t)k * sz;
+            const float ak = (float)job->coef[k];
+            if (k + 2 <= m) {
+                const float *after = gb + (int64_t)(k + 2) * sz;
+                for (int i = 0; i < sz; ++i) o[i] = ak * gt[i] + after[i];
+            } else {
+                for (int i = 0; i < sz; ++i) o[i] = ak * gt[i];
+            }
+            /* Ḡ_{k+1}ᵀ X = −Ḡ_{k+1}ᵀ st / ρ */
+            gemm_bcast(Dp, N, Np / 8, gb + (int64_t)(k + 1) * sz, Np, 1, k ? -2.0f * job->rinv : -job->rinv, xw, Np, o, Np);
+        }
+        if (job->gv.base)
+            for (int i = 0; i < N; ++i)
+                for (int c = 0; c < d; ++c) vset(&job->gv, b, i, c, gb[(int64_t)c * Np + i]);
+        if (!need_x) continue;
+        /* ∂L/∂X = Σ_k w_k Ḡ_{k+1} Z_k: blocks 1 … m of gb against Z_0 … Z_{m−1}, one product of
+           inner size m·Dp with weight 2 after halving block 1 (w_0 = 1) */
+        for (int i = 0; i < sz; ++i) gb[sz + i] *= 0.5f;
+        memset(gxw, 0, sizeof(float) * N * Np);
+        gemm_bcast(N, m * Dp, Np / 8, gb + sz, 1, Np, 2.0f, z, Np, gxw, Np);
+        /* ρA = gx − gxᵀ, overwriting xw (st is not needed again) */
+        for (int i = 0; i < N; ++i)
+            for (int j = 0; j < N; ++j) xw[(int64_t)i * Np + j] = gxw[(int64_t)i * Np + j] - gxw[(int64_t)j * Np + i];
+        for (int i = 0; i < N; ++i) {  /* U = [k q], padded */
+            float *row = up + (int64_t)i * Rp;
+            for (int l = 0; l < r; ++l) {
+                row[l] = vget(&job->k, b, i, l);
+                row[r + l] = vget(&job->q, b, i, l);
+            }
+            memset(row + 2 * r, 0, sizeof(float) * (Rp - 2 * r));
+        }
+        memset(au, 0, sizeof(float) * N * Rp);
+        gemm_bcast(N, N, Rp / 8, xw, Np, 1, 1.0f, up, Rp, au, Rp);  /* ρ [A k  A q] */
+        const float cc = job->c[b];
+        double dot = 0.0;
+        for (int i = 0; i < N; ++i) {
+            const float *row = au + (int64_t)i * Rp, *urow = up + (int64_t)i * Rp;
+            for (int l = 0; l < r; ++l) {
+                if (job->gq.base) vset(&job->gq, b, i, l, cc * row[l]);
+                if (job->gk.base) vset(&job->gk, b, i, l, -cc * row[r + l]);
+                dot += (double)row[l] * urow[r + l];
+            }
+        }
+        if (job->gc) job->gc[b] = (float)(dot * job->rinv);
+    }
+}
+
+static void *run_range(void *arg)
+{
+    range_t *rg = (range_t *)arg;
+    job_t *job = rg->job;
+    size_t bytes = (workspace_floats(job) * sizeof(float) + 63) / 64 * 64;
+    float *work = aligned_alloc(64, bytes);
+    if (!work) {
+        __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    if (job->kind == PREPARE) prepare_range(job, rg->first, rg->last, work);
+    else if (job->kind == FORWARD) forward_range(job, rg->first, rg->last, work);
+    else backward_range(job, rg->first, rg->last, work);
+    free(work);
+    return NULL;
+}
+
+#define MAX_THREADS 256
+
+/* Split the batch over nthreads (the caller's thread takes the first share). 0 on success, 1 when
+ * memory for a workspace could not be had, 2 on bad arguments. */
+static int run(job_t *job)
+{
+    if (job->B < 0 || job->N < 1 || job->d < 1 || job->r < 0 || job->m < 0) return 2;
+    if (job->B == 0) return 0;
+    int nt = job->nthreads < 1 ? 1 : job->nthreads > MAX_THREADS ? MAX_THREADS : job->nthreads;
+    if (nt > job->B) nt = job->B;
+    range_t ranges[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int t = 0; t < nt; ++t) {
+        ranges[t].job = job;
+        ranges[t].first = (int)((int64_t)job->B * t / nt);
+        ranges[t].last = (int)((int64_t)job->B * (t + 1) / nt);
+    }
+    for (int t = 1; t < nt; ++t) started[t] = pthread_create(&threads[t], NULL, run_range, &ranges[t]) == 0;
+    run_range(&ranges[0]);
+    for (int t = 1; t < nt; ++t) {
+        if (started[t]) pthread_join(threads[t], NULL);
+        else run_range(&ranges[t]);  /* no thread to be had: this share in the caller's */
+    }
+    return job->failed ? 1 : 0;
+}
+
+static view_t view(float *base, const int64_t *offs, int64_t rs, int64_t cs)
+{
+    view_t t = {base, offs, rs, cs};
+    return t;
+}
+
+/* st (B×N×N) = c (k qᵀ − q kᵀ) for q, k (B, N, r) views and c (B); d2_sq = ‖st²‖_F², fro_sq = ‖st‖_F². */
+int osa_cheb_prepare(int B, int N, int r, float *q, const int64_t *q_offs, int64_t q_rs, int64_t q_cs,
+                     float *k, const int64_t *k_offs, int64_t k_rs, int64_t k_cs, const float *c,
+                     float *st, double *d2_sq, double *fro_sq, int nthreads)
+{
+    job_t job = {0};
+    job.kind = PREPARE; job.B = B; job.N = N; job.d = 1; job.r = r; job.m = 0; job.nthreads = nthreads;
+    job.q = view(q, q_offs, q_rs, q_cs); job.k = view(k, k_offs, k_rs, k_cs);
+    job.c = c; job.st = st; job.d2_sq = d2_sq; job.fro_sq = fro_sq;
+    if (r < 1) return 2;
+    return run(&job);
+}
+
+/* y = Σ a_k W_k ≈ exp(S) v for the prepared st and coef = a_0 … a_m, rinv = 1/ρ; v and y (B, N, d)
+ * views; zs (B×m×Dp×Np) keeps Z_0 … Z_{m−1} for the backward; y_sq, v_sq = Σ y², Σ v² per matrix. */
+int osa_cheb_forward(int B, int N, int d, int m, const float *st, float *v, const int64_t *v_offs,
+                     int64_t v_rs, int64_t v_cs, const double *coef, float rinv, float *zs, float *y,
+                     const int64_t *y_offs, int64_t y_rs, int64_t y_cs, double *y_sq, double *v_sq,
+                     int nthreads)
+{
+    job_t job = {0};
+    job.kind = FORWARD; job.B = B; job.N = N; job.d = d; job.r = 0; job.m = m; job.nthreads = nthreads;
+    job.st = (float *)st; job.v = view(v, v_offs, v_rs, v_cs); job.coef = coef; job.rinv = rinv;
+    job.zs = zs; job.y = view(y, y_offs, y_rs, y_cs); job.y_sq = y_sq; job.v_sq = v_sq;
+    if (m < 1) return 2;
+    return run(&job);
+}
+
+/* The adjoint for g = ∂L/∂y: writes gv = ∂L/∂v, gq = ∂L/∂q, gk = ∂L/∂k (views; a NULL base skips
+ * one) and gc = ∂L/∂c (B floats; NULL skips it); cc = c/ρ per matrix. */
+int osa_cheb_backward(int B, int N, int d, int r, int m, const float *st, const float *zs,
+                      const double *coef, float rinv, const float *cc,
+                      float *g, const int64_t *g_offs, int64_t g_rs, int64_t g_cs,
+                      float *q, const int64_t *q_offs, int64_t q_rs, int64_t q_cs,
+                      float *k, const int64_t *k_offs, int64_t k_rs, int64_t k_cs,
+                      float *gv, const int64_t *gv_offs, int64_t gv_rs, int64_t gv_cs,
+                      float *gq, const int64_t *gq_offs, int64_t gq_rs, int64_t gq_cs,
+                      float *gk, const int64_t *gk_offs, int64_t gk_rs, int64_t gk_cs,
+                      float *gc, int nthreads)
+{
+    job_t job = {0};
+    job.kind = BACKWARD; job.B = B; job.N = N; job.d = d; job.r = r; job.m = m; job.nthreads = nthreads;
+    job.st = (float *)st; job.zs = (float *)zs; job.coef = coef; job.rinv = rinv; job.c = cc;
+    job.g = view(g, g_offs, g_rs, g_cs); job.q = view(q, q_offs, q_rs, q_cs); job.k = view(k, k_offs, k_rs, k_cs);
+    job.gv = view(gv, gv_offs, gv_rs, gv_cs); job.gq = view(gq, gq_offs, gq_rs, gq_cs);
+    job.gk = view(gk, gk_offs, gk_rs, gk_cs); job.gc = gc;
+    if (m < 1 || r < 1) return 2;
+    return run(&job);
+}

@@ -1,0 +1,302 @@
+"""The fused CPU kernels of the small-N Chebyshev action (``osa_lab.ops.cpu``) against their
+references: the PyTorch path of ``expm.chebyshev`` (``OSA_LAB_CPU_KERNELS=0``) and float64 dense
+``torch.linalg.matrix_exp``, outputs and gradients, over grids of N, r, d, ‖S‖ and layouts; the
+build's safety (a private, removed directory) and its fallback without a compiler.
+
+The kernels are built by the machine's C compiler; on a machine without one these tests are
+skipped (the PyTorch path then runs everywhere, as the first test checks).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import osa_lab
+from osa_lab.ops import cpu, expm
+from osa_lab.ops.cpu import build
+
+HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
+needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def _graph_names(y: torch.Tensor) -> set[str]:
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    return {type(f).__name__ for f in seen}
+
+
+def _head_split(t: torch.Tensor, heads: int) -> torch.Tensor:
+    b, n, width = t.shape
+    return t.view(b, n, heads, width // heads).transpose(1, 2)
+
+
+def _run(q, k, v, alpha, grad, *, native: bool, monkeypatch):
+    """osa() and the gradients of q, k, v, α for output gradient ``grad``, on one path."""
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1" if native else "0")
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, alpha)]
+    y = osa_lab.osa(*leaves)
+    names = _graph_names(y)
+    y.backward(grad)
+    return y.detach(), [t.grad for t in leaves], names
+
+
+def test_without_a_compiler_or_when_turned_off_the_pytorch_path_runs(monkeypatch):
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "0")
+    assert not build.enabled() and build.library() is None
+    assert "OSA_LAB_CPU_KERNELS=0" in cpu.status()
+    q, k, v = (torch.randn(2, 20, 8, requires_grad=True) for _ in range(3))
+    y = osa_lab.osa(q, k, v, 0.1)
+    assert "_OSAChebyshevActionBackward" in _graph_names(y)
+
+
+@needs_kernels
+def test_kernels_build_here():
+    assert cpu.usable(torch.ones(1, 2, 2), torch.ones(1, 2, 2), torch.ones(1, 2, 2)), cpu.status()
+    assert cpu.status().startswith("built with")
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 2, 7, 20, 33, 49, 64])
+@pytest.mark.parametrize(("r", "d"), [(16, 16), (3, 5), (1, 1), (8, 24)])
+@pytest.mark.parametrize("norm", [0.0, 0.5, 3.0])
+def test_kernels_match_the_pytorch_path_and_float64_dense(n, r, d, norm, monkeypatch):
+    """Output and the gradients of q, k, v and α, with α set for the largest ‖S‖₂ = ``norm``: the
+    kernels agree with the PyTorch path (same float32 arithmetic up to the order of sums) and
+    both with the float64 dense reference."""
+    if n > 4 * r:
+        pytest.skip("the small-N action runs for N ≤ 4r")
+    g = torch.Generator().manual_seed(n * 100 + r * 10 + d)
+    q, k = (torch.randn(3, n, r, generator=g) for _ in range(2))
+    v = torch.randn(3, n, d, generator=g)
+    s_two = float(torch.linalg.matrix_norm(expm.skew_symmetric_from_qk(q.double(), k.double(), 1.0), ord=2).amax())
+    a = torch.tensor(norm / s_two if s_two > 0 else 0.0)
+    grad = torch.randn(3, n, d, generator=g)
+    y_c, grads_c, names = _run(q, k, v, a, grad, native=True, monkeypatch=monkeypatch)
+    assert "_OSAChebyshevActionCPUBackward" in names
+    y_t, grads_t, names_t = _run(q, k, v, a, grad, native=False, monkeypatch=monkeypatch)
+    assert "_OSAChebyshevActionBackward" in names_t
+
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v, a)]
+    s = expm.skew_symmetric_from_qk(leaves[0], leaves[1], leaves[3])
+    y64 = torch.linalg.matrix_exp(s) @ leaves[2]
+    y64.backward(grad.double())
+    assert rel_err(y_c, y64) <= 2e-6 and rel_err(y_t, y64) <= 2e-6
+    assert rel_err(y_c, y_t) <= 2e-6
+    for name, got, ref, want in zip("qkva", grads_c, grads_t, leaves, strict=True):
+        if want.grad.norm() == 0:  # S = 0: q and k have no influence
+            assert float(got.abs().max()) <= 1e-6, name
+            continue
+        # α's gradient is one sum of signed per-matrix terms: float32 cancellation puts it at up to
+        # 2.8e-5 on the PyTorch path in this grid (N = 2, r = 3, d = 5), the kernels at 2.5e-5
+        tol = 1e-4 if name == "a" else 2e-5
+        assert rel_err(got, want.grad) <= tol, name
+        assert rel_err(got, ref) <= tol, name
+
+
+@needs_kernels
+@pytest.mark.parametrize("norm", [1.0, 4.0, 8.0])
+def test_kernels_hold_the_accuracy_target_up_to_the_float32_degree_cap(norm, monkeypatch):
+    """‖S‖₂ up to ≈ 10 (the float32 degree cap): 2e-6 against float64 dense, outputs and gradients."""
+    g = torch.Generator().manual_seed(int(norm * 10))
+    n, r, d = 40, 16, 16
+    q, k = (torch.randn(2, n, r, generator=g, dtype=torch.float64) for _ in range(2))
+    s_two = torch.linalg.matrix_norm(expm.skew_symmetric_from_qk(q, k, 1.0), ord=2).amax()
+    alpha = torch.tensor(float(norm / s_two), dtype=torch.float32)
+    q, k = q.float(), k.float()
+    v, grad = torch.randn(2, n, d, generator=g), torch.randn(2, n, d, generator=g)
+    y_c, grads_c, names = _run(q, k, v, alpha, grad, native=True, monkeypatch=monkeypatch)
+    assert "_OSAChebyshevActionCPUBackward" in names
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v, alpha)]
+    y64 = torch.linalg.matrix_exp(expm.skew_symmetric_from_qk(leaves[0], leaves[1], leaves[3])) @ leaves[2]
+    y64.backward(grad.double())
+    assert rel_err(y_c, y64) <= 2e-6
+    for name, got, want in zip("qkva", grads_c, leaves, strict=True):
+        assert rel_err(got, want.grad) <= 2e-5, name
+
+
+@needs_kernels
+@pytest.mark.parametrize("wanted", ["q", "k", "v", "alpha", "qv"])
+def test_kernels_compute_only_the_gradients_asked_for(wanted, monkeypatch):
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 20, 16, generator=g) for _ in range(3))
+    alpha = torch.tensor([0.1, 0.2, -0.1])
+    named = {"q": q, "k": k, "v": v, "alpha": alpha}
+    for key in ("q", "k", "v", "alpha"):
+        named[key] = named[key].clone().requires_grad_(key in wanted or (wanted == "qv" and key in "qv"))
+    w = torch.randn(2, 3, 20, 16, generator=g)  # a linear loss: ‖y‖² = ‖v‖² has no q, k gradient
+    y = osa_lab.osa(named["q"], named["k"], named["v"], named["alpha"])
+    (y * w).sum().backward()
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "0")
+    ref = {key: t.detach().clone().requires_grad_(t.requires_grad) for key, t in named.items()}
+    (osa_lab.osa(ref["q"], ref["k"], ref["v"], ref["alpha"]) * w).sum().backward()
+    for key, t in named.items():
+        assert (t.grad is None) == (not t.requires_grad), key
+        if t.requires_grad:
+            assert rel_err(t.grad, ref[key].grad) <= 2e-5, key
+
+
+@needs_kernels
+def test_kernels_read_and_write_the_layers_layout(monkeypatch):
+    """Head-split views of (batch, N, heads·r) memory, and q, k, v as slices of one fused qkv
+    projection: read in place, the output in v's layout (the merge is a view), gradients right."""
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    g = torch.Generator().manual_seed(5)
+    batch, n, heads, r = 3, 20, 4, 16
+    qkv = torch.randn(batch, n, 3 * heads * r, generator=g, requires_grad=True)
+    q, k, v = (_head_split(t, heads) for t in qkv.split(heads * r, dim=-1))
+    alpha = torch.tensor([0.2, -0.1, 0.05, 0.0], requires_grad=True)
+    y = osa_lab.osa(q, k, v, alpha)
+    assert "_OSAChebyshevActionCPUBackward" in _graph_names(y)
+    merged = y.transpose(1, 2).reshape(batch, n, heads * r)
+    gy = torch.randn(batch, n, heads * r, generator=g)
+    merged.backward(gy)
+
+    ref_qkv = qkv.detach().double().requires_grad_(True)
+    ref_alpha = alpha.detach().double().requires_grad_(True)
+    q64, k64, v64 = (_head_split(t, heads) for t in ref_qkv.split(heads * r, dim=-1))
+    s = expm.skew_symmetric_from_qk(q64, k64, ref_alpha)  # α per head over (batch, heads)
+    y64 = torch.linalg.matrix_exp(s) @ v64
+    y64.transpose(1, 2).reshape(batch, n, heads * r).backward(gy.double())
+    assert rel_err(y, y64) <= 2e-6
+    assert rel_err(qkv.grad, ref_qkv.grad) <= 2e-5
+    assert rel_err(alpha.grad, ref_alpha.grad) <= 2e-5
+
+
+@needs_kernels
+def test_kernels_give_the_same_bits_on_one_thread_and_on_several(monkeypatch):
+    """The batch is split over threads; each matrix is computed the same way whichever thread runs it."""
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(5, 3, 24, 8, generator=g) for _ in range(3))
+    grad = torch.randn(5, 3, 24, 8, generator=g)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            y = osa_lab.osa(*leaves, 0.2)
+            y.backward(grad)
+            results.append([y.detach(), *(t.grad for t in leaves)])
+    finally:
+        torch.set_num_threads(threads)
+    for one, several in zip(*results, strict=True):
+        assert torch.equal(one, several)
+
+
+@needs_kernels
+def test_kernels_second_order_through_the_reference(monkeypatch):
+    """create_graph=True differentiates the plain-operation reference: gradgradcheck in float64
+    is for the PyTorch path; here the float32 kernels' Hessian-vector product matches float64 dense."""
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, 12, 4, generator=g, requires_grad=True) for _ in range(3))
+    y = osa_lab.osa(q, k, v, 0.3)
+    assert "_OSAChebyshevActionCPUBackward" in _graph_names(y)
+    (gq,) = torch.autograd.grad(y.square().sum() + (y * v).sum(), q, create_graph=True)
+    (hq,) = torch.autograd.grad(gq.square().sum(), k)
+
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    y64 = torch.linalg.matrix_exp(expm.skew_symmetric_from_qk(q64, k64, 0.3)) @ v64
+    (gq64,) = torch.autograd.grad(y64.square().sum() + (y64 * v64).sum(), q64, create_graph=True)
+    (hq64,) = torch.autograd.grad(gq64.square().sum(), k64)
+    assert rel_err(gq, gq64) <= 2e-5
+    assert rel_err(hq, hq64) <= 1e-4
+
+
+@needs_kernels
+def test_kernels_propagate_nan_as_the_reference_path_does(monkeypatch):
+    q, k, v = (torch.randn(2, 10, 4) for _ in range(3))
+    q[1, 3, 2] = float("nan")
+    outcomes = []
+    for native in ("1", "0"):
+        monkeypatch.setenv("OSA_LAB_CPU_KERNELS", native)
+        try:
+            y = osa_lab.osa(q, k, v, 0.2)
+            outcomes.append(("value", torch.isnan(y).any(dim=(-2, -1)).tolist()))
+        except Exception as err:  # noqa: BLE001 - the type is what is compared
+            outcomes.append(("error", type(err).__name__))
+    assert outcomes[0] == outcomes[1]
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    r=st.integers(1, 12),
+    d=st.integers(1, 20),
+    scale=st.floats(0.0, 2.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_kernels_keep_column_norms(n, r, d, scale, seed):
+    """exp(S) is orthogonal: ‖y‖ = ‖v‖ per matrix and column (docs/design.md §1), through the kernels."""
+    if n > 4 * r:
+        return
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(2, n, r, generator=g) for _ in range(2))
+    v = torch.randn(2, n, d, generator=g)
+    alpha = scale / max(float(torch.linalg.matrix_norm(q, ord=2).amax() * torch.linalg.matrix_norm(k, ord=2).amax()), 1e-6)
+    out = expm.osa_chebyshev_action(q, k, torch.full((2,), alpha / r**0.5), v)
+    if out is None:
+        return
+    col = torch.linalg.vector_norm(v.double(), dim=-2)
+    assert torch.allclose(torch.linalg.vector_norm(out.double(), dim=-2), col, rtol=2e-6, atol=1e-6)
+
+
+@needs_kernels
+def test_build_compiles_into_a_private_directory_that_it_removes(monkeypatch):
+    made = []
+    real = tempfile.mkdtemp
+
+    def recording_mkdtemp(*args, **kwargs):
+        path = real(*args, **kwargs)
+        made.append((path, stat.S_IMODE(os.stat(path).st_mode)))
+        return path
+
+    monkeypatch.setattr(build.tempfile, "mkdtemp", recording_mkdtemp)
+    lib = build._build.__wrapped__()
+    assert lib is not None
+    ((path, mode),) = made
+    assert mode == 0o700  # nobody else can place or change a file there
+    assert not os.path.exists(path)  # nothing is left to be loaded later
+
+
+def test_a_failing_compiler_leaves_the_pytorch_path(monkeypatch):
+    monkeypatch.setenv("CC", shutil.which("false") or "false")
+    state = dict(build._state)
+    try:
+        assert build._build.__wrapped__() is None
+        assert build._state["status"].startswith("build failed")
+    finally:
+        build._state.clear()
+        build._state.update(state)
+
+
+def test_a_missing_compiler_leaves_the_pytorch_path(monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-for-osa-lab")
+    state = dict(build._state)
+    try:
+        assert build._build.__wrapped__() is None
+        assert "no C compiler" in build._state["status"]
+    finally:
+        build._state.clear()
+        build._state.update(state)
