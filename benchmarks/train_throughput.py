@@ -33,7 +33,10 @@ Before/after of the small-N action: the row ``skipless-osa / auto (previous)``
 times ``auto`` without it (``expm.qr._small_n_action(..., action=False)`` and the fused
 ``expm.osa_chebyshev_action`` off: short Taylor series of the N×N ``exp(S)``, then ``exp(S) V``,
 S formed as ``U J Uᵀ``), side by side with
-the current one under the same load. ``--no-previous`` leaves it out. ``--alpha-scale C``
+the current one under the same load. ``--no-previous`` leaves it out. The row
+``skipless-osa / auto (PyTorch path)`` runs ``auto`` with the compiled CPU kernels of the small-N
+action turned off (``OSA_LAB_CPU_KERNELS=0``, their PyTorch reference path), side by side with
+``auto``, which uses them where they are built; ``--no-pytorch-path`` leaves it out. ``--alpha-scale C``
 multiplies every OSA layer's initial α by C, so that ``‖S‖₂`` is nearer a trained network's
 (≈ 1 in the deep layers, docs/training.md) than the tiny value at initialisation.
 """
@@ -41,6 +44,7 @@ multiplies every OSA layer's initial α by C, so that ``‖S‖₂`` is nearer a
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -56,6 +60,7 @@ from osa_lab.benchmarking.timing import emit_table, machine_info
 from osa_lab.fileio import atomic_to_csv
 from osa_lab.nn.models import build_classifier
 from osa_lab.nn.presets import get_preset
+from osa_lab.ops import cpu as cpu_kernels
 
 #: (name, image_size or sequence length, patch_size, 1-D?): digits (16 tokens), MNIST-1D (40 steps,
 #: 2 per token → 20 tokens) and MNIST (49 tokens); the target is ≤ 1.5× at N = 20–49
@@ -123,6 +128,21 @@ def _within(step, context):
 
 
 @contextlib.contextmanager
+def pytorch_path():
+    """Inside the block the small-N action runs on its PyTorch reference path instead of the
+    compiled CPU kernels (``OSA_LAB_CPU_KERNELS=0``, read at every call)."""
+    before = os.environ.get("OSA_LAB_CPU_KERNELS")
+    os.environ["OSA_LAB_CPU_KERNELS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OSA_LAB_CPU_KERNELS"]
+        else:
+            os.environ["OSA_LAB_CPU_KERNELS"] = before
+
+
+@contextlib.contextmanager
 def previous_small_n_path():
     """Inside the block the small-N path runs as before any action (N×N short Taylor series of
     ``exp(S)``, then ``exp(S) V``): the fused Chebyshev action is switched off too."""
@@ -183,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench_results/train_throughput.csv")
     parser.add_argument("--no-breakdown", action="store_true", help="leave out the 'exp(S) skipped' row")
     parser.add_argument("--no-previous", action="store_true", help="leave out the 'auto (previous)' row")
+    parser.add_argument(
+        "--no-pytorch-path", action="store_true",
+        help="leave out the 'auto (PyTorch path)' row (the small-N action without the compiled CPU kernels)",
+    )  # fmt: skip
     parser.add_argument("--alpha-scale", type=float, default=1.0, help="multiply OSA's initial α by this")
     parser.add_argument(
         "--processes", type=positive_int, default=1, help="repeat the measurement in this many fresh processes, report the spread"
@@ -199,18 +223,24 @@ def main(argv: list[str] | None = None) -> int:
         runs = [("vit", "—"), ("skipless-ssa", "—")] + [("skipless-osa", m) for m in args.osa_methods]
         if "auto" in args.osa_methods and not args.no_previous:
             runs.append(("skipless-osa", "auto (previous)"))
+        if "auto" in args.osa_methods and not args.no_pytorch_path and cpu_kernels.enabled():
+            runs.append(("skipless-osa", "auto (PyTorch path)"))
         if not args.no_breakdown:
             runs.append(("skipless-osa", "exp(S) skipped"))
         built = {}
         for preset, method in runs:
             skipped = method == "exp(S) skipped"
             previous = method == "auto (previous)"
-            use = {"osa_method": "auto" if previous else method} if preset == "skipless-osa" and not skipped else {}
+            reference = method == "auto (PyTorch path)"
+            use = {"osa_method": "auto" if previous or reference else method} if preset == "skipless-osa" and not skipped else {}
             extra = dict(overrides, **use)
             try:
                 step, n_params, tokens = step_fn(preset, size, patch, args.batch, extra, sequence)
                 scale_alpha(step, args.alpha_scale)
-                context = exp_skipped if skipped else previous_small_n_path if previous else contextlib.nullcontext
+                context = (
+                    exp_skipped if skipped else previous_small_n_path if previous else pytorch_path if reference
+                    else contextlib.nullcontext
+                )  # fmt: skip
                 timed = _within(step, context)
                 timed()  # a method that cannot run here is a row, not a crash
             except Exception as err:  # noqa: BLE001

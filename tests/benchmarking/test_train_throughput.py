@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "benchmarks", "train_throughput.py")
 #: the smallest model the script builds: a few milliseconds a step
 TINY = ["--sizes", "digits", "--repeat", "1", "--depth", "1", "--dim", "8", "--heads", "2", "--batch", "4",
-        "--osa-methods", "auto", "--no-previous"]  # fmt: skip
+        "--osa-methods", "auto", "--no-previous", "--no-pytorch-path"]  # fmt: skip
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -38,6 +38,27 @@ def test_processes_repeat_the_measurement_and_report_the_spread(tmp_path):
     assert vit["cpu_ratio_median"] == 1.0 and vit["target"] == ""
     osa = spread[(spread["preset"] == "skipless-osa") & (spread["osa_method"] == "auto")].iloc[0]
     assert osa["target"] == "≤ 1.5"  # the digits setting's target
+
+
+def test_the_pytorch_path_row_runs_the_small_n_action_without_the_cpu_kernels(tmp_path):
+    """``auto (PyTorch path)`` beside ``auto``: the same step with ``OSA_LAB_CPU_KERNELS=0`` inside
+    its calls only, restored after them."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import train_throughput
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    from osa_lab.ops import cpu
+
+    before = os.environ.get("OSA_LAB_CPU_KERNELS")
+    with train_throughput.pytorch_path():
+        assert not cpu.enabled()
+    assert os.environ.get("OSA_LAB_CPU_KERNELS") == before
+    out = tmp_path / "tt.csv"
+    done = _run(*[a for a in TINY if a != "--no-pytorch-path"], "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    methods = set(pd.read_csv(out)["osa_method"])
+    assert {"auto", "auto (PyTorch path)"} <= methods
 
 
 def test_each_setting_carries_its_own_target():

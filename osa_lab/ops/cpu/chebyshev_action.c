@@ -39,72 +39,63 @@ static inline int up8(int n) { return (n + 7) & ~7; }
 
 /* C[M × 8·NV] += alpha · A · B: A's entry (i, k) at A[i·lda + k·sak], read as scalars; B (K rows)
  * and C as 8-float vectors, row strides ldb and ldc (multiples of 8 floats, 32-byte aligned).
- * Register block: 4 rows × 3 (or 2, 1) vectors, summed over k before alpha and C are applied. */
+ * Register block: MR rows × NR vectors (MR = 8 with AVX-512's 32 vector registers, else 4),
+ * summed over k before alpha and C are applied. */
+#if defined(__AVX512F__)
+#define MR 8
+#else
+#define MR 4
+#endif
+
+#define DEFINE_BLOCK(NAME, ROWS, NR)                                                               \
+    static inline void NAME(int K, const float *A, int lda, int sak, float alpha,  \
+                                           const float *B, int ldb, float *C, int ldc)              \
+    {                                                                                              \
+        v8 acc[ROWS][NR];                                                                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
+            _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) acc[r][n] = (v8){0};              \
+        for (int k = 0; k < K; ++k, B += ldb) {                                                   \
+            v8 b[NR];                                                                              \
+            _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) b[n] = LD(B + 8 * n);             \
+            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r) {                               \
+                float s = A[(int64_t)r * lda + (int64_t)k * sak];                                  \
+                _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) acc[r][n] += s * b[n];       \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
+            _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) {                                 \
+                float *cp = C + (int64_t)r * ldc + 8 * n;                                          \
+                ST(cp, LD(cp) + alpha * acc[r][n]);                                                \
+            }                                                                                      \
+    }
+
+DEFINE_BLOCK(block_mr_3, MR, 3)
+DEFINE_BLOCK(block_mr_2, MR, 2)
+DEFINE_BLOCK(block_mr_1, MR, 1)
+DEFINE_BLOCK(block_1x3, 1, 3)
+DEFINE_BLOCK(block_1x2, 1, 2)
+DEFINE_BLOCK(block_1x1, 1, 1)
+
+
 static void gemm_bcast(int M, int K, int NV, const float *A, int lda, int sak, float alpha,
                        const float *B, int ldb, float *C, int ldc)
 {
     int i = 0;
-    for (; i + 4 <= M; i += 4) {
-        const float *a0 = A + (int64_t)i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+    for (; i + MR <= M; i += MR) {
+        const float *a = A + (int64_t)i * lda;
+        float *c = C + (int64_t)i * ldc;
         int v = 0;
-        for (; v + 3 <= NV; v += 3) {
-            v8 c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
-            v8 c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
-            const float *bp = B + 8 * v;
-            for (int k = 0; k < K; ++k, bp += ldb) {
-                v8 b0 = LD(bp), b1 = LD(bp + 8), b2 = LD(bp + 16);
-                float s0 = a0[k * sak], s1 = a1[k * sak], s2 = a2[k * sak], s3 = a3[k * sak];
-                c00 += s0 * b0; c01 += s0 * b1; c02 += s0 * b2;
-                c10 += s1 * b0; c11 += s1 * b1; c12 += s1 * b2;
-                c20 += s2 * b0; c21 += s2 * b1; c22 += s2 * b2;
-                c30 += s3 * b0; c31 += s3 * b1; c32 += s3 * b2;
-            }
-            float *cp = C + (int64_t)i * ldc + 8 * v;
-            ST(cp, LD(cp) + alpha * c00); ST(cp + 8, LD(cp + 8) + alpha * c01); ST(cp + 16, LD(cp + 16) + alpha * c02);
-            cp += ldc;
-            ST(cp, LD(cp) + alpha * c10); ST(cp + 8, LD(cp + 8) + alpha * c11); ST(cp + 16, LD(cp + 16) + alpha * c12);
-            cp += ldc;
-            ST(cp, LD(cp) + alpha * c20); ST(cp + 8, LD(cp + 8) + alpha * c21); ST(cp + 16, LD(cp + 16) + alpha * c22);
-            cp += ldc;
-            ST(cp, LD(cp) + alpha * c30); ST(cp + 8, LD(cp + 8) + alpha * c31); ST(cp + 16, LD(cp + 16) + alpha * c32);
-        }
-        for (; v + 2 <= NV; v += 2) {
-            v8 c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
-            const float *bp = B + 8 * v;
-            for (int k = 0; k < K; ++k, bp += ldb) {
-                v8 b0 = LD(bp), b1 = LD(bp + 8);
-                float s0 = a0[k * sak], s1 = a1[k * sak], s2 = a2[k * sak], s3 = a3[k * sak];
-                c00 += s0 * b0; c01 += s0 * b1; c10 += s1 * b0; c11 += s1 * b1;
-                c20 += s2 * b0; c21 += s2 * b1; c30 += s3 * b0; c31 += s3 * b1;
-            }
-            float *cp = C + (int64_t)i * ldc + 8 * v;
-            ST(cp, LD(cp) + alpha * c00); ST(cp + 8, LD(cp + 8) + alpha * c01); cp += ldc;
-            ST(cp, LD(cp) + alpha * c10); ST(cp + 8, LD(cp + 8) + alpha * c11); cp += ldc;
-            ST(cp, LD(cp) + alpha * c20); ST(cp + 8, LD(cp + 8) + alpha * c21); cp += ldc;
-            ST(cp, LD(cp) + alpha * c30); ST(cp + 8, LD(cp + 8) + alpha * c31);
-        }
-        for (; v < NV; ++v) {
-            v8 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
-            const float *bp = B + 8 * v;
-            for (int k = 0; k < K; ++k, bp += ldb) {
-                v8 b0 = LD(bp);
-                c0 += a0[k * sak] * b0; c1 += a1[k * sak] * b0; c2 += a2[k * sak] * b0; c3 += a3[k * sak] * b0;
-            }
-            float *cp = C + (int64_t)i * ldc + 8 * v;
-            ST(cp, LD(cp) + alpha * c0); cp += ldc;
-            ST(cp, LD(cp) + alpha * c1); cp += ldc;
-            ST(cp, LD(cp) + alpha * c2); cp += ldc;
-            ST(cp, LD(cp) + alpha * c3);
-        }
+        for (; v + 3 <= NV; v += 3) block_mr_3(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
+        if (v + 2 <= NV) { block_mr_2(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc); v += 2; }
+        if (v < NV) block_mr_1(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
     }
     for (; i < M; ++i) {
-        const float *a0 = A + (int64_t)i * lda;
-        for (int v = 0; v < NV; ++v) {
-            v8 c0 = {0};
-            for (int k = 0; k < K; ++k) c0 += a0[k * sak] * LD(B + (int64_t)k * ldb + 8 * v);
-            float *cp = C + (int64_t)i * ldc + 8 * v;
-            ST(cp, LD(cp) + alpha * c0);
-        }
+        const float *a = A + (int64_t)i * lda;
+        float *c = C + (int64_t)i * ldc;
+        int v = 0;
+        for (; v + 3 <= NV; v += 3) block_1x3(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
+        if (v + 2 <= NV) { block_1x2(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc); v += 2; }
+        if (v < NV) block_1x1(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
     }
 }
 
