@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import osa_lab
 from osa_lab.ops import cpu, expm
-from osa_lab.ops.cpu import build
+from osa_lab.ops.cpu import build, pool
 
 HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
 needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
@@ -300,3 +300,46 @@ def test_a_missing_compiler_leaves_the_pytorch_path(monkeypatch):
     finally:
         build._state.clear()
         build._state.update(state)
+
+
+def test_pool_hands_out_memory_again_only_when_nothing_refers_to_it(monkeypatch):
+    """A pooled tensor's memory is reused only after every tensor, view and autograd-saved
+    tensor of it is gone; the tensors are 64-byte aligned (the kernels' vector loads need 32)."""
+    monkeypatch.setattr(pool, "_POOL", pool._Pool())
+    first = pool.empty((3, 5, 7))
+    assert first.data_ptr() % 64 == 0 and first.is_contiguous() and first.dtype == torch.float32
+    first_ptr, view = first.data_ptr(), first[1]
+    del first
+    second = pool.empty((3, 5, 7))
+    assert second.data_ptr() != first_ptr  # the view still holds the first buffer
+    del view
+
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, saved):
+            ctx.save_for_backward(saved)
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None
+
+    held = second.data_ptr()
+    x = torch.ones(2, requires_grad=True)
+    out = Keep.apply(x, second)
+    del second
+    third = pool.empty((3, 5, 7))
+    assert third.data_ptr() != held  # saved for a backward: not handed out
+    out.sum().backward()
+    del out, third
+    again = [pool.empty((3, 5, 7)) for _ in range(2)]
+    assert held in {t.data_ptr() for t in again}  # free once the graph has released it
+
+
+def test_pool_keeps_at_most_its_limit(monkeypatch):
+    monkeypatch.setattr(pool, "_POOL", pool._Pool())
+    monkeypatch.setattr(pool, "POOL_LIMIT_BYTES", 10_000)
+    kept = [pool.empty((1000,)) for _ in range(5)]  # 4,064 bytes each: two fit
+    assert pool._POOL.bytes <= 10_000 and sum(len(v) for v in pool._POOL.arrays.values()) == 2
+    assert len({t.data_ptr() for t in kept}) == 5
+    assert pool.release() == 2 * 4064 and pool._POOL.bytes == 0

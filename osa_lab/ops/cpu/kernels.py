@@ -18,6 +18,7 @@ import math
 import torch
 
 from osa_lab.errors import KernelFailedError
+from osa_lab.ops.cpu import pool
 from osa_lab.ops.cpu.build import library
 
 _INT32_MAX = 2**31 - 1
@@ -74,7 +75,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Te
     n, r = q.shape[-2:]
     b = math.prod(q.shape[:-2])
     c = c.to(torch.float32).contiguous()
-    st = torch.empty(b, n, n, dtype=torch.float32)
+    st = pool.empty((b, n, n))  # kept for the backward: reused memory, not fresh pages
     d2_sq = torch.empty(b, dtype=torch.float64)
     fro_sq = torch.empty(b, dtype=torch.float64)
     keep: list = []
@@ -98,7 +99,7 @@ def chebyshev_forward(
     y = torch.empty_like(v)
     if y.stride() != v.stride():  # (empty_like keeps a dense layout; anything else: contiguous)
         y = torch.empty(v.shape, dtype=v.dtype)
-    zs = torch.empty(b, m, _padded(d), _padded(n), dtype=torch.float32)
+    zs = pool.empty((b, m, _padded(d), _padded(n)))  # kept for the backward, as st
     y_sq = torch.empty(b, dtype=torch.float64)
     v_sq = torch.empty(b, dtype=torch.float64)
     a = torch.tensor(coef, dtype=torch.float64)
