@@ -343,3 +343,20 @@ def test_pool_keeps_at_most_its_limit(monkeypatch):
     assert pool._POOL.bytes <= 10_000 and sum(len(v) for v in pool._POOL.arrays.values()) == 2
     assert len({t.data_ptr() for t in kept}) == 5
     assert pool.release() == 2 * 4064 and pool._POOL.bytes == 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(3, 20, 64).view(3, 20, 4, 16).transpose(1, 2),  # head-split view
+        lambda: torch.randn(3, 20, 192)[..., 128:].view(3, 20, 4, 16).transpose(1, 2),  # slice of qkv
+        lambda: torch.randn(5, 7, 3),
+        lambda: torch.randn(1, 7, 3).expand(4, 7, 3),
+    ],
+    ids=["head-split", "qkv-slice", "contiguous", "expanded"],
+)
+def test_pool_empty_like_keeps_the_order_of_dimensions(make):
+    x = make()
+    out = pool.empty_like(x)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    assert out.stride() == torch.empty_like(x).stride()

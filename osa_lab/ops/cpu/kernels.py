@@ -96,9 +96,7 @@ def chebyshev_forward(
     matrix are the output check's."""
     n, d = v.shape[-2:]
     b, m = st.shape[0], len(coef) - 1
-    y = torch.empty_like(v)
-    if y.stride() != v.stride():  # (empty_like keeps a dense layout; anything else: contiguous)
-        y = torch.empty(v.shape, dtype=v.dtype)
+    y = pool.empty_like(v)  # v's order of dimensions: a layer's merge of the heads is a view
     zs = pool.empty((b, m, _padded(d), _padded(n)))  # kept for the backward, as st
     y_sq = torch.empty(b, dtype=torch.float64)
     v_sq = torch.empty(b, dtype=torch.float64)

@@ -3,8 +3,9 @@
 glibc hands multi-megabyte blocks back to the kernel when they are freed (and trims the heap
 above its threshold), so a fresh tensor of that size is page-faulted again on first touch. The
 small-N action saves ``Sᵀ`` and the Chebyshev iterates (2.8 MB per layer at N = 20, 6.4 MB at
-N = 49, batch 64 × 4 heads) from every forward for its backward: without reuse a training step
-faults them in anew each time (BENCHMARKS.md).
+N = 49, batch 64 × 4 heads) from every forward for its backward, and returns an output that lives
+until the backward too: without reuse a training step faults them in anew each time
+(BENCHMARKS.md).
 
 A buffer is a NumPy array held by this thread's pool. A tensor handed out is a view of it
 (``torch.from_numpy``), and every tensor or view of that memory keeps a reference to the array,
@@ -55,6 +56,16 @@ def empty(shape: tuple[int, ...]) -> torch.Tensor:
         arrays.append(array)
         _POOL.bytes += nbytes
     return _view(array, count, shape)
+
+
+def empty_like(x: torch.Tensor) -> torch.Tensor:
+    """:func:`empty` with ``x``'s shape and its order of strides (``torch.empty_like``'s layout for
+    a dense ``x``; for a view with gaps, the dense layout with the same order of dimensions)."""
+    if 0 in x.stride():  # an expanded view: contiguous, as torch.empty_like gives it
+        return empty(tuple(x.shape))
+    order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), -i))  # outermost first
+    out = empty(tuple(x.shape[i] for i in order))
+    return out.permute(*sorted(range(x.dim()), key=order.__getitem__))
 
 
 def _view(array: np.ndarray, count: int, shape: tuple[int, ...]) -> torch.Tensor:
