@@ -1,11 +1,12 @@
-"""Reused, already-faulted memory for the tensors the CPU kernels keep for the backward.
+"""Reused, already-faulted CPU memory for large results, and huge-page advice for fresh memory.
 
 glibc hands multi-megabyte blocks back to the kernel when they are freed (and trims the heap
 above its threshold), so a fresh tensor of that size is page-faulted again on first touch. The
 small-N action saves ``Sᵀ`` and the Chebyshev iterates (2.8 MB per layer at N = 20, 6.4 MB at
-N = 49, batch 64 × 4 heads) from every forward for its backward, and returns an output that lives
-until the backward too: without reuse a training step faults them in anew each time
-(BENCHMARKS.md).
+N = 49, batch 64 × 4 heads) from every forward for its backward and returns an output that lives
+until the backward too, and the low-rank engines write token-sized results (33.5 MB at N = 4096,
+32 heads, d = 64; :func:`osa_lab.ops.expm.scratch.fresh_output`): without reuse every call
+faults them in anew (BENCHMARKS.md).
 
 A buffer is a NumPy array held by this thread's pool. A tensor handed out is a view of it
 (``torch.from_numpy``), and every tensor or view of that memory keeps a reference to the array,
@@ -16,9 +17,12 @@ reference is the last one (``sys.getrefcount``), never while anything can still 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -27,6 +31,50 @@ import torch
 POOL_LIMIT_BYTES = 256 * 2**20
 
 _ALIGN = 64  # bytes: the kernels load 32-byte vectors from rows that start at multiples of 32
+
+#: Smallest new buffer, in bytes, that :func:`empty` (and
+#: :func:`~osa_lab.ops.expm.scratch.fresh_output` for other dtypes) asks the kernel to back with huge pages.
+HUGE_PAGE_MIN_BYTES = 8 * 2**20
+_HUGE_PAGE_BYTES = 2 * 2**20
+_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def advise_huge_pages(t: torch.Tensor) -> bool:
+    """Ask Linux to back the whole 2 MiB pages inside ``t``'s memory with transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``, what PyTorch's opt-in ``THP_MEM_ALLOC_ENABLE=1`` does for every
+    allocation). Advisory: True when the kernel accepted it; False on other systems, for tensors
+    without real CPU memory (meta, fake or other subclasses, under torch.compile), for tensors that
+    are not contiguous (an expanded view spans more than its storage) and where the kernel declined.
+    Only the tensor's own bytes, inside its storage, are advised."""
+    if t.device.type != "cpu" or type(t) is not torch.Tensor or torch.compiler.is_compiling():
+        return False
+    madvise = _madvise()
+    if madvise is None or not t.is_contiguous():
+        return False
+    try:
+        start, storage = t.data_ptr(), t.untyped_storage()
+        end = min(start + t.numel() * t.element_size(), storage.data_ptr() + storage.nbytes())
+    except (RuntimeError, NotImplementedError):  # functional tensors have no storage
+        return False
+    first = -(-start // _HUGE_PAGE_BYTES) * _HUGE_PAGE_BYTES
+    last = end // _HUGE_PAGE_BYTES * _HUGE_PAGE_BYTES
+    return start != 0 and last > first and madvise(first, last - first, _MADV_HUGEPAGE) == 0
+
+
 
 
 class _Pool(threading.local):
@@ -42,23 +90,32 @@ def _free(arrays: list[np.ndarray], i: int) -> bool:
     return sys.getrefcount(arrays[i]) == 2  # the list's reference and the argument's
 
 
-def empty(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised, contiguous, 64-byte aligned float32 CPU tensor of ``shape`` whose memory
-    comes from this thread's pool (reused once nothing refers to it any more)."""
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised, contiguous, 64-byte aligned CPU tensor of ``shape`` and ``dtype``
+    (float32 or float64) whose memory comes from this thread's pool (reused once nothing refers
+    to it any more). A new buffer of :data:`HUGE_PAGE_MIN_BYTES` or more is advised huge pages
+    before its first write."""
+    itemsize = torch.finfo(dtype).bits // 8
     count = math.prod(shape)
-    nbytes = count * 4 + _ALIGN
+    nbytes = count * itemsize + _ALIGN
     arrays = _POOL.arrays.setdefault(nbytes, [])
     for i in range(len(arrays)):
         if _free(arrays, i):
-            return _view(arrays[i], count, shape)
+            return _view(arrays[i], count, shape, dtype)
     array = np.empty(nbytes, dtype=np.uint8)
     if _POOL.bytes + nbytes <= POOL_LIMIT_BYTES:
         arrays.append(array)
         _POOL.bytes += nbytes
-    return _view(array, count, shape)
+    out = _view(array, count, shape, dtype)
+    if nbytes >= HUGE_PAGE_MIN_BYTES:
+        advise_huge_pages(out)
+    return out
 
 
-def empty_like(x: torch.Tensor) -> torch.Tensor:
+def empty_like(x: torch.Tensor) -> torch.Tensor:  # float32 (the kernels' dtype)
     """:func:`empty` with ``x``'s shape and its order of strides (``torch.empty_like``'s layout for
     a dense ``x``; for a view with gaps, the dense layout with the same order of dimensions)."""
     if 0 in x.stride():  # an expanded view: contiguous, as torch.empty_like gives it
@@ -68,9 +125,10 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:
     return out.permute(*sorted(range(x.dim()), key=order.__getitem__))
 
 
-def _view(array: np.ndarray, count: int, shape: tuple[int, ...]) -> torch.Tensor:
+def _view(array: np.ndarray, count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     start = -array.ctypes.data % _ALIGN
-    return torch.from_numpy(array[start : start + 4 * count].view(np.float32).reshape(shape))
+    itemsize = torch.finfo(dtype).bits // 8
+    return torch.from_numpy(array[start : start + itemsize * count].view(_NUMPY[dtype]).reshape(shape))
 
 
 def release() -> int:

@@ -10,13 +10,12 @@ Part of :mod:`osa_lab.ops.expm` (Zhang & Martens, arXiv 2602.05996; docs/design.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import sys
 import threading
-from collections.abc import Callable
 
 import torch
+
+from osa_lab.ops.cpu.pool import HUGE_PAGE_MIN_BYTES, advise_huge_pages
+from osa_lab.ops.cpu.pool import empty as pooled_empty
 
 #: Most bytes one :class:`Scratch` keeps per thread between calls (larger requests get fresh tensors).
 SCRATCH_LIMIT_BYTES = 64 * 2**20
@@ -60,56 +59,19 @@ SCRATCH = Scratch()
 ACTION_SCRATCH = Scratch()
 
 
-#: Smallest fresh output, in bytes, that :func:`fresh_output` asks the kernel to back with huge pages.
-HUGE_PAGE_MIN_BYTES = 8 * 2**20
-_HUGE_PAGE_BYTES = 2 * 2**20
-_MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
-
-
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise`` on Linux, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def advise_huge_pages(t: torch.Tensor) -> bool:
-    """Ask Linux to back the whole 2 MiB pages inside ``t``'s memory with transparent huge pages
-    (``madvise(MADV_HUGEPAGE)``, what PyTorch's opt-in ``THP_MEM_ALLOC_ENABLE=1`` does for every
-    allocation). Advisory: True when the kernel accepted it; False on other systems, for tensors
-    without real CPU memory (meta, fake or other subclasses, under torch.compile), for tensors that
-    are not contiguous (an expanded view spans more than its storage) and where the kernel declined.
-    Only the tensor's own bytes, inside its storage, are advised."""
-    if t.device.type != "cpu" or type(t) is not torch.Tensor or torch.compiler.is_compiling():
-        return False
-    madvise = _madvise()
-    if madvise is None or not t.is_contiguous():
-        return False
-    try:
-        start, storage = t.data_ptr(), t.untyped_storage()
-        end = min(start + t.numel() * t.element_size(), storage.data_ptr() + storage.nbytes())
-    except (RuntimeError, NotImplementedError):  # functional tensors have no storage
-        return False
-    first = -(-start // _HUGE_PAGE_BYTES) * _HUGE_PAGE_BYTES
-    last = end // _HUGE_PAGE_BYTES * _HUGE_PAGE_BYTES
-    return start != 0 and last > first and madvise(first, last - first, _MADV_HUGEPAGE) == 0
-
-
 def fresh_output(like: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """An uninitialised contiguous tensor of ``like``'s dtype and device (and shape, unless given)
-    for a result the caller keeps. On Linux a CPU tensor of :data:`HUGE_PAGE_MIN_BYTES` or more is
-    advised huge pages before its first write: glibc maps such blocks fresh from the kernel, and
-    first touch then faults once per 4 KiB page (a ``baddbmm`` into a fresh 32 MiB output: 8,193
-    faults and 22.6 ms; advised, 528 faults and 12.2 ms; into memory already mapped, 13.0 ms;
-    BENCHMARKS.md)."""
+    for a result the caller keeps. On the CPU in float32 and float64 it comes from the per-thread
+    pool of reused memory (:func:`osa_lab.ops.cpu.pool.empty`): once a result is freed its
+    memory serves the next one without being page-faulted again (a token-sized output at N = 4096,
+    32 heads: 33.5 MB; BENCHMARKS.md). Other CPU tensors of :data:`HUGE_PAGE_MIN_BYTES` or more
+    are advised huge pages before their first write: glibc maps such blocks fresh from the
+    kernel, and first touch then faults once per 4 KiB page (a ``baddbmm`` into a fresh 32 MiB
+    output: 8,193 faults and 22.6 ms; advised, 528 faults and 12.2 ms; into memory already
+    mapped, 13.0 ms; BENCHMARKS.md)."""
     shape = tuple(like.shape) if shape is None else shape
+    if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
+        return pooled_empty(shape, like.dtype)
     out = torch.empty(shape, dtype=like.dtype, device=like.device)
     if out.numel() * out.element_size() >= HUGE_PAGE_MIN_BYTES:
         advise_huge_pages(out)  # (False, and nothing done, off the CPU)
