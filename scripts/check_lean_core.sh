@@ -62,6 +62,21 @@ grads = [p.grad for p in layer.parameters()] + [x.grad]
 assert all(gr is not None and bool(torch.isfinite(gr).all()) for gr in grads)
 assert math.isfinite(float(sum(gr.abs().sum() for gr in grads))) and float(x.grad.abs().sum()) > 0
 
+import shutil
+
+from osa_lab.ops import cpu
+
+if shutil.which("cc"):  # the kernels' C source ships with the package and builds where a compiler is
+    assert cpu.status().startswith("built with"), cpu.status()
+    q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    seen, stack = set(), [osa(q32, k32, v32, alpha=0.5).grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is not None and fn not in seen:
+            seen.add(fn)
+            stack.extend(f for f, _ in fn.next_functions)
+    assert "_OSAChebyshevActionCPUBackward" in {type(f).__name__ for f in seen}, seen
+
 try:
     import osa_lab.studies  # noqa: F401
 except osa_lab.OptionalDependencyError as exc:
