@@ -13,6 +13,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(num / denom) if denom > 0 else float(num)
 
 
+def autograd_node_names(y: torch.Tensor) -> set[str]:
+    """The class names of every autograd node behind ``y`` (which path a computation took)."""
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    return {type(f).__name__ for f in seen}
+
+
 def make_qk(kind: str, n: int, r: int, *, batch: tuple[int, ...] = (), dtype=torch.float64, seed: int = 0):
     """q, k of shape (*batch, n, r): ``random``, ``equal`` (k = q), ``zero`` or ``parallel`` (k ≈ q)."""
     g = torch.Generator().manual_seed(seed)

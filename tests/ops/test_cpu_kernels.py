@@ -16,31 +16,16 @@ import tempfile
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import osa_lab
 from osa_lab.ops import cpu, expm
 from osa_lab.ops.cpu import build, pool
+from tests.helpers import autograd_node_names, rel_err
 
 HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
 needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
-def _graph_names(y: torch.Tensor) -> set[str]:
-    seen, stack = set(), [y.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        stack.extend(f for f, _ in fn.next_functions)
-    return {type(f).__name__ for f in seen}
 
 
 def _head_split(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -53,7 +38,7 @@ def _run(q, k, v, alpha, grad, *, native: bool, monkeypatch):
     monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1" if native else "0")
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, alpha)]
     y = osa_lab.osa(*leaves)
-    names = _graph_names(y)
+    names = autograd_node_names(y)
     y.backward(grad)
     return y.detach(), [t.grad for t in leaves], names
 
@@ -64,7 +49,7 @@ def test_without_a_compiler_or_when_turned_off_the_pytorch_path_runs(monkeypatch
     assert "OSA_LAB_CPU_KERNELS=0" in cpu.status()
     q, k, v = (torch.randn(2, 20, 8, requires_grad=True) for _ in range(3))
     y = osa_lab.osa(q, k, v, 0.1)
-    assert "_OSAChebyshevActionBackward" in _graph_names(y)
+    assert "_OSAChebyshevActionBackward" in autograd_node_names(y)
 
 
 @needs_kernels
@@ -165,7 +150,7 @@ def test_kernels_read_and_write_the_layers_layout(monkeypatch):
     q, k, v = (_head_split(t, heads) for t in qkv.split(heads * r, dim=-1))
     alpha = torch.tensor([0.2, -0.1, 0.05, 0.0], requires_grad=True)
     y = osa_lab.osa(q, k, v, alpha)
-    assert "_OSAChebyshevActionCPUBackward" in _graph_names(y)
+    assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(y)
     merged = y.transpose(1, 2).reshape(batch, n, heads * r)
     gy = torch.randn(batch, n, heads * r, generator=g)
     merged.backward(gy)
@@ -211,7 +196,7 @@ def test_kernels_second_order_through_the_reference(monkeypatch):
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(2, 12, 4, generator=g, requires_grad=True) for _ in range(3))
     y = osa_lab.osa(q, k, v, 0.3)
-    assert "_OSAChebyshevActionCPUBackward" in _graph_names(y)
+    assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(y)
     (gq,) = torch.autograd.grad(y.square().sum() + (y * v).sum(), q, create_graph=True)
     (hq,) = torch.autograd.grad(gq.square().sum(), k)
 
@@ -224,42 +209,121 @@ def test_kernels_second_order_through_the_reference(monkeypatch):
 
 
 @needs_kernels
-def test_kernels_propagate_nan_as_the_reference_path_does(monkeypatch):
-    q, k, v = (torch.randn(2, 10, 4) for _ in range(3))
-    q[1, 3, 2] = float("nan")
-    outcomes = []
+def test_kernels_keep_a_nan_in_its_own_matrix(monkeypatch):
+    """NaN in one matrix of v (α finite, so ρ and the degree are): NaN in exactly the outputs and
+    gradients where the reference path has it (that matrix's), the rest finite and the same."""
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(3, 12, 4, generator=g) for _ in range(3))
+    v[1, 5, 2] = float("nan")
+    c = torch.full((3,), 0.1)
+    results = {}
     for native in ("1", "0"):
         monkeypatch.setenv("OSA_LAB_CPU_KERNELS", native)
-        try:
-            y = osa_lab.osa(q, k, v, 0.2)
-            outcomes.append(("value", torch.isnan(y).any(dim=(-2, -1)).tolist()))
-        except Exception as err:  # noqa: BLE001 - the type is what is compared
-            outcomes.append(("error", type(err).__name__))
-    assert outcomes[0] == outcomes[1]
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, c, v)]
+        y = expm.osa_chebyshev_action(*leaves)
+        assert y is not None
+        if native == "1":
+            assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(y)
+        y.backward(torch.ones_like(y))
+        results[native] = [y.detach(), *(t.grad for t in leaves)]
+    assert torch.isnan(results["1"][0][1]).any() and bool(torch.isfinite(results["1"][0][[0, 2]]).all())
+    for got, ref in zip(results["1"], results["0"], strict=True):  # y, ∂q, ∂k, ∂c, ∂v
+        assert torch.equal(torch.isnan(got), torch.isnan(ref))  # NaN where the reference has it, only there
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@needs_kernels
+def test_kernels_leave_mismatched_shapes_to_the_pytorch_path():
+    """q, k of different shapes, or v of another N, are not the kernels' to read: usable() says
+    no, and the PyTorch path raises as it always did."""
+    q, k = torch.randn(3, 40, 16), torch.randn(3, 40, 16)
+    assert cpu.usable(q, k, torch.randn(3, 40, 8))
+    assert not cpu.usable(q, k, torch.randn(3, 2, 64))
+    assert not cpu.usable(q, torch.randn(3, 40, 8), torch.randn(3, 40, 8))
+    assert not cpu.usable(q, k, torch.randn(3, 40, 0))
+    assert not cpu.usable(q.double(), k.double(), torch.randn(3, 40, 8, dtype=torch.float64))
+    with pytest.raises(RuntimeError):
+        expm.osa_chebyshev_action(q, k, torch.full((3,), 0.01), torch.randn(3, 2, 64))
+
+
+@needs_kernels
+def test_kernels_backward_takes_saved_tensors_in_any_layout(monkeypatch):
+    """A saved-tensor hook may hand the backward copies that are not aligned as the kernels'
+    vector loads need: the backward copies them into that layout, and the gradients are the same."""
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    g = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(2, 20, 8, generator=g) for _ in range(3))
+    c = torch.full((2,), 0.05)
+
+    def misaligned(t: torch.Tensor) -> torch.Tensor:  # a copy 4 bytes into a fresh buffer
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype)[1:]
+        flat.copy_(t.reshape(-1))
+        return flat.view(t.shape)
+
+    grads = {}
+    for name, hooks in (("plain", None), ("misaligned", (misaligned, lambda t: t))):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, c, v)]
+        if hooks is None:
+            y = expm.osa_chebyshev_action(*leaves)
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
+                y = expm.osa_chebyshev_action(*leaves)
+        assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(y)
+        y.backward(torch.ones_like(y))
+        grads[name] = [t.grad for t in leaves]
+    for a, b in zip(grads["plain"], grads["misaligned"], strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_kernels
+def test_kernels_backward_runs_the_kernels_its_forward_ran(monkeypatch):
+    """Turning the kernels off between a forward and its backward does not strand the backward."""
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    q, k, v = (torch.randn(2, 10, 4, requires_grad=True) for _ in range(3))
+    y = osa_lab.osa(q, k, v, 0.2)
+    assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(y)
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "0")
+    y.sum().backward()
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+
+
+@needs_kernels
+def test_kernels_take_one_c_for_every_matrix(monkeypatch):
+    monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1")
+    q, k, v = (torch.randn(3, 20, 16) for _ in range(3))
+    one = torch.tensor([0.02], requires_grad=True)
+    each = torch.full((3,), 0.02, requires_grad=True)
+    y_one = expm.osa_chebyshev_action(q, k, one, v)
+    y_each = expm.osa_chebyshev_action(q, k, each, v)
+    assert torch.equal(y_one, y_each)
+    (y_one * v).sum().backward()
+    (y_each * v).sum().backward()
+    torch.testing.assert_close(one.grad, each.grad.sum().reshape(1))
 
 
 @needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(
-    n=st.integers(1, 40),
     r=st.integers(1, 12),
+    data=st.data(),
     d=st.integers(1, 20),
     scale=st.floats(0.0, 2.0),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_kernels_keep_column_norms(n, r, d, scale, seed):
+def test_kernels_keep_column_norms(r, data, d, scale, seed):
     """exp(S) is orthogonal: ‖y‖ = ‖v‖ per matrix and column (docs/design.md §1), through the kernels."""
-    if n > 4 * r:
-        return
+    n = data.draw(st.integers(1, 4 * r), label="n")
     g = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(2, n, r, generator=g) for _ in range(2))
     v = torch.randn(2, n, d, generator=g)
     alpha = scale / max(float(torch.linalg.matrix_norm(q, ord=2).amax() * torch.linalg.matrix_norm(k, ord=2).amax()), 1e-6)
-    out = expm.osa_chebyshev_action(q, k, torch.full((2,), alpha / r**0.5), v)
-    if out is None:
-        return
+    assert cpu.usable(q, k, v), cpu.status()
+    c = torch.full((2,), alpha / r**0.5, requires_grad=True)  # a leaf that needs grad: a graph to inspect
+    out = expm.osa_chebyshev_action(q, k, c, v)
+    assume(out is not None)
+    assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(out)
     col = torch.linalg.vector_norm(v.double(), dim=-2)
-    assert torch.allclose(torch.linalg.vector_norm(out.double(), dim=-2), col, rtol=2e-6, atol=1e-6)
+    assert torch.allclose(torch.linalg.vector_norm(out.detach().double(), dim=-2), col, rtol=2e-6, atol=1e-6)
 
 
 @needs_kernels

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import osa_lab
 from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.ops import expm
+from tests.helpers import autograd_node_names
 
 
 @pytest.fixture(params=["kernels", "pytorch"])
@@ -144,7 +145,7 @@ def test_fused_osa_action_gradients_match_the_autograd_reference(fused_node):
         c = torch.full((6,), cval)
         fused = [t.clone().requires_grad_(True) for t in (q, k, c, v)]
         y = expm.osa_chebyshev_action(*fused)
-        assert y is not None and fused_node in _graph_names(y)
+        assert y is not None and fused_node in autograd_node_names(y)
         y.backward(gy)
         ref = [t.double().requires_grad_(True) for t in (q, k, c, v)]
         qk = ref[0] @ ref[1].mT
@@ -301,23 +302,12 @@ def test_torch_func_and_forward_ad_use_the_reference():
     assert rel_err(jvp, torch.einsum("ijkl,kl->ij", want, tangent)) <= 1e-12
 
 
-def _graph_names(t: torch.Tensor) -> set[str]:
-    seen, stack = set(), [t.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        stack.extend(f for f, _ in fn.next_functions)
-    return {type(f).__name__ for f in seen}
-
-
 def test_osa_takes_the_fused_path_at_small_n(fused_node):
     """osa() at the MNIST token count (N = 49, r = 16, trained-size ‖S‖) runs the fused action."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(4, 2, 49, 16, generator=g).requires_grad_(True) for _ in range(3))
     y = osa_lab.osa(q, k, v, torch.tensor([0.01, 0.02], requires_grad=True))
-    assert fused_node in _graph_names(y)
+    assert fused_node in autograd_node_names(y)
 
 
 def _head_split(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -338,7 +328,7 @@ def test_osa_on_head_split_views_matches_dense_float64_and_keeps_the_layers_layo
     alpha = torch.tensor([0.1, -0.07, 0.0], dtype=dtype, requires_grad=True)  # ‖S‖₂ within float64's degree cap
     q, k, v = (_head_split(t, heads) for t in tokens)
     y = osa_lab.osa(q, k, v, alpha)
-    assert (fused_node if dtype == torch.float32 else "_OSAChebyshevActionBackward") in _graph_names(y)
+    assert (fused_node if dtype == torch.float32 else "_OSAChebyshevActionBackward") in autograd_node_names(y)
     assert y.shape == v.shape and y.stride() == v.stride()
     merged = y.transpose(1, 2).reshape(2, n, heads * r)
     assert merged.data_ptr() == y.data_ptr()  # a view: no copy for the merge

@@ -1,10 +1,10 @@
 """Build the CPU kernels at first use from the C source shipped in this package, and load them.
 
-The library is compiled by the system C compiler (``$CC``, else ``cc``) with ``-march=native`` into a
-fresh private directory (``tempfile.mkdtemp``, mode 0700) and loaded from there; the directory is
-removed once the library is loaded. Nothing is read from a cache or any other place a second
-party could write: the only code loaded is what this process compiled from the package's own
-source. Without a compiler, or where the build fails, :func:`library` returns None, the callers
+The library is compiled by the system C compiler (``$CC``, else ``cc``; compiler caches such as
+ccache turned off) with ``-march=native`` into a fresh private directory (``tempfile.mkdtemp``,
+mode 0700) and loaded from there; the directory is removed once the library is loaded. Nothing is
+read from a cache or any other place a second party could write: the only code loaded is what
+this process compiled from the package's own source. Without a compiler, or where the build fails, :func:`library` returns None, the callers
 keep the PyTorch path, and :func:`status` says why (the benchmarks record it beside their figures).
 
 ``OSA_LAB_CPU_KERNELS=0`` turns the kernels off (the PyTorch path everywhere).
@@ -15,7 +15,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -49,11 +51,27 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def _compile(command: list[str]) -> subprocess.CompletedProcess:
+    """Run the compiler in its own process group, with compiler caches turned off (the point is
+    that nothing built elsewhere is used); on a timeout the whole group is killed."""
+    env = {**os.environ, "CCACHE_DISABLE": "1"}
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 @functools.cache
 def _build() -> ctypes.CDLL | None:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        _state["status"] = f"no C compiler ({os.environ.get('CC', 'cc')!r} not found): PyTorch path"
+    compiler = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
+    if shutil.which(compiler[0]) is None:
+        _state["status"] = f"no C compiler ({compiler[0]!r} not found): PyTorch path"
         return None
     errors = []
     workdir = tempfile.mkdtemp(prefix="osa_lab_cpu_")  # private (0700), fresh for this process
@@ -61,20 +79,17 @@ def _build() -> ctypes.CDLL | None:
         target = Path(workdir) / "osa_lab_cpu.so"
         for flags in _FLAG_SETS:
             try:
-                done = subprocess.run(
-                    [compiler, *flags, "-o", str(target), str(SOURCE)],
-                    capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False,
-                )  # fmt: skip
+                done = _compile([*compiler, *flags, "-o", str(target), str(SOURCE)])
             except (OSError, subprocess.TimeoutExpired) as err:
                 errors.append(f"{type(err).__name__}: {err}")
                 continue
             if done.returncode == 0 and target.exists():
                 lib = _declare(ctypes.CDLL(str(target)))
-                _state["status"] = f"built with {compiler} {' '.join(flags[:2])}"
+                _state["status"] = f"built with {' '.join(compiler)} {' '.join(flags[:2])}"
                 return lib
             lines = (done.stderr or done.stdout).strip().splitlines()
             errors.append(lines[-1] if lines else f"exit code {done.returncode}")
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - any failure leaves the PyTorch path, and says why
         errors.append(f"{type(err).__name__}: {err}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)  # the loaded library stays mapped

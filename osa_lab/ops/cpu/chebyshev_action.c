@@ -77,26 +77,23 @@ DEFINE_BLOCK(block_1x2, 1, 2)
 DEFINE_BLOCK(block_1x1, 1, 1)
 
 
+/* One panel of rows starting at row i: blocks of 3, then 2, then 1 vectors across its columns. */
+#define ROW_PANEL(BLOCK3, BLOCK2, BLOCK1)                                                          \
+    do {                                                                                           \
+        const float *a = A + (int64_t)i * lda;                                                     \
+        float *c = C + (int64_t)i * ldc;                                                           \
+        int v = 0;                                                                                 \
+        for (; v + 3 <= NV; v += 3) BLOCK3(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);  \
+        if (v + 2 <= NV) { BLOCK2(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc); v += 2; } \
+        if (v < NV) BLOCK1(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);                 \
+    } while (0)
+
 static void gemm_bcast(int M, int K, int NV, const float *A, int lda, int sak, float alpha,
                        const float *B, int ldb, float *C, int ldc)
 {
     int i = 0;
-    for (; i + MR <= M; i += MR) {
-        const float *a = A + (int64_t)i * lda;
-        float *c = C + (int64_t)i * ldc;
-        int v = 0;
-        for (; v + 3 <= NV; v += 3) block_mr_3(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
-        if (v + 2 <= NV) { block_mr_2(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc); v += 2; }
-        if (v < NV) block_mr_1(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
-    }
-    for (; i < M; ++i) {
-        const float *a = A + (int64_t)i * lda;
-        float *c = C + (int64_t)i * ldc;
-        int v = 0;
-        for (; v + 3 <= NV; v += 3) block_1x3(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
-        if (v + 2 <= NV) { block_1x2(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc); v += 2; }
-        if (v < NV) block_1x1(K, a, lda, sak, alpha, B + 8 * v, ldb, c + 8 * v, ldc);
-    }
+    for (; i + MR <= M; i += MR) ROW_PANEL(block_mr_3, block_mr_2, block_mr_1);
+    for (; i < M; ++i) ROW_PANEL(block_1x3, block_1x2, block_1x1);
 }
 
 /* A strided (B, rows, cols) view: element (b, i, j) at base[offs[b] + i·rs + j·cs]. */

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from osa_lab.errors import KernelFailedError
+from osa_lab.errors import KernelFailedError, OSAInputError
 from osa_lab.ops.cpu import pool
 from osa_lab.ops.cpu.build import library
 
@@ -47,18 +47,61 @@ def _args(x: torch.Tensor | None, keep: list) -> tuple:
     return (x.data_ptr(), offs.data_ptr(), x.stride(-2), x.stride(-1))
 
 
+#: Largest degree the kernels are asked for (``expm.chebyshev.ACTION_MAX_DEGREE``), for the size checks.
+_MAX_TERMS = 25
+
+
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """True when the kernels can run on ``q, k (*batch, N, r)`` and ``v (*batch, N, d)``: plain
-    (not subclassed) float32 CPU tensors with the same leading dims, strides that fit in 32 bits,
-    and the library built (:func:`osa_lab.ops.cpu.build.status`)."""
+    (not subclassed) strided float32 CPU tensors, ``q`` and ``k`` of one shape, ``v`` with the
+    same leading dims and N, N, r, d ≥ 1, every size and offset within the kernels' 32-bit
+    indices, and the library built (:func:`osa_lab.ops.cpu.build.status`)."""
     tensors = (q, k, v)
-    if not all(type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+    if not all(
+        type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided
+        and t.dim() >= 2
+        for t in tensors
+    ):  # fmt: skip
         return False
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) or any(t.dim() < 2 for t in tensors):
+    n, r, d = q.shape[-2], q.shape[-1], v.shape[-1]
+    if q.shape != k.shape or v.shape[:-1] != q.shape[:-1] or min(n, r, d) < 1:
         return False
-    if any(abs(s) > _INT32_MAX for t in tensors for s in t.stride()[-2:]) or q.shape[-2] * q.shape[-2] > _INT32_MAX:
+    batch = math.prod(q.shape[:-2])
+    per_matrix = max(n * n, (_MAX_TERMS + 1) * _padded(d) * _padded(n), n * _padded(2 * r))
+    if batch > _INT32_MAX or per_matrix > _INT32_MAX:
+        return False
+    if any(abs(s) > _INT32_MAX for t in tensors for s in t.stride()):
         return False
     return library() is not None
+
+
+def _loaded():
+    """The built library (cached), whatever ``OSA_LAB_CPU_KERNELS`` says now: called once
+    :func:`usable` has said yes, so a backward runs the kernels its forward ran even if the
+    variable changed in between."""
+    from osa_lab.ops.cpu.build import _build
+
+    return _build()
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when contiguous and 64-byte aligned (what the kernels' vector loads need), else
+    a copy that is (a saved-tensor hook may hand the backward any layout)."""
+    if t.is_contiguous() and t.data_ptr() % 64 == 0:
+        return t
+    out = pool.empty(tuple(t.shape))
+    out.copy_(t)
+    return out
+
+
+def _per_matrix(c: torch.Tensor, b: int) -> torch.Tensor:
+    """``c`` as B contiguous float32 values on the CPU (one value broadcast to every matrix)."""
+    c = c.detach().to(device="cpu", dtype=torch.float32).reshape(-1)
+    if c.numel() == 1:
+        c = c.expand(b)
+    if c.numel() != b:
+        raise OSAInputError(f"`c` has {c.numel()} values for {b} matrices; give one per matrix or one in all")
+    return c.contiguous()
 
 
 def _check(code: int, what: str) -> None:
@@ -74,12 +117,12 @@ def prepare(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Te
     turns into a bound of ``‖S‖₂``; ``c`` one value per matrix, (B,)."""
     n, r = q.shape[-2:]
     b = math.prod(q.shape[:-2])
-    c = c.to(torch.float32).contiguous()
+    c = _per_matrix(c, b)
     st = pool.empty((b, n, n))  # kept for the backward: reused memory, not fresh pages
     d2_sq = torch.empty(b, dtype=torch.float64)
     fro_sq = torch.empty(b, dtype=torch.float64)
     keep: list = []
-    code = library().osa_cheb_prepare(
+    code = _loaded().osa_cheb_prepare(
         b, n, r, *_args(q, keep), *_args(k, keep), c.data_ptr(), st.data_ptr(), d2_sq.data_ptr(), fro_sq.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
@@ -96,13 +139,15 @@ def chebyshev_forward(
     matrix are the output check's."""
     n, d = v.shape[-2:]
     b, m = st.shape[0], len(coef) - 1
+    if st.shape != (math.prod(v.shape[:-2]), n, n) or not st.is_contiguous() or m < 1:
+        raise OSAInputError(f"`st` of shape {tuple(st.shape)} does not fit v of shape {tuple(v.shape)} (or no terms)")
     y = pool.empty_like(v)  # v's order of dimensions: a layer's merge of the heads is a view
     zs = pool.empty((b, m, _padded(d), _padded(n)))  # kept for the backward, as st
     y_sq = torch.empty(b, dtype=torch.float64)
     v_sq = torch.empty(b, dtype=torch.float64)
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
-    code = library().osa_cheb_forward(
+    code = _loaded().osa_cheb_forward(
         b, n, d, m, st.data_ptr(), *_args(v, keep), a.data_ptr(), 1.0 / rho, zs.data_ptr(), *_args(y, keep),
         y_sq.data_ptr(), v_sq.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -128,6 +173,12 @@ def chebyshev_backward(
     d = v.shape[-1]
     b, m = st.shape[0], len(coef) - 1
     need_q, need_k, need_c, need_v = needs
+    if g.shape != v.shape or zs.shape != (b, m, _padded(d), _padded(n)) or st.shape != (b, n, n):
+        raise OSAInputError(
+            f"the backward's tensors do not fit: g {tuple(g.shape)}, v {tuple(v.shape)}, st {tuple(st.shape)}, "
+            f"zs {tuple(zs.shape)}"
+        )
+    st, zs = _aligned(st), _aligned(zs)
 
     def like(x: torch.Tensor, wanted: bool) -> torch.Tensor | None:
         if not wanted:
@@ -137,10 +188,10 @@ def chebyshev_backward(
 
     gq, gk, gv = like(q, need_q), like(k, need_k), like(v, need_v)
     gc = torch.empty(b, dtype=torch.float32) if need_c else None
-    cc = (c.to(torch.float64) / rho).to(torch.float32).contiguous()
+    cc = (_per_matrix(c, b).double() / rho).float()
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
-    code = library().osa_cheb_backward(
+    code = _loaded().osa_cheb_backward(
         b, n, d, r, m, st.data_ptr(), zs.data_ptr(), a.data_ptr(), 1.0 / rho, cc.data_ptr(),
         *_args(g, keep), *_args(q, keep), *_args(k, keep), *_args(gv, keep), *_args(gq, keep), *_args(gk, keep),
         gc.data_ptr() if gc is not None else None, torch.get_num_threads(),

@@ -12,7 +12,12 @@ A buffer is a NumPy array held by this thread's pool. A tensor handed out is a v
 (``torch.from_numpy``), and every tensor or view of that memory keeps a reference to the array,
 autograd's saved tensors included; so the array is handed out again only when the pool's own
 reference is the last one (``sys.getrefcount``), never while anything can still read it. At most
-:data:`POOL_LIMIT_BYTES` per thread are kept; beyond, tensors are fresh ones.
+:data:`POOL_LIMIT_BYTES` per thread are kept: a new size evicts unused buffers of the sizes least
+recently asked for, and beyond the limit tensors are fresh ones.
+
+A pooled tensor's storage is a NumPy array's memory: it cannot be resized (``resize_`` to a larger
+size raises), and ``torch.utils.deterministic.fill_uninitialized_memory`` does not fill it (every
+caller overwrites all of it before returning).
 """
 
 from __future__ import annotations
@@ -110,11 +115,14 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     itemsize = torch.finfo(dtype).bits // 8
     count = math.prod(shape)
     nbytes = count * itemsize + _ALIGN
-    arrays = _POOL.arrays.setdefault(nbytes, [])
+    arrays = _POOL.arrays.pop(nbytes, [])
+    _POOL.arrays[nbytes] = arrays  # the most recently asked-for size last (eviction order)
     for i in range(len(arrays)):
         if _free(arrays, i):
             return _view(arrays[i], count, shape, dtype)
     array = np.empty(nbytes, dtype=np.uint8)
+    if _POOL.bytes + nbytes > POOL_LIMIT_BYTES:
+        _evict(POOL_LIMIT_BYTES - nbytes)
     if _POOL.bytes + nbytes <= POOL_LIMIT_BYTES:
         arrays.append(array)
         _POOL.bytes += nbytes
@@ -122,6 +130,21 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     if nbytes >= HUGE_PAGE_MIN_BYTES:
         advise_huge_pages(out)
     return out
+
+
+def _evict(keep: int) -> None:
+    """Drop unused buffers, of sizes least recently asked for first, until the pool holds at most
+    ``keep`` bytes (buffers in use stay)."""
+    for size in list(_POOL.arrays):  # dicts keep insertion order: :func:`empty` moves a size to the end
+        arrays = _POOL.arrays[size]
+        for i in range(len(arrays) - 1, -1, -1):
+            if _POOL.bytes <= keep:
+                return
+            if _free(arrays, i):
+                del arrays[i]
+                _POOL.bytes -= size
+        if not arrays:
+            del _POOL.arrays[size]
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:  # float32 (the kernels' dtype)

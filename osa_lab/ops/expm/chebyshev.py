@@ -271,7 +271,10 @@ class _OSAChebyshevActionCPU(torch.autograd.Function):
         needs = tuple(ctx.needs_input_grad[:4])
         if torch.is_grad_enabled():  # create_graph=True
             return (*_reference_osa_grads(q, k, c, v, ctx.rho, ctx.degree, needs, g), None, None, None)
-        return (*cpu_kernels.chebyshev_backward(st, zs, ctx.coef, ctx.rho, c, g, q, k, v, needs), None, None, None)
+        gq, gk, gc, gv = cpu_kernels.chebyshev_backward(st, zs, ctx.coef, ctx.rho, c, g, q, k, v, needs)
+        if gc is not None:
+            gc = gc.sum_to_size(c.shape)  # one c for every matrix: its gradient is the sum
+        return gq, gk, gc, gv, None, None, None
 
 
 def _packed(x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
