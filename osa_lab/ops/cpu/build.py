@@ -97,6 +97,12 @@ def _build() -> ctypes.CDLL | None:
     return None
 
 
+def built_library() -> ctypes.CDLL | None:
+    """The kernels, built on the first call, whatever ``OSA_LAB_CPU_KERNELS`` says now (for calls
+    that follow a forward which used them); None where they cannot be built."""
+    return _build()
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, built on the first call; None where they are turned off or cannot be built."""
     if not enabled():

@@ -19,7 +19,7 @@ import torch
 
 from osa_lab.errors import KernelFailedError, OSAInputError
 from osa_lab.ops.cpu import pool
-from osa_lab.ops.cpu.build import library
+from osa_lab.ops.cpu.build import built_library, library
 
 _INT32_MAX = 2**31 - 1
 
@@ -76,12 +76,10 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _loaded():
-    """The built library (cached), whatever ``OSA_LAB_CPU_KERNELS`` says now: called once
-    :func:`usable` has said yes, so a backward runs the kernels its forward ran even if the
-    variable changed in between."""
-    from osa_lab.ops.cpu.build import _build
-
-    return _build()
+    """The built library, whatever ``OSA_LAB_CPU_KERNELS`` says now: called once :func:`usable`
+    has said yes, so a backward runs the kernels its forward ran even if the variable changed in
+    between."""
+    return built_library()
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
