@@ -75,13 +75,6 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return library() is not None
 
 
-def _loaded():
-    """The built library, whatever ``OSA_LAB_CPU_KERNELS`` says now: called once :func:`usable`
-    has said yes, so a backward runs the kernels its forward ran even if the variable changed in
-    between."""
-    return built_library()
-
-
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when contiguous and 64-byte aligned (what the kernels' vector loads need), else
     a copy that is (a saved-tensor hook may hand the backward any layout)."""
@@ -116,11 +109,13 @@ def prepare(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Te
     n, r = q.shape[-2:]
     b = math.prod(q.shape[:-2])
     c = _per_matrix(c, b)
+    # built_library() from here on, not library(): usable() said yes, and a backward runs the
+    # kernels its forward ran even if OSA_LAB_CPU_KERNELS changed in between
     st = pool.empty((b, n, n))  # kept for the backward: reused memory, not fresh pages
     d2_sq = torch.empty(b, dtype=torch.float64)
     fro_sq = torch.empty(b, dtype=torch.float64)
     keep: list = []
-    code = _loaded().osa_cheb_prepare(
+    code = built_library().osa_cheb_prepare(
         b, n, r, *_args(q, keep), *_args(k, keep), c.data_ptr(), st.data_ptr(), d2_sq.data_ptr(), fro_sq.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
@@ -145,7 +140,7 @@ def chebyshev_forward(
     v_sq = torch.empty(b, dtype=torch.float64)
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
-    code = _loaded().osa_cheb_forward(
+    code = built_library().osa_cheb_forward(
         b, n, d, m, st.data_ptr(), *_args(v, keep), a.data_ptr(), 1.0 / rho, zs.data_ptr(), *_args(y, keep),
         y_sq.data_ptr(), v_sq.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -178,18 +173,13 @@ def chebyshev_backward(
         )
     st, zs = _aligned(st), _aligned(zs)
 
-    def like(x: torch.Tensor, wanted: bool) -> torch.Tensor | None:
-        if not wanted:
-            return None
-        out = torch.empty_like(x)
-        return out if out.stride() == x.stride() else torch.empty(x.shape, dtype=x.dtype)
-
-    gq, gk, gv = like(q, need_q), like(k, need_k), like(v, need_v)
+    # (the kernel writes through any strides: each gradient takes its input's layout)
+    gq, gk, gv = (torch.empty_like(x) if wanted else None for x, wanted in ((q, need_q), (k, need_k), (v, need_v)))
     gc = torch.empty(b, dtype=torch.float32) if need_c else None
     cc = (_per_matrix(c, b).double() / rho).float()
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
-    code = _loaded().osa_cheb_backward(
+    code = built_library().osa_cheb_backward(
         b, n, d, r, m, st.data_ptr(), zs.data_ptr(), a.data_ptr(), 1.0 / rho, cc.data_ptr(),
         *_args(g, keep), *_args(q, keep), *_args(k, keep), *_args(gv, keep), *_args(gq, keep), *_args(gk, keep),
         gc.data_ptr() if gc is not None else None, torch.get_num_threads(),

@@ -80,8 +80,6 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     return start != 0 and last > first and madvise(first, last - first, _MADV_HUGEPAGE) == 0
 
 
-
-
 class _Pool(threading.local):
     def __init__(self) -> None:
         self.arrays: dict[int, list[np.ndarray]] = {}
@@ -112,9 +110,8 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     (float32 or float64) whose memory comes from this thread's pool (reused once nothing refers
     to it any more). A new buffer of :data:`HUGE_PAGE_MIN_BYTES` or more is advised huge pages
     before its first write."""
-    itemsize = torch.finfo(dtype).bits // 8
     count = math.prod(shape)
-    nbytes = count * itemsize + _ALIGN
+    nbytes = count * dtype.itemsize + _ALIGN
     arrays = _POOL.arrays.pop(nbytes, [])
     _POOL.arrays[nbytes] = arrays  # the most recently asked-for size last (eviction order)
     for i in range(len(arrays)):
@@ -159,8 +156,7 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:  # float32 (the kernels' dtype)
 
 def _view(array: np.ndarray, count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     start = -array.ctypes.data % _ALIGN
-    itemsize = torch.finfo(dtype).bits // 8
-    return torch.from_numpy(array[start : start + itemsize * count].view(_NUMPY[dtype]).reshape(shape))
+    return torch.from_numpy(array[start : start + dtype.itemsize * count].view(_NUMPY[dtype]).reshape(shape))
 
 
 def release() -> int:

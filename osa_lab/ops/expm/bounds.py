@@ -162,6 +162,20 @@ NORM_BOUND_SLACK = 1e-4
 _SQRT_HALF = 0.5**0.5
 
 
+def _small_skew_bound(n: int, dtype: torch.dtype) -> float:
+    """The bound below which :func:`skew_spectral_bound` takes ``‖D‖_F/√2``: ``D²``'s squares
+    there come near the bottom of ``dtype``'s range."""
+    return (torch.finfo(dtype).tiny * n * 1e3) ** 0.25
+
+
+def _with_rounding_allowance(bound: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``bound`` raised by ``N² u`` (the rounding of ``D²`` and its norm) and
+    :data:`NORM_BOUND_SLACK`, plus the smallest normal number: a bound among the subnormals is
+    rounded by more than any relative slack lifts it."""
+    info = torch.finfo(dtype)
+    return bound.mul_(1 + n * n * info.eps / 2 + NORM_BOUND_SLACK).add_(info.tiny)
+
+
 def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """An upper bound of ``‖D‖₂`` per matrix of a batch of skew-symmetric ``D`` (b, N, N):
     ``(‖D²‖_F² / 2)^{1/4}``.
@@ -194,14 +208,12 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     n = d.shape[-1]
     d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1))
     bound = d2_norm.mul_(_SQRT_HALF).sqrt_()
-    small = bound < (torch.finfo(d.dtype).tiny * n * 1e3) ** 0.25
+    small = bound < _small_skew_bound(n, d.dtype)
     if any_row(small):
         largest = d.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(d.dtype).tiny)
         fro = torch.linalg.vector_norm(d / largest, dim=(-2, -1)) * largest[..., 0, 0]
         bound = torch.where(small, fro * _SQRT_HALF, bound)
-    rounding = n * n * torch.finfo(d.dtype).eps / 2  # N² u
-    # + tiny: a bound among the subnormals is rounded by more than any relative slack lifts it
-    return bound.mul_(1 + rounding + NORM_BOUND_SLACK).add_(torch.finfo(d.dtype).tiny)
+    return _with_rounding_allowance(bound, n, d.dtype)
 
 
 def skew_bound_from_squares(d2_sq: torch.Tensor, fro_sq: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -210,11 +222,9 @@ def skew_bound_from_squares(d2_sq: torch.Tensor, fro_sq: torch.Tensor, n: int, d
     ``dtype`` and ``fro_sq = ‖D‖_F²``, both summed in float64, for N×N skew ``D``. The same bound,
     rounding allowance and small-matrix rule (``‖D‖_F/√2`` where ``D²``'s squares near the bottom
     of ``dtype``'s range), as float64."""
-    info = torch.finfo(dtype)
     bound = d2_sq.mul(0.5).sqrt_().sqrt_()
-    small = bound < (info.tiny * n * 1e3) ** 0.25
-    bound = torch.where(small, fro_sq.mul(0.5).sqrt(), bound)
-    return bound.mul_(1 + n * n * info.eps / 2 + NORM_BOUND_SLACK).add_(info.tiny)
+    bound = torch.where(bound < _small_skew_bound(n, dtype), fro_sq.mul(0.5).sqrt(), bound)
+    return _with_rounding_allowance(bound, n, dtype)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:

@@ -187,9 +187,9 @@ class _OSAChebyshevAction(torch.autograd.Function):
     ``A``'s ``gx − gxᵀ``, none of the backward's passes reads transposed memory, which costs 2–3×
     a plain pass on the CPU.
 
-    Also returns the output check's per-matrix norms ``‖y_b‖, ‖V_b‖`` (not differentiable),
-    reduced from the packed ``yᵀ, Vᵀ``: a strided reduction over a head-split view costs several
-    times as much.
+    Also returns the output check's per-matrix squared norms ``‖y_b‖², ‖V_b‖²`` (float64, not
+    differentiable), reduced from the packed ``yᵀ, Vᵀ``: a strided reduction over a head-split view
+    costs several times as much.
     """
 
     @staticmethod
@@ -200,15 +200,15 @@ class _OSAChebyshevAction(torch.autograd.Function):
         y = torch.empty_like(v)
         y.copy_(yt.view(v.mT.shape).mT)
         acc = torch.float64 if v.dtype == torch.float64 else torch.float32
-        y_norm, v_norm = (torch.linalg.vector_norm(t, dim=(-2, -1), dtype=acc) for t in (yt, zt))
-        ctx.mark_non_differentiable(y_norm, v_norm)
+        y_sq, v_sq = (torch.linalg.vector_norm(t, dim=(-2, -1), dtype=acc).double() ** 2 for t in (yt, zt))
+        ctx.mark_non_differentiable(y_sq, v_sq)
         ctx.coef, ctx.rho, ctx.degree = coef, rho, degree
         ctx.save_for_backward(q, k, c, v, st, u, *zs)
-        return y, y_norm, v_norm
+        return y, y_sq, v_sq
 
     @staticmethod
     @autocast_off_backward
-    def backward(ctx, g, _y_norm, _v_norm):  # noqa: D102
+    def backward(ctx, g, _y_sq, _v_sq):  # noqa: D102
         q, k, c, v, st, u, *zs = ctx.saved_tensors
         need_q, need_k, need_c, need_v = ctx.needs_input_grad[:4]
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain-operation reference
@@ -367,22 +367,18 @@ def osa_chebyshev_action(
     if under_transform(q, k, c, v):
         return None
     c = c.reshape(-1)
-    if cpu_kernels.usable(q, k, v):  # float32 on the CPU: the fused C kernels
-        with torch.no_grad():
+    with torch.no_grad():
+        if cpu_kernels.usable(q, k, v):  # float32 on the CPU: the fused C kernels
             st, d2_sq, fro_sq = cpu_kernels.prepare(q, k, c)
             bound = skew_bound_from_squares(d2_sq, fro_sq, q.shape[-2], q.dtype)
-        rho = float(bound.max()) if bound.numel() else 0.0
-        degree = chebyshev_degree(rho, v.dtype)
-        if degree is None:
-            return None
-        y, y_sq, v_sq = _OSAChebyshevActionCPU.apply(q, k, c.to(q.dtype), v, st, max(rho, 1e-30), degree)
-        return (y, (y_sq, v_sq)) if norms else y
-    with torch.no_grad():
-        st, u, spare = _osa_skew_factors(q, k, c)
-        bound = skew_spectral_bound(st, spare)  # ‖Sᵀ‖₂ = ‖S‖₂
+            action, factors = _OSAChebyshevActionCPU, (st,)
+        else:
+            st, u, spare = _osa_skew_factors(q, k, c)
+            bound = skew_spectral_bound(st, spare)  # ‖Sᵀ‖₂ = ‖S‖₂
+            action, factors = _OSAChebyshevAction, (st, u)
         rho = float(bound.max()) if bound.numel() else 0.0
     degree = chebyshev_degree(rho, v.dtype)
     if degree is None:
         return None
-    y, y_norm, v_norm = _OSAChebyshevAction.apply(q, k, c.to(q.dtype), v, st, u, max(rho, 1e-30), degree)
-    return (y, (y_norm.double() ** 2, v_norm.double() ** 2)) if norms else y
+    y, y_sq, v_sq = action.apply(q, k, c.to(q.dtype), v, *factors, max(rho, 1e-30), degree)
+    return (y, (y_sq, v_sq)) if norms else y
