@@ -22,7 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("chebyshev_action.c")
+#: The C sources, compiled together into one library.
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c", "gram_passes.c"))
 
 #: Seconds the compiler may take before the build is given up.
 BUILD_TIMEOUT_S = 120
@@ -46,7 +47,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.osa_cheb_prepare.argtypes = [i, i, i, *view, *view, p, p, p, p, i]
     lib.osa_cheb_forward.argtypes = [i, i, i, i, p, *view, p, f, p, *view, p, p, i]
     lib.osa_cheb_backward.argtypes = [i, i, i, i, i, p, p, p, f, p, *(view * 6), p, i]
-    for fn in (lib.osa_cheb_prepare, lib.osa_cheb_forward, lib.osa_cheb_backward):
+    token = [p, p, n]  # base, per-matrix offsets, row stride (columns contiguous)
+    lib.osa_gram_tn.argtypes = [i, i, i, p, *(token * 3), i, p, p, p, i]
+    lib.osa_gram_nn.argtypes = [i, i, i, i, p, *(token * 4), p, *token, *token, i]
+    lib.osa_gram_vector_floats.argtypes = []
+    for fn in (lib.osa_cheb_prepare, lib.osa_cheb_forward, lib.osa_cheb_backward, lib.osa_gram_tn, lib.osa_gram_nn, lib.osa_gram_vector_floats):
         fn.restype = i
     return lib
 
@@ -79,7 +84,7 @@ def _build() -> ctypes.CDLL | None:
         target = Path(workdir) / "osa_lab_cpu.so"
         for flags in _FLAG_SETS:
             try:
-                done = _compile([*compiler, *flags, "-o", str(target), str(SOURCE)])
+                done = _compile([*compiler, *flags, "-o", str(target), *map(str, SOURCES)])
             except (OSError, subprocess.TimeoutExpired) as err:
                 errors.append(f"{type(err).__name__}: {err}")
                 continue

@@ -12,7 +12,6 @@ packing. :func:`usable` says where the kernels apply; elsewhere the caller keeps
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -20,31 +19,13 @@ import torch
 from osa_lab.errors import KernelFailedError, OSAInputError
 from osa_lab.ops.cpu import pool
 from osa_lab.ops.cpu.build import built_library, library
+from osa_lab.ops.cpu.views import view_args
 
 _INT32_MAX = 2**31 - 1
 
 
 def _padded(n: int) -> int:
     return (n + 7) // 8 * 8
-
-
-@functools.lru_cache(maxsize=64)
-def _offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> torch.Tensor:
-    """Element offsets of each matrix of a (*batch, rows, cols) view, batch flattened row-major."""
-    offs = torch.zeros((), dtype=torch.int64)
-    for size, stride in zip(shape, strides, strict=True):
-        offs = offs.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
-    return offs.reshape(-1).contiguous()
-
-
-def _args(x: torch.Tensor | None, keep: list) -> tuple:
-    """The four C arguments of a (*batch, rows, cols) view: base pointer, per-matrix offsets, row
-    stride, column stride (NULL and zeros for None); ``keep`` holds the offsets alive for the call."""
-    if x is None:
-        return (None, None, 0, 0)
-    offs = _offsets(tuple(x.shape[:-2]), tuple(x.stride()[:-2]))
-    keep.append(offs)
-    return (x.data_ptr(), offs.data_ptr(), x.stride(-2), x.stride(-1))
 
 
 #: Largest degree the kernels are asked for (``expm.chebyshev.ACTION_MAX_DEGREE``), for the size checks.
@@ -116,7 +97,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Te
     fro_sq = torch.empty(b, dtype=torch.float64)
     keep: list = []
     code = built_library().osa_cheb_prepare(
-        b, n, r, *_args(q, keep), *_args(k, keep), c.data_ptr(), st.data_ptr(), d2_sq.data_ptr(), fro_sq.data_ptr(),
+        b, n, r, *view_args(q, keep), *view_args(k, keep), c.data_ptr(), st.data_ptr(), d2_sq.data_ptr(), fro_sq.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "prepare")
@@ -141,7 +122,7 @@ def chebyshev_forward(
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
     code = built_library().osa_cheb_forward(
-        b, n, d, m, st.data_ptr(), *_args(v, keep), a.data_ptr(), 1.0 / rho, zs.data_ptr(), *_args(y, keep),
+        b, n, d, m, st.data_ptr(), *view_args(v, keep), a.data_ptr(), 1.0 / rho, zs.data_ptr(), *view_args(y, keep),
         y_sq.data_ptr(), v_sq.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "forward")
@@ -181,7 +162,7 @@ def chebyshev_backward(
     keep: list = []
     code = built_library().osa_cheb_backward(
         b, n, d, r, m, st.data_ptr(), zs.data_ptr(), a.data_ptr(), 1.0 / rho, cc.data_ptr(),
-        *_args(g, keep), *_args(q, keep), *_args(k, keep), *_args(gv, keep), *_args(gq, keep), *_args(gk, keep),
+        *view_args(g, keep), *view_args(q, keep), *view_args(k, keep), *view_args(gv, keep), *view_args(gq, keep), *view_args(gk, keep),
         gc.data_ptr() if gc is not None else None, torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "backward")

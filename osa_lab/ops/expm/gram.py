@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from osa_lab.ops.amp import autocast_off_backward
+from osa_lab.ops.cpu import gram_kernels
 from osa_lab.ops.expm.batch import any_row, composite_backward, concrete, under_transform
 from osa_lab.ops.expm.bounds import FLOAT64_NORM, float64_needed, spectral_norm_bound, spectral_refine_above
 from osa_lab.ops.expm.core import may_reuse, skew_exp, truncation_unit
@@ -241,19 +242,46 @@ def output_norm_change(g: torch.Tensor, p: torch.Tensor, c: torch.Tensor) -> tor
 def block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``UᵀU`` in float64 for ``U = [a b]`` from three products (``bᵀa`` is the transpose of ``aᵀb``)."""
     aa, ab, bb = (a.mT @ a).double(), (a.mT @ b).double(), (b.mT @ b).double()
+    return _gram_blocks(aa, ab, bb)
+
+
+def _gram_blocks(aa: torch.Tensor, ab: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cat([aa, ab], -1), torch.cat([ab.mT, bb], -1)], -2)
+
+
+def _cpu_kernels_apply(*tensors: torch.Tensor) -> bool:
+    """Whether the token passes may run in the CPU kernels (:mod:`osa_lab.ops.cpu.gram_kernels`):
+    outside autograd's recording and torch.func transforms, on tensors the kernels accept."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return not grad and gram_kernels.usable(*tensors) and not under_transform(*tensors)
+
+
+def gram_and_projection(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(G, P)``: ``G = UᵀU`` in float64 (:func:`block_gram`) and ``P = UᵀV`` in ``v``'s dtype for
+    ``U = [a b]``. Where the CPU kernels apply and ``a``, ``b`` have one width, one pass over the
+    tokens computes ``aᵀ[a b v]`` and ``bᵀ[b v]`` (:func:`~osa_lab.ops.cpu.gram_kernels.transposed_products`);
+    elsewhere five batched products (the reference)."""
+    ma = a.shape[-1]
+    if a.shape == b.shape and _cpu_kernels_apply(a, b, v):
+        top, bottom = gram_kernels.transposed_products((a, b, v), (0, 1))
+        g = _gram_blocks(top[..., :ma].double(), top[..., ma : 2 * ma].double(), bottom[..., :ma].double())
+        return g, torch.cat([top[..., 2 * ma :], bottom[..., ma:]], -2)
+    return block_gram(a, b), torch.cat([a.mT @ v, b.mT @ v], -2)
 
 
 def gram_output(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The Gram engine's output pass ``Y = V + a C_a + b C_b`` (``C`` split by rows at ``a``'s width),
-    written into :func:`~osa_lab.ops.expm.scratch.fresh_output` (huge pages for large outputs);
+    written into :func:`~osa_lab.ops.expm.scratch.fresh_output` (huge pages for large outputs), by the
+    CPU kernels' :func:`~osa_lab.ops.cpu.gram_kernels.token_products` where they apply;
     differentiable by autograd where an input requires grad, and under torch.func transforms and
     forward-mode AD (``out=`` is none of these, so a plain result then)."""
     ma = a.shape[-1]
     if (torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, c, v))) or under_transform(a, b, c, v):
         return torch.baddbmm(v, a, c[..., :ma, :]).baddbmm(b, c[..., ma:, :])
-    y = torch.baddbmm(v, a, c[..., :ma, :], out=fresh_output(v, (*v.shape[:-1], c.shape[-1])))
-    return y.baddbmm_(b, c[..., ma:, :])
+    y = fresh_output(v, (*v.shape[:-1], c.shape[-1]))
+    if gram_kernels.usable(a, b, v, y) and c.dtype == v.dtype:  # one pass, C in cache
+        return gram_kernels.token_products([(a, c[..., :ma, :]), (b, c[..., ma:, :])], y, add=v)
+    return torch.baddbmm(v, a, c[..., :ma, :], out=y).baddbmm_(b, c[..., ma:, :])
 
 
 class _GramAction(torch.autograd.Function):
@@ -270,8 +298,7 @@ class _GramAction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, j, v, replaced: bool, osa_core: bool):  # noqa: D102
-        g = block_gram(a, b)
-        p = torch.cat([a.mT @ v, b.mT @ v], -2)
+        g, p = gram_and_projection(a, b, v)
         parts = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core, spectral_refine_above(v.dtype))
         chol_inv, e_minus_i, ok, (s_norm, cond, s_two) = parts
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
@@ -306,7 +333,11 @@ class _GramAction(torch.autograd.Function):
         g = torch.where(keep[..., None, None], g, eye)
         if not _all_kept_on_cpu(keep):  # (a token-sized copy of gY; on the CPU only where a row is dropped)
             gy = torch.where(keep[..., None, None], gy, torch.zeros((), dtype=gy.dtype, device=gy.device))
-        gc = torch.cat([a.mT @ gy, b.mT @ gy], -2)
+        fused = a.shape == b.shape and gram_kernels.usable(a, b, v, gy)  # the token passes in the CPU kernels
+        if fused:
+            gc = torch.cat(gram_kernels.transposed_products((a, b, gy), (2, 2)), -2)
+        else:
+            gc = torch.cat([a.mT @ gy, b.mT @ gy], -2)
         if need_j:
             gg, gp, (gj,) = gram_core_backward(lambda g_, j_: gram_core(g_, j_)[0], g, (j,), gc.double(), p.double())
         else:
@@ -319,7 +350,11 @@ class _GramAction(torch.autograd.Function):
             # gU = U gGs + gY Cᵀ + V gPᵀ, one column block at a time.
             def grad_block(cols: slice) -> torch.Tensor:
                 rhs = gg[:, :ma, cols]
-                out = torch.bmm(a, rhs, out=fresh_output(a, (*a.shape[:-1], rhs.shape[-1])))
+                out = fresh_output(a, (*a.shape[:-1], rhs.shape[-1]))
+                if fused:
+                    terms = [(a, rhs), (b, gg[:, ma:, cols]), (gy, c[:, cols].mT), (v, gp[:, cols].mT)]
+                    return gram_kernels.token_products(terms, out)
+                torch.bmm(a, rhs, out=out)
                 out.baddbmm_(b, gg[:, ma:, cols])
                 out.baddbmm_(gy, c[:, cols].mT)
                 return out.baddbmm_(v, gp[:, cols].mT)
@@ -327,8 +362,11 @@ class _GramAction(torch.autograd.Function):
             ga = grad_block(slice(0, ma)) if need_a else None
             gb = grad_block(slice(ma, None)) if need_b else None
         if need_v:
-            gv = torch.baddbmm(gy, a, gp[:, :ma], out=fresh_output(v))
-            gv.baddbmm_(b, gp[:, ma:])
+            gv = fresh_output(v)
+            if fused:
+                gram_kernels.token_products([(a, gp[:, :ma]), (b, gp[:, ma:])], gv, add=gy)
+            else:
+                torch.baddbmm(gy, a, gp[:, :ma], out=gv).baddbmm_(b, gp[:, ma:])
         return ga, gb, gj, gv, None, None
 
 

@@ -1,0 +1,118 @@
+"""Python side of the CPU kernels of the Gram engine's token passes (float32, ``gram_passes.c``).
+
+The Gram engine (:mod:`osa_lab.ops.expm.gram`) computes ``exp(S) V = V + U C`` for ``U = [q k]``
+(Zhang & Martens, arXiv 2602.05996; docs/design.md §1–§2) with a small float64 core between two
+passes over the tokens: ``G = UᵀU`` and ``P = UᵀV`` before it, ``Y = V + U C`` after it (and in
+the backward ``gC = Uᵀ gY``, ``∂L/∂V``, ``∂L/∂q``, ``∂L/∂k``). The batched torch products of
+that module are the reference beside these kernels:
+
+- :func:`transposed_products` computes ``X_aᵀ [X_lo … X_last]`` for one or two ``a`` in one pass
+  over the tokens (the forward's five ``r × r`` and ``r × d`` blocks read q, k and v once);
+- :func:`token_products` computes ``Y = X + Σ_s A_s C_s`` with the small ``C_s`` in cache.
+
+Token tensors of shape ``(*batch, N, w)`` are read and written in their own layout (per-matrix
+offsets and a row stride; columns contiguous). :func:`usable` says where the kernels apply;
+elsewhere the caller keeps the torch products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+
+import torch
+
+from osa_lab.errors import KernelFailedError, OSAInputError
+from osa_lab.ops.cpu.build import built_library, library
+from osa_lab.ops.cpu.views import view_args
+
+_INT32_MAX = 2**31 - 1
+
+#: Every width of a token tensor is a multiple of this (whole vectors per row).
+WIDTH_MULTIPLE = 16
+
+#: Floats per vector the kernels are used with (AVX-512 builds).
+VECTOR_FLOATS = 16
+
+
+def usable(*tokens: torch.Tensor) -> bool:
+    """True when the kernels can run on the token tensors ``(*batch, N, w)``: plain (not
+    subclassed) strided float32 CPU tensors with one batch shape and N, contiguous columns, every
+    ``w`` a multiple of :data:`WIDTH_MULTIPLE`, sizes and strides within 32-bit indices where the
+    kernels use them, and the library built with 16-float vectors (AVX-512; the 8-float build
+    measured slower than the library products, so the torch path stays there)."""
+    if not tokens:
+        return False
+    first = tokens[0]
+    for t in tokens:
+        if not (
+            type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32
+            and t.layout == torch.strided and t.dim() >= 2 and t.shape[:-1] == first.shape[:-1]
+        ):  # fmt: skip
+            return False
+        w = t.shape[-1]
+        if w < WIDTH_MULTIPLE or w % WIDTH_MULTIPLE or (t.stride(-1) != 1 and w > 1):
+            return False
+    if first.shape[-2] < 1 or first.shape[-2] > _INT32_MAX or math.prod(first.shape[:-2]) > _INT32_MAX:
+        return False
+    lib = library()
+    return lib is not None and lib.osa_gram_vector_floats() == VECTOR_FLOATS
+
+
+def _check(code: int, what: str) -> None:
+    if code == 1:
+        raise KernelFailedError(f"the CPU kernel {what} found no memory for its partial sums")
+    if code != 0:
+        raise KernelFailedError(f"the CPU kernel {what} refused its arguments (code {code})")
+
+
+def _ints(values: Sequence[int]) -> ctypes.Array:
+    return (ctypes.c_int * len(values))(*values)
+
+
+def _tokens(x: torch.Tensor | None, keep: list) -> tuple:
+    return view_args(x, keep, column_stride=False)
+
+
+def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> list[torch.Tensor]:
+    """``[X_aᵀ [X_firsts[a] … X_last] for a < len(firsts)]`` summed over the tokens, each
+    ``(*batch, w_a, Σ w_s)`` float32: the Gram pass ``xs = (q, k, v)``, ``firsts = (0, 1)`` gives
+    ``qᵀ[q k v]`` and ``kᵀ[k v]`` in one read of q, k and v. ``xs``: 1–3 token tensors that
+    :func:`usable` accepts; ``firsts``: 1–2 indices, ``len(firsts) ≤ len(xs)``."""
+    if not 1 <= len(xs) <= 3 or not 1 <= len(firsts) <= min(2, len(xs)):
+        raise OSAInputError(f"transposed_products takes 1–3 token tensors and 1–2 firsts, got {len(xs)} and {len(firsts)}")
+    batch, n = xs[0].shape[:-2], xs[0].shape[-2]
+    widths = [x.shape[-1] for x in xs]
+    outs = [torch.empty(*batch, widths[a], sum(widths[lo:]), dtype=torch.float32) for a, lo in enumerate(firsts)]
+    keep: list = []
+    views = [arg for i in range(3) for arg in _tokens(xs[i] if i < len(xs) else None, keep)]
+    code = built_library().osa_gram_tn(
+        math.prod(batch), n, len(xs), _ints(widths), *views, len(firsts), _ints(list(firsts)),
+        outs[0].data_ptr(), outs[1].data_ptr() if len(outs) > 1 else None, torch.get_num_threads(),
+    )  # fmt: skip
+    _check(code, "osa_gram_tn")
+    return outs
+
+
+def token_products(
+    terms: Sequence[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out = add + Σ_s A_s C_s`` for 1–4 ``(A_s, C_s)``: ``A_s`` token tensors ``(*batch, N, w_s)``
+    and small ``C_s`` ``(*batch, w_s, d)``; ``add`` and ``out`` ``(*batch, N, d)`` token tensors
+    (``add`` None: no term; ``out`` must not overlap an input). Returns ``out``."""
+    if not 1 <= len(terms) <= 4:
+        raise OSAInputError(f"token_products takes 1–4 terms, got {len(terms)}")
+    batch, n, d = out.shape[:-2], out.shape[-2], out.shape[-1]
+    for a, c in terms:
+        if a.shape[:-1] != out.shape[:-1] or c.shape != (*batch, a.shape[-1], d):
+            raise OSAInputError(f"a term A {tuple(a.shape)}, C {tuple(c.shape)} does not fit out {tuple(out.shape)}")
+    stack = torch.cat([c.to(torch.float32) for _, c in terms], -2).contiguous()
+    keep: list = []
+    views = [arg for i in range(4) for arg in _tokens(terms[i][0] if i < len(terms) else None, keep)]
+    code = built_library().osa_gram_nn(
+        math.prod(batch), n, d, len(terms), _ints([a.shape[-1] for a, _ in terms]), *views, stack.data_ptr(),
+        *_tokens(add, keep), *_tokens(out, keep), torch.get_num_threads(),
+    )  # fmt: skip
+    _check(code, "osa_gram_nn")
+    return out
