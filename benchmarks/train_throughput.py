@@ -44,7 +44,6 @@ multiplies every OSA layer's initial α by C, so that ``‖S‖₂`` is nearer a
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
@@ -125,21 +124,6 @@ def _within(step, context):
             step()
 
     return run
-
-
-@contextlib.contextmanager
-def pytorch_path():
-    """Inside the block the small-N action runs on its PyTorch reference path instead of the
-    compiled CPU kernels (``OSA_LAB_CPU_KERNELS=0``, read at every call)."""
-    before = os.environ.get("OSA_LAB_CPU_KERNELS")
-    os.environ["OSA_LAB_CPU_KERNELS"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["OSA_LAB_CPU_KERNELS"]
-        else:
-            os.environ["OSA_LAB_CPU_KERNELS"] = before
 
 
 @contextlib.contextmanager
@@ -238,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 step, n_params, tokens = step_fn(preset, size, patch, args.batch, extra, sequence)
                 scale_alpha(step, args.alpha_scale)
                 context = (
-                    exp_skipped if skipped else previous_small_n_path if previous else pytorch_path if reference
+                    exp_skipped if skipped else previous_small_n_path if previous else cpu_kernels.turned_off if reference
                     else contextlib.nullcontext
                 )  # fmt: skip
                 timed = _within(step, context)

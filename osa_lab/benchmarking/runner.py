@@ -19,8 +19,11 @@ machine's limits in the same interleaved rounds: the float32 matmul rate (the la
 2r × 2r products and the copy bandwidth (read + write of a buffer larger than the caches). For
 each pass of the Gram engine (Gram/projection products, float64 core, output ``V + q C_q +
 k C_k``), the whole low-rank forward and forward+backward it reports time, matmul flops
-(counted by PyTorch's flop formulas, per dtype), compulsory bytes, the roofline
+(counted by PyTorch's flop formulas, per dtype, on the torch path: the CPU kernels of the token
+passes compute the same products), compulsory bytes, the roofline
 ``max(f32 flops ÷ f32 rate + f64 flops ÷ f64 rate, bytes ÷ copy bandwidth)`` and time ÷ roofline.
+Where the CPU kernels are in use, "whole forward (torch passes)" times the same forward with them
+turned off, in the same rounds; every row says what :func:`osa_lab.ops.cpu.status` said.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from osa_lab.benchmarking.timing import (
 )
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
 from osa_lab.fileio import OutputLock, output_locks
-from osa_lab.ops import expm
+from osa_lab.ops import cpu, expm
 from osa_lab.ops.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
@@ -217,6 +220,11 @@ def _no_grad(fn):
     return run
 
 
+def _torch_passes(fn, *args):
+    with cpu.turned_off():
+        return fn(*args)
+
+
 def pass_bytes(bh: int, n: int, r: int, d: int, item: int = 4) -> dict[str, float]:
     """Compulsory bytes of each token pass (float32: ``item`` = 4), counted as for the copy probe
     (every tensor read or written once, as an ideal fused pass would):
@@ -248,7 +256,7 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     tol = expm.CORE_TOLERANCE[torch.float32]
 
     def gram_projection():
-        return expm.block_gram(q, k), torch.cat([q.mT @ v, k.mT @ v], -2)
+        return expm.gram_and_projection(q, k, v)
 
     g, p = gram_projection()
 
@@ -269,6 +277,8 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         "output": lambda: expm.gram_output(q, k, c, v),
         "whole forward": lambda: osa(q, k, v, ALPHA),
     }
+    if cpu.enabled():  # the same forward with the token passes as torch products, in the same rounds
+        passes["whole forward (torch passes)"] = lambda: _torch_passes(osa, q, k, v, ALPHA)
     probes = {
         f"probe: f32 matmul {mm_n}²": lambda: mm_a @ mm_b,
         "probe: f32 matmul [q k]ᵀ[q k v]": lambda: u_probe.mT @ w_probe,
@@ -279,19 +289,21 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     fns = {name: _no_grad(fn) for name, fn in {**probes, **passes}.items()}
     fns["whole forward+backward"] = _fwd_bwd(lambda x, y, z: osa(x, y, z, ALPHA), leaves)
     t = time_interleaved(fns, repeat=repeat)
-    flops = {name: count_matmul_flops(fn) for name, fn in fns.items() if not name.startswith("probe: copy")}
+    with cpu.turned_off():  # the kernels run the torch path's products, which PyTorch counts
+        flops = {name: count_matmul_flops(fn) for name, fn in fns.items() if not name.startswith("probe: copy")}
     rate32 = max(flops[name][torch.float32] / t[name] for name in (f"probe: f32 matmul {mm_n}²",
                                                                   "probe: f32 matmul [q k]ᵀ[q k v]"))
     rate64 = flops["probe: f64 matmul 2r×2r (core)"][torch.float64] / t["probe: f64 matmul 2r×2r (core)"]
     bandwidth = copy_bytes / t["probe: copy (reused buffer)"]
     nbytes = pass_bytes(bh, n, r, d)
+    nbytes["whole forward (torch passes)"] = nbytes["whole forward"]
     nbytes.update({  # the probes' operands and results
         f"probe: f32 matmul {mm_n}²": 3 * mm_n * mm_n * 4,
         "probe: f32 matmul [q k]ᵀ[q k v]": (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4,
         "probe: f64 matmul 2r×2r (core)": 3 * f64_a.numel() * 8,
     })
     common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
-              "copy_gbps": bandwidth / 1e9}
+              "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status()}
     if hasattr(os, "getloadavg"):  # a loaded shared machine distorts the ratios: say so in every row
         common["load_1m"] = round(os.getloadavg()[0], 2)
     rows = []

@@ -12,6 +12,7 @@ keep the PyTorch path, and :func:`status` says why (the benchmarks record it bes
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -39,6 +40,21 @@ _state: dict[str, str] = {"status": "not built yet"}
 def enabled() -> bool:
     """False when ``OSA_LAB_CPU_KERNELS`` is ``0``, ``false``, ``no`` or ``off``."""
     return os.environ.get("OSA_LAB_CPU_KERNELS", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+@contextlib.contextmanager
+def turned_off():
+    """Inside the block every caller takes the PyTorch path (``OSA_LAB_CPU_KERNELS=0``, read at
+    every call): the benchmarks time and count that path beside the kernels'."""
+    before = os.environ.get("OSA_LAB_CPU_KERNELS")
+    os.environ["OSA_LAB_CPU_KERNELS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OSA_LAB_CPU_KERNELS"]
+        else:
+            os.environ["OSA_LAB_CPU_KERNELS"] = before
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
