@@ -76,6 +76,12 @@ if shutil.which("cc"):  # the kernels' C source ships with the package and build
             seen.add(fn)
             stack.extend(f for f, _ in fn.next_functions)
     assert "_OSAChebyshevActionCPUBackward" in {type(f).__name__ for f in seen}, seen
+    from osa_lab.ops.cpu import gram_kernels  # the token passes, compiled from the same wheel
+
+    a, b, w = (torch.randn(2, 40, 16, generator=g) for _ in range(3))
+    top, bottom = gram_kernels.transposed_products((a, b, w), (0, 1))
+    assert torch.allclose(top, torch.cat([a.mT @ a, a.mT @ b, a.mT @ w], -1), rtol=1e-5, atol=1e-4)
+    assert torch.allclose(bottom, torch.cat([b.mT @ b, b.mT @ w], -1), rtol=1e-5, atol=1e-4)
 
 try:
     import osa_lab.studies  # noqa: F401

@@ -89,9 +89,14 @@ def test_token_products_match_float64(b, n, terms, add, nthreads, threads):
     g = torch.Generator().manual_seed(7)
     cs = [torch.randn(b, w, d, generator=g) for w in widths]
     out = torch.full((b, n, d), float("nan"))
-    gram_kernels.token_products(list(zip(xs[:terms], cs, strict=True)), out, add=xs[-1] if add else None)
+    squares = torch.full((b,), float("nan"), dtype=torch.float64) if add else None
+    gram_kernels.token_products(
+        list(zip(xs[:terms], cs, strict=True)), out, add=xs[-1] if add else None, add_squares=squares
+    )
     want = sum(x.double() @ c.double() for x, c in zip(xs, cs, strict=False)) + (xs[-1].double() if add else 0)
     assert rel_err(out.double(), want) < 1e-6
+    if add:  # Σ add² per matrix from the same read (summed over token ranges when they are split)
+        assert torch.allclose(squares, xs[-1].double().pow(2).sum((-2, -1)), rtol=1e-6)
 
 
 def test_kernels_read_and_write_head_split_views():
@@ -143,6 +148,8 @@ def test_bad_arguments_raise_a_clear_error():
         gram_kernels.token_products([(q, torch.randn(2, 16, 32))], torch.empty(2, 9, 16))
     with pytest.raises(OSAInputError, match="1–4 terms"):
         gram_kernels.token_products([], torch.empty(2, 9, 16))
+    with pytest.raises(OSAInputError, match="add_squares"):
+        gram_kernels.token_products([(q, torch.randn(2, 16, 16))], torch.empty(2, 9, 16), add_squares=torch.zeros(2))
     with pytest.raises(OSAInputError, match="1–3 token tensors"):
         gram_kernels.transposed_products((q,), (0, 0))
 

@@ -65,7 +65,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.osa_cheb_backward.argtypes = [i, i, i, i, i, p, p, p, f, p, *(view * 6), p, i]
     token = [p, p, n]  # base, per-matrix offsets, row stride (columns contiguous)
     lib.osa_gram_tn.argtypes = [i, i, i, p, *(token * 3), i, p, p, p, i]
-    lib.osa_gram_nn.argtypes = [i, i, i, i, p, *(token * 4), p, *token, *token, i]
+    lib.osa_gram_nn.argtypes = [i, i, i, i, p, *(token * 4), p, *token, *token, p, i]
     lib.osa_gram_vector_floats.argtypes = []
     for fn in (lib.osa_cheb_prepare, lib.osa_cheb_forward, lib.osa_cheb_backward, lib.osa_gram_tn, lib.osa_gram_nn, lib.osa_gram_vector_floats):
         fn.restype = i

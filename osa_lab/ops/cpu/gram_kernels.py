@@ -92,15 +92,24 @@ def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> li
         outs[0].data_ptr(), outs[1].data_ptr() if len(outs) > 1 else None, torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "osa_gram_tn")
+    for a, (out, lo) in enumerate(zip(outs, firsts, strict=True)):
+        if lo == a:  # X_aᵀX_a: the kernel computed the tiles on and above the diagonal; mirror them
+            block = out[..., : widths[a]]
+            block.copy_(block.triu() + block.triu(1).mT)
     return outs
 
 
 def token_products(
-    terms: Sequence[tuple[torch.Tensor, torch.Tensor]], out: torch.Tensor, add: torch.Tensor | None = None
+    terms: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    out: torch.Tensor,
+    add: torch.Tensor | None = None,
+    add_squares: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = add + Σ_s A_s C_s`` for 1–4 ``(A_s, C_s)``: ``A_s`` token tensors ``(*batch, N, w_s)``
     and small ``C_s`` ``(*batch, w_s, d)``; ``add`` and ``out`` ``(*batch, N, d)`` token tensors
-    (``add`` None: no term; ``out`` must not overlap an input). Returns ``out``."""
+    (``add`` None: no term; ``out`` must not overlap an input). ``add_squares``: a contiguous
+    float64 tensor of one value per matrix that receives ``Σ add²`` from the same read of ``add``
+    (the output check's ``‖V‖²``). Returns ``out``."""
     if not 1 <= len(terms) <= 4:
         raise OSAInputError(f"token_products takes 1–4 terms, got {len(terms)}")
     batch, n, d = out.shape[:-2], out.shape[-2], out.shape[-1]
@@ -108,11 +117,17 @@ def token_products(
         if a.shape[:-1] != out.shape[:-1] or c.shape != (*batch, a.shape[-1], d):
             raise OSAInputError(f"a term A {tuple(a.shape)}, C {tuple(c.shape)} does not fit out {tuple(out.shape)}")
     stack = torch.cat([c.to(torch.float32) for _, c in terms], -2).contiguous()
+    if add_squares is not None and (
+        add is None or add_squares.dtype != torch.float64 or not add_squares.is_contiguous()
+        or add_squares.numel() != math.prod(batch)
+    ):  # fmt: skip
+        raise OSAInputError("`add_squares` takes one contiguous float64 value per matrix, and needs `add`")
     keep: list = []
     views = [arg for i in range(4) for arg in _tokens(terms[i][0] if i < len(terms) else None, keep)]
     code = built_library().osa_gram_nn(
         math.prod(batch), n, d, len(terms), _ints([a.shape[-1] for a, _ in terms]), *views, stack.data_ptr(),
-        *_tokens(add, keep), *_tokens(out, keep), torch.get_num_threads(),
+        *_tokens(add, keep), *_tokens(out, keep), add_squares.data_ptr() if add_squares is not None else None,
+        torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "osa_gram_nn")
     return out

@@ -5,10 +5,12 @@
  * Two kinds of pass, each one call per batch with the work split over threads:
  *   osa_gram_tn   out_a = X_aᵀ [X_lo_a … X_{n−1}] summed over the N tokens, for a = 0 … nA−1:
  *                 the Gram matrix G = UᵀU and P = UᵀV in one pass over q, k, v (X = (q, k, v),
- *                 out_0 = qᵀ[q k v], out_1 = kᵀ[k v]), or gC = Uᵀ gY in the backward;
+ *                 out_0 = qᵀ[q k v], out_1 = kᵀ[k v]), or gC = Uᵀ gY in the backward; of a
+ *                 symmetric block X_aᵀX_a only the tiles on and above the diagonal are computed;
  *   osa_gram_nn   Y = X + Σ_s A_s C_s over up to four token views A_s (N × w_s) and small
- *                 per-matrix C_s (w_s × d): the output Y = V + q C_q + k C_k, and the backward's
- *                 ∂L/∂V, ∂L/∂q and ∂L/∂k.
+ *                 per-matrix C_s (w_s × d): the output Y = V + q C_q + k C_k (and ‖V‖_F², which
+ *                 the output check needs, from the same read of V), and the backward's ∂L/∂V,
+ *                 ∂L/∂q and ∂L/∂k.
  * The references beside them are the batched torch products of osa_lab/ops/expm/gram.py
  * (block_gram, gram_output and _GramAction.backward); tests/ops/test_cpu_gram_kernels.py compares
  * them, and both against float64.
@@ -129,7 +131,8 @@ static void tn_tokens(const tn_job_t *job, int b, int n0, int n1, float *const *
                 }
             for (int i = 0; i + TN_ROWS <= job->w[a]; i += TN_ROWS) {
                 float *o = outs[a] + (int64_t)i * W;
-                int v = 0;
+                /* X_aᵀX_a (lo_a = a) is symmetric: only its vectors that reach the diagonal or above */
+                int v = job->lo[a] == a ? i / VW : 0;
                 for (; v + TN_VECS <= nv; v += TN_VECS) tn_full(K, abase + i, xa->rs, col + v, ld + v, o + VW * v, W);
                 if (v + 2 <= nv) { tn_2(K, abase + i, xa->rs, col + v, ld + v, o + VW * v, W); v += 2; }
                 if (v < nv) tn_1(K, abase + i, xa->rs, col + v, ld + v, o + VW * v, W);
@@ -167,12 +170,21 @@ static void *tn_range(void *arg)
 /* Y's ROWS tokens × NV vectors from column j: X's (or 0) + Σ_s A_s C_s; a[s][r] is A_s's row r. */
 #define DEFINE_NN(NAME, ROWS, NV)                                                                  \
     static inline void NAME(int ns, const int *w, const float *const (*a)[NN_ROWS],               \
-                            const float *const *c, int d, const float *const *x, float *const *y)  \
+                            const float *const *c, int d, const float *const *x, float *const *y,  \
+                            double *x_sq)                                                          \
     {                                                                                              \
         vec acc[ROWS][NV];                                                                         \
         _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
             _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n)                                   \
                 acc[r][n] = x ? LDU(x[r] + VW * n) : (vec){0};                                     \
+        if (x && x_sq) {                                                                           \
+            vec sq = {0};                                                                          \
+            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                 \
+                _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) sq += acc[r][n] * acc[r][n];  \
+            double total = 0.0;                                                                    \
+            for (int l = 0; l < VW; ++l) total += sq[l];                                           \
+            *x_sq += total;                                                                        \
+        }                                                                                          \
         for (int s = 0; s < ns; ++s) {                                                             \
             const float *cs = c[s];                                                                \
             for (int i = 0; i < w[s]; ++i, cs += d) {                                              \
@@ -201,10 +213,11 @@ typedef struct {
     tview_t a[4], x, y;
     const float *c[4];  /* C_s: rows [Σ_{t<s} w_t, …) of the contiguous B × W × d stack */
     int64_t c_stride;   /* W·d */
+    double *x_sq;       /* NULL, or one Σ X² per work unit (matrix, token range) */
 } nn_job_t;
 
 /* Tokens [t0, t0 + rows) of matrix b, rows ≤ NN_ROWS, through column blocks of NN_VECS, 2, 1 vectors. */
-static void nn_block(const nn_job_t *job, int b, int t0, int rows)
+static void nn_block(const nn_job_t *job, int b, int t0, int rows, double *x_sq)
 {
     const float *arow[4][NN_ROWS];
     const float *c[4], *x[NN_ROWS];
@@ -230,18 +243,18 @@ static void nn_block(const nn_job_t *job, int b, int t0, int rows)
         const float *const *xp = xs ? xv : NULL;
         const int left = nv - v;
         if (rows == NN_ROWS) {
-            if (left >= NN_VECS) { nn_full(job->ns, job->w, arow, cv, job->d, xp, yv); v += NN_VECS; }
-            else if (left >= 2) { nn_2(job->ns, job->w, arow, cv, job->d, xp, yv); v += 2; }
-            else { nn_1(job->ns, job->w, arow, cv, job->d, xp, yv); v += 1; }
+            if (left >= NN_VECS) { nn_full(job->ns, job->w, arow, cv, job->d, xp, yv, x_sq); v += NN_VECS; }
+            else if (left >= 2) { nn_2(job->ns, job->w, arow, cv, job->d, xp, yv, x_sq); v += 2; }
+            else { nn_1(job->ns, job->w, arow, cv, job->d, xp, yv, x_sq); v += 1; }
         } else {
             for (int r = 0; r < rows; ++r) {
                 const float *ar[4][NN_ROWS];
                 for (int s = 0; s < job->ns; ++s) ar[s][0] = arow[s][r];
                 const float *xr[1] = {xp ? xp[r] : NULL};
                 float *yr[1] = {yv[r]};
-                if (left >= NN_VECS) nn_row_full(job->ns, job->w, ar, cv, job->d, xp ? xr : NULL, yr);
-                else if (left >= 2) nn_row_2(job->ns, job->w, ar, cv, job->d, xp ? xr : NULL, yr);
-                else nn_row_1(job->ns, job->w, ar, cv, job->d, xp ? xr : NULL, yr);
+                if (left >= NN_VECS) nn_row_full(job->ns, job->w, ar, cv, job->d, xp ? xr : NULL, yr, x_sq);
+                else if (left >= 2) nn_row_2(job->ns, job->w, ar, cv, job->d, xp ? xr : NULL, yr, x_sq);
+                else nn_row_1(job->ns, job->w, ar, cv, job->d, xp ? xr : NULL, yr, x_sq);
             }
             v += left >= NN_VECS ? NN_VECS : left >= 2 ? 2 : 1;
         }
@@ -256,7 +269,9 @@ static void *nn_range(void *arg)
         const int b = u / job->splits, part = u % job->splits;
         const int n0 = (int)((int64_t)job->N * part / job->splits);
         const int n1 = (int)((int64_t)job->N * (part + 1) / job->splits);
-        for (int t = n0; t < n1; t += NN_ROWS) nn_block(job, b, t, n1 - t < NN_ROWS ? n1 - t : NN_ROWS);
+        double *x_sq = job->x_sq ? job->x_sq + u : NULL;
+        if (x_sq) *x_sq = 0.0;
+        for (int t = n0; t < n1; t += NN_ROWS) nn_block(job, b, t, n1 - t < NN_ROWS ? n1 - t : NN_ROWS, x_sq);
     }
     return NULL;
 }
@@ -343,11 +358,12 @@ int osa_gram_tn(int B, int N, int nx, const int *w, float *x0, const int64_t *o0
 
 /* Y = X + Σ_{s<ns} A_s C_s for token views A_s (B, N, w_s), X and Y (B, N, d) (X NULL: no term) and
  * C = [C_0; …; C_{ns−1}] (B × Σw_s × d, contiguous); d a multiple of 16, 1 ≤ ns ≤ 4; Y must not
- * overlap an input. Returns 0, or 2 on bad arguments. */
+ * overlap an input. x_sq (B doubles, or NULL): Σ X² per matrix, from the same read of X. Returns
+ * 0, 1 when memory for the partial sums could not be had, or 2 on bad arguments. */
 int osa_gram_nn(int B, int N, int d, int ns, const int *w, float *a0, const int64_t *ao0, int64_t ars0,
                 float *a1, const int64_t *ao1, int64_t ars1, float *a2, const int64_t *ao2, int64_t ars2,
                 float *a3, const int64_t *ao3, int64_t ars3, const float *c, float *x, const int64_t *xo, int64_t xrs, float *y,
-                const int64_t *yo, int64_t yrs, int nthreads)
+                const int64_t *yo, int64_t yrs, double *x_sq, int nthreads)
 {
     if (B < 0 || N < 1 || d < VW || d % 16 || ns < 1 || ns > 4 || !y) return 2;
     nn_job_t job = {0};
@@ -366,7 +382,20 @@ int osa_gram_nn(int B, int N, int d, int ns, const int *w, float *a0, const int6
     job.x = tview(x, xo, xrs); job.y = tview(y, yo, yrs);
     if (B == 0) return 0;
     job.splits = token_splits(B, N, nthreads, 4 * NN_ROWS);
-    launch(&job, B * job.splits, nthreads, nn_range);
+    const int units = B * job.splits;
+    if (x_sq && x) {
+        job.x_sq = job.splits > 1 ? malloc(sizeof(double) * units) : x_sq;
+        if (!job.x_sq) return 1;
+    }
+    launch(&job, units, nthreads, nn_range);
+    if (job.x_sq && job.splits > 1) {  /* the ranges' sums, added in order */
+        for (int b = 0; b < B; ++b) {
+            double total = 0.0;
+            for (int part = 0; part < job.splits; ++part) total += job.x_sq[b * job.splits + part];
+            x_sq[b] = total;
+        }
+        free(job.x_sq);
+    }
     return 0;
 }
 

@@ -275,13 +275,28 @@ def gram_output(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, v: torch.Tens
     CPU kernels' :func:`~osa_lab.ops.cpu.gram_kernels.token_products` where they apply;
     differentiable by autograd where an input requires grad, and under torch.func transforms and
     forward-mode AD (``out=`` is none of these, so a plain result then)."""
+    return output_and_value_squares(a, b, c, v, squares=False)[0]
+
+
+def output_and_value_squares(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, v: torch.Tensor, *, squares: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(Y, ‖V‖_F²)`` of :func:`gram_output`, ``‖V‖_F²`` per matrix in float64 (the output check's
+    and the trust rule's), from the output pass's own read of ``V`` where the CPU kernels run it
+    (else a norm pass); ``squares=False`` leaves it out (None)."""
     ma = a.shape[-1]
+
+    def value_squares() -> torch.Tensor | None:
+        return torch.linalg.vector_norm(v.detach(), dim=(-2, -1)).double() ** 2 if squares else None
+
     if (torch.is_grad_enabled() and any(t.requires_grad for t in (a, b, c, v))) or under_transform(a, b, c, v):
-        return torch.baddbmm(v, a, c[..., :ma, :]).baddbmm(b, c[..., ma:, :])
+        return torch.baddbmm(v, a, c[..., :ma, :]).baddbmm(b, c[..., ma:, :]), value_squares()
     y = fresh_output(v, (*v.shape[:-1], c.shape[-1]))
     if gram_kernels.usable(a, b, v, y) and c.dtype == v.dtype:  # one pass, C in cache
-        return gram_kernels.token_products([(a, c[..., :ma, :]), (b, c[..., ma:, :])], y, add=v)
-    return torch.baddbmm(v, a, c[..., :ma, :], out=y).baddbmm_(b, c[..., ma:, :])
+        v_sq = torch.empty(v.shape[:-2], dtype=torch.float64) if squares else None
+        gram_kernels.token_products([(a, c[..., :ma, :]), (b, c[..., ma:, :])], y, add=v, add_squares=v_sq)
+        return y, v_sq
+    return torch.baddbmm(v, a, c[..., :ma, :], out=y).baddbmm_(b, c[..., ma:, :]), value_squares()
 
 
 class _GramAction(torch.autograd.Function):
@@ -302,16 +317,15 @@ class _GramAction(torch.autograd.Function):
         parts = gram_core_parts(g, j, CORE_TOLERANCE.get(v.dtype), osa_core, spectral_refine_above(v.dtype))
         chol_inv, e_minus_i, ok, (s_norm, cond, s_two) = parts
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
-        y = gram_output(a, b, c, v)
+        y, v_sq = output_and_value_squares(a, b, c, v)
         # The trust rule (estimate over the dtype's budget): > 1 means "use the QR engine".
-        v_norm = torch.linalg.vector_norm(v, dim=(-2, -1))
-        est = gram_trust_ratio(g, c, v_norm, ok, s_norm, cond, v.dtype)
+        est = gram_trust_ratio(g, c, v_sq.sqrt(), ok, s_norm, cond, v.dtype)
         s_two = torch.where(ok, s_two, math.nan)  # an upper bound of ‖M‖₂ = ‖S‖₂
         # Rows whose Y the caller replaces (QR fallback, float64 recompute) get no gradient from here.
         keep = ok & (est <= 1.0) & ~float64_needed(s_two, v.dtype) if replaced else ok
         ctx.save_for_backward(a, b, j, v, g, p, c, keep)
         ctx.flags = (replaced, osa_core)
-        v_sq, delta = v_norm.double() ** 2, output_norm_change(g, p, c)
+        delta = output_norm_change(g, p, c)
         ctx.mark_non_differentiable(est, s_two, v_sq, delta)
         return y, est, s_two, v_sq, delta
 
