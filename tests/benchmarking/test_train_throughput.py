@@ -43,15 +43,10 @@ def test_processes_repeat_the_measurement_and_report_the_spread(tmp_path):
 def test_the_pytorch_path_row_runs_the_small_n_action_without_the_cpu_kernels(tmp_path):
     """``auto (PyTorch path)`` beside ``auto``: the same step with ``OSA_LAB_CPU_KERNELS=0`` inside
     its calls only, restored after them."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import train_throughput
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
     from osa_lab.ops import cpu
 
     before = os.environ.get("OSA_LAB_CPU_KERNELS")
-    with train_throughput.pytorch_path():
+    with cpu.turned_off():  # what the row's calls run inside
         assert not cpu.enabled()
     assert os.environ.get("OSA_LAB_CPU_KERNELS") == before
     out = tmp_path / "tt.csv"
