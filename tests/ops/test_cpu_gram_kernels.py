@@ -65,6 +65,8 @@ def test_transposed_products_match_float64(b, n, r, d, nthreads, threads):
     assert top.shape == (b, r, 2 * r + d) and bottom.shape == (b, r, r + d)
     assert (top.double() - want_top).abs().max() <= scale * want_top.abs().max() + 1e-6
     assert (bottom.double() - want_bottom).abs().max() <= scale * want_bottom.abs().max() + 1e-6
+    # qᵀq and kᵀk: computed on and above the diagonal, mirrored: exactly symmetric
+    assert torch.equal(top[..., :r], top[..., :r].mT) and torch.equal(bottom[..., :r], bottom[..., :r].mT)
 
 
 @pytest.mark.parametrize("nthreads", [1, 2, 3])

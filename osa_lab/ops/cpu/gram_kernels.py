@@ -78,7 +78,8 @@ def _tokens(x: torch.Tensor | None, keep: list) -> tuple:
 def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> list[torch.Tensor]:
     """``[X_aᵀ [X_firsts[a] … X_last] for a < len(firsts)]`` summed over the tokens, each
     ``(*batch, w_a, Σ w_s)`` float32: the Gram pass ``xs = (q, k, v)``, ``firsts = (0, 1)`` gives
-    ``qᵀ[q k v]`` and ``kᵀ[k v]`` in one read of q, k and v. ``xs``: 1–3 token tensors that
+    ``qᵀ[q k v]`` and ``kᵀ[k v]`` in one read of q, k and v. A symmetric block ``X_aᵀX_a``
+    (``firsts[a] == a``) is computed on and above its diagonal and mirrored: exactly symmetric. ``xs``: 1–3 token tensors that
     :func:`usable` accepts; ``firsts``: 1–2 indices, ``len(firsts) ≤ len(xs)``."""
     if not 1 <= len(xs) <= 3 or not 1 <= len(firsts) <= min(2, len(xs)):
         raise OSAInputError(f"transposed_products takes 1–3 token tensors and 1–2 firsts, got {len(xs)} and {len(firsts)}")
@@ -92,10 +93,6 @@ def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> li
         outs[0].data_ptr(), outs[1].data_ptr() if len(outs) > 1 else None, torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "osa_gram_tn")
-    for a, (out, lo) in enumerate(zip(outs, firsts, strict=True)):
-        if lo == a:  # X_aᵀX_a: the kernel computed the tiles on and above the diagonal; mirror them
-            block = out[..., : widths[a]]
-            block.copy_(block.triu() + block.triu(1).mT)
     return outs
 
 

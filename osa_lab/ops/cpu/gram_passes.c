@@ -6,7 +6,8 @@
  *   osa_gram_tn   out_a = X_aᵀ [X_lo_a … X_{n−1}] summed over the N tokens, for a = 0 … nA−1:
  *                 the Gram matrix G = UᵀU and P = UᵀV in one pass over q, k, v (X = (q, k, v),
  *                 out_0 = qᵀ[q k v], out_1 = kᵀ[k v]), or gC = Uᵀ gY in the backward; of a
- *                 symmetric block X_aᵀX_a only the tiles on and above the diagonal are computed;
+ *                 symmetric block X_aᵀX_a the tiles on and above the diagonal are computed and
+ *                 the lower triangle copied from the upper (exactly symmetric);
  *   osa_gram_nn   Y = X + Σ_s A_s C_s over up to four token views A_s (N × w_s) and small
  *                 per-matrix C_s (w_s × d): the output Y = V + q C_q + k C_k (and ‖V‖_F², which
  *                 the output check needs, from the same read of V), and the backward's ∂L/∂V,
@@ -141,6 +142,18 @@ static void tn_tokens(const tn_job_t *job, int b, int n0, int n1, float *const *
     }
 }
 
+/* The symmetric blocks X_aᵀX_a (lo_a = a) of matrix b's outs: the lower triangle from the upper. */
+static void tn_mirror(const tn_job_t *job, float *const *outs)
+{
+    for (int a = 0; a < job->na; ++a) {
+        if (job->lo[a] != a) continue;
+        float *o = outs[a];
+        const int W = job->width_out[a];
+        for (int i = 1; i < job->w[a]; ++i)
+            for (int j = 0; j < i; ++j) o[(int64_t)i * W + j] = o[(int64_t)j * W + i];
+    }
+}
+
 static void *tn_range(void *arg)
 {
     range_t *range = arg;
@@ -163,6 +176,7 @@ static void *tn_range(void *arg)
             }
         }
         tn_tokens(job, b, n0, n1, outs);
+        if (job->splits == 1) tn_mirror(job, outs);
     }
     return NULL;
 }
@@ -346,6 +360,8 @@ int osa_gram_tn(int B, int N, int nx, const int *w, float *x0, const int64_t *o0
             float *sum = job.partial + (int64_t)b * job.splits * size;
             for (int part = 1; part < job.splits; ++part)
                 for (int64_t i = 0; i < size; ++i) sum[i] += sum[part * size + i];
+            float *parts[2] = {sum, sum + (int64_t)w[0] * job.width_out[0]};
+            tn_mirror(&job, parts);
             memcpy(out0 + (int64_t)b * w[0] * job.width_out[0], sum, sizeof(float) * w[0] * job.width_out[0]);
             if (na > 1)
                 memcpy(out1 + (int64_t)b * w[1] * job.width_out[1], sum + (int64_t)w[0] * job.width_out[0],

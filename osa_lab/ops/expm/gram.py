@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from osa_lab.ops.amp import autocast_off_backward
-from osa_lab.ops.cpu import gram_kernels
+from osa_lab.ops.cpu import gram_kernels, pool
 from osa_lab.ops.expm.batch import any_row, composite_backward, concrete, under_transform
 from osa_lab.ops.expm.bounds import FLOAT64_NORM, float64_needed, spectral_norm_bound, spectral_refine_above
 from osa_lab.ops.expm.core import may_reuse, skew_exp, truncation_unit
@@ -264,7 +264,11 @@ def gram_and_projection(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tu
     ma = a.shape[-1]
     if a.shape == b.shape and _cpu_kernels_apply(a, b, v):
         top, bottom = gram_kernels.transposed_products((a, b, v), (0, 1))
-        g = _gram_blocks(top[..., :ma].double(), top[..., ma : 2 * ma].double(), bottom[..., :ma].double())
+        g = pool.empty((*top.shape[:-2], 2 * ma, 2 * ma), torch.float64)  # kept for the backward: reused memory
+        g[..., :ma, :ma] = top[..., :ma]
+        g[..., :ma, ma:] = top[..., ma : 2 * ma]
+        g[..., ma:, :ma] = top[..., ma : 2 * ma].mT
+        g[..., ma:, ma:] = bottom[..., :ma]
         return g, torch.cat([top[..., 2 * ma :], bottom[..., ma:]], -2)
     return block_gram(a, b), torch.cat([a.mT @ v, b.mT @ v], -2)
 
