@@ -24,12 +24,15 @@ import tempfile
 from pathlib import Path
 
 #: The C sources, compiled together into one library.
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c", "gram_passes.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c", "gram_passes.c", "core_products.c"))
 
 #: Seconds the compiler may take before the build is given up.
 BUILD_TIMEOUT_S = 120
 
 _FLAG_SETS = (
+    # OpenMP: the kernels run on torch's own OpenMP threads (threads.h); then without it, and
+    # then for a compiler without -march=native
+    ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC", "-pthread"],
     ["-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-pthread"],
     ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread"],  # a compiler without -march=native
 )
@@ -67,7 +70,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.osa_gram_tn.argtypes = [i, i, i, p, *(token * 3), i, p, p, p, i]
     lib.osa_gram_nn.argtypes = [i, i, i, i, p, *(token * 4), p, *token, *token, p, i]
     lib.osa_gram_vector_floats.argtypes = []
-    for fn in (lib.osa_cheb_prepare, lib.osa_cheb_forward, lib.osa_cheb_backward, lib.osa_gram_tn, lib.osa_gram_nn, lib.osa_gram_vector_floats):
+    lib.osa_core_bmm.argtypes = [i, i, p, p, p, p, ctypes.c_double, i]
+    lib.osa_core_vector_doubles.argtypes = []
+    for fn in (lib.osa_cheb_prepare, lib.osa_cheb_forward, lib.osa_cheb_backward, lib.osa_gram_tn, lib.osa_gram_nn, lib.osa_gram_vector_floats,
+               lib.osa_core_bmm, lib.osa_core_vector_doubles):
         fn.restype = i
     return lib
 
@@ -106,7 +112,8 @@ def _build() -> ctypes.CDLL | None:
                 continue
             if done.returncode == 0 and target.exists():
                 lib = _declare(ctypes.CDLL(str(target)))
-                _state["status"] = f"built with {' '.join(compiler)} {' '.join(flags[:2])}"
+                shown = " ".join(f for f in flags if f in ("-O3", "-march=native", "-fopenmp"))
+                _state["status"] = f"built with {' '.join(compiler)} {shown}"
                 return lib
             lines = (done.stderr or done.stdout).strip().splitlines()
             errors.append(lines[-1] if lines else f"exit code {done.returncode}")

@@ -25,10 +25,11 @@
  * The padding is zero and stays zero, so it changes no sum. Built at first use by
  * osa_lab/ops/cpu/build.py; IEEE arithmetic (no -ffast-math), so NaN and Inf propagate.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "threads.h"
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -298,30 +299,20 @@ static void *run_range(void *arg)
     return NULL;
 }
 
-#define MAX_THREADS 256
-
-/* Split the batch over nthreads (the caller's thread takes the first share). 0 on success, 1 when
- * memory for a workspace could not be had, 2 on bad arguments. */
+/* Split the batch over nthreads (threads.h). 0 on success, 1 when memory for a workspace could
+ * not be had, 2 on bad arguments. */
 static int run(job_t *job)
 {
     if (job->B < 0 || job->N < 1 || job->d < 1 || job->r < 0 || job->m < 0) return 2;
     if (job->B == 0) return 0;
-    int nt = job->nthreads < 1 ? 1 : job->nthreads > MAX_THREADS ? MAX_THREADS : job->nthreads;
-    if (nt > job->B) nt = job->B;
-    range_t ranges[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
+    const int nt = clamp_threads(job->nthreads, job->B);
+    range_t ranges[OSA_MAX_THREADS];
     for (int t = 0; t < nt; ++t) {
         ranges[t].job = job;
         ranges[t].first = (int)((int64_t)job->B * t / nt);
         ranges[t].last = (int)((int64_t)job->B * (t + 1) / nt);
     }
-    for (int t = 1; t < nt; ++t) started[t] = pthread_create(&threads[t], NULL, run_range, &ranges[t]) == 0;
-    run_range(&ranges[0]);
-    for (int t = 1; t < nt; ++t) {
-        if (started[t]) pthread_join(threads[t], NULL);
-        else run_range(&ranges[t]);  /* no thread to be had: this share in the caller's */
-    }
+    run_threads(run_range, ranges, sizeof(range_t), nt);
     return job->failed ? 1 : 0;
 }
 

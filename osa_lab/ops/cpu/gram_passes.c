@@ -25,10 +25,11 @@
  * like the library products they replace. Built at first use by osa_lab/ops/cpu/build.py; IEEE
  * arithmetic (no -ffast-math), so NaN and Inf propagate.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "threads.h"
 
 #if defined(__AVX512F__)
 #define VW 16
@@ -44,7 +45,6 @@
 #define NN_VECS 3
 #endif
 #define TN_CHUNK 256
-#define MAX_THREADS 256
 
 typedef float vec __attribute__((vector_size(4 * VW)));
 typedef float vecu __attribute__((vector_size(4 * VW), aligned(4)));
@@ -290,25 +290,17 @@ static void *nn_range(void *arg)
     return NULL;
 }
 
-/* Run fn over units [0, units) split into contiguous ranges over up to nthreads threads. */
+/* Run fn over units [0, units) split into contiguous ranges over up to nthreads threads (threads.h). */
 static void launch(void *job, int units, int nthreads, void *(*fn)(void *))
 {
-    int nt = nthreads < 1 ? 1 : nthreads > MAX_THREADS ? MAX_THREADS : nthreads;
-    if (nt > units) nt = units;
-    range_t ranges[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
+    const int nt = clamp_threads(nthreads, units);
+    range_t ranges[OSA_MAX_THREADS];
     for (int t = 0; t < nt; ++t) {
         ranges[t].job = job;
         ranges[t].first = (int)((int64_t)units * t / nt);
         ranges[t].last = (int)((int64_t)units * (t + 1) / nt);
     }
-    for (int t = 1; t < nt; ++t) started[t] = pthread_create(&threads[t], NULL, fn, &ranges[t]) == 0;
-    fn(&ranges[0]);
-    for (int t = 1; t < nt; ++t) {
-        if (started[t]) pthread_join(threads[t], NULL);
-        else fn(&ranges[t]);  /* no thread to be had: this share in the caller's */
-    }
+    run_threads(fn, ranges, sizeof(range_t), nt);
 }
 
 /* Ranges of tokens per matrix: 1 when the batch alone gives every thread work, else enough for

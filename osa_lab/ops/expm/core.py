@@ -12,6 +12,7 @@ import math
 import torch
 
 from osa_lab.errors import OSAInputError
+from osa_lab.ops.cpu import core_kernels
 from osa_lab.ops.expm.batch import under_transform
 from osa_lab.ops.expm.dense import dense_exp
 from osa_lab.ops.expm.scratch import SCRATCH
@@ -124,6 +125,20 @@ def may_reuse(*tensors: torch.Tensor) -> bool:
 SHARED_SCALING_SPREAD = 4
 
 
+def product_into(
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, alpha: float = 1.0, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out = alpha · x y + add`` written into the scratch buffer ``out`` (``add`` None: no term):
+    by the CPU kernels' float64 products where they apply (:mod:`osa_lab.ops.cpu.core_kernels`),
+    else ``torch.baddbmm`` / ``torch.matmul`` (the reference)."""
+    if core_kernels.usable(x, y, out):
+        return core_kernels.matmul(x, y, out, alpha, add)
+    if add is not None:
+        return torch.baddbmm(add, x, y, alpha=alpha, out=out)
+    out = torch.matmul(x, y, out=out)
+    return out.mul_(alpha) if alpha != 1.0 else out
+
+
 def taylor_ps(
     powers: list[torch.Tensor | None], degree: int, block: int, h: float | torch.Tensor, bufs: list | None
 ) -> torch.Tensor:
@@ -160,7 +175,7 @@ def taylor_ps(
     e, spare = (bufs[4].copy_(first), bufs[5]) if reuse else (first, None)
     for i in range(top - 1, -1, -1):
         if reuse:  # spare = B_i + h^q X^q e in one pass
-            e, spare = torch.baddbmm(block_poly(block * i), xq, e, alpha=hq, out=spare), e
+            e, spare = product_into(xq, e, spare, hq, add=block_poly(block * i)), e
         else:
             e = (xq @ e).mul(hq).add(block_poly(block * i))
     return e
@@ -171,7 +186,7 @@ def skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> t
     like ``m``) every product is written into them and the result may be one of them."""
 
     def mm(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        return torch.matmul(x, y, out=out) if out is not None else torch.matmul(x, y)
+        return product_into(x, y, out) if out is not None else torch.matmul(x, y)
 
     slot = bufs if bufs is not None else [None] * 6
     m2 = mm(m, m, slot[0])
@@ -210,5 +225,5 @@ def skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> t
         return e
     spare = bufs[5] if e is bufs[4] else bufs[4]
     for _ in range(squarings):
-        e, spare = torch.matmul(e, e, out=spare), e
+        e, spare = product_into(e, e, spare), e
     return e
