@@ -22,8 +22,10 @@ k C_k``), the whole low-rank forward and forward+backward it reports time, matmu
 (counted by PyTorch's flop formulas, per dtype, on the torch path: the CPU kernels of the token
 passes compute the same products), compulsory bytes, the roofline
 ``max(f32 flops ÷ f32 rate + f64 flops ÷ f64 rate, bytes ÷ copy bandwidth)`` and time ÷ roofline.
-Where the CPU kernels are in use, "whole forward (torch passes)" times the same forward with them
-turned off, in the same rounds; every row says what :func:`osa_lab.ops.cpu.status` said.
+Where the CPU kernels run the token passes, "whole forward (torch passes)" times the same forward
+with the kernels turned off (the token passes and the core's products on the torch path), in the
+same rounds; every row says what :func:`osa_lab.ops.cpu.status` said and which path the token
+passes took.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from osa_lab.benchmarking.timing import (
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
 from osa_lab.fileio import OutputLock, output_locks
 from osa_lab.ops import cpu, expm
+from osa_lab.ops.cpu import gram_kernels
 from osa_lab.ops.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
@@ -277,7 +280,7 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         "output": lambda: expm.gram_output(q, k, c, v),
         "whole forward": lambda: osa(q, k, v, ALPHA),
     }
-    if cpu.enabled():  # the same forward with the token passes as torch products, in the same rounds
+    if gram_kernels.usable(q, k, v):  # the same forward on the torch path (kernels off), in the same rounds
         passes["whole forward (torch passes)"] = lambda: _torch_passes(osa, q, k, v, ALPHA)
     probes = {
         f"probe: f32 matmul {mm_n}²": lambda: mm_a @ mm_b,
@@ -303,7 +306,8 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         "probe: f64 matmul 2r×2r (core)": 3 * f64_a.numel() * 8,
     })
     common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
-              "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status()}
+              "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status(),
+              "token_passes": "C kernels" if gram_kernels.usable(q, k, v) else "torch"}
     if hasattr(os, "getloadavg"):  # a loaded shared machine distorts the ratios: say so in every row
         common["load_1m"] = round(os.getloadavg()[0], 2)
     rows = []

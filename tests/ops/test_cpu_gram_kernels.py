@@ -69,6 +69,37 @@ def test_transposed_products_match_float64(b, n, r, d, nthreads, threads):
     assert torch.equal(top[..., :r], top[..., :r].mT) and torch.equal(bottom[..., :r], bottom[..., :r].mT)
 
 
+@pytest.mark.parametrize("firsts", [(0,), (1,), (2,), (0, 0), (1, 1), (0, 2), (2, 2)])
+@pytest.mark.parametrize("nthreads", [1, 5])
+def test_transposed_products_for_every_choice_of_firsts(firsts, nthreads, threads):
+    """Each ``X_aᵀ [X_lo … X_last]``, widths above 64 included, batch below and above the threads."""
+    threads(nthreads)
+    xs = _tokens(3, 530, (32, 80, 128), seed=11)
+    outs = gram_kernels.transposed_products(xs, firsts)
+    for a, (out, lo) in enumerate(zip(outs, firsts, strict=True)):
+        want = xs[a].double().mT @ torch.cat([x.double() for x in xs[lo:]], -1)
+        assert out.shape == want.shape and rel_err(out, want) < 1e-5, (a, lo)
+
+
+def test_token_passes_read_expanded_views():
+    """A view with a zero stride (an expanded v or gY) is read in place."""
+    q, k = _tokens(2, 300, (16, 16), seed=5)
+    v = torch.randn(2, 1, 32).expand(2, 300, 32)
+    top, bottom = gram_kernels.transposed_products((q, k, v), (0, 1))
+    assert rel_err(top, torch.cat([q.mT @ q, q.mT @ k, q.mT @ v], -1)) < 1e-5
+    out = torch.empty(2, 300, 32)
+    c = torch.randn(2, 32, 32)
+    gram_kernels.token_products([(torch.cat([q, k], -1), c)], out, add=v)
+    assert rel_err(out, v + torch.cat([q, k], -1) @ c) < 1e-5
+
+
+def test_an_empty_batch_gives_empty_results():
+    q, k, v = (torch.randn(0, 300, w) for w in (16, 16, 32))
+    g, p = expm.gram_and_projection(q, k, v)
+    assert g.shape == (0, 32, 32) and p.shape == (0, 32, 32)
+    assert expm.gram_output(q, k, torch.randn(0, 32, 32), v).shape == (0, 300, 32)
+
+
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
 def test_transposed_products_of_a_later_view_only(nthreads, threads):
     """``firsts = (2, 2)``: ``qᵀ g`` and ``kᵀ g``, the backward's ``gC = Uᵀ gY``."""
@@ -82,11 +113,11 @@ def test_transposed_products_of_a_later_view_only(nthreads, threads):
 @pytest.mark.parametrize(("b", "n"), [(1, 1), (3, 17), (2, 700), (1, 3001)])
 @pytest.mark.parametrize("terms", [1, 2, 4])
 @pytest.mark.parametrize("add", [True, False])
-@pytest.mark.parametrize("nthreads", [1, 3])
-def test_token_products_match_float64(b, n, terms, add, nthreads, threads):
+@pytest.mark.parametrize("nthreads", [1, 3, 5])
+@pytest.mark.parametrize("d", [16, 32, 64, 80])
+def test_token_products_match_float64(b, n, terms, add, nthreads, d, threads):
     threads(nthreads)
     widths = (16, 32, 48, 7)[:terms]
-    d = 32
     xs = _tokens(b, n, (*widths, d), seed=b + n + terms)
     g = torch.Generator().manual_seed(7)
     cs = [torch.randn(b, w, d, generator=g) for w in widths]
@@ -127,8 +158,25 @@ def test_kernels_read_and_write_head_split_views():
         (lambda: (torch.nn.Parameter(torch.randn(2, 9, 16)),), "a subclass"),
     ],
 )
+@needs_avx512_build
 def test_usable_refuses_what_the_kernels_cannot_read(make, why):
+    assert gram_kernels.usable(torch.randn(2, 9, 16), torch.randn(2, 9, 32))  # what they can read
     assert not gram_kernels.usable(*make()), why
+    assert not gram_kernels.usable(torch.randn(0, 9, 16)), "an empty batch"
+
+
+@needs_avx512_build
+def test_the_passes_refuse_what_they_cannot_read():
+    """Called directly, the passes check what usable() checks, and the shapes of add and out."""
+    with pytest.raises(OSAInputError, match="cannot read"):
+        gram_kernels.transposed_products((torch.randn(1, 300, 16), torch.randn(1, 10, 16)), (0,))
+    with pytest.raises(OSAInputError, match="cannot read"):
+        gram_kernels.transposed_products((torch.randn(1, 16, 300).mT,), (0,))
+    q = torch.randn(1, 9, 16)
+    with pytest.raises(OSAInputError, match="differ in shape"):
+        gram_kernels.token_products([(q, torch.randn(1, 16, 32))], torch.empty(1, 9, 32), add=torch.randn(1, 9, 16))
+    with pytest.raises(OSAInputError, match="overlaps itself"):
+        gram_kernels.token_products([(q, torch.randn(1, 16, 16))], torch.empty(1, 1, 16).expand(1, 9, 16))
 
 
 @needs_avx512_build
@@ -154,16 +202,21 @@ def test_bad_arguments_raise_a_clear_error():
         gram_kernels.token_products([(q, torch.randn(2, 16, 16))], torch.empty(2, 9, 16), add_squares=torch.zeros(2))
     with pytest.raises(OSAInputError, match="1–3 token tensors"):
         gram_kernels.transposed_products((q,), (0, 0))
+    with pytest.raises(OSAInputError, match="must index"):
+        gram_kernels.transposed_products((q, q), (0, 2))
 
 
 def _osa_run(q, k, v, alpha, grad, *, native: bool, monkeypatch):
     monkeypatch.setenv("OSA_LAB_CPU_KERNELS", "1" if native else "0")
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, alpha)]
-    calls = mock.patch.object(gram_kernels, "transposed_products", wraps=gram_kernels.transposed_products)
-    with calls as spy:
+    spies = (
+        mock.patch.object(gram_kernels, "transposed_products", wraps=gram_kernels.transposed_products),
+        mock.patch.object(gram_kernels, "token_products", wraps=gram_kernels.token_products),
+    )
+    with spies[0] as transposed, spies[1] as token:
         y = osa_lab.osa(*leaves)
         y.backward(grad)
-    return y.detach(), [t.grad for t in leaves], spy.call_count
+    return y.detach(), [t.grad for t in leaves], (transposed.call_count, token.call_count)
 
 
 @needs_avx512_build
@@ -179,7 +232,8 @@ def test_low_rank_osa_with_the_kernels_matches_the_torch_path_and_float64(b, n, 
     grad = torch.randn(b, n, d, generator=g)
     y_c, grads_c, calls_c = _osa_run(q, k, v, alpha, grad, native=True, monkeypatch=monkeypatch)
     y_t, grads_t, calls_t = _osa_run(q, k, v, alpha, grad, native=False, monkeypatch=monkeypatch)
-    assert calls_c >= 2 and calls_t == 0  # forward and backward took the kernels, or none of them
+    # forward (Gram pass, output) and backward (gC; ∂V, ∂q, ∂k) took the kernels, or none of them did
+    assert calls_c[0] >= 2 and calls_c[1] >= 4 and calls_t == (0, 0)
     leaves = [t.double().requires_grad_(True) for t in (q, k, v, alpha)]
     s = expm.skew_symmetric_from_qk(leaves[0], leaves[1], leaves[3])
     y_ref = torch.linalg.matrix_exp(s) @ leaves[2]
@@ -191,3 +245,22 @@ def test_low_rank_osa_with_the_kernels_matches_the_torch_path_and_float64(b, n, 
     for got_c, got_t, leaf in zip(grads_c, grads_t, leaves, strict=True):
         assert rel_err(got_c, leaf.grad) < 50 * budget
         assert rel_err(got_c, got_t) < 50 * budget
+
+
+@needs_avx512_build
+def test_torch_compile_of_low_rank_osa_runs_the_torch_path_while_tracing():
+    """Under torch.compile the passes see no real tensors while dynamo traces: usable() says no
+    there, and the compiled function agrees with eager (output and gradients)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 300, 16, generator=g) / 4 for _ in range(2))
+    v = torch.randn(2, 300, 32, generator=g)
+    alpha = torch.tensor(0.3)
+    eager = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    compiled = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    y_e = osa_lab.osa(*eager, alpha)
+    y_c = torch.compile(osa_lab.osa, backend="eager")(*compiled, alpha)
+    y_e.sum().backward()
+    y_c.sum().backward()
+    assert rel_err(y_c.detach(), y_e.detach()) < 1e-5
+    for got, want in zip(compiled, eager, strict=True):
+        assert rel_err(got.grad, want.grad) < 1e-4

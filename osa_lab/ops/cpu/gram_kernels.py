@@ -36,28 +36,40 @@ WIDTH_MULTIPLE = 16
 VECTOR_FLOATS = 16
 
 
-def usable(*tokens: torch.Tensor) -> bool:
+def usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -> bool:
     """True when the kernels can run on the token tensors ``(*batch, N, w)``: plain (not
-    subclassed) strided float32 CPU tensors with one batch shape and N, contiguous columns, every
-    ``w`` a multiple of :data:`WIDTH_MULTIPLE`, sizes and strides within 32-bit indices where the
-    kernels use them, and the library built with 16-float vectors (AVX-512; the 8-float build
-    measured slower than the library products, so the torch path stays there)."""
-    if not tokens:
+    subclassed) strided float32 CPU tensors with one batch shape (at least one matrix) and N,
+    contiguous columns, every ``w`` a multiple of :data:`WIDTH_MULTIPLE`, sizes within 32-bit
+    indices where the kernels use them, outside ``torch.compile`` tracing, and the library built
+    with 16-float vectors (AVX-512; the 8-float build measured slower than the library products,
+    so the torch path stays there). ``inner``: token tensors read only as scalars (the ``A_s`` of
+    :func:`token_products`), of any width."""
+    if not tokens or torch.compiler.is_compiling():  # while dynamo traces there are no real pointers
         return False
     first = tokens[0]
-    for t in tokens:
+    for t in (*tokens, *inner):
         if not (
             type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32
             and t.layout == torch.strided and t.dim() >= 2 and t.shape[:-1] == first.shape[:-1]
+            and (t.stride(-1) == 1 or t.shape[-1] == 1)
         ):  # fmt: skip
             return False
-        w = t.shape[-1]
-        if w < WIDTH_MULTIPLE or w % WIDTH_MULTIPLE or (t.stride(-1) != 1 and w > 1):
-            return False
-    if first.shape[-2] < 1 or first.shape[-2] > _INT32_MAX or math.prod(first.shape[:-2]) > _INT32_MAX:
+    if any(t.shape[-1] < WIDTH_MULTIPLE or t.shape[-1] % WIDTH_MULTIPLE for t in tokens):
+        return False
+    if not 1 <= first.shape[-2] <= _INT32_MAX or not 1 <= math.prod(first.shape[:-2]) <= _INT32_MAX:
         return False
     lib = library()
     return lib is not None and lib.osa_gram_vector_floats() == VECTOR_FLOATS
+
+
+def _require_usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -> None:
+    if not usable(*tokens, inner=inner):
+        shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in (*tokens, *inner))
+        raise OSAInputError(
+            f"the CPU token passes cannot read these tensors ({shapes}): they take float32 CPU tensors of one batch "
+            f"and N, contiguous columns, widths a multiple of {WIDTH_MULTIPLE}, on an AVX-512 build "
+            "(osa_lab.ops.cpu.gram_kernels.usable)"
+        )
 
 
 def _check(code: int, what: str) -> None:
@@ -83,6 +95,9 @@ def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> li
     :func:`usable` accepts; ``firsts``: 1–2 indices, ``len(firsts) ≤ len(xs)``."""
     if not 1 <= len(xs) <= 3 or not 1 <= len(firsts) <= min(2, len(xs)):
         raise OSAInputError(f"transposed_products takes 1–3 token tensors and 1–2 firsts, got {len(xs)} and {len(firsts)}")
+    if not all(0 <= lo < len(xs) for lo in firsts):
+        raise OSAInputError(f"transposed_products: each of `firsts` must index `xs`, got {tuple(firsts)}")
+    _require_usable(*xs)
     batch, n = xs[0].shape[:-2], xs[0].shape[-2]
     widths = [x.shape[-1] for x in xs]
     outs = [torch.empty(*batch, widths[a], sum(widths[lo:]), dtype=torch.float32) for a, lo in enumerate(firsts)]
@@ -109,6 +124,11 @@ def token_products(
     (the output check's ``‖V‖²``). Returns ``out``."""
     if not 1 <= len(terms) <= 4:
         raise OSAInputError(f"token_products takes 1–4 terms, got {len(terms)}")
+    _require_usable(out, *([] if add is None else [add]), inner=[a for a, _ in terms])
+    if add is not None and add.shape != out.shape:
+        raise OSAInputError(f"`add` {tuple(add.shape)} and `out` {tuple(out.shape)} differ in shape")
+    if any(stride == 0 and size > 1 for stride, size in zip(out.stride(), out.shape, strict=True)):
+        raise OSAInputError("`out` overlaps itself (a zero stride): give it its own memory")
     batch, n, d = out.shape[:-2], out.shape[-2], out.shape[-1]
     for a, c in terms:
         if a.shape[:-1] != out.shape[:-1] or c.shape != (*batch, a.shape[-1], d):

@@ -328,6 +328,7 @@ int osa_gram_tn(int B, int N, int nx, const int *w, float *x0, const int64_t *o0
                 const int *lo, float *out0, float *out1, int nthreads)
 {
     if (B < 0 || N < 1 || nx < 1 || nx > 3 || na < 1 || na > 2 || na > nx) return 2;
+    if (B == 0) return 0;  /* (an empty tensor's data pointer may be NULL) */
     tn_job_t job = {0};
     job.B = B; job.N = N; job.nx = nx; job.na = na; job.nthreads = nthreads;
     job.x[0] = tview(x0, o0, rs0); job.x[1] = tview(x1, o1, rs1); job.x[2] = tview(x2, o2, rs2);
@@ -341,7 +342,6 @@ int osa_gram_tn(int B, int N, int nx, const int *w, float *x0, const int64_t *o0
         job.lo[a] = lo[a];
         for (int s = lo[a]; s < nx; ++s) job.width_out[a] += w[s];
     }
-    if (B == 0) return 0;
     job.splits = token_splits(B, N, nthreads, TN_CHUNK);
     const int units = B * job.splits;
     const int64_t size = tn_size(&job);
@@ -373,7 +373,9 @@ int osa_gram_nn(int B, int N, int d, int ns, const int *w, float *a0, const int6
                 float *a3, const int64_t *ao3, int64_t ars3, const float *c, float *x, const int64_t *xo, int64_t xrs, float *y,
                 const int64_t *yo, int64_t yrs, double *x_sq, int nthreads)
 {
-    if (B < 0 || N < 1 || d < VW || d % 16 || ns < 1 || ns > 4 || !y) return 2;
+    if (B < 0 || N < 1 || d < VW || d % 16 || ns < 1 || ns > 4) return 2;
+    if (B == 0) return 0;
+    if (!y) return 2;
     nn_job_t job = {0};
     job.B = B; job.N = N; job.d = d; job.ns = ns;
     job.a[0] = tview(a0, ao0, ars0); job.a[1] = tview(a1, ao1, ars1);
@@ -388,7 +390,6 @@ int osa_gram_nn(int B, int N, int d, int ns, const int *w, float *a0, const int6
     }
     job.c_stride = rows * d;
     job.x = tview(x, xo, xrs); job.y = tview(y, yo, yrs);
-    if (B == 0) return 0;
     job.splits = token_splits(B, N, nthreads, 4 * NN_ROWS);
     const int units = B * job.splits;
     if (x_sq && x) {
