@@ -14,9 +14,10 @@ of forward+backward measured in a fresh subprocess per N. It prints a table and 
 Timings are medians; nothing here asserts on time.
 
 The roofline table (``<stem>_roofline.csv``, at ``--roofline-sizes``) measures this
-machine's limits in the same interleaved rounds: the float32 matmul rate (the larger of a
-2048² product and a pass-shaped ``[q k]ᵀ[q k v]`` product), the float64 rate of the core's
-2r × 2r products and the copy bandwidth (read + write of a buffer larger than the caches). For
+machine's limits in the same interleaved rounds: the float32 matmul rate (the largest of a
+2048² product, a pass-shaped ``[q k]ᵀ[q k v]`` product, and where the CPU kernels run, the
+same product by the token-pass kernel), the float64 rate of the core's 2r × 2r products (the
+library's or, where they run, the core kernel's, whichever is faster) and the copy bandwidth (read + write of a buffer larger than the caches). For
 each pass of the Gram engine (Gram/projection products, float64 core, output ``V + q C_q +
 k C_k``), the whole low-rank forward and forward+backward it reports time, matmul flops
 (counted by PyTorch's flop formulas, per dtype, on the torch path: the CPU kernels of the token
@@ -57,7 +58,7 @@ from osa_lab.benchmarking.timing import (
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
 from osa_lab.fileio import OutputLock, output_locks
 from osa_lab.ops import cpu, expm
-from osa_lab.ops.cpu import gram_kernels
+from osa_lab.ops.cpu import core_kernels, gram_kernels
 from osa_lab.ops.functional import osa
 
 DEFAULT_SIZES = (256, 1024, 4096, 16384)
@@ -289,14 +290,27 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         "probe: copy (reused buffer)": copy_reused,
         "probe: copy (fresh memory)": copy_fresh,
     }
+    kernel_flops = {}  # the C kernels' probes, whose flops PyTorch's formulas cannot see
+    if gram_kernels.usable(u_probe, w_probe):
+        name = "probe: f32 C kernel [q k]ᵀ[q k v]"
+        probes[name] = lambda: gram_kernels.transposed_products((u_probe, w_probe), (1,))
+        kernel_flops[name] = {torch.float32: 2.0 * bh * n * (2 * r) * (2 * r + d)}
+    f64_out = torch.empty_like(f64_a)
+    if core_kernels.usable(f64_a, f64_out):
+        name = "probe: f64 C kernel 2r×2r (core)"
+        probes[name] = lambda: core_kernels.matmul(f64_a, f64_a, f64_out)
+        kernel_flops[name] = {torch.float64: 2.0 * bh * (2 * r) ** 3}
     fns = {name: _no_grad(fn) for name, fn in {**probes, **passes}.items()}
     fns["whole forward+backward"] = _fwd_bwd(lambda x, y, z: osa(x, y, z, ALPHA), leaves)
     t = time_interleaved(fns, repeat=repeat)
     with cpu.turned_off():  # the kernels run the torch path's products, which PyTorch counts
-        flops = {name: count_matmul_flops(fn) for name, fn in fns.items() if not name.startswith("probe: copy")}
-    rate32 = max(flops[name][torch.float32] / t[name] for name in (f"probe: f32 matmul {mm_n}²",
-                                                                  "probe: f32 matmul [q k]ᵀ[q k v]"))
-    rate64 = flops["probe: f64 matmul 2r×2r (core)"][torch.float64] / t["probe: f64 matmul 2r×2r (core)"]
+        flops = {name: count_matmul_flops(fn) for name, fn in fns.items()
+                 if not name.startswith("probe: copy") and name not in kernel_flops}  # fmt: skip
+    flops.update(kernel_flops)
+    # the machine's rates: the fastest product measured, the library's or the kernels'
+    rate32 = max(flops[name][torch.float32] / t[name] for name in flops
+                 if name.startswith("probe: f32"))  # fmt: skip
+    rate64 = max(flops[name][torch.float64] / t[name] for name in flops if name.startswith("probe: f64"))
     bandwidth = copy_bytes / t["probe: copy (reused buffer)"]
     nbytes = pass_bytes(bh, n, r, d)
     nbytes["whole forward (torch passes)"] = nbytes["whole forward"]
@@ -304,6 +318,8 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         f"probe: f32 matmul {mm_n}²": 3 * mm_n * mm_n * 4,
         "probe: f32 matmul [q k]ᵀ[q k v]": (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4,
         "probe: f64 matmul 2r×2r (core)": 3 * f64_a.numel() * 8,
+        "probe: f32 C kernel [q k]ᵀ[q k v]": (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4,
+        "probe: f64 C kernel 2r×2r (core)": 3 * f64_a.numel() * 8,
     })
     common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
               "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status(),

@@ -72,6 +72,9 @@ def _check_roofline_table(roof: pd.DataFrame, main: pd.DataFrame) -> None:
     assert set(roof["cpu_kernels"]) == {cpu.status()}
     assert set(roof["token_passes"]) == {"C kernels" if used else "torch"}
     assert ("whole forward (torch passes)" in passes) == used
+    assert ("probe: f32 C kernel [q k]ᵀ[q k v]" in passes) == used  # the rate: the fastest product measured
+    assert roof["f32_gflops"].iloc[0] * 1e9 == pytest.approx(max(
+        row.loc[p, "gflop_f32"] * 1e9 / (row.loc[p, "ms"] / 1e3) for p in passes if p.startswith("probe: f32")))
     sdpa = main.set_index("N").loc[256]
     assert row.loc["whole forward", "speedup_vs_sdpa"] == pytest.approx(sdpa["speedup_fwd_vs_sdpa"])
     assert row.loc["whole forward+backward", "speedup_vs_sdpa"] == pytest.approx(sdpa["speedup_fwdbwd_vs_sdpa"])

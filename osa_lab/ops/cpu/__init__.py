@@ -5,7 +5,8 @@ Rooms: :mod:`~osa_lab.ops.cpu.build` (compile at first use into a private direct
 :func:`~osa_lab.ops.cpu.build.status`), :mod:`~osa_lab.ops.cpu.kernels` (the small-N action,
 beside its PyTorch reference in :mod:`osa_lab.ops.expm.chebyshev`),
 :mod:`~osa_lab.ops.cpu.gram_kernels` (the token passes, beside their reference in
-:mod:`osa_lab.ops.expm.gram`), :mod:`~osa_lab.ops.cpu.views` (how a kernel sees a tensor view)
+:mod:`osa_lab.ops.expm.gram`), :mod:`~osa_lab.ops.cpu.core_kernels` (the float64 products of the
+core's exponential, beside ``torch.matmul`` in :mod:`osa_lab.ops.expm.core`), :mod:`~osa_lab.ops.cpu.views` (how a kernel sees a tensor view)
 and :mod:`~osa_lab.ops.cpu.pool` (reused memory). docs/cpu_kernels.md describes them.
 """
 
