@@ -34,6 +34,17 @@ def one_torch_thread():
         yield
 
 
+@pytest.fixture
+def torch_threads_for_test():
+    """``set(n)`` sets torch's intra-op threads for the rest of the test; the count before is
+    restored after it (the kernels' split of work over threads)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread_per_module():
     """:func:`one_torch_thread` for a whole module, module-scoped fixtures included (training)."""

@@ -246,6 +246,41 @@ def pass_bytes(bh: int, n: int, r: int, d: int, item: int = 4) -> dict[str, floa
     return fwd
 
 
+def _rate_probes(bh: int, n: int, r: int, d: int) -> tuple[dict, dict, dict, int]:
+    """The machine's limits, probed beside the passes: ``(probes, flops of the kernels' probes,
+    bytes of every probe, bytes a copy moves)``. The library's float32 products (a 2048² one and
+    a pass-shaped ``[q k]ᵀ[q k v]``), its float64 2r × 2r product, the copies, and where the CPU
+    kernels run, their own ``[q k]ᵀ[q k v]`` and 2r × 2r products (flops given here: PyTorch's
+    formulas cannot see them)."""
+    mm_n = 2048 if n >= 2048 else 256  # small N: the quick smoke test
+    mm_a, mm_b = torch.randn(mm_n, mm_n), torch.randn(mm_n, mm_n)
+    u_probe = torch.randn(bh, n, 2 * r)
+    w_probe = torch.randn(bh, n, 2 * r + d)
+    f64_a = torch.randn(bh, 2 * r, 2 * r, dtype=torch.float64)
+    f64_out = torch.empty_like(f64_a)
+    copy_reused, copy_fresh, copy_bytes = copy_probe(bh * n * d * 4)
+    uw_bytes = (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4
+    probes = {
+        f"probe: f32 matmul {mm_n}²": lambda: mm_a @ mm_b,
+        "probe: f32 matmul [q k]ᵀ[q k v]": lambda: u_probe.mT @ w_probe,
+        "probe: f64 matmul 2r×2r (core)": lambda: f64_a @ f64_a,
+        "probe: copy (reused buffer)": copy_reused,
+        "probe: copy (fresh memory)": copy_fresh,
+    }
+    nbytes = {f"probe: f32 matmul {mm_n}²": 3 * mm_n * mm_n * 4, "probe: f32 matmul [q k]ᵀ[q k v]": uw_bytes,
+              "probe: f64 matmul 2r×2r (core)": 3 * f64_a.numel() * 8}  # fmt: skip
+    kernel_flops = {}
+    if gram_kernels.usable(u_probe, w_probe):
+        name = "probe: f32 C kernel [q k]ᵀ[q k v]"
+        probes[name] = lambda: gram_kernels.transposed_products((u_probe, w_probe), (1,))
+        kernel_flops[name], nbytes[name] = {torch.float32: 2.0 * bh * n * (2 * r) * (2 * r + d)}, uw_bytes
+    if core_kernels.usable(f64_a, f64_out):
+        name = "probe: f64 C kernel 2r×2r (core)"
+        probes[name] = lambda: core_kernels.matmul(f64_a, f64_a, f64_out)
+        kernel_flops[name], nbytes[name] = {torch.float64: 2.0 * bh * (2 * r) ** 3}, 3 * f64_a.numel() * 8
+    return probes, kernel_flops, nbytes, copy_bytes
+
+
 def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None) -> list[dict]:
     """One roofline row per pass (and the probes) at sequence length ``n`` (bh from :func:`heads_for`).
 
@@ -269,12 +304,6 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
         return (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).float()
 
     c = core()
-    mm_n = 2048 if n >= 2048 else 256  # small N: the quick smoke test
-    mm_a, mm_b = torch.randn(mm_n, mm_n), torch.randn(mm_n, mm_n)
-    u_probe = torch.randn(bh, n, 2 * r)
-    w_probe = torch.randn(bh, n, 2 * r + d)
-    f64_a = torch.randn(bh, 2 * r, 2 * r, dtype=torch.float64)
-    copy_reused, copy_fresh, copy_bytes = copy_probe(bh * n * d * 4)
     passes = {
         "Gram/projection": gram_projection,
         "core": core,
@@ -283,23 +312,7 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     }
     if gram_kernels.usable(q, k, v):  # the same forward on the torch path (kernels off), in the same rounds
         passes["whole forward (torch passes)"] = lambda: _torch_passes(osa, q, k, v, ALPHA)
-    probes = {
-        f"probe: f32 matmul {mm_n}²": lambda: mm_a @ mm_b,
-        "probe: f32 matmul [q k]ᵀ[q k v]": lambda: u_probe.mT @ w_probe,
-        "probe: f64 matmul 2r×2r (core)": lambda: f64_a @ f64_a,
-        "probe: copy (reused buffer)": copy_reused,
-        "probe: copy (fresh memory)": copy_fresh,
-    }
-    kernel_flops = {}  # the C kernels' probes, whose flops PyTorch's formulas cannot see
-    if gram_kernels.usable(u_probe, w_probe):
-        name = "probe: f32 C kernel [q k]ᵀ[q k v]"
-        probes[name] = lambda: gram_kernels.transposed_products((u_probe, w_probe), (1,))
-        kernel_flops[name] = {torch.float32: 2.0 * bh * n * (2 * r) * (2 * r + d)}
-    f64_out = torch.empty_like(f64_a)
-    if core_kernels.usable(f64_a, f64_out):
-        name = "probe: f64 C kernel 2r×2r (core)"
-        probes[name] = lambda: core_kernels.matmul(f64_a, f64_a, f64_out)
-        kernel_flops[name] = {torch.float64: 2.0 * bh * (2 * r) ** 3}
+    probes, kernel_flops, probe_bytes, copy_bytes = _rate_probes(bh, n, r, d)
     fns = {name: _no_grad(fn) for name, fn in {**probes, **passes}.items()}
     fns["whole forward+backward"] = _fwd_bwd(lambda x, y, z: osa(x, y, z, ALPHA), leaves)
     t = time_interleaved(fns, repeat=repeat)
@@ -314,13 +327,7 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     bandwidth = copy_bytes / t["probe: copy (reused buffer)"]
     nbytes = pass_bytes(bh, n, r, d)
     nbytes["whole forward (torch passes)"] = nbytes["whole forward"]
-    nbytes.update({  # the probes' operands and results
-        f"probe: f32 matmul {mm_n}²": 3 * mm_n * mm_n * 4,
-        "probe: f32 matmul [q k]ᵀ[q k v]": (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4,
-        "probe: f64 matmul 2r×2r (core)": 3 * f64_a.numel() * 8,
-        "probe: f32 C kernel [q k]ᵀ[q k v]": (u_probe.numel() + w_probe.numel() + bh * 2 * r * (2 * r + d)) * 4,
-        "probe: f64 C kernel 2r×2r (core)": 3 * f64_a.numel() * 8,
-    })
+    nbytes.update(probe_bytes)
     common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
               "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status(),
               "token_passes": "C kernels" if gram_kernels.usable(q, k, v) else "torch"}

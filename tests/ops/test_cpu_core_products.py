@@ -31,18 +31,11 @@ def _avx512_build() -> bool:
 pytestmark = pytest.mark.skipif(not (HAVE_COMPILER and _avx512_build()), reason="the products run on AVX-512 builds")
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("n", [8, 16, 64, 128, 136])
 @pytest.mark.parametrize("batch", [1, 3, 32])
 @pytest.mark.parametrize("nthreads", [1, 3])
-def test_products_of_small_integers_are_exact(n, batch, nthreads, threads):
-    threads(nthreads)
+def test_products_of_small_integers_are_exact(n, batch, nthreads, torch_threads_for_test):
+    torch_threads_for_test(nthreads)
     g = torch.Generator().manual_seed(n + batch)
     a, b, x = (torch.randint(-8, 9, (batch, n, n), generator=g).double() for _ in range(3))
     out = torch.full_like(a, float("nan"))

@@ -36,14 +36,6 @@ def _avx512_build() -> bool:
 needs_avx512_build = pytest.mark.skipif(not (HAVE_COMPILER and _avx512_build()), reason="osa() takes the kernels only from an AVX-512 build")
 
 
-@pytest.fixture
-def threads():
-    """Restores torch's thread count after a test that changes it."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def _tokens(b: int, n: int, widths: tuple[int, ...], seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(b, n, w, generator=g) for w in widths]
@@ -52,10 +44,10 @@ def _tokens(b: int, n: int, widths: tuple[int, ...], seed: int) -> list[torch.Te
 @pytest.mark.parametrize(("b", "n"), [(1, 1), (3, 17), (2, 700), (5, 256), (1, 3000)])
 @pytest.mark.parametrize(("r", "d"), [(16, 16), (64, 64), (32, 48)])
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
-def test_transposed_products_match_float64(b, n, r, d, nthreads, threads):
+def test_transposed_products_match_float64(b, n, r, d, nthreads, torch_threads_for_test):
     """``qᵀ[q k v]`` and ``kᵀ[k v]`` in one pass, within float32 summation error of float64; with
     fewer matrices than threads the tokens of a matrix are split over threads."""
-    threads(nthreads)
+    torch_threads_for_test(nthreads)
     q, k, v = _tokens(b, n, (r, r, d), seed=n + r + d)
     top, bottom = gram_kernels.transposed_products((q, k, v), (0, 1))
     qd, kd, vd = q.double(), k.double(), v.double()
@@ -71,9 +63,9 @@ def test_transposed_products_match_float64(b, n, r, d, nthreads, threads):
 
 @pytest.mark.parametrize("firsts", [(0,), (1,), (2,), (0, 0), (1, 1), (0, 2), (2, 2)])
 @pytest.mark.parametrize("nthreads", [1, 5])
-def test_transposed_products_for_every_choice_of_firsts(firsts, nthreads, threads):
+def test_transposed_products_for_every_choice_of_firsts(firsts, nthreads, torch_threads_for_test):
     """Each ``X_aᵀ [X_lo … X_last]``, widths above 64 included, batch below and above the threads."""
-    threads(nthreads)
+    torch_threads_for_test(nthreads)
     xs = _tokens(3, 530, (32, 80, 128), seed=11)
     outs = gram_kernels.transposed_products(xs, firsts)
     for a, (out, lo) in enumerate(zip(outs, firsts, strict=True)):
@@ -101,9 +93,9 @@ def test_an_empty_batch_gives_empty_results():
 
 
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
-def test_transposed_products_of_a_later_view_only(nthreads, threads):
+def test_transposed_products_of_a_later_view_only(nthreads, torch_threads_for_test):
     """``firsts = (2, 2)``: ``qᵀ g`` and ``kᵀ g``, the backward's ``gC = Uᵀ gY``."""
-    threads(nthreads)
+    torch_threads_for_test(nthreads)
     q, k, g = _tokens(2, 900, (32, 32, 16), seed=3)
     out_q, out_k = gram_kernels.transposed_products((q, k, g), (2, 2))
     assert rel_err(out_q.double(), q.double().mT @ g.double()) < 1e-5
@@ -115,8 +107,8 @@ def test_transposed_products_of_a_later_view_only(nthreads, threads):
 @pytest.mark.parametrize("add", [True, False])
 @pytest.mark.parametrize("nthreads", [1, 3, 5])
 @pytest.mark.parametrize("d", [16, 32, 64, 80])
-def test_token_products_match_float64(b, n, terms, add, nthreads, d, threads):
-    threads(nthreads)
+def test_token_products_match_float64(b, n, terms, add, nthreads, d, torch_threads_for_test):
+    torch_threads_for_test(nthreads)
     widths = (16, 32, 48, 7)[:terms]
     xs = _tokens(b, n, (*widths, d), seed=b + n + terms)
     g = torch.Generator().manual_seed(7)
