@@ -58,7 +58,7 @@ DEFINE_CORE_BLOCK(core_block_2, 2)
 DEFINE_CORE_BLOCK(core_block_1, 1)
 
 typedef struct {
-    int batch, n, first, last;
+    int n, first, last;
     const double *a, *b, *x;
     double *c, alpha;
     int failed;
@@ -107,8 +107,7 @@ int osa_core_bmm(int batch, int n, const double *a, const double *b, const doubl
     const int nt = clamp_threads(nthreads, batch);
     core_job_t jobs[OSA_MAX_THREADS];
     for (int t = 0; t < nt; ++t) {
-        core_job_t job = {batch, n, (int)((int64_t)batch * t / nt), (int)((int64_t)batch * (t + 1) / nt),
-                          a, b, x, c, alpha, 0};
+        core_job_t job = {n, (int)((int64_t)batch * t / nt), (int)((int64_t)batch * (t + 1) / nt), a, b, x, c, alpha, 0};
         jobs[t] = job;
     }
     run_threads(core_range, jobs, sizeof(core_job_t), nt);

@@ -91,8 +91,8 @@ def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> li
     """``[X_aᵀ [X_firsts[a] … X_last] for a < len(firsts)]`` summed over the tokens, each
     ``(*batch, w_a, Σ w_s)`` float32: the Gram pass ``xs = (q, k, v)``, ``firsts = (0, 1)`` gives
     ``qᵀ[q k v]`` and ``kᵀ[k v]`` in one read of q, k and v. A symmetric block ``X_aᵀX_a``
-    (``firsts[a] == a``) is computed on and above its diagonal and mirrored: exactly symmetric. ``xs``: 1–3 token tensors that
-    :func:`usable` accepts; ``firsts``: 1–2 indices, ``len(firsts) ≤ len(xs)``."""
+    (``firsts[a] == a``) is computed on and above its diagonal and mirrored: exactly symmetric.
+    ``xs``: 1–3 token tensors that :func:`usable` accepts; ``firsts``: 1–2 indices into ``xs``."""
     if not 1 <= len(xs) <= 3 or not 1 <= len(firsts) <= min(2, len(xs)):
         raise OSAInputError(f"transposed_products takes 1–3 token tensors and 1–2 firsts, got {len(xs)} and {len(firsts)}")
     if not all(0 <= lo < len(xs) for lo in firsts):

@@ -92,7 +92,7 @@ DEFINE_TN(tn_2, TN_ROWS, 2)
 DEFINE_TN(tn_1, TN_ROWS, 1)
 
 typedef struct {
-    int B, N, nx, na, nthreads;
+    int N, nx, na;
     int w[3], lo[2];
     tview_t x[3];
     float *out[2];      /* out_a: B × w_a × W_a, contiguous */
@@ -222,7 +222,7 @@ DEFINE_NN(nn_row_2, 1, 2)
 DEFINE_NN(nn_row_1, 1, 1)
 
 typedef struct {
-    int B, N, d, ns, splits;
+    int N, d, ns, splits;
     int w[4];
     tview_t a[4], x, y;
     const float *c[4];  /* C_s: rows [Σ_{t<s} w_t, …) of the contiguous B × W × d stack */
@@ -330,7 +330,7 @@ int osa_gram_tn(int B, int N, int nx, const int *w, float *x0, const int64_t *o0
     if (B < 0 || N < 1 || nx < 1 || nx > 3 || na < 1 || na > 2 || na > nx) return 2;
     if (B == 0) return 0;  /* (an empty tensor's data pointer may be NULL) */
     tn_job_t job = {0};
-    job.B = B; job.N = N; job.nx = nx; job.na = na; job.nthreads = nthreads;
+    job.N = N; job.nx = nx; job.na = na;
     job.x[0] = tview(x0, o0, rs0); job.x[1] = tview(x1, o1, rs1); job.x[2] = tview(x2, o2, rs2);
     job.out[0] = out0; job.out[1] = out1;
     for (int s = 0; s < nx; ++s) {
@@ -377,7 +377,7 @@ int osa_gram_nn(int B, int N, int d, int ns, const int *w, float *a0, const int6
     if (B == 0) return 0;
     if (!y) return 2;
     nn_job_t job = {0};
-    job.B = B; job.N = N; job.d = d; job.ns = ns;
+    job.N = N; job.d = d; job.ns = ns;
     job.a[0] = tview(a0, ao0, ars0); job.a[1] = tview(a1, ao1, ars1);
     job.a[2] = tview(a2, ao2, ars2); job.a[3] = tview(a3, ao3, ars3);
     if (!c) return 2;

@@ -242,10 +242,6 @@ def output_norm_change(g: torch.Tensor, p: torch.Tensor, c: torch.Tensor) -> tor
 def block_gram(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``UᵀU`` in float64 for ``U = [a b]`` from three products (``bᵀa`` is the transpose of ``aᵀb``)."""
     aa, ab, bb = (a.mT @ a).double(), (a.mT @ b).double(), (b.mT @ b).double()
-    return _gram_blocks(aa, ab, bb)
-
-
-def _gram_blocks(aa: torch.Tensor, ab: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cat([aa, ab], -1), torch.cat([ab.mT, bb], -1)], -2)
 
 
