@@ -71,7 +71,7 @@ def _pthread_build() -> ctypes.CDLL | None:
     try:
         target = Path(workdir) / "pthreads.so"
         source = Path(build.__file__).with_name("core_products.c")
-        flags = ["-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-pthread"]
+        flags = ["-O3", f"-march={build.target_arch()}", "-std=gnu11", "-shared", "-fPIC", "-pthread"]
         done = subprocess.run([*compiler, *flags, "-o", str(target), str(source)], capture_output=True, timeout=120)
         if done.returncode != 0:
             return None

@@ -22,7 +22,7 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ, PYTHONPATH=ROOT, **env))  # fmt: skip
 
 
-@pytest.mark.skipif(not gram_kernels.usable(torch.ones(1, 4, 16)), reason="needs the AVX-512 kernels")
+@pytest.mark.skipif(not gram_kernels.usable(torch.ones(1, 4, 16)), reason="needs the kernels (an AVX-512 or AVX2 build)")
 def test_every_pass_is_timed_against_its_reference(tmp_path):
     out = tmp_path / "passes.csv"
     done = _run("--n", "96", "--heads", "2", "--r", "16", "--d", "16", "--repeat", "2", "--out", str(out))

@@ -5,8 +5,9 @@ low-rank OSA, output and gradients, with the kernels and on the torch path (``OS
 against float64 dense ``torch.linalg.matrix_exp``.
 
 The kernels are built by the machine's C compiler; without one these tests are skipped. The passes
-themselves are tested on any build; osa() takes them only from an AVX-512 build
-(``gram_kernels.usable``), so the tests of that choice run where the build has 16-float vectors.
+themselves are tested on any build; osa() takes them only from a build with hardware vectors
+(AVX-512 or AVX2 with FMA, ``gram_kernels.usable``), so the tests of that choice run there.
+tests/ops/test_cpu_builds.py runs this file again on the AVX2 build (``OSA_LAB_CPU_MARCH``).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
 pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
 
 
-def _avx512_build() -> bool:
+def _vector_build() -> bool:
     lib = build.library()
-    return lib is not None and lib.osa_gram_vector_floats() == gram_kernels.VECTOR_FLOATS
+    return lib is not None and lib.osa_gram_vector_floats() in gram_kernels.VECTOR_FLOATS
 
 
-needs_avx512_build = pytest.mark.skipif(not (HAVE_COMPILER and _avx512_build()), reason="osa() takes the kernels only from an AVX-512 build")
+needs_vector_build = pytest.mark.skipif(
+    not (HAVE_COMPILER and _vector_build()), reason="osa() takes the kernels only from an AVX-512 or AVX2 build"
+)
 
 
 def _tokens(b: int, n: int, widths: tuple[int, ...], seed: int) -> list[torch.Tensor]:
@@ -150,14 +153,14 @@ def test_kernels_read_and_write_head_split_views():
         (lambda: (torch.nn.Parameter(torch.randn(2, 9, 16)),), "a subclass"),
     ],
 )
-@needs_avx512_build
+@needs_vector_build
 def test_usable_refuses_what_the_kernels_cannot_read(make, why):
     assert gram_kernels.usable(torch.randn(2, 9, 16), torch.randn(2, 9, 32))  # what they can read
     assert not gram_kernels.usable(*make()), why
     assert not gram_kernels.usable(torch.randn(0, 9, 16)), "an empty batch"
 
 
-@needs_avx512_build
+@needs_vector_build
 def test_the_passes_refuse_what_they_cannot_read():
     """Called directly, the passes check what usable() checks, and the shapes of add and out."""
     with pytest.raises(OSAInputError, match="cannot read"):
@@ -171,8 +174,8 @@ def test_the_passes_refuse_what_they_cannot_read():
         gram_kernels.token_products([(q, torch.randn(1, 16, 16))], torch.empty(1, 1, 16).expand(1, 9, 16))
 
 
-@needs_avx512_build
-def test_usable_takes_head_split_views_on_an_avx512_build():
+@needs_vector_build
+def test_usable_takes_head_split_views_on_a_vector_build():
     qkv = torch.randn(2, 30, 3, 4, 16)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     assert gram_kernels.usable(q, k, v)
@@ -211,7 +214,7 @@ def _osa_run(q, k, v, alpha, grad, *, native: bool, monkeypatch):
     return y.detach(), [t.grad for t in leaves], (transposed.call_count, token.call_count)
 
 
-@needs_avx512_build
+@needs_vector_build
 @pytest.mark.parametrize(("b", "n", "r", "d"), [(3, 300, 16, 32), (1, 700, 32, 16), (1, 600, 64, 64)])
 @pytest.mark.parametrize("norm", [0.5, 20.0, 300.0])
 def test_low_rank_osa_with_the_kernels_matches_the_torch_path_and_float64(b, n, r, d, norm, monkeypatch):
@@ -239,7 +242,7 @@ def test_low_rank_osa_with_the_kernels_matches_the_torch_path_and_float64(b, n, 
         assert rel_err(got_c, got_t) < 50 * budget
 
 
-@needs_avx512_build
+@needs_vector_build
 def test_torch_compile_of_low_rank_osa_runs_the_torch_path_while_tracing():
     """Under torch.compile the passes see no real tensors while dynamo traces: usable() says no
     there, and the compiled function agrees with eager (output and gradients)."""

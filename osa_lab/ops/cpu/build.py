@@ -8,6 +8,10 @@ this process compiled from the package's own source. Without a compiler, or wher
 keep the PyTorch path, and :func:`status` says why (the benchmarks record it beside their figures).
 
 ``OSA_LAB_CPU_KERNELS=0`` turns the kernels off (the PyTorch path everywhere).
+``OSA_LAB_CPU_MARCH`` names the instruction set to build for (``-march=``; default ``native``):
+``x86-64-v3`` builds the AVX2 kernels on an AVX-512 machine, the way the benchmarks measure the
+8-float build without an AVX2 machine. A value that is not a plain ``-march`` name, or that the
+compiler refuses, leaves the PyTorch path, and :func:`status` says so.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -29,13 +34,8 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c"
 #: Seconds the compiler may take before the build is given up.
 BUILD_TIMEOUT_S = 120
 
-_FLAG_SETS = (
-    # OpenMP: the kernels run on torch's own OpenMP threads (threads.h); then without it, and
-    # then for a compiler without -march=native
-    ["-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC", "-pthread"],
-    ["-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-pthread"],
-    ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread"],  # a compiler without -march=native
-)
+_COMMON_FLAGS = ["-std=gnu11", "-shared", "-fPIC", "-pthread"]
+_MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 
 _state: dict[str, str] = {"status": "not built yet"}
 
@@ -58,6 +58,21 @@ def turned_off():
             del os.environ["OSA_LAB_CPU_KERNELS"]
         else:
             os.environ["OSA_LAB_CPU_KERNELS"] = before
+
+
+def target_arch() -> str:
+    """The ``-march`` value the kernels are built for: ``OSA_LAB_CPU_MARCH``, else ``native``."""
+    return os.environ.get("OSA_LAB_CPU_MARCH", "").strip() or "native"
+
+
+def _flag_sets(march: str) -> list[list[str]]:
+    """Compiler flags in order of preference: OpenMP (the kernels run on torch's own OpenMP
+    threads, threads.h), then without it; for the default target, last a compiler that knows no
+    ``-march=native``. A target the user named is never silently replaced by another."""
+    sets = [["-O3", f"-march={march}", "-fopenmp", *_COMMON_FLAGS], ["-O3", f"-march={march}", *_COMMON_FLAGS]]
+    if march == "native":
+        sets.append(["-O3", *_COMMON_FLAGS])
+    return sets
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -100,11 +115,18 @@ def _build() -> ctypes.CDLL | None:
     if shutil.which(compiler[0]) is None:
         _state["status"] = f"no C compiler ({compiler[0]!r} not found): PyTorch path"
         return None
+    march = target_arch()
+    if not _MARCH_NAME.fullmatch(march):
+        _state["status"] = (
+            f"OSA_LAB_CPU_MARCH={march!r} is not a -march name (letters, digits, '.', '_', '+', '-'; "
+            "e.g. native or x86-64-v3): PyTorch path"
+        )
+        return None
     errors = []
     workdir = tempfile.mkdtemp(prefix="osa_lab_cpu_")  # private (0700), fresh for this process
     try:
         target = Path(workdir) / "osa_lab_cpu.so"
-        for flags in _FLAG_SETS:
+        for flags in _flag_sets(march):
             try:
                 done = _compile([*compiler, *flags, "-o", str(target), *map(str, SOURCES)])
             except (OSError, subprocess.TimeoutExpired) as err:
@@ -112,11 +134,12 @@ def _build() -> ctypes.CDLL | None:
                 continue
             if done.returncode == 0 and target.exists():
                 lib = _declare(ctypes.CDLL(str(target)))
-                shown = " ".join(f for f in flags if f in ("-O3", "-march=native", "-fopenmp"))
+                shown = " ".join(f for f in flags if f == "-O3" or f.startswith("-march=") or f == "-fopenmp")
                 _state["status"] = f"built with {' '.join(compiler)} {shown}"
                 return lib
             lines = (done.stderr or done.stdout).strip().splitlines()
-            errors.append(lines[-1] if lines else f"exit code {done.returncode}")
+            named = [line for line in lines if "error" in line]  # the compiler's reason, not its notes
+            errors.append((named or lines or [f"exit code {done.returncode}"])[0 if named else -1])
     except Exception as err:  # noqa: BLE001 - any failure leaves the PyTorch path, and says why
         errors.append(f"{type(err).__name__}: {err}")
     finally:

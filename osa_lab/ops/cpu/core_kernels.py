@@ -15,18 +15,21 @@ import torch
 from osa_lab.errors import KernelFailedError, OSAInputError
 from osa_lab.ops.cpu.build import built_library, library
 
-#: Doubles per vector the products are used with (AVX-512 builds).
-VECTOR_DOUBLES = 8
+#: Doubles per vector of the builds the products are used with: 8 (AVX-512) and 4 (AVX2 with FMA).
+VECTOR_DOUBLES = (4, 8)
+
+#: The matrices' size n is a multiple of this (whole register blocks on either build).
+SIZE_MULTIPLE = 8
 
 
 def usable(*mats: torch.Tensor) -> bool:
     """True when :func:`matmul` can run on ``mats``: plain (not subclassed) contiguous float64 CPU
     tensors of one shape ``(b, n, n)`` with ``n`` a multiple of 8, outside ``torch.compile``
-    tracing, and the library built with 8-double vectors (AVX-512)."""
+    tracing, and the library built with hardware vectors (AVX-512 or AVX2 with FMA)."""
     if not mats or torch.compiler.is_compiling():
         return False
     shape = mats[0].shape
-    if len(shape) != 3 or shape[1] != shape[2] or shape[1] % VECTOR_DOUBLES or shape[1] < VECTOR_DOUBLES:
+    if len(shape) != 3 or shape[1] != shape[2] or shape[1] % SIZE_MULTIPLE or shape[1] < SIZE_MULTIPLE:
         return False
     if not all(
         type(m) is torch.Tensor and m.device.type == "cpu" and m.dtype == torch.float64 and m.shape == shape
@@ -35,7 +38,7 @@ def usable(*mats: torch.Tensor) -> bool:
     ):  # fmt: skip
         return False
     lib = library()
-    return lib is not None and lib.osa_core_vector_doubles() == VECTOR_DOUBLES
+    return lib is not None and lib.osa_core_vector_doubles() in VECTOR_DOUBLES
 
 
 def matmul(

@@ -15,14 +15,21 @@
 
 #include "threads.h"
 
+/* Register block per build (-D overrides it, for tuning). */
 #if defined(__AVX512F__)
 #define DW 8
-#define CORE_ROWS 8
-#define CORE_VECS 3
+#define CORE_ROWS_BUILD 8
+#define CORE_VECS_BUILD 3
 #else
 #define DW 4
-#define CORE_ROWS 4
-#define CORE_VECS 3
+#define CORE_ROWS_BUILD 4
+#define CORE_VECS_BUILD 3
+#endif
+#ifndef CORE_ROWS
+#define CORE_ROWS CORE_ROWS_BUILD
+#endif
+#ifndef CORE_VECS
+#define CORE_VECS CORE_VECS_BUILD
 #endif
 
 typedef double dvec __attribute__((vector_size(8 * DW)));
@@ -36,17 +43,17 @@ typedef double dvecu __attribute__((vector_size(8 * DW), aligned(8)));
     {                                                                                              \
         dvec acc[CORE_ROWS][NV];                                                                   \
         _Pragma("GCC unroll 8") for (int r = 0; r < CORE_ROWS; ++r)                                \
-            _Pragma("GCC unroll 3") for (int v = 0; v < NV; ++v) acc[r][v] = (dvec){0};            \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) acc[r][v] = (dvec){0};            \
         for (int k = 0; k < n; ++k, at += CORE_ROWS, b += n) {                                     \
             dvec bv[NV];                                                                           \
-            _Pragma("GCC unroll 3") for (int v = 0; v < NV; ++v) bv[v] = DLD(b + DW * v);          \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) bv[v] = DLD(b + DW * v);          \
             _Pragma("GCC unroll 8") for (int r = 0; r < CORE_ROWS; ++r) {                          \
                 const double s = at[r];                                                            \
-                _Pragma("GCC unroll 3") for (int v = 0; v < NV; ++v) acc[r][v] += s * bv[v];       \
+                _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) acc[r][v] += s * bv[v];       \
             }                                                                                      \
         }                                                                                          \
         _Pragma("GCC unroll 8") for (int r = 0; r < CORE_ROWS; ++r)                                \
-            _Pragma("GCC unroll 3") for (int v = 0; v < NV; ++v) {                                 \
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                 \
                 dvec o = alpha * acc[r][v];                                                        \
                 if (x) o += DLD(x + (int64_t)r * n + DW * v);                                      \
                 DST(c + (int64_t)r * n + DW * v, o);                                               \
@@ -116,5 +123,13 @@ int osa_core_bmm(int batch, int n, const double *a, const double *b, const doubl
     return failed ? 1 : 0;
 }
 
-/* Doubles per vector of this build: 8 with AVX-512, else 4. */
-int osa_core_vector_doubles(void) { return DW; }
+/* Doubles per hardware vector of this build: 8 with AVX-512, 4 with AVX2 and FMA; 0 for a build
+ * without either (the Python side keeps torch's products there). */
+int osa_core_vector_doubles(void)
+{
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    return DW;
+#else
+    return 0;
+#endif
+}

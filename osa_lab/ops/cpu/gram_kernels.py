@@ -32,8 +32,8 @@ _INT32_MAX = 2**31 - 1
 #: Every width of a token tensor is a multiple of this (whole vectors per row).
 WIDTH_MULTIPLE = 16
 
-#: Floats per vector the kernels are used with (AVX-512 builds).
-VECTOR_FLOATS = 16
+#: Floats per vector of the builds the kernels are used with: 16 (AVX-512) and 8 (AVX2 with FMA).
+VECTOR_FLOATS = (8, 16)
 
 
 def usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -> bool:
@@ -41,9 +41,9 @@ def usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -> bool:
     subclassed) strided float32 CPU tensors with one batch shape (at least one matrix) and N,
     contiguous columns, every ``w`` a multiple of :data:`WIDTH_MULTIPLE`, sizes within 32-bit
     indices where the kernels use them, outside ``torch.compile`` tracing, and the library built
-    with 16-float vectors (AVX-512; the 8-float build measured slower than the library products,
-    so the torch path stays there). ``inner``: token tensors read only as scalars (the ``A_s`` of
-    :func:`token_products`), of any width."""
+    with hardware vectors (AVX-512 or AVX2 with FMA; a build without them keeps the torch path).
+    ``inner``: token tensors read only as scalars (the ``A_s`` of :func:`token_products`), of any
+    width."""
     if not tokens or torch.compiler.is_compiling():  # while dynamo traces there are no real pointers
         return False
     first = tokens[0]
@@ -59,7 +59,7 @@ def usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -> bool:
     if not 1 <= first.shape[-2] <= _INT32_MAX or not 1 <= math.prod(first.shape[:-2]) <= _INT32_MAX:
         return False
     lib = library()
-    return lib is not None and lib.osa_gram_vector_floats() == VECTOR_FLOATS
+    return lib is not None and lib.osa_gram_vector_floats() in VECTOR_FLOATS
 
 
 def _require_usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -> None:
@@ -67,7 +67,7 @@ def _require_usable(*tokens: torch.Tensor, inner: Sequence[torch.Tensor] = ()) -
         shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in (*tokens, *inner))
         raise OSAInputError(
             f"the CPU token passes cannot read these tensors ({shapes}): they take float32 CPU tensors of one batch "
-            f"and N, contiguous columns, widths a multiple of {WIDTH_MULTIPLE}, on an AVX-512 build "
+            f"and N, contiguous columns, widths a multiple of {WIDTH_MULTIPLE}, on an AVX-512 or AVX2 build "
             "(osa_lab.ops.cpu.gram_kernels.usable)"
         )
 

@@ -31,18 +31,32 @@
 
 #include "threads.h"
 
+/* Register blocks per build (-D overrides them, for tuning): 32 vector registers with AVX-512,
+ * 16 with AVX2. */
 #if defined(__AVX512F__)
 #define VW 16
-#define TN_ROWS 8
-#define TN_VECS 3
-#define NN_ROWS 5
-#define NN_VECS 4
+#define TN_ROWS_BUILD 8
+#define TN_VECS_BUILD 3
+#define NN_ROWS_BUILD 5
+#define NN_VECS_BUILD 4
 #else
 #define VW 8
-#define TN_ROWS 4
-#define TN_VECS 3
-#define NN_ROWS 4
-#define NN_VECS 3
+#define TN_ROWS_BUILD 4
+#define TN_VECS_BUILD 3
+#define NN_ROWS_BUILD 4
+#define NN_VECS_BUILD 3
+#endif
+#ifndef TN_ROWS
+#define TN_ROWS TN_ROWS_BUILD
+#endif
+#ifndef TN_VECS
+#define TN_VECS TN_VECS_BUILD
+#endif
+#ifndef NN_ROWS
+#define NN_ROWS NN_ROWS_BUILD
+#endif
+#ifndef NN_VECS
+#define NN_VECS NN_VECS_BUILD
 #endif
 #define TN_CHUNK 256
 
@@ -69,19 +83,19 @@ static inline float *row_of(const tview_t *t, int b, int64_t i) { return t->base
     {                                                                                              \
         vec acc[ROWS][NV];                                                                         \
         _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) acc[r][n] = (vec){0};             \
+            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) acc[r][n] = (vec){0};             \
         const float *b[NV];                                                                        \
-        _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) b[n] = bp[n];                        \
+        _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) b[n] = bp[n];                        \
         for (int k = 0; k < K; ++k, a += lda) {                                                    \
             vec x[NV];                                                                             \
-            _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) { x[n] = LDU(b[n]); b[n] += ldb[n]; } \
+            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) { x[n] = LDU(b[n]); b[n] += ldb[n]; } \
             _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r) {                               \
                 const float s = a[r];                                                              \
-                _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) acc[r][n] += s * x[n];        \
+                _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) acc[r][n] += s * x[n];        \
             }                                                                                      \
         }                                                                                          \
         _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) {                                 \
+            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) {                                 \
                 float *o = out + (int64_t)r * ldo + VW * n;                                        \
                 STU(o, LDU(o) + acc[r][n]);                                                        \
             }                                                                                      \
@@ -189,12 +203,12 @@ static void *tn_range(void *arg)
     {                                                                                              \
         vec acc[ROWS][NV];                                                                         \
         _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n)                                   \
+            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n)                                   \
                 acc[r][n] = x ? LDU(x[r] + VW * n) : (vec){0};                                     \
         if (x && x_sq) {                                                                           \
             vec sq = {0};                                                                          \
             _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                 \
-                _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) sq += acc[r][n] * acc[r][n];  \
+                _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) sq += acc[r][n] * acc[r][n];  \
             double total = 0.0;                                                                    \
             for (int l = 0; l < VW; ++l) total += sq[l];                                           \
             *x_sq += total;                                                                        \
@@ -203,15 +217,15 @@ static void *tn_range(void *arg)
             const float *cs = c[s];                                                                \
             for (int i = 0; i < w[s]; ++i, cs += d) {                                              \
                 vec cv[NV];                                                                        \
-                _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) cv[n] = LDU(cs + VW * n);     \
+                _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) cv[n] = LDU(cs + VW * n);     \
                 _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r) {                           \
                     const float t = a[s][r][i];                                                    \
-                    _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) acc[r][n] += t * cv[n];   \
+                    _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) acc[r][n] += t * cv[n];   \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
         _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 4") for (int n = 0; n < NV; ++n) STU(y[r] + VW * n, acc[r][n]);    \
+            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) STU(y[r] + VW * n, acc[r][n]);    \
     }
 
 DEFINE_NN(nn_full, NN_ROWS, NN_VECS)
@@ -408,6 +422,13 @@ int osa_gram_nn(int B, int N, int d, int ns, const int *w, float *a0, const int6
     return 0;
 }
 
-/* Floats per vector of this build: 16 with AVX-512, else 8 (the Python side uses the kernels only
- * with 16: the 8-float blocks measured slower than the library products they would replace). */
-int osa_gram_vector_floats(void) { return VW; }
+/* Floats per hardware vector of this build: 16 with AVX-512, 8 with AVX2 and FMA; 0 for a build
+ * without either (its vectors emulated: the Python side keeps the torch products there). */
+int osa_gram_vector_floats(void)
+{
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    return VW;
+#else
+    return 0;
+#endif
+}
