@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                      "gflops_openmp": flops / statistics.median(t_omp) / 1e9,
                      "gflops_pthreads": flops / statistics.median(t_own) / 1e9})
     meta = {"N": args.n, "heads": args.heads, "r": args.r, "d": args.d, "threads": torch.get_num_threads(),
-            "cpu_kernels": cpu.status(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+            "cpu_kernels": cpu.status(), "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
             "load_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")}
     table = pd.DataFrame([{**meta, **row} for row in rows])
     print(json.dumps(meta))

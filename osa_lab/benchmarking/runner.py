@@ -329,7 +329,7 @@ def roofline_rows(n: int, r: int, d: int, repeat: int, sdpa: dict | None = None)
     nbytes["whole forward (torch passes)"] = nbytes["whole forward"]
     nbytes.update(probe_bytes)
     common = {"N": n, "bh": bh, "r": r, "d_v": d, "f32_gflops": rate32 / 1e9, "f64_gflops": rate64 / 1e9,
-              "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status(),
+              "copy_gbps": bandwidth / 1e9, "cpu_kernels": cpu.status(), "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(),
               "token_passes": "C kernels" if gram_kernels.usable(q, k, v) else "torch"}
     if hasattr(os, "getloadavg"):  # a loaded shared machine distorts the ratios: say so in every row
         common["load_1m"] = round(os.getloadavg()[0], 2)

@@ -128,6 +128,7 @@ def machine_info() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(),  # ATEN_CPU_CAPABILITY can lower it
         "python": platform.python_version(),
     }
     if hasattr(os, "getloadavg"):  # the load of a shared machine distorts every timing: record it

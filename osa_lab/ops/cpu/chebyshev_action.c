@@ -42,10 +42,12 @@ static inline int up8(int n) { return (n + 7) & ~7; }
  * and C as 8-float vectors, row strides ldb and ldc (multiples of 8 floats, 32-byte aligned).
  * Register block: MR rows × NR vectors (MR = 8 with AVX-512's 32 vector registers, else 4),
  * summed over k before alpha and C are applied. */
+#ifndef MR /* (-D overrides it, for tuning) */
 #if defined(__AVX512F__)
 #define MR 8
 #else
 #define MR 4
+#endif
 #endif
 
 #define DEFINE_BLOCK(NAME, ROWS, NR)                                                               \
