@@ -1,10 +1,11 @@
 """The CPU kernels' builds (``osa_lab.ops.cpu.build``): the instruction set named by
 ``OSA_LAB_CPU_MARCH``, what happens to a name the compiler refuses or that is not a ``-march``
-name, and the kernels' tests run again on the AVX2 build.
+name, and the kernels' tests run again on the AVX2 build; separate builds in one process
+(``compile_library``, ``using_library``), as ``benchmarks/cpu_build_ab.py`` times them.
 
 The default build is ``-march=native``; on an AVX-512 machine the AVX2 build (8-float vectors,
-16 registers, its own register blocks) would otherwise go untested. Each case runs in a fresh
-process: the library is built once per process.
+16 registers, its own register blocks) would otherwise go untested. The ``OSA_LAB_CPU_MARCH``
+cases run in fresh processes (the default library is built once per process).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+import osa_lab
+from osa_lab.errors import ConfigurationError, MethodUnavailableError
+from osa_lab.ops import cpu
+from osa_lab.ops.cpu import build
+from tests.helpers import rel_err
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
@@ -93,3 +101,43 @@ def test_the_avx2_build_has_8_float_vectors_and_passes_the_kernel_tests():
     # action's shapes outside its range, as on any build)
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("small-N action runs for" in line for line in skips), skips
+
+
+def test_compile_library_refuses_names_it_would_not_pass_to_the_compiler():
+    with pytest.raises(ConfigurationError, match="not a -march name"):
+        build.compile_library("native -O0")
+    with pytest.raises(ConfigurationError, match="upper-case name and an integer"):
+        build.compile_library("native", {"MR;x": 3})
+    with pytest.raises(ConfigurationError, match="upper-case name and an integer"):
+        build.compile_library("native", {"MR": "3"})
+    with pytest.raises(MethodUnavailableError, match="no-such-cpu-kind"):
+        build.compile_library("no-such-cpu-kind")
+
+
+def test_using_library_switches_the_kernels_for_the_block_only():
+    """A second build with another register block (MR = 2) computes the small-N action to float32
+    rounding of the default build, and the default build is back after the block."""
+    default = build.library()
+    if default is None:
+        pytest.skip(f"CPU kernels: {build.status()}")
+    other = build.compile_library(defines={"MR": 2})
+    assert other is not default
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(6, 20, 16, generator=g, requires_grad=True) for _ in range(3))
+
+    def forward_backward():
+        for t in (q, k, v):
+            t.grad = None
+        y = osa_lab.osa(q, k, v, 0.1)
+        y.backward(torch.ones_like(y))
+        return y.detach(), [t.grad.clone() for t in (q, k, v)]
+
+    y0, g0 = forward_backward()
+    with build.using_library(other) as lib:
+        assert lib is other and build.library() is other and build.built_library() is other
+        assert cpu.usable(q, k, v)  # the small-N kernels run (from `other`)
+        y1, g1 = forward_backward()
+    assert build.library() is default
+    assert rel_err(y1, y0) < 1e-5
+    for a, b in zip(g1, g0, strict=True):
+        assert rel_err(a, b) < 1e-5

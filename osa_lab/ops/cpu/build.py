@@ -26,7 +26,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+
+from osa_lab.errors import ConfigurationError, MethodUnavailableError
 
 #: The C sources, compiled together into one library.
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c", "gram_passes.c", "core_products.c"))
@@ -36,6 +39,7 @@ BUILD_TIMEOUT_S = 120
 
 _COMMON_FLAGS = ["-std=gnu11", "-shared", "-fPIC", "-pthread"]
 _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+_DEFINE_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
 
 _state: dict[str, str] = {"status": "not built yet"}
 
@@ -109,56 +113,111 @@ def _compile(command: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
-@functools.cache
-def _build() -> ctypes.CDLL | None:
-    compiler = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
-    if shutil.which(compiler[0]) is None:
-        _state["status"] = f"no C compiler ({compiler[0]!r} not found): PyTorch path"
+def _compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC", "cc")) or ["cc"]
+
+
+def _march_problem(march: str) -> str | None:
+    if _MARCH_NAME.fullmatch(march):
         return None
-    march = target_arch()
-    if not _MARCH_NAME.fullmatch(march):
-        _state["status"] = (
-            f"OSA_LAB_CPU_MARCH={march!r} is not a -march name (letters, digits, '.', '_', '+', '-'; "
-            "e.g. native or x86-64-v3): PyTorch path"
-        )
-        return None
+    return f"{march!r} is not a -march name (letters, digits, '.', '_', '+', '-'; e.g. native or x86-64-v3)"
+
+
+def _compile_and_load(compiler: list[str], flag_sets: list[list[str]]) -> tuple[ctypes.CDLL | None, str]:
+    """The first flag set that builds, loaded: (library, its flags) or (None, the last reason).
+    The directory is private (0700) and fresh, and removed once the library is loaded."""
     errors = []
-    workdir = tempfile.mkdtemp(prefix="osa_lab_cpu_")  # private (0700), fresh for this process
+    workdir = tempfile.mkdtemp(prefix="osa_lab_cpu_")
     try:
         target = Path(workdir) / "osa_lab_cpu.so"
-        for flags in _flag_sets(march):
+        for flags in flag_sets:
             try:
                 done = _compile([*compiler, *flags, "-o", str(target), *map(str, SOURCES)])
             except (OSError, subprocess.TimeoutExpired) as err:
                 errors.append(f"{type(err).__name__}: {err}")
                 continue
             if done.returncode == 0 and target.exists():
-                lib = _declare(ctypes.CDLL(str(target)))
-                shown = " ".join(f for f in flags if f == "-O3" or f.startswith("-march=") or f == "-fopenmp")
-                _state["status"] = f"built with {' '.join(compiler)} {shown}"
-                return lib
+                shown = " ".join(f for f in flags if f in ("-O3", "-fopenmp") or f.startswith(("-march=", "-D")))
+                return _declare(ctypes.CDLL(str(target))), f"{' '.join(compiler)} {shown}"
             lines = (done.stderr or done.stdout).strip().splitlines()
             named = [line for line in lines if "error" in line]  # the compiler's reason, not its notes
             errors.append((named or lines or [f"exit code {done.returncode}"])[0 if named else -1])
-    except Exception as err:  # noqa: BLE001 - any failure leaves the PyTorch path, and says why
+    except Exception as err:  # noqa: BLE001 - any failure is reported by the caller
         errors.append(f"{type(err).__name__}: {err}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)  # the loaded library stays mapped
-    _state["status"] = f"build failed ({errors[-1] if errors else 'unknown'}): PyTorch path"
-    return None
+    return None, errors[-1] if errors else "unknown"
+
+
+@functools.cache
+def _build() -> ctypes.CDLL | None:
+    compiler = _compiler()
+    if shutil.which(compiler[0]) is None:
+        _state["status"] = f"no C compiler ({compiler[0]!r} not found): PyTorch path"
+        return None
+    march = target_arch()
+    problem = _march_problem(march)
+    if problem:
+        _state["status"] = f"OSA_LAB_CPU_MARCH={problem}: PyTorch path"
+        return None
+    lib, said = _compile_and_load(compiler, _flag_sets(march))
+    _state["status"] = f"built with {said}" if lib is not None else f"build failed ({said}): PyTorch path"
+    return lib
+
+
+def compile_library(march: str | None = None, defines: Mapping[str, int] | None = None) -> ctypes.CDLL:
+    """A separate build of the kernels, for comparing builds in one process
+    (``benchmarks/cpu_build_ab.py``, with :func:`using_library`): for ``march`` (default
+    :func:`target_arch`) with OpenMP, and the register blocks set by ``defines`` (e.g.
+    ``{"MR": 3}``; the names are the ``#ifndef`` blocks of the sources). Compiled from the
+    package's own source into a private directory, like the default build.
+
+    Raises ConfigurationError for a ``march`` or a define that is not a plain name and integer, and
+    MethodUnavailableError where the compiler is missing or refuses the build."""
+    march = target_arch() if march is None else march
+    problem = _march_problem(march)
+    if problem:
+        raise ConfigurationError(f"compile_library: march {problem}")
+    flags = []
+    for name, value in (defines or {}).items():
+        if not (_DEFINE_NAME.fullmatch(str(name)) and isinstance(value, int) and not isinstance(value, bool)):
+            raise ConfigurationError(f"compile_library: define {name!r}={value!r} is not an upper-case name and an integer")
+        flags.append(f"-D{name}={value}")
+    compiler = _compiler()
+    if shutil.which(compiler[0]) is None:
+        raise MethodUnavailableError(f"compile_library: no C compiler ({compiler[0]!r} not found); set $CC")
+    lib, said = _compile_and_load(compiler, [["-O3", f"-march={march}", "-fopenmp", *flags, *_COMMON_FLAGS]])
+    if lib is None:
+        raise MethodUnavailableError(f"compile_library: the build for -march={march} failed ({said})")
+    return lib
+
+
+_overrides: list[ctypes.CDLL] = []
+
+
+@contextlib.contextmanager
+def using_library(lib: ctypes.CDLL):
+    """Inside the block the callers take ``lib`` (from :func:`compile_library`) as the kernels,
+    where they would take the default build; ``OSA_LAB_CPU_KERNELS=0`` still turns them off.
+    For benchmarks that time builds against each other in one process."""
+    _overrides.append(lib)
+    try:
+        yield lib
+    finally:
+        _overrides.pop()
 
 
 def built_library() -> ctypes.CDLL | None:
     """The kernels, built on the first call, whatever ``OSA_LAB_CPU_KERNELS`` says now (for calls
     that follow a forward which used them); None where they cannot be built."""
-    return _build()
+    return _overrides[-1] if _overrides else _build()
 
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, built on the first call; None where they are turned off or cannot be built."""
     if not enabled():
         return None
-    return _build()
+    return _overrides[-1] if _overrides else _build()
 
 
 def status() -> str:

@@ -1,0 +1,149 @@
+"""Builds of the CPU kernels timed against each other in one process: ``osa()`` forward and
+backward with each build in turn, in interleaved rounds.
+
+Comparing builds in separate processes mixes the builds' difference with the processes' (memory
+placement, the machine's load at the time); here every build runs on the same tensors in the
+same process, round after round, the order reversed every other round. Each build is a
+``--variant NAME=MARCH[:DEFINE=INT,…]``: the ``-march`` target and the register blocks set by
+``-D`` (the ``#ifndef`` blocks of ``osa_lab/ops/cpu/*.c``: ``MR`` for the small-N action;
+``TN_ROWS``, ``TN_VECS``, ``NN_ROWS``, ``NN_VECS``, ``CORE_ROWS``, ``CORE_VECS`` for the Gram
+engine's passes and the core). The first variant is the baseline of the ratios.
+
+    python benchmarks/cpu_build_ab.py --n 20 49 --variant native=native --variant avx2=x86-64-v3 \\
+        --variant avx2_mr3=x86-64-v3:MR=3 --out bench_results/cpu_build_ab.csv
+
+``osa()`` takes the small-N action for N ≤ 4·width and the low-rank engine above it, so one
+command can time either. Nothing here asserts on time; the machine, torch's CPU instruction set
+and the load are written beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import osa_lab
+from osa_lab.arguments import check_output_file, positive_int
+from osa_lab.errors import MethodUnavailableError, is_user_error
+from osa_lab.ops.cpu import build
+
+
+def _variant(text: str) -> tuple[str, str, dict[str, int]]:
+    """``NAME=MARCH[:DEFINE=INT,…]`` → (name, march, defines)."""
+    name, sep, spec = text.partition("=")
+    if not sep or not name or not spec:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MARCH[:DEFINE=INT,...], e.g. avx2=x86-64-v3:MR=3")
+    march, _, rest = spec.partition(":")
+    defines = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        try:
+            defines[key] = int(value)
+        except ValueError:
+            eq = ""
+        if not eq:
+            raise argparse.ArgumentTypeError(f"{item!r} in {text!r}: a define is NAME=INT, e.g. MR=3")
+    return name, march, defines
+
+
+def _time_rounds(steps: dict, rounds: int, calls: int) -> dict[str, list[float]]:
+    """Seconds per call of every step, per round; the order of the steps reversed every other round."""
+    names = list(steps)
+    for name in names:  # warm-up: the builds' first calls and the pools
+        for _ in range(3):
+            steps[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            for _ in range(calls):
+                steps[name]()
+            times[name].append((time.perf_counter() - start) / calls)
+    return times
+
+
+def _step(lib, q, k, v, alpha: float, backward: bool):
+    def run():
+        with build.using_library(lib):
+            if backward:
+                for t in (q, k, v):
+                    t.grad = None
+                y = osa_lab.osa(q, k, v, alpha)
+                y.backward(torch.ones_like(y))
+            else:
+                with torch.no_grad():
+                    osa_lab.osa(q, k, v, alpha)
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", type=_variant, action="append", required=True,
+                    help="NAME=MARCH[:DEFINE=INT,...]; at least two, the first is the baseline")  # fmt: skip
+    ap.add_argument("--n", type=positive_int, nargs="+", default=[20, 49], help="sequence lengths N (default 20 49)")
+    ap.add_argument("--batch", type=positive_int, default=256, help="matrices per call (default 256)")
+    ap.add_argument("--width", type=positive_int, default=16, help="width of q, k and v (default 16)")
+    ap.add_argument("--alpha", type=float, default=0.1, help="α of osa() (default 0.1)")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1, as in the training step)")
+    ap.add_argument("--rounds", type=positive_int, default=40, help="interleaved rounds (default 40)")
+    ap.add_argument("--calls", type=positive_int, default=5, help="calls per round and build (default 5)")
+    ap.add_argument("--forward-only", action="store_true", help="time the forward alone, without autograd")
+    ap.add_argument("--out", default="bench_results/cpu_build_ab.csv", help="CSV to write")
+    args = ap.parse_args(argv)
+    names = [name for name, _, _ in args.variant]
+    if len(names) < 2 or len(set(names)) != len(names):
+        ap.error("--variant: give at least two, with different names")
+    out = Path(args.out)
+    try:
+        check_output_file(out, "--out")
+        if not build.enabled():
+            raise MethodUnavailableError("the CPU kernels are turned off (OSA_LAB_CPU_KERNELS=0)")
+        libs = {}
+        for name, march, defines in args.variant:
+            print(f"building {name}: -march={march} {' '.join(f'-D{k}={v}' for k, v in defines.items())}", flush=True)
+            libs[name] = build.compile_library(march, defines)
+    except Exception as err:
+        if not is_user_error(err):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    meta = {"threads": args.threads, "batch": args.batch, "width": args.width, "alpha": args.alpha,
+            "backward": not args.forward_only, "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "machine": platform.processor() or platform.machine()}  # fmt: skip
+    rows = []
+    for n in args.n:
+        q, k, v = (torch.randn(args.batch, n, args.width, generator=g).requires_grad_(not args.forward_only) for _ in range(3))
+        steps = {name: _step(libs[name], q, k, v, args.alpha, not args.forward_only) for name in names}
+        load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
+        print(f"N = {n}: {args.rounds} rounds × {len(names)} builds …", flush=True)
+        times = _time_rounds(steps, args.rounds, args.calls)
+        base = times[names[0]]
+        for name, march, defines in args.variant:
+            ratios = sorted(a / b for a, b in zip(times[name], base, strict=True))
+            quarter = len(ratios) // 4
+            rows.append({"variant": name, "march": march, "defines": " ".join(f"{k}={v}" for k, v in defines.items()),
+                         "N": n, "ms_median": 1e3 * statistics.median(times[name]),
+                         "ratio_to_first": statistics.median(ratios), "ratio_q1": ratios[quarter],
+                         "ratio_q3": ratios[-1 - quarter], "load_1m": load, **meta})  # fmt: skip
+    table = pd.DataFrame(rows)
+    shown = ["variant", "march", "defines", "N", "ms_median", "ratio_to_first", "ratio_q1", "ratio_q3"]
+    print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, index=False)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""``benchmarks/cpu_build_ab.py``: builds of the CPU kernels timed against each other in one process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "cpu_build_ab.py")
+HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=ROOT, **env))  # fmt: skip
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
+def test_every_build_is_timed_at_every_n_against_the_first(tmp_path):
+    out = tmp_path / "ab.csv"
+    done = _run("--variant", "base=native", "--variant", "mr2=native:MR=2", "--n", "12", "40", "--batch", "2",
+                "--rounds", "2", "--calls", "1", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(out)
+    assert list(zip(table["variant"], table["N"], strict=True)) == [("base", 12), ("mr2", 12), ("base", 40), ("mr2", 40)]
+    assert (table.loc[table["variant"] == "base", "ratio_to_first"] == 1.0).all()
+    assert (table["ms_median"] > 0).all() and (table["ratio_to_first"] > 0).all()
+    assert list(table.loc[table["variant"] == "mr2", "defines"]) == ["MR=2", "MR=2"]
+    assert table["torch_cpu_isa"].notna().all()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--variant", "a=native"], "at least two"),
+        (["--variant", "a=native", "--variant", "a=native"], "different names"),
+        (["--variant", "a", "--variant", "b=native"], "NAME=MARCH"),
+        (["--variant", "a=native:MR=x", "--variant", "b=native"], "NAME=INT"),
+        (["--variant", "a=native;ls", "--variant", "b=native"], "not a -march name"),
+        (["--variant", "a=native:mr=3", "--variant", "b=native"], "upper-case name"),
+    ],
+)
+def test_a_bad_variant_is_one_line_and_exit_2(tmp_path, args, says):
+    out = tmp_path / "x.csv"
+    done = _run(*args, "--out", str(out))
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_turned_off_kernels_are_one_line_and_exit_2(tmp_path):
+    done = _run("--variant", "a=native", "--variant", "b=native", "--out", str(tmp_path / "x.csv"), OSA_LAB_CPU_KERNELS="0")
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "turned off" in done.stderr
