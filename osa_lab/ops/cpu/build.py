@@ -12,6 +12,9 @@ keep the PyTorch path, and :func:`status` says why (the benchmarks record it bes
 ``x86-64-v3`` builds the AVX2 kernels on an AVX-512 machine, the way the benchmarks measure the
 8-float build without an AVX2 machine. A value that is not a plain ``-march`` name, or that the
 compiler refuses, leaves the PyTorch path, and :func:`status` says so.
+:func:`compile_library` builds a separate copy (another target, other register blocks) and
+:func:`using_library` has the callers take it for a block: how builds are timed against each
+other in one process.
 """
 
 from __future__ import annotations
