@@ -7,7 +7,9 @@ same process, round after round, the order reversed every other round. Each buil
 ``--variant NAME=MARCH[:DEFINE=INT,…]``: the ``-march`` target and the register blocks set by
 ``-D`` (the ``#ifndef`` blocks of ``osa_lab/ops/cpu/*.c``: ``MR`` for the small-N action;
 ``TN_ROWS``, ``TN_VECS``, ``NN_ROWS``, ``NN_VECS``, ``CORE_ROWS``, ``CORE_VECS`` for the Gram
-engine's passes and the core). The first variant is the baseline of the ratios.
+engine's passes and the core). The first variant is the baseline of the ratios. Before timing,
+every build's output (and gradients) is compared with the first build's: a build that computes
+something else is not timed.
 
     python benchmarks/cpu_build_ab.py --n 20 49 --variant native=native --variant avx2=x86-64-v3 \\
         --variant avx2_mr3=x86-64-v3:MR=3 --out bench_results/cpu_build_ab.csv
@@ -34,6 +36,10 @@ import osa_lab
 from osa_lab.arguments import check_output_file, positive_int
 from osa_lab.errors import MethodUnavailableError, is_user_error
 from osa_lab.ops.cpu import build
+
+#: Largest relative difference of a build's output and gradients from the first build's; the
+#: builds sum in the same order, so correct builds agree far below this.
+SAME_RESULT = 1e-4
 
 
 def _variant(text: str) -> tuple[str, str, dict[str, int]]:
@@ -85,6 +91,22 @@ def _step(lib, q, k, v, alpha: float, backward: bool):
     return run
 
 
+def _result(lib, q, k, v, alpha: float, backward: bool) -> list[torch.Tensor]:
+    """The output (and the gradients of q, k, v) of one call with ``lib``."""
+    _step(lib, q, k, v, alpha, backward)()
+    with torch.no_grad(), build.using_library(lib):
+        y = osa_lab.osa(q.detach(), k.detach(), v.detach(), alpha)
+    return [y, *([t.grad.clone() for t in (q, k, v)] if backward else [])]
+
+
+def _largest_difference(first: list[torch.Tensor], other: list[torch.Tensor]) -> float:
+    """The largest relative difference ‖a − b‖ / ‖b‖ over the results (float64 norms)."""
+    return max(
+        float(torch.linalg.vector_norm((a - b).double()) / torch.linalg.vector_norm(b.double()).clamp_min(1e-300))
+        for a, b in zip(other, first, strict=True)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", type=_variant, action="append", required=True,
@@ -119,11 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     meta = {"threads": args.threads, "batch": args.batch, "width": args.width, "alpha": args.alpha,
-            "backward": not args.forward_only, "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__, "machine": platform.processor() or platform.machine()}  # fmt: skip
+            "backward": not args.forward_only, "rounds": args.rounds, "calls": args.calls,
+            "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine()}  # fmt: skip
     rows = []
     for n in args.n:
         q, k, v = (torch.randn(args.batch, n, args.width, generator=g).requires_grad_(not args.forward_only) for _ in range(3))
+        # a build that computes something else (a register block the code does not handle) is not timed
+        first = _result(libs[names[0]], q, k, v, args.alpha, not args.forward_only)
+        for name in names[1:]:
+            difference = _largest_difference(first, _result(libs[name], q, k, v, args.alpha, not args.forward_only))
+            if not difference <= SAME_RESULT:
+                print(f"error: build {name!r} differs from {names[0]!r} at N = {n} (relative difference "
+                      f"{difference:.2e} > {SAME_RESULT:g}): not timed", file=sys.stderr)  # fmt: skip
+                return 2
         steps = {name: _step(libs[name], q, k, v, args.alpha, not args.forward_only) for name in names}
         load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
         print(f"N = {n}: {args.rounds} rounds × {len(names)} builds …", flush=True)
@@ -132,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, march, defines in args.variant:
             ratios = sorted(a / b for a, b in zip(times[name], base, strict=True))
             quarter = len(ratios) // 4
+            with build.using_library(libs[name]):
+                status = build.status()
             rows.append({"variant": name, "march": march, "defines": " ".join(f"{k}={v}" for k, v in defines.items()),
+                         "cpu_kernels": status,
                          "N": n, "ms_median": 1e3 * statistics.median(times[name]),
                          "ratio_to_first": statistics.median(ratios), "ratio_q1": ratios[quarter],
                          "ratio_q3": ratios[-1 - quarter], "load_1m": load, **meta})  # fmt: skip

@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         prov = csv_columns(vars(args))
     except ImportError:  # pragma: no cover
         prov = {k: str(v) for k, v in machine_info().items()}
+    # the kernels' build and torch's instruction set (ATEN_CPU_CAPABILITY can lower it) beside the figures
+    prov.update(cpu_kernels=cpu_kernels.status(), torch_cpu_isa=torch.backends.cpu.get_cpu_capability())
     table = emit_table(rows, None, title=f"training step, batch {args.batch}, {args.threads} thread(s)")
     out = table.assign(**prov)  # provenance goes to the CSV only; stdout keeps the readable table
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

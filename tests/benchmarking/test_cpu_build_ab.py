@@ -16,8 +16,9 @@ HAVE_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {key: value for key, value in os.environ.items() if not key.startswith("OSA_LAB_CPU_")}
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=ROOT, **env))  # fmt: skip
+                          env=dict(base, PYTHONPATH=ROOT, **env))  # fmt: skip
 
 
 @pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
@@ -31,7 +32,24 @@ def test_every_build_is_timed_at_every_n_against_the_first(tmp_path):
     assert (table.loc[table["variant"] == "base", "ratio_to_first"] == 1.0).all()
     assert (table["ms_median"] > 0).all() and (table["ratio_to_first"] > 0).all()
     assert list(table.loc[table["variant"] == "mr2", "defines"]) == ["MR=2", "MR=2"]
-    assert table["torch_cpu_isa"].notna().all()
+    assert all("-DMR=2" in status for status in table.loc[table["variant"] == "mr2", "cpu_kernels"])
+    assert table["torch_cpu_isa"].notna().all() and set(table["rounds"]) == {2} and set(table["calls"]) == {1}
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
+def test_a_build_that_computes_something_else_is_not_timed(tmp_path, monkeypatch, capsys):
+    """Before timing, every build's output and gradients are compared with the first build's."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    try:
+        import cpu_build_ab
+    finally:
+        sys.path.remove(os.path.dirname(SCRIPT))
+    monkeypatch.setattr(cpu_build_ab, "_largest_difference", lambda first, other: 0.5)
+    out = tmp_path / "ab.csv"
+    code = cpu_build_ab.main(["--variant", "a=native", "--variant", "b=native:MR=2", "--n", "12", "--batch", "2",
+                              "--rounds", "1", "--calls", "1", "--out", str(out)])  # fmt: skip
+    assert code == 2 and "differs from 'a'" in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -42,7 +60,8 @@ def test_every_build_is_timed_at_every_n_against_the_first(tmp_path):
         (["--variant", "a", "--variant", "b=native"], "NAME=MARCH"),
         (["--variant", "a=native:MR=x", "--variant", "b=native"], "NAME=INT"),
         (["--variant", "a=native;ls", "--variant", "b=native"], "not a -march name"),
-        (["--variant", "a=native:mr=3", "--variant", "b=native"], "upper-case name"),
+        (["--variant", "a=native:mr=3", "--variant", "b=native"], "not a register block"),
+        (["--variant", "a=native:TN_ROWS=3", "--variant", "b=native"], "must divide 16"),
     ],
 )
 def test_a_bad_variant_is_one_line_and_exit_2(tmp_path, args, says):

@@ -28,6 +28,7 @@ def test_processes_repeat_the_measurement_and_report_the_spread(tmp_path):
     rows = pd.read_csv(out)
     assert sorted(set(rows["process"])) == [1, 2]
     assert len(rows) == 2 * 4  # vit, skipless-ssa, skipless-osa auto, exp(S) skipped; per process
+    assert rows["cpu_kernels"].notna().all() and rows["torch_cpu_isa"].notna().all()  # what ran, beside the figures
     spread = pd.read_csv(tmp_path / "tt_spread.csv", keep_default_na=False)
     assert len(spread) == 4 and set(spread["processes"]) == {2}
     for _, row in spread.iterrows():

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,8 @@ import torch
 
 import osa_lab
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
-from osa_lab.ops import cpu
 from osa_lab.ops.cpu import build
+from osa_lab.ops.cpu import kernels as cpu_kernels
 from tests.helpers import rel_err
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +33,14 @@ pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the ke
 
 _REPORT = """
 import json
-from osa_lab.ops.cpu import build
+import torch
+from osa_lab.ops.cpu import build, core_kernels, gram_kernels
 lib = build.library()
 print(json.dumps({"status": build.status(), "built": lib is not None,
                   "floats": lib.osa_gram_vector_floats() if lib else None,
-                  "doubles": lib.osa_core_vector_doubles() if lib else None}))
+                  "doubles": lib.osa_core_vector_doubles() if lib else None,
+                  "token_passes": gram_kernels.usable(torch.ones(2, 40, 16)),
+                  "core_products": core_kernels.usable(torch.ones(2, 16, 16, dtype=torch.float64))}))
 """
 
 
@@ -82,6 +86,17 @@ def test_a_target_the_compiler_refuses_is_not_replaced_by_another():
 
 
 AVX2_MACHINE = {"avx2", "fma"} <= _cpu_flags()
+X86_64 = "lm" in _cpu_flags()  # any x86-64 CPU runs the generic x86-64 build
+
+
+@pytest.mark.skipif(not X86_64, reason="not an x86-64 CPU")
+def test_a_build_without_hardware_vectors_keeps_the_torch_passes():
+    """The generic x86-64 build (SSE2: the kernels' vectors emulated) says 0 floats and 0 doubles
+    per vector, and the token passes and core products refuse every tensor there."""
+    report = _report("x86-64")
+    assert report["built"] and "-march=x86-64 " in report["status"] + " ", report
+    assert (report["floats"], report["doubles"]) == (0, 0), report
+    assert not report["token_passes"] and not report["core_products"], report
 
 
 @pytest.mark.skipif(not AVX2_MACHINE, reason="this CPU cannot run an AVX2 build")
@@ -89,6 +104,7 @@ def test_the_avx2_build_has_8_float_vectors_and_passes_the_kernel_tests():
     report = _report("x86-64-v3")
     assert report["built"] and "-march=x86-64-v3" in report["status"], report
     assert (report["floats"], report["doubles"]) == (8, 4), report
+    assert report["token_passes"] and report["core_products"], report
     files = ["tests/ops/test_cpu_gram_kernels.py", "tests/ops/test_cpu_core_products.py", "tests/ops/test_cpu_kernels.py"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *files],
@@ -103,25 +119,49 @@ def test_the_avx2_build_has_8_float_vectors_and_passes_the_kernel_tests():
     assert all("small-N action runs for" in line for line in skips), skips
 
 
-def test_compile_library_refuses_names_it_would_not_pass_to_the_compiler():
-    with pytest.raises(ConfigurationError, match="not a -march name"):
-        build.compile_library("native -O0")
-    with pytest.raises(ConfigurationError, match="upper-case name and an integer"):
-        build.compile_library("native", {"MR;x": 3})
-    with pytest.raises(ConfigurationError, match="upper-case name and an integer"):
-        build.compile_library("native", {"MR": "3"})
+@pytest.mark.parametrize(
+    ("march", "defines", "says"),
+    [
+        ("native -O0", None, "not a -march name"),
+        ("native", {"MR;x": 3}, "not a register block"),
+        ("native", {"VW": 4}, "not a register block"),
+        ("native", {"MR": "3"}, "integer from 1 to 16"),
+        ("native", {"MR": 0}, "integer from 1 to 16"),
+        ("native", {"TN_VECS": 9}, "integer from 1 to 8"),
+        ("native", {"TN_ROWS": 3}, "must divide 16"),
+        ("native", {"CORE_ROWS": 16}, "must divide 8"),
+        ("native", {"CORE_ROWS": 6}, "must divide 8"),
+    ],
+)
+def test_compile_library_refuses_what_it_would_not_build(march, defines, says):
+    with pytest.raises(ConfigurationError, match=says):
+        build.compile_library(march, defines)
+
+
+def test_compile_library_says_why_the_compiler_refused():
     with pytest.raises(MethodUnavailableError, match="no-such-cpu-kind"):
         build.compile_library("no-such-cpu-kind")
 
 
-def test_using_library_switches_the_kernels_for_the_block_only():
-    """A second build with another register block (MR = 2) computes the small-N action to float32
-    rounding of the default build, and the default build is back after the block."""
+def test_using_library_takes_only_a_compiled_library():
+    with pytest.raises(ConfigurationError, match="compile_library"):
+        with build.using_library(object()):
+            pass
+
+
+def test_using_library_switches_the_kernels_for_the_block_and_thread_only(monkeypatch):
+    """Inside the block the small-N kernels' forward and backward take the other build (spied),
+    status() names it, another thread keeps the default, and the results agree with the default
+    build's to float32 rounding (the builds differ in register blocks, not in the order of sums)."""
     default = build.library()
     if default is None:
         pytest.skip(f"CPU kernels: {build.status()}")
     other = build.compile_library(defines={"MR": 2})
     assert other is not default
+    taken: list = []
+    for name in ("library", "built_library"):
+        real = getattr(cpu_kernels, name)
+        monkeypatch.setattr(cpu_kernels, name, lambda real=real: taken.append(real()) or taken[-1])
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(6, 20, 16, generator=g, requires_grad=True) for _ in range(3))
 
@@ -133,11 +173,19 @@ def test_using_library_switches_the_kernels_for_the_block_only():
         return y.detach(), [t.grad.clone() for t in (q, k, v)]
 
     y0, g0 = forward_backward()
+    assert taken and all(lib is default for lib in taken)
+    taken.clear()
+    seen_by_thread = []
     with build.using_library(other) as lib:
         assert lib is other and build.library() is other and build.built_library() is other
-        assert cpu.usable(q, k, v)  # the small-N kernels run (from `other`)
+        assert "-DMR=2" in build.status() and "using_library" in build.status()
         y1, g1 = forward_backward()
-    assert build.library() is default
+        thread = threading.Thread(target=lambda: seen_by_thread.append(build.library()))
+        thread.start()
+        thread.join()
+    assert taken and all(lib is other for lib in taken), "the kernels did not take the other build"
+    assert seen_by_thread == [default]
+    assert build.library() is default and "using_library" not in build.status()
     assert rel_err(y1, y0) < 1e-5
     for a, b in zip(g1, g0, strict=True):
         assert rel_err(a, b) < 1e-5

@@ -5,8 +5,9 @@ low-rank OSA, output and gradients, with the kernels and on the torch path (``OS
 against float64 dense ``torch.linalg.matrix_exp``.
 
 The kernels are built by the machine's C compiler; without one these tests are skipped. The passes
-themselves are tested on any build; osa() takes them only from a build with hardware vectors
-(AVX-512 or AVX2 with FMA, ``gram_kernels.usable``), so the tests of that choice run there.
+run, and are tested, only on a build with hardware vectors (AVX-512 or AVX2 with FMA,
+``gram_kernels.usable``); on another build they refuse every tensor, and osa() keeps the torch
+path (tests/ops/test_cpu_builds.py checks that on a generic x86-64 build).
 tests/ops/test_cpu_builds.py runs this file again on the AVX2 build (``OSA_LAB_CPU_MARCH``).
 """
 
@@ -44,6 +45,7 @@ def _tokens(b: int, n: int, widths: tuple[int, ...], seed: int) -> list[torch.Te
     return [torch.randn(b, n, w, generator=g) for w in widths]
 
 
+@needs_vector_build
 @pytest.mark.parametrize(("b", "n"), [(1, 1), (3, 17), (2, 700), (5, 256), (1, 3000)])
 @pytest.mark.parametrize(("r", "d"), [(16, 16), (64, 64), (32, 48)])
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
@@ -64,6 +66,7 @@ def test_transposed_products_match_float64(b, n, r, d, nthreads, torch_threads_f
     assert torch.equal(top[..., :r], top[..., :r].mT) and torch.equal(bottom[..., :r], bottom[..., :r].mT)
 
 
+@needs_vector_build
 @pytest.mark.parametrize("firsts", [(0,), (1,), (2,), (0, 0), (1, 1), (0, 2), (2, 2)])
 @pytest.mark.parametrize("nthreads", [1, 5])
 def test_transposed_products_for_every_choice_of_firsts(firsts, nthreads, torch_threads_for_test):
@@ -76,6 +79,7 @@ def test_transposed_products_for_every_choice_of_firsts(firsts, nthreads, torch_
         assert out.shape == want.shape and rel_err(out, want) < 1e-5, (a, lo)
 
 
+@needs_vector_build
 def test_token_passes_read_expanded_views():
     """A view with a zero stride (an expanded v or gY) is read in place."""
     q, k = _tokens(2, 300, (16, 16), seed=5)
@@ -88,6 +92,7 @@ def test_token_passes_read_expanded_views():
     assert rel_err(out, v + torch.cat([q, k], -1) @ c) < 1e-5
 
 
+@needs_vector_build
 def test_an_empty_batch_gives_empty_results():
     q, k, v = (torch.randn(0, 300, w) for w in (16, 16, 32))
     g, p = expm.gram_and_projection(q, k, v)
@@ -95,6 +100,7 @@ def test_an_empty_batch_gives_empty_results():
     assert expm.gram_output(q, k, torch.randn(0, 32, 32), v).shape == (0, 300, 32)
 
 
+@needs_vector_build
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
 def test_transposed_products_of_a_later_view_only(nthreads, torch_threads_for_test):
     """``firsts = (2, 2)``: ``qᵀ g`` and ``kᵀ g``, the backward's ``gC = Uᵀ gY``."""
@@ -105,6 +111,7 @@ def test_transposed_products_of_a_later_view_only(nthreads, torch_threads_for_te
     assert rel_err(out_k.double(), k.double().mT @ g.double()) < 1e-5
 
 
+@needs_vector_build
 @pytest.mark.parametrize(("b", "n"), [(1, 1), (3, 17), (2, 700), (1, 3001)])
 @pytest.mark.parametrize("terms", [1, 2, 4])
 @pytest.mark.parametrize("add", [True, False])
@@ -127,6 +134,7 @@ def test_token_products_match_float64(b, n, terms, add, nthreads, d, torch_threa
         assert torch.allclose(squares, xs[-1].double().pow(2).sum((-2, -1)), rtol=1e-6)
 
 
+@needs_vector_build
 def test_kernels_read_and_write_head_split_views():
     """A layer's q, k, v are head-split views of one projection; the output a merged-heads view."""
     b, n, heads, width = 2, 300, 4, 32
@@ -187,6 +195,7 @@ def test_usable_is_false_when_the_kernels_are_turned_off(monkeypatch):
     assert not gram_kernels.usable(torch.randn(2, 9, 16))
 
 
+@needs_vector_build
 def test_bad_arguments_raise_a_clear_error():
     q = torch.randn(2, 9, 16)
     with pytest.raises(OSAInputError, match="does not fit"):

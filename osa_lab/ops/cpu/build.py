@@ -20,6 +20,7 @@ other in one process.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import functools
 import os
@@ -29,7 +30,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
@@ -42,7 +43,15 @@ BUILD_TIMEOUT_S = 120
 
 _COMMON_FLAGS = ["-std=gnu11", "-shared", "-fPIC", "-pthread"]
 _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-_DEFINE_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+
+#: The register blocks a build may set (``compile_library``'s ``defines``): name → what the
+#: value must divide (None: any value from 1 to 16). ``MR``: rows of the small-N action's blocks;
+#: ``TN_*``, ``NN_*``: the Gram engine's transposed and plain token products; ``CORE_*``: the
+#: core's float64 products. The sources check the same with ``#error``.
+REGISTER_BLOCKS: dict[str, int | None] = {
+    "MR": None, "TN_ROWS": 16, "TN_VECS": None, "NN_ROWS": None, "NN_VECS": None, "CORE_ROWS": 8, "CORE_VECS": None,
+}
+_MAX_BLOCK = {"TN_VECS": 8, "NN_VECS": 8, "CORE_VECS": 8}
 
 _state: dict[str, str] = {"status": "not built yet"}
 
@@ -175,57 +184,80 @@ def compile_library(march: str | None = None, defines: Mapping[str, int] | None 
     ``{"MR": 3}``; the names are the ``#ifndef`` blocks of the sources). Compiled from the
     package's own source into a private directory, like the default build.
 
-    Raises ConfigurationError for a ``march`` or a define that is not a plain name and integer, and
-    MethodUnavailableError where the compiler is missing or refuses the build."""
+    Raises ConfigurationError for a ``march`` that is not a ``-march`` name or a define that is not
+    one of :data:`REGISTER_BLOCKS` with a value it allows, and MethodUnavailableError where the
+    compiler is missing or refuses the build."""
     march = target_arch() if march is None else march
     problem = _march_problem(march)
     if problem:
         raise ConfigurationError(f"compile_library: march {problem}")
-    flags = []
-    for name, value in (defines or {}).items():
-        if not (_DEFINE_NAME.fullmatch(str(name)) and isinstance(value, int) and not isinstance(value, bool)):
-            raise ConfigurationError(f"compile_library: define {name!r}={value!r} is not an upper-case name and an integer")
-        flags.append(f"-D{name}={value}")
+    flags = [_define_flag(name, value) for name, value in (defines or {}).items()]
     compiler = _compiler()
     if shutil.which(compiler[0]) is None:
         raise MethodUnavailableError(f"compile_library: no C compiler ({compiler[0]!r} not found); set $CC")
-    lib, said = _compile_and_load(compiler, [["-O3", f"-march={march}", "-fopenmp", *flags, *_COMMON_FLAGS]])
+    with_omp = ["-O3", f"-march={march}", "-fopenmp", *flags, *_COMMON_FLAGS]
+    lib, said = _compile_and_load(compiler, [with_omp, [f for f in with_omp if f != "-fopenmp"]])
     if lib is None:
         raise MethodUnavailableError(f"compile_library: the build for -march={march} failed ({said})")
+    _compiled.append((lib, said))  # kept alive: using_library and status() look libraries up here
     return lib
 
 
-_overrides: list[ctypes.CDLL] = []
+def _define_flag(name: object, value: object) -> str:
+    known = ", ".join(REGISTER_BLOCKS)
+    if name not in REGISTER_BLOCKS:
+        raise ConfigurationError(f"compile_library: {name!r} is not a register block of the kernels (known: {known})")
+    most = _MAX_BLOCK.get(str(name), 16)
+    divides = REGISTER_BLOCKS[str(name)]
+    if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most):
+        raise ConfigurationError(f"compile_library: {name}={value!r} must be an integer from 1 to {most}")
+    if divides and divides % value:
+        raise ConfigurationError(f"compile_library: {name}={value} must divide {divides}")
+    return f"-D{name}={value}"
+
+
+_compiled: list[tuple[ctypes.CDLL, str]] = []
+_override: contextvars.ContextVar[ctypes.CDLL | None] = contextvars.ContextVar("osa_lab_cpu_library", default=None)
 
 
 @contextlib.contextmanager
-def using_library(lib: ctypes.CDLL):
+def using_library(lib: ctypes.CDLL) -> Iterator[ctypes.CDLL]:
     """Inside the block the callers take ``lib`` (from :func:`compile_library`) as the kernels,
-    where they would take the default build; ``OSA_LAB_CPU_KERNELS=0`` still turns them off.
-    For benchmarks that time builds against each other in one process."""
-    _overrides.append(lib)
+    where they would take the default build, and :func:`status` names it; ``OSA_LAB_CPU_KERNELS=0``
+    still turns them off. The choice belongs to the calling thread (a context variable): run the
+    forward and its backward inside the block. For benchmarks that time builds against each other
+    in one process."""
+    if not any(lib is known for known, _ in _compiled):
+        raise ConfigurationError("using_library takes a library from compile_library")
+    token = _override.set(lib)
     try:
         yield lib
     finally:
-        _overrides.pop()
+        _override.reset(token)
 
 
 def built_library() -> ctypes.CDLL | None:
     """The kernels, built on the first call, whatever ``OSA_LAB_CPU_KERNELS`` says now (for calls
     that follow a forward which used them); None where they cannot be built."""
-    return _overrides[-1] if _overrides else _build()
+    override = _override.get()
+    return override if override is not None else _build()
 
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, built on the first call; None where they are turned off or cannot be built."""
     if not enabled():
         return None
-    return _overrides[-1] if _overrides else _build()
+    override = _override.get()
+    return override if override is not None else _build()
 
 
 def status() -> str:
     """One line: whether the CPU kernels are in use, and if not, why."""
     if not enabled():
         return "turned off (OSA_LAB_CPU_KERNELS=0): PyTorch path"
+    override = _override.get()
+    if override is not None:
+        said = next(flags for known, flags in _compiled if known is override)
+        return f"built with {said} (compile_library, in using_library)"
     library()
     return _state["status"]

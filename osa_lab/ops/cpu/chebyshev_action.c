@@ -49,23 +49,26 @@ static inline int up8(int n) { return (n + 7) & ~7; }
 #define MR 4
 #endif
 #endif
+#if MR < 1 || MR > 16
+#error "register blocks: MR must be 1-16"
+#endif
 
 #define DEFINE_BLOCK(NAME, ROWS, NR)                                                               \
     static inline void NAME(int K, const float *A, int lda, int sak, float alpha,  \
                                            const float *B, int ldb, float *C, int ldc)              \
     {                                                                                              \
         v8 acc[ROWS][NR];                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
+        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                     \
             _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) acc[r][n] = (v8){0};              \
         for (int k = 0; k < K; ++k, B += ldb) {                                                   \
             v8 b[NR];                                                                              \
             _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) b[n] = LD(B + 8 * n);             \
-            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r) {                               \
+            _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r) {                               \
                 float s = A[(int64_t)r * lda + (int64_t)k * sak];                                  \
                 _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) acc[r][n] += s * b[n];       \
             }                                                                                      \
         }                                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
+        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                     \
             _Pragma("GCC unroll 3") for (int n = 0; n < NR; ++n) {                                 \
                 float *cp = C + (int64_t)r * ldc + 8 * n;                                          \
                 ST(cp, LD(cp) + alpha * acc[r][n]);                                                \

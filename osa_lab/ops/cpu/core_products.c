@@ -31,6 +31,10 @@
 #ifndef CORE_VECS
 #define CORE_VECS CORE_VECS_BUILD
 #endif
+/* The Python side passes sizes that are multiples of 8 (core_kernels.SIZE_MULTIPLE). */
+#if CORE_ROWS < 1 || 8 % CORE_ROWS || CORE_VECS < 1 || CORE_VECS > 8
+#error "register blocks: CORE_ROWS must divide 8; CORE_VECS 1-8"
+#endif
 
 typedef double dvec __attribute__((vector_size(8 * DW)));
 typedef double dvecu __attribute__((vector_size(8 * DW), aligned(8)));

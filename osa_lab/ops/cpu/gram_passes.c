@@ -58,6 +58,10 @@
 #ifndef NN_VECS
 #define NN_VECS NN_VECS_BUILD
 #endif
+/* Widths are multiples of 16, and the transposed product has no remainder loop over its rows. */
+#if TN_ROWS < 1 || 16 % TN_ROWS || TN_VECS < 1 || TN_VECS > 8 || NN_ROWS < 1 || NN_ROWS > 16 || NN_VECS < 1 || NN_VECS > 8
+#error "register blocks: TN_ROWS must divide 16; TN_VECS and NN_VECS 1-8; NN_ROWS 1-16"
+#endif
 #define TN_CHUNK 256
 
 typedef float vec __attribute__((vector_size(4 * VW)));
@@ -82,20 +86,20 @@ static inline float *row_of(const tview_t *t, int b, int64_t i) { return t->base
                             const int64_t *ldb, float *out, int ldo)                              \
     {                                                                                              \
         vec acc[ROWS][NV];                                                                         \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) acc[r][n] = (vec){0};             \
+        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                     \
+            _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) acc[r][n] = (vec){0};             \
         const float *b[NV];                                                                        \
-        _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) b[n] = bp[n];                        \
+        _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) b[n] = bp[n];                        \
         for (int k = 0; k < K; ++k, a += lda) {                                                    \
             vec x[NV];                                                                             \
-            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) { x[n] = LDU(b[n]); b[n] += ldb[n]; } \
-            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r) {                               \
+            _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) { x[n] = LDU(b[n]); b[n] += ldb[n]; } \
+            _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r) {                               \
                 const float s = a[r];                                                              \
-                _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) acc[r][n] += s * x[n];        \
+                _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) acc[r][n] += s * x[n];        \
             }                                                                                      \
         }                                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) {                                 \
+        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                     \
+            _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) {                                 \
                 float *o = out + (int64_t)r * ldo + VW * n;                                        \
                 STU(o, LDU(o) + acc[r][n]);                                                        \
             }                                                                                      \
@@ -202,13 +206,13 @@ static void *tn_range(void *arg)
                             double *x_sq)                                                          \
     {                                                                                              \
         vec acc[ROWS][NV];                                                                         \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n)                                   \
+        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                     \
+            _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n)                                   \
                 acc[r][n] = x ? LDU(x[r] + VW * n) : (vec){0};                                     \
         if (x && x_sq) {                                                                           \
             vec sq = {0};                                                                          \
-            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                 \
-                _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) sq += acc[r][n] * acc[r][n];  \
+            _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                 \
+                _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) sq += acc[r][n] * acc[r][n];  \
             double total = 0.0;                                                                    \
             for (int l = 0; l < VW; ++l) total += sq[l];                                           \
             *x_sq += total;                                                                        \
@@ -217,15 +221,15 @@ static void *tn_range(void *arg)
             const float *cs = c[s];                                                                \
             for (int i = 0; i < w[s]; ++i, cs += d) {                                              \
                 vec cv[NV];                                                                        \
-                _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) cv[n] = LDU(cs + VW * n);     \
-                _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r) {                           \
+                _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) cv[n] = LDU(cs + VW * n);     \
+                _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r) {                           \
                     const float t = a[s][r][i];                                                    \
-                    _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) acc[r][n] += t * cv[n];   \
+                    _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) acc[r][n] += t * cv[n];   \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; ++r)                                     \
-            _Pragma("GCC unroll 8") for (int n = 0; n < NV; ++n) STU(y[r] + VW * n, acc[r][n]);    \
+        _Pragma("GCC unroll 16") for (int r = 0; r < ROWS; ++r)                                     \
+            _Pragma("GCC unroll 16") for (int n = 0; n < NV; ++n) STU(y[r] + VW * n, acc[r][n]);    \
     }
 
 DEFINE_NN(nn_full, NN_ROWS, NN_VECS)
