@@ -34,7 +34,9 @@ import torch
 
 import osa_lab
 from osa_lab.arguments import check_output_file, positive_int
+from osa_lab.benchmarking.timing import emit_table
 from osa_lab.errors import MethodUnavailableError, is_user_error
+from osa_lab.fileio import atomic_to_csv
 from osa_lab.ops.cpu import build
 
 #: Largest relative difference of a build's output and gradients from the first build's; the
@@ -172,10 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio_q3": ratios[-1 - quarter], "load_1m": load, **meta})  # fmt: skip
     table = pd.DataFrame(rows)
     shown = ["variant", "march", "defines", "N", "ms_median", "ratio_to_first", "ratio_q1", "ratio_q3"]
-    print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False)
-    print(f"wrote {out}")
+    emit_table(table[shown], None, title=f"osa() per call, ratios to {names[0]!r} (median, IQR)")
+    print(f"wrote {atomic_to_csv(table, out)}")  # every column, the builds' status among them
     return 0
 
 
