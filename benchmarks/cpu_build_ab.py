@@ -35,7 +35,7 @@ import torch
 import osa_lab
 from osa_lab.arguments import check_output_file, positive_int
 from osa_lab.benchmarking.timing import emit_table
-from osa_lab.errors import MethodUnavailableError, is_user_error
+from osa_lab.errors import ConfigurationError, MethodUnavailableError, is_user_error
 from osa_lab.fileio import atomic_to_csv
 from osa_lab.ops.cpu import build
 
@@ -109,6 +109,42 @@ def _largest_difference(first: list[torch.Tensor], other: list[torch.Tensor]) ->
     )
 
 
+def _measure(args: argparse.Namespace, libs: dict) -> list[dict]:
+    """One row per build and N: the per-call time and the per-round ratios to the first build."""
+    names = list(libs)
+    g = torch.Generator().manual_seed(0)
+    meta = {"threads": args.threads, "batch": args.batch, "width": args.width, "alpha": args.alpha,
+            "backward": not args.forward_only, "rounds": args.rounds, "calls": args.calls,
+            "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine()}  # fmt: skip
+    rows = []
+    for n in args.n:
+        q, k, v = (torch.randn(args.batch, n, args.width, generator=g).requires_grad_(not args.forward_only) for _ in range(3))
+        # a build that computes something else (a register block the code does not handle) is not timed
+        first = _result(libs[names[0]], q, k, v, args.alpha, not args.forward_only)
+        for name in names[1:]:
+            difference = _largest_difference(first, _result(libs[name], q, k, v, args.alpha, not args.forward_only))
+            if not difference <= SAME_RESULT:
+                raise ConfigurationError(f"build {name!r} differs from {names[0]!r} at N = {n} (relative difference "
+                                         f"{difference:.2e} > {SAME_RESULT:g}): not timed")  # fmt: skip
+        steps = {name: _step(libs[name], q, k, v, args.alpha, not args.forward_only) for name in names}
+        load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
+        print(f"N = {n}: {args.rounds} rounds × {len(names)} builds …", flush=True)
+        times = _time_rounds(steps, args.rounds, args.calls)
+        base = times[names[0]]
+        for name, march, defines in args.variant:
+            ratios = sorted(a / b for a, b in zip(times[name], base, strict=True))
+            quarter = len(ratios) // 4
+            with build.using_library(libs[name]):
+                status = build.status()
+            rows.append({"variant": name, "march": march, "defines": " ".join(f"{k}={v}" for k, v in defines.items()),
+                         "cpu_kernels": status,
+                         "N": n, "ms_median": 1e3 * statistics.median(times[name]),
+                         "ratio_to_first": statistics.median(ratios), "ratio_q1": ratios[quarter],
+                         "ratio_q3": ratios[-1 - quarter], "load_1m": load, **meta})  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", type=_variant, action="append", required=True,
@@ -141,37 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    g = torch.Generator().manual_seed(0)
-    meta = {"threads": args.threads, "batch": args.batch, "width": args.width, "alpha": args.alpha,
-            "backward": not args.forward_only, "rounds": args.rounds, "calls": args.calls,
-            "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine()}  # fmt: skip
-    rows = []
-    for n in args.n:
-        q, k, v = (torch.randn(args.batch, n, args.width, generator=g).requires_grad_(not args.forward_only) for _ in range(3))
-        # a build that computes something else (a register block the code does not handle) is not timed
-        first = _result(libs[names[0]], q, k, v, args.alpha, not args.forward_only)
-        for name in names[1:]:
-            difference = _largest_difference(first, _result(libs[name], q, k, v, args.alpha, not args.forward_only))
-            if not difference <= SAME_RESULT:
-                print(f"error: build {name!r} differs from {names[0]!r} at N = {n} (relative difference "
-                      f"{difference:.2e} > {SAME_RESULT:g}): not timed", file=sys.stderr)  # fmt: skip
-                return 2
-        steps = {name: _step(libs[name], q, k, v, args.alpha, not args.forward_only) for name in names}
-        load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
-        print(f"N = {n}: {args.rounds} rounds × {len(names)} builds …", flush=True)
-        times = _time_rounds(steps, args.rounds, args.calls)
-        base = times[names[0]]
-        for name, march, defines in args.variant:
-            ratios = sorted(a / b for a, b in zip(times[name], base, strict=True))
-            quarter = len(ratios) // 4
-            with build.using_library(libs[name]):
-                status = build.status()
-            rows.append({"variant": name, "march": march, "defines": " ".join(f"{k}={v}" for k, v in defines.items()),
-                         "cpu_kernels": status,
-                         "N": n, "ms_median": 1e3 * statistics.median(times[name]),
-                         "ratio_to_first": statistics.median(ratios), "ratio_q1": ratios[quarter],
-                         "ratio_q3": ratios[-1 - quarter], "load_1m": load, **meta})  # fmt: skip
+    try:
+        rows = _measure(args, libs)
+    except Exception as err:
+        if not is_user_error(err):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     table = pd.DataFrame(rows)
     shown = ["variant", "march", "defines", "N", "ms_median", "ratio_to_first", "ratio_q1", "ratio_q3"]
     emit_table(table[shown], None, title=f"osa() per call, ratios to {names[0]!r} (median, IQR)")
