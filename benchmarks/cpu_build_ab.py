@@ -79,25 +79,24 @@ def _time_rounds(steps: dict, rounds: int, calls: int) -> dict[str, list[float]]
 
 
 def _step(lib, q, k, v, alpha: float, backward: bool):
-    def run():
+    """One timed call with ``lib``: ``osa()``, and its backward where asked; returns the output."""
+    def run() -> torch.Tensor:
         with build.using_library(lib):
-            if backward:
-                for t in (q, k, v):
-                    t.grad = None
-                y = osa_lab.osa(q, k, v, alpha)
-                y.backward(torch.ones_like(y))
-            else:
+            if not backward:
                 with torch.no_grad():
-                    osa_lab.osa(q, k, v, alpha)
+                    return osa_lab.osa(q, k, v, alpha)
+            for t in (q, k, v):
+                t.grad = None
+            y = osa_lab.osa(q, k, v, alpha)
+            y.backward(torch.ones_like(y))
+            return y.detach()
 
     return run
 
 
 def _result(lib, q, k, v, alpha: float, backward: bool) -> list[torch.Tensor]:
     """The output (and the gradients of q, k, v) of one call with ``lib``."""
-    _step(lib, q, k, v, alpha, backward)()
-    with torch.no_grad(), build.using_library(lib):
-        y = osa_lab.osa(q.detach(), k.detach(), v.detach(), alpha)
+    y = _step(lib, q, k, v, alpha, backward)()
     return [y, *([t.grad.clone() for t in (q, k, v)] if backward else [])]
 
 

@@ -25,12 +25,8 @@ import ctypes
 import json
 import os
 import platform
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +35,7 @@ import torch
 
 import osa_lab
 from osa_lab.arguments import check_output_file, positive_int
+from osa_lab.errors import ConfigurationError, MethodUnavailableError
 from osa_lab.ops import cpu, expm
 from osa_lab.ops.cpu import build
 from osa_lab.ops.expm.core import product_into
@@ -62,24 +59,12 @@ def _paired(fast, slow, repeat: int) -> dict:
 
 
 def _pthread_build() -> ctypes.CDLL | None:
-    """``core_products.c`` built without OpenMP (its own pthreads), in a private directory removed
-    after loading (as osa_lab.ops.cpu.build does); None without a compiler."""
-    compiler = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
-    if shutil.which(compiler[0]) is None:
-        return None
-    workdir = tempfile.mkdtemp(prefix="osa_lab_bench_")
+    """The kernels built without OpenMP (their own pthreads), a separate copy beside the build in
+    use (``build.compile_library``); None where it cannot be built."""
     try:
-        target = Path(workdir) / "pthreads.so"
-        source = Path(build.__file__).with_name("core_products.c")
-        flags = ["-O3", f"-march={build.target_arch()}", "-std=gnu11", "-shared", "-fPIC", "-pthread"]
-        done = subprocess.run([*compiler, *flags, "-o", str(target), str(source)], capture_output=True, timeout=120)
-        if done.returncode != 0:
-            return None
-        lib = ctypes.CDLL(str(target))
-        lib.osa_core_bmm.argtypes = [ctypes.c_int, ctypes.c_int, *[ctypes.c_void_p] * 4, ctypes.c_double, ctypes.c_int]
-        return lib
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        return build.compile_library(openmp=False)
+    except (ConfigurationError, MethodUnavailableError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

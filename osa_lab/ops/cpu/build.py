@@ -81,14 +81,12 @@ def target_arch() -> str:
     return os.environ.get("OSA_LAB_CPU_MARCH", "").strip() or "native"
 
 
-def _flag_sets(march: str) -> list[list[str]]:
-    """Compiler flags in order of preference: OpenMP (the kernels run on torch's own OpenMP
-    threads, threads.h), then without it; for the default target, last a compiler that knows no
-    ``-march=native``. A target the user named is never silently replaced by another."""
-    sets = [["-O3", f"-march={march}", "-fopenmp", *_COMMON_FLAGS], ["-O3", f"-march={march}", *_COMMON_FLAGS]]
-    if march == "native":
-        sets.append(["-O3", *_COMMON_FLAGS])
-    return sets
+def _flag_sets(march: str, extra: list[str] | None = None, openmp: bool = True) -> list[list[str]]:
+    """Compiler flags for ``march`` in order of preference: OpenMP (the kernels run on torch's own
+    OpenMP threads, threads.h), then without it (only without it where ``openmp`` is False);
+    ``extra`` flags in every set. The target itself is never replaced by another."""
+    plain = ["-O3", f"-march={march}", *(extra or []), *_COMMON_FLAGS]
+    return [[*plain[:2], "-fopenmp", *plain[2:]], plain] if openmp else [plain]
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -172,17 +170,22 @@ def _build() -> ctypes.CDLL | None:
     if problem:
         _state["status"] = f"OSA_LAB_CPU_MARCH={problem}: PyTorch path"
         return None
-    lib, said = _compile_and_load(compiler, _flag_sets(march))
+    # the default target only: last, a compiler that knows no -march=native
+    fallback = [["-O3", *_COMMON_FLAGS]] if march == "native" else []
+    lib, said = _compile_and_load(compiler, [*_flag_sets(march), *fallback])
     _state["status"] = f"built with {said}" if lib is not None else f"build failed ({said}): PyTorch path"
     return lib
 
 
-def compile_library(march: str | None = None, defines: Mapping[str, int] | None = None) -> ctypes.CDLL:
+def compile_library(
+    march: str | None = None, defines: Mapping[str, int] | None = None, *, openmp: bool = True
+) -> ctypes.CDLL:
     """A separate build of the kernels, for comparing builds in one process
     (``benchmarks/cpu_build_ab.py``, with :func:`using_library`): for ``march`` (default
-    :func:`target_arch`) with OpenMP, and the register blocks set by ``defines`` (e.g.
-    ``{"MR": 3}``; the names are the ``#ifndef`` blocks of the sources). Compiled from the
-    package's own source into a private directory, like the default build.
+    :func:`target_arch`) with OpenMP where it builds (``openmp=False``: never, the kernels then
+    start their own pthreads), and the register blocks set by ``defines`` (e.g. ``{"MR": 3}``;
+    the names are the ``#ifndef`` blocks of the sources). Compiled from the package's own source
+    into a private directory, like the default build.
 
     Raises ConfigurationError for a ``march`` that is not a ``-march`` name or a define that is not
     one of :data:`REGISTER_BLOCKS` with a value it allows, and MethodUnavailableError where the
@@ -195,8 +198,7 @@ def compile_library(march: str | None = None, defines: Mapping[str, int] | None 
     compiler = _compiler()
     if shutil.which(compiler[0]) is None:
         raise MethodUnavailableError(f"compile_library: no C compiler ({compiler[0]!r} not found); set $CC")
-    with_omp = ["-O3", f"-march={march}", "-fopenmp", *flags, *_COMMON_FLAGS]
-    lib, said = _compile_and_load(compiler, [with_omp, [f for f in with_omp if f != "-fopenmp"]])
+    lib, said = _compile_and_load(compiler, _flag_sets(march, flags, openmp))
     if lib is None:
         raise MethodUnavailableError(f"compile_library: the build for -march={march} failed ({said})")
     _compiled.append((lib, said))  # kept alive: using_library and status() look libraries up here
