@@ -9,6 +9,7 @@ skipped (the PyTorch path then runs everywhere, as the first test checks).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import stat
@@ -324,6 +325,75 @@ def test_kernels_keep_column_norms(r, data, d, scale, seed):
     assert "_OSAChebyshevActionCPUBackward" in autograd_node_names(out)
     col = torch.linalg.vector_norm(v.double(), dim=-2)
     assert torch.allclose(torch.linalg.vector_norm(out.detach().double(), dim=-2), col, rtol=2e-6, atol=1e-6)
+
+
+def _prepared_bounds(q, k, c):
+    """The kernels' prepare: (Sᵀ, each bound with the allowance, matrices squared), and the reference's bounds of Sᵀ."""
+    n = q.shape[-2]
+    st_t, bound, squared = cpu.prepare(q, k, c, expm.small_skew_bound(n, q.dtype))
+    return st_t, expm.skew_bound_with_allowance(bound, n, q.dtype), squared, expm.skew_spectral_bound(st_t.clone())
+
+
+@needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prepare_squares_only_the_matrices_that_can_raise_the_largest_bound(threads, monkeypatch):
+    """Norms spread over three decades: every matrix keeps a valid bound of its ‖S‖₂, the batch's
+    largest is the reference's (every matrix squared), and the kernel squares a few of 256."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(256, 20, 16, generator=g) for _ in range(2))
+    c = torch.logspace(-3, 0, 256)[torch.randperm(256, generator=g)]
+    st_t, bound, squared, ref = _prepared_bounds(q, k, c)
+    true = torch.linalg.matrix_norm(st_t.double(), ord=2)
+    assert bool((bound >= true).all())
+    assert float(bound.max()) == pytest.approx(float(ref.max()), rel=1e-6)
+    assert 1 <= squared <= 16, squared
+
+
+@needs_kernels
+def test_prepare_squares_every_matrix_that_can_matter():
+    """Equal norms (random q, k, one c): the Frobenius bound is loose by 1.1–1.8×, so most matrices
+    are squared; the largest is still the reference's and no bound falls below ‖S‖₂."""
+    g = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(64, 33, 12, generator=g) for _ in range(2))
+    st_t, bound, squared, ref = _prepared_bounds(q, k, torch.full((64,), 0.1))
+    assert bool((bound >= torch.linalg.matrix_norm(st_t.double(), ord=2)).all())
+    assert float(bound.max()) == pytest.approx(float(ref.max()), rel=1e-6)
+    assert squared > 32, squared
+
+
+@needs_kernels
+def test_prepare_keeps_a_non_finite_bound():
+    """NaN in one matrix's q: its bound is NaN, so the batch's largest is (the caller then refuses
+    the degree); an overflowing c gives Inf the same way. The other matrices' bounds stay finite."""
+    q, k = torch.randn(4, 10, 4), torch.randn(4, 10, 4)
+    q[2, 3, 1] = float("nan")
+    _, bound, _, _ = _prepared_bounds(q, k, torch.full((4,), 0.1))
+    assert math.isnan(float(bound[2])) and bool(torch.isfinite(bound[[0, 1, 3]]).all())
+    assert math.isnan(float(bound.max()))
+    _, bound, _, _ = _prepared_bounds(torch.randn(4, 10, 4), k, torch.tensor([0.1, 3e38, 0.1, 0.1]))
+    assert math.isinf(float(bound[1])) and bool(torch.isfinite(bound[[0, 2, 3]]).all())
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 12),
+    n=st.integers(1, 40),
+    r=st.integers(1, 8),
+    spread=st.floats(0.0, 6.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_prepare_bounds_hold_and_their_largest_is_the_references(b, n, r, spread, seed):
+    """For any batch: each bound ≥ ‖S_b‖₂ (float64), and the largest equals the reference's
+    (every matrix squared) to float32 rounding, whatever the spread of norms over the batch."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, n, r, generator=g) for _ in range(2))
+    c = 10.0 ** (-spread * torch.rand(b, generator=g))
+    st_t, bound, squared, ref = _prepared_bounds(q, k, c)
+    assert bool((bound >= torch.linalg.matrix_norm(st_t.double(), ord=2)).all())
+    assert float(bound.max()) == pytest.approx(float(ref.max()), rel=1e-6, abs=1e-30)
+    assert 0 <= squared <= b
 
 
 @needs_kernels

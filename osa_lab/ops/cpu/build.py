@@ -92,7 +92,7 @@ def _flag_sets(march: str, extra: list[str] | None = None, openmp: bool = True) 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i, f, p, n = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64
     view = [p, p, n, n]  # base, per-matrix offsets, row stride, column stride
-    lib.osa_cheb_prepare.argtypes = [i, i, i, *view, *view, p, p, p, p, i]
+    lib.osa_cheb_prepare.argtypes = [i, i, i, *view, *view, p, p, p, ctypes.c_double, p, i]
     lib.osa_cheb_forward.argtypes = [i, i, i, i, p, *view, p, f, p, *view, p, p, i]
     lib.osa_cheb_backward.argtypes = [i, i, i, i, i, p, p, p, f, p, *(view * 6), p, i]
     token = [p, p, n]  # base, per-matrix offsets, row stride (columns contiguous)

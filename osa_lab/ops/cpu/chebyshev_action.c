@@ -7,7 +7,9 @@
  *
  * Per matrix, for S = c (q kᵀ − k qᵀ), st = Sᵀ = c (P − Pᵀ) with P = k qᵀ (exactly skew),
  * X = S/ρ and Z_k = W_kᵀ (d×N):
- *   prepare   st, and ‖st²‖_F², ‖st‖_F² for the spectral bound ((‖S²‖_F²/2)^{1/4} ≥ ‖S‖₂);
+ *   prepare   st, and per matrix a bound of ‖S‖₂: min((‖S²‖_F²/2)^{1/4}, ‖S‖_F/√2), with the N×N×N
+ *             product S² formed only for the matrices whose ‖S‖_F/√2 could exceed the largest
+ *             bound of the batch (the caller takes the batch's largest; see select_squares);
  *   forward   Z_0 = Vᵀ, Z_1 = Z_0 Xᵀ, Z_{k+1} = 2 Z_k Xᵀ + Z_{k−1},  Yᵀ = Σ_k a_k Z_k;
  *   backward  (transposed) Ḡ_mᵀ = a_m Gᵀ, Ḡ_kᵀ = a_k Gᵀ + 2 Ḡ_{k+1}ᵀ X + Ḡ_{k+2}ᵀ (X = −st/ρ),
  *             ∂L/∂V = Ḡ_0, ∂L/∂X = Ḡ_1 W_0ᵀ + 2 Σ_{k=1}^{m−1} Ḡ_{k+1} W_kᵀ (one product of inner
@@ -25,6 +27,7 @@
  * The padding is zero and stays zero, so it changes no sum. Built at first use by
  * osa_lab/ops/cpu/build.py; IEEE arithmetic (no -ffast-math), so NaN and Inf propagate.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +124,7 @@ static void load_padded(const float *src, int N, int Np, float *dst)
     }
 }
 
-enum { PREPARE, FORWARD, BACKWARD };
+enum { PREPARE, SQUARES, FORWARD, BACKWARD };
 
 typedef struct {
     int kind, B, N, d, r, m, nthreads;
@@ -130,7 +133,9 @@ typedef struct {
     const double *coef;   /* a_0 … a_m */
     float rinv;           /* 1/ρ */
     float *st, *zs, *gc;
-    double *d2_sq, *fro_sq, *y_sq, *v_sq;
+    double *bound, *y_sq, *v_sq;
+    double small;         /* prepare: below this (‖S²‖_F²/2)^{1/4} loses its digits; ‖S‖_F/√2 is taken */
+    const int *order;     /* prepare's second phase: the matrices to square, by position */
     int failed;
 } job_t;
 
@@ -143,16 +148,18 @@ static size_t workspace_floats(const job_t *job)
 {
     const size_t N = job->N, Np = up8(job->N), sz = (size_t)up8(job->d) * Np, Rp = up8(2 * job->r);
     switch (job->kind) {
-    case PREPARE: return (size_t)job->r * Np + 3 * N * Np;
+    case PREPARE: return (size_t)job->r * Np + N * Np;
+    case SQUARES: return 2 * N * Np;
     case FORWARD: return N * Np + 2 * sz;
     default: return 2 * N * Np + sz + (size_t)(job->m + 1) * sz + 2 * N * Rp;
     }
 }
 
+/* First phase: st = c (P − Pᵀ), P = k qᵀ, and ‖st‖_F² (float64); bound = ‖S‖_F/√2 for now. */
 static void prepare_range(job_t *job, int first, int last, float *work)
 {
     const int N = job->N, r = job->r, Np = up8(N);
-    float *qt = work, *p = qt + (int64_t)r * Np, *sp = p + (int64_t)N * Np, *s2 = sp + (int64_t)N * Np;
+    float *qt = work, *p = qt + (int64_t)r * Np;
     for (int b = first; b < last; ++b) {
         for (int l = 0; l < r; ++l) {
             for (int j = 0; j < N; ++j) qt[(int64_t)l * Np + j] = vget(&job->q, b, j, l);
@@ -162,26 +169,37 @@ static void prepare_range(job_t *job, int first, int last, float *work)
         gemm_bcast(N, r, Np / 8, job->k.base + job->k.offs[b], (int)job->k.rs, (int)job->k.cs, 1.0f, qt, Np, p, Np);
         const float cb = job->c[b];
         float *st = job->st + (int64_t)b * N * N;
-        double fro = 0.0;
-        for (int i = 0; i < N; ++i) {
+        double fro[4] = {0.0, 0.0, 0.0, 0.0};  /* four partial sums: no one chain of dependent adds */
+        for (int i = 0; i < N; ++i)
             for (int j = 0; j < N; ++j) {
                 float x = cb * (p[(int64_t)i * Np + j] - p[(int64_t)j * Np + i]);
                 st[(int64_t)i * N + j] = x;
-                sp[(int64_t)i * Np + j] = x;
-                fro += (double)x * x;
+                fro[j & 3] += (double)x * x;
             }
-            memset(sp + (int64_t)i * Np + N, 0, sizeof(float) * (Np - N));
-        }
+        job->bound[b] = sqrt(((fro[0] + fro[1]) + (fro[2] + fro[3])) * 0.5);
+    }
+}
+
+/* Second phase, for the matrices order[first … last): S² in float32 like the reference, and the
+   bound min((‖S²‖_F²/2)^{1/4}, ‖S‖_F/√2), or ‖S‖_F/√2 where the first is below job->small. */
+static void squares_range(job_t *job, int first, int last, float *work)
+{
+    const int N = job->N, Np = up8(N);
+    float *sp = work, *s2 = sp + (int64_t)N * Np;
+    for (int o = first; o < last; ++o) {
+        const int b = job->order[o];
+        const float *st = job->st + (int64_t)b * N * N;
+        load_padded(st, N, Np, sp);
         memset(s2, 0, sizeof(float) * N * Np);
-        gemm_bcast(N, N, Np / 8, st, N, 1, 1.0f, sp, Np, s2, Np);  /* st², in float32 like the reference */
-        double d2 = 0.0;
+        gemm_bcast(N, N, Np / 8, st, N, 1, 1.0f, sp, Np, s2, Np);
+        double d2[4] = {0.0, 0.0, 0.0, 0.0};
         for (int i = 0; i < N; ++i)
             for (int j = 0; j < N; ++j) {
                 double x = s2[(int64_t)i * Np + j];
-                d2 += x * x;
+                d2[j & 3] += x * x;
             }
-        job->d2_sq[b] = d2;
-        job->fro_sq[b] = fro;
+        const double fourth = sqrt(sqrt(((d2[0] + d2[1]) + (d2[2] + d2[3])) * 0.5));
+        if (!(fourth < job->small) && fourth < job->bound[b]) job->bound[b] = fourth;
     }
 }
 
@@ -193,12 +211,12 @@ static void forward_range(job_t *job, int first, int last, float *work)
         load_padded(job->st + (int64_t)b * N * N, N, Np, xw);
         float *z = job->zs + (int64_t)b * m * sz;
         memset(z, 0, sizeof(float) * sz);
-        double vs = 0.0;
+        double vs[4] = {0.0, 0.0, 0.0, 0.0};  /* four partial sums, as in prepare */
         for (int i = 0; i < N; ++i)
             for (int c = 0; c < d; ++c) {
                 float t = vget(&job->v, b, i, c);
                 z[(int64_t)c * Np + i] = t;
-                vs += (double)t * t;
+                vs[c & 3] += (double)t * t;
             }
         const float a0 = (float)job->coef[0];
         for (int i = 0; i < sz; ++i) acc[i] = a0 * z[i];
@@ -211,15 +229,15 @@ static void forward_range(job_t *job, int first, int last, float *work)
             const float ck = (float)job->coef[k + 1];
             for (int i = 0; i < sz; ++i) acc[i] += ck * nxt[i];
         }
-        double ys = 0.0;
+        double ys[4] = {0.0, 0.0, 0.0, 0.0};
         for (int i = 0; i < N; ++i)
             for (int c = 0; c < d; ++c) {
                 float t = acc[(int64_t)c * Np + i];
                 vset(&job->y, b, i, c, t);
-                ys += (double)t * t;
+                ys[c & 3] += (double)t * t;
             }
-        job->y_sq[b] = ys;
-        job->v_sq[b] = vs;
+        job->y_sq[b] = (ys[0] + ys[1]) + (ys[2] + ys[3]);
+        job->v_sq[b] = (vs[0] + vs[1]) + (vs[2] + vs[3]);
     }
 }
 
@@ -298,26 +316,84 @@ static void *run_range(void *arg)
         return NULL;
     }
     if (job->kind == PREPARE) prepare_range(job, rg->first, rg->last, work);
+    else if (job->kind == SQUARES) squares_range(job, rg->first, rg->last, work);
     else if (job->kind == FORWARD) forward_range(job, rg->first, rg->last, work);
     else backward_range(job, rg->first, rg->last, work);
     free(work);
     return NULL;
 }
 
-/* Split the batch over nthreads (threads.h). 0 on success, 1 when memory for a workspace could
- * not be had, 2 on bad arguments. */
+/* Split units first … last over nthreads (threads.h): matrices, or positions in job->order. */
+static void run_span(job_t *job, int first, int last)
+{
+    const int nt = clamp_threads(job->nthreads, last - first);
+    range_t ranges[OSA_MAX_THREADS];
+    for (int t = 0; t < nt; ++t) {
+        ranges[t].job = job;
+        ranges[t].first = first + (int)((int64_t)(last - first) * t / nt);
+        ranges[t].last = first + (int)((int64_t)(last - first) * (t + 1) / nt);
+    }
+    run_threads(run_range, ranges, sizeof(range_t), nt);
+}
+
+/* The whole batch. 0 on success, 1 when memory for a workspace could not be had, 2 on bad
+ * arguments. */
 static int run(job_t *job)
 {
     if (job->B < 0 || job->N < 1 || job->d < 1 || job->r < 0 || job->m < 0) return 2;
     if (job->B == 0) return 0;
-    const int nt = clamp_threads(job->nthreads, job->B);
-    range_t ranges[OSA_MAX_THREADS];
-    for (int t = 0; t < nt; ++t) {
-        ranges[t].job = job;
-        ranges[t].first = (int)((int64_t)job->B * t / nt);
-        ranges[t].last = (int)((int64_t)job->B * (t + 1) / nt);
+    run_span(job, 0, job->B);
+    return job->failed ? 1 : 0;
+}
+
+typedef struct {
+    double key;
+    int index;
+} keyed_t;
+
+static int by_key_descending(const void *a, const void *b)
+{
+    const double x = ((const keyed_t *)a)->key, y = ((const keyed_t *)b)->key;
+    return (x < y) - (x > y);
+}
+
+/* Tighten job->bound (‖S‖_F/√2 from the first phase) with S² where it can change the batch's
+ * largest bound, and nowhere else. Matrices go in decreasing order of ‖S‖_F, in spans of
+ * nthreads, 2·nthreads, … (each span split over the threads); once the next matrix's ‖S‖_F/√2
+ * is at most the largest bound so far, no later matrix can raise it (each one's bound is at
+ * most its ‖S‖_F/√2), so they keep ‖S‖_F/√2: a valid bound of each, and the batch's largest
+ * is what squaring every matrix gives. A matrix whose ‖S‖_F is not finite keeps it (NaN or
+ * Inf decides the largest anyway). Writes the number squared to *squared. */
+static int select_squares(job_t *job, int *squared)
+{
+    const int B = job->B;
+    keyed_t *keyed = malloc(sizeof(keyed_t) * (size_t)(B > 0 ? B : 1));
+    int *order = malloc(sizeof(int) * (size_t)(B > 0 ? B : 1));
+    if (!keyed || !order) {
+        free(keyed);
+        free(order);
+        return 1;
     }
-    run_threads(run_range, ranges, sizeof(range_t), nt);
+    int finite = 0;
+    for (int b = 0; b < B; ++b)
+        if (isfinite(job->bound[b])) keyed[finite].key = job->bound[b], keyed[finite++].index = b;
+    qsort(keyed, (size_t)finite, sizeof(keyed_t), by_key_descending);
+    for (int o = 0; o < finite; ++o) order[o] = keyed[o].index;
+    job->order = order;
+    job->kind = SQUARES;
+    double largest = -1.0;
+    int done = 0, span = job->nthreads < 1 ? 1 : job->nthreads;
+    while (done < finite && keyed[done].key > largest && !job->failed) {
+        const int last = done + span < finite ? done + span : finite;
+        run_span(job, done, last);
+        for (int o = done; o < last; ++o)
+            if (job->bound[order[o]] > largest) largest = job->bound[order[o]];
+        done = last;
+        span *= 2;
+    }
+    *squared = done;
+    free(keyed);
+    free(order);
     return job->failed ? 1 : 0;
 }
 
@@ -327,17 +403,23 @@ static view_t view(float *base, const int64_t *offs, int64_t rs, int64_t cs)
     return t;
 }
 
-/* st (B×N×N) = c (k qᵀ − q kᵀ) for q, k (B, N, r) views and c (B); d2_sq = ‖st²‖_F², fro_sq = ‖st‖_F². */
+/* st (B×N×N) = c (k qᵀ − q kᵀ) for q, k (B, N, r) views and c (B); bound (B, float64) a bound of
+ * each ‖S_b‖₂ before the caller's rounding allowance: min((‖S²‖_F²/2)^{1/4}, ‖S‖_F/√2), or
+ * ‖S‖_F/√2 below `small` or where select_squares shows S² cannot change the largest; *squared
+ * (when not NULL) is the number of matrices squared. */
 int osa_cheb_prepare(int B, int N, int r, float *q, const int64_t *q_offs, int64_t q_rs, int64_t q_cs,
                      float *k, const int64_t *k_offs, int64_t k_rs, int64_t k_cs, const float *c,
-                     float *st, double *d2_sq, double *fro_sq, int nthreads)
+                     float *st, double *bound, double small, int *squared, int nthreads)
 {
     job_t job = {0};
     job.kind = PREPARE; job.B = B; job.N = N; job.d = 1; job.r = r; job.m = 0; job.nthreads = nthreads;
     job.q = view(q, q_offs, q_rs, q_cs); job.k = view(k, k_offs, k_rs, k_cs);
-    job.c = c; job.st = st; job.d2_sq = d2_sq; job.fro_sq = fro_sq;
+    job.c = c; job.st = st; job.bound = bound; job.small = small;
     if (r < 1) return 2;
-    return run(&job);
+    int code = run(&job), count = 0;
+    if (code == 0) code = select_squares(&job, &count);
+    if (squared) *squared = count;
+    return code;
 }
 
 /* y = Σ a_k W_k ≈ exp(S) v for the prepared st and coef = a_0 … a_m, rinv = 1/ρ; v and y (B, N, d)

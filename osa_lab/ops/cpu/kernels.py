@@ -12,6 +12,7 @@ packing. :func:`usable` says where the kernels apply; elsewhere the caller keeps
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
@@ -78,30 +79,37 @@ def _per_matrix(c: torch.Tensor, b: int) -> torch.Tensor:
 
 def _check(code: int, what: str) -> None:
     if code == 1:
-        raise KernelFailedError(f"the CPU kernel {what} found no memory for its per-thread workspace")
+        raise KernelFailedError(f"the CPU kernel {what} found no memory for its workspace")
     if code != 0:
         raise KernelFailedError(f"the CPU kernel {what} refused its arguments (code {code})")
 
 
-def prepare(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(Sᵀ, ‖Sᵀ²‖_F², ‖Sᵀ‖_F²)``: ``Sᵀ = c (k qᵀ − q kᵀ)`` (B, N, N), exactly skew, and the two
-    float64 sums of squares per matrix that :func:`~osa_lab.ops.expm.bounds.skew_bound_from_squares`
-    turns into a bound of ``‖S‖₂``; ``c`` one value per matrix, (B,)."""
+def prepare(
+    q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, small: float
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(Sᵀ, bound, squared)``: ``Sᵀ = c (k qᵀ − q kᵀ)`` (B, N, N), exactly skew, ``c`` one value
+    per matrix, (B,); ``bound`` (B, float64) bounds each ``‖S_b‖₂`` before the rounding allowance
+    (:func:`~osa_lab.ops.expm.bounds.skew_bound_with_allowance` adds it):
+    ``min((‖S²‖_F²/2)^{1/4}, ‖S‖_F/√2)``, or ``‖S‖_F/√2`` where the first is below ``small`` or
+    where the N×N×N product ``S²`` cannot change the batch's largest bound. The kernel squares
+    matrices in decreasing order of ``‖S‖_F`` and stops once the next one's ``‖S‖_F/√2`` is at
+    most the largest bound found, so ``bound.max()`` is what squaring every matrix gives;
+    ``squared`` is how many it squared."""
     n, r = q.shape[-2:]
     b = math.prod(q.shape[:-2])
     c = _per_matrix(c, b)
     # built_library() from here on, not library(): usable() said yes, and a backward runs the
     # kernels its forward ran even if OSA_LAB_CPU_KERNELS changed in between
     st = pool.empty((b, n, n))  # kept for the backward: reused memory, not fresh pages
-    d2_sq = torch.empty(b, dtype=torch.float64)
-    fro_sq = torch.empty(b, dtype=torch.float64)
+    bound = torch.empty(b, dtype=torch.float64)
+    squared = ctypes.c_int(0)
     keep: list = []
     code = built_library().osa_cheb_prepare(
-        b, n, r, *view_args(q, keep), *view_args(k, keep), c.data_ptr(), st.data_ptr(), d2_sq.data_ptr(), fro_sq.data_ptr(),
-        torch.get_num_threads(),
+        b, n, r, *view_args(q, keep), *view_args(k, keep), c.data_ptr(), st.data_ptr(), bound.data_ptr(), small,
+        ctypes.byref(squared), torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "prepare")
-    return st, d2_sq, fro_sq
+    return st, bound, squared.value
 
 
 def chebyshev_forward(

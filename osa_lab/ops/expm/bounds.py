@@ -162,7 +162,7 @@ NORM_BOUND_SLACK = 1e-4
 _SQRT_HALF = 0.5**0.5
 
 
-def _small_skew_bound(n: int, dtype: torch.dtype) -> float:
+def small_skew_bound(n: int, dtype: torch.dtype) -> float:
     """The bound below which :func:`skew_spectral_bound` takes ``‖D‖_F/√2``: ``D²``'s squares
     there come near the bottom of ``dtype``'s range."""
     return (torch.finfo(dtype).tiny * n * 1e3) ** 0.25
@@ -208,7 +208,7 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     n = d.shape[-1]
     d2_norm = torch.linalg.vector_norm(torch.bmm(d, d, out=scratch), dim=(-2, -1))
     bound = d2_norm.mul_(_SQRT_HALF).sqrt_()
-    small = bound < _small_skew_bound(n, d.dtype)
+    small = bound < small_skew_bound(n, d.dtype)
     if any_row(small):
         largest = d.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(d.dtype).tiny)
         fro = torch.linalg.vector_norm(d / largest, dim=(-2, -1)) * largest[..., 0, 0]
@@ -216,14 +216,11 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
     return _with_rounding_allowance(bound, n, d.dtype)
 
 
-def skew_bound_from_squares(d2_sq: torch.Tensor, fro_sq: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`skew_spectral_bound` from sums of squares computed elsewhere (the CPU kernels'
-    :func:`~osa_lab.ops.cpu.kernels.prepare`): ``d2_sq = ‖D²‖_F²`` with ``D²`` computed in
-    ``dtype`` and ``fro_sq = ‖D‖_F²``, both summed in float64, for N×N skew ``D``. The same bound,
-    rounding allowance and small-matrix rule (``‖D‖_F/√2`` where ``D²``'s squares near the bottom
-    of ``dtype``'s range), as float64."""
-    bound = d2_sq.mul(0.5).sqrt_().sqrt_()
-    bound = torch.where(bound < _small_skew_bound(n, dtype), fro_sq.mul(0.5).sqrt(), bound)
+def skew_bound_with_allowance(bound: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`skew_spectral_bound`'s rounding allowance and slack added to per-matrix bounds
+    computed elsewhere (the CPU kernels' :func:`~osa_lab.ops.cpu.kernels.prepare`: the same
+    ``(‖D²‖_F²/2)^{1/4}`` with ``D²`` in ``dtype`` and its squares summed in float64, or
+    ``‖D‖_F/√2`` below :func:`small_skew_bound`, for N×N skew ``D``), in place."""
     return _with_rounding_allowance(bound, n, dtype)
 
 

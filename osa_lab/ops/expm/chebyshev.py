@@ -14,7 +14,12 @@ from osa_lab.errors import OSAInputError
 from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.expm.batch import composite_backward, under_transform
-from osa_lab.ops.expm.bounds import skew_bound_from_squares, skew_norm_bound, skew_spectral_bound
+from osa_lab.ops.expm.bounds import (
+    skew_bound_with_allowance,
+    skew_norm_bound,
+    skew_spectral_bound,
+    small_skew_bound,
+)
 from osa_lab.ops.expm.scratch import ACTION_SCRATCH
 
 #: Highest degree (products ``S·X``, N×N times N×d, in the forward) of the Chebyshev action of
@@ -369,8 +374,9 @@ def osa_chebyshev_action(
     c = c.reshape(-1)
     with torch.no_grad():
         if cpu_kernels.usable(q, k, v):  # float32 on the CPU: the fused C kernels
-            st, d2_sq, fro_sq = cpu_kernels.prepare(q, k, c)
-            bound = skew_bound_from_squares(d2_sq, fro_sq, q.shape[-2], q.dtype)
+            n = q.shape[-2]
+            st, bound, _ = cpu_kernels.prepare(q, k, c, small_skew_bound(n, q.dtype))
+            bound = skew_bound_with_allowance(bound, n, q.dtype)
             action, factors = _OSAChebyshevActionCPU, (st,)
         else:
             st, u, spare = _osa_skew_factors(q, k, c)
