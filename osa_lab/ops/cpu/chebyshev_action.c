@@ -358,8 +358,8 @@ static int by_key_descending(const void *a, const void *b)
 }
 
 /* Tighten job->bound (‖S‖_F/√2 from the first phase) with S² where it can change the batch's
- * largest bound, and nowhere else. Matrices go in decreasing order of ‖S‖_F, in spans of
- * nthreads, 2·nthreads, … (each span split over the threads); once the next matrix's ‖S‖_F/√2
+ * largest bound, and nowhere else. Matrices go in decreasing order of ‖S‖_F: one at a time on
+ * one thread, else in spans of nthreads, 2·nthreads, … (each span split over the threads); once the next matrix's ‖S‖_F/√2
  * is at most the largest bound so far, no later matrix can raise it (each one's bound is at
  * most its ‖S‖_F/√2), so they keep ‖S‖_F/√2: a valid bound of each, and the batch's largest
  * is what squaring every matrix gives. A matrix whose ‖S‖_F is not finite keeps it (NaN or
@@ -382,14 +382,15 @@ static int select_squares(job_t *job, int *squared)
     job->order = order;
     job->kind = SQUARES;
     double largest = -1.0;
-    int done = 0, span = job->nthreads < 1 ? 1 : job->nthreads;
+    const int nt = clamp_threads(job->nthreads, finite);
+    int done = 0, span = nt;
     while (done < finite && keyed[done].key > largest && !job->failed) {
         const int last = done + span < finite ? done + span : finite;
         run_span(job, done, last);
         for (int o = done; o < last; ++o)
             if (job->bound[order[o]] > largest) largest = job->bound[order[o]];
         done = last;
-        span *= 2;
+        if (nt > 1) span *= 2;  /* fewer parallel regions; one thread checks after every matrix */
     }
     *squared = done;
     free(keyed);
