@@ -37,13 +37,9 @@ Prints a table and writes ``bench_results/osa_call_overhead.csv``.
 from __future__ import annotations
 
 import importlib
-import io
 import math
-import re
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +47,7 @@ from pathlib import Path
 import torch
 
 from osa_lab.arguments import ArgumentParser, positive_float, positive_int
+from osa_lab.benchmarking.baseline import BASELINE_PACKAGE, import_revision, paired_quartiles
 from osa_lab.benchmarking.timing import emit_table
 from osa_lab.ops import expm
 from osa_lab.ops.functional import osa
@@ -100,41 +97,10 @@ def _calls(n: int, batch: int, heads: int, r: int, alpha: float, baseline=None, 
     return calls, rho, expm.chebyshev_degree(rho, torch.float32)
 
 
-def _git(*args: str) -> subprocess.CompletedProcess:
-    """``git args`` in this checkout; ValueError naming the problem when git is missing or fails."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True)
-    except FileNotFoundError as exc:
-        raise ValueError("--baseline needs git on PATH") from exc
-    if done.returncode != 0:
-        why = done.stderr.decode(errors="replace").strip().splitlines()
-        raise ValueError(f"git {args[0]} failed in {root}: {why[-1] if why else 'no message'}")
-    return done
-
-
 def baseline_osa(rev: str, folder: Path):
-    """``osa`` of the package at git revision ``rev``, exported into ``folder`` and imported as
-    ``osa_lab_baseline`` (every ``osa_lab`` name in its sources renamed). Raises ValueError
-    outside a git checkout, without git, or for a revision git does not know."""
-    _git("rev-parse", "--show-toplevel")  # a checkout at all (an exported tree has no history)
-    try:
-        commit = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").stdout.decode().strip()
-    except ValueError:
-        raise ValueError(f"--baseline {rev!r} is not a commit of this repository (try a hash from `git log`)") from None
-    archive = _git("archive", "--format=tar", commit, "osa_lab").stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:  # our own history; regular files only
-        for member in tar.getmembers():
-            target = folder / member.name
-            if member.isfile() and ".." not in Path(member.name).parts and not Path(member.name).is_absolute():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(member).read())
-    package = folder / "osa_lab_baseline"
-    (folder / "osa_lab").rename(package)
-    for source in package.rglob("*.py"):
-        source.write_text(re.sub(r"\bosa_lab\b", "osa_lab_baseline", source.read_text(encoding="utf-8")), encoding="utf-8")
-    sys.path.insert(0, str(folder))
-    return importlib.import_module("osa_lab_baseline.ops.functional").osa
+    """``osa`` of the package at git revision ``rev`` (:func:`osa_lab.benchmarking.baseline.import_revision`)."""
+    import_revision(rev, folder)
+    return importlib.import_module(f"{BASELINE_PACKAGE}.ops.functional").osa
 
 
 def _count_ops(fn) -> int:
@@ -211,8 +177,7 @@ def _measure(args, baseline) -> list[dict]:
         ops = {key: _count_ops(fn) for key, fn in fns.items()}
         paired = {}
         if baseline is not None:  # per-round ratio: both calls ran in the same round, under the same load
-            ratios = [a / b for a, b in zip(times["osa()"], times[f"osa() at {args.baseline}"], strict=True)]
-            paired = dict(zip(("paired_ratio_q1", "paired_ratio", "paired_ratio_q3"), statistics.quantiles(ratios, n=4), strict=True))
+            paired = paired_quartiles(times["osa()"], times[f"osa() at {args.baseline}"])
         for key in fns:
             rows.append({"N": n, "rho": rho, "degree": degree, "call": key, "ms_fwd_bwd": 1e3 * med[key],
                          "aten_ops": ops[key], "overhead_ms": 1e3 * (med[key] - med["fused action alone"]),

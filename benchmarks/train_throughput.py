@@ -39,6 +39,15 @@ action turned off (``OSA_LAB_CPU_KERNELS=0``, their PyTorch reference path), sid
 ``auto``, which uses them where they are built; ``--no-pytorch-path`` leaves it out. ``--alpha-scale C``
 multiplies every OSA layer's initial α by C, so that ``‖S‖₂`` is nearer a trained network's
 (≈ 1 in the deep layers, docs/training.md) than the tiny value at initialisation.
+
+Before/after of a change, in one process: ``--baseline REV`` adds the row ``skipless-osa / auto
+at REV``, the same network built from the package as it was at git revision ``REV``
+(:mod:`osa_lab.benchmarking.baseline`; its CPU kernels built from its own sources), timed in the
+same rounds. The ``auto`` row's ``paired_ratio`` (median, with ``paired_ratio_q1``/``_q3``, of the
+per-round CPU-time ratios current ÷ baseline) is the change's measurement.
+
+    .venv/bin/python benchmarks/train_throughput.py --sizes mnist1d mnist --alpha-scale 30 \
+        --osa-methods auto --no-previous --no-pytorch-path --repeat 15 --baseline HEAD~1
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from osa_lab.arguments import ArgumentParser, positive_int
+from osa_lab.benchmarking.baseline import import_revision, paired_quartiles
 from osa_lab.benchmarking.timing import emit_table, machine_info
 from osa_lab.fileio import atomic_to_csv
 from osa_lab.nn.models import build_classifier
@@ -72,14 +82,18 @@ SIZES = (
 TARGETS = {"digits": "≤ 1.5", "mnist1d": "≤ 1.2", "mnist": "≤ 1.35"}
 
 
-def step_fn(preset: str, image_size: int, patch: int, batch: int, model_overrides: dict, sequence: bool = False):
-    """A closure that runs one training step of ``preset`` on a fixed random batch."""
+def step_fn(
+    preset: str, image_size: int, patch: int, batch: int, model_overrides: dict, sequence: bool = False, lab=None
+):
+    """A closure that runs one training step of ``preset`` on a fixed random batch; ``lab``: the
+    package to build the model from (default ``osa_lab``; a ``--baseline`` revision's)."""
     torch.manual_seed(0)
-    cfg = get_preset(
+    presets, models = (get_preset, build_classifier) if lab is None else (lab.nn.presets.get_preset, lab.nn.models.build_classifier)
+    cfg = presets(
         preset, input="sequence" if sequence else "patches", image_size=image_size, patch_size=patch, channels=1,
         **model_overrides,
     )  # fmt: skip
-    model = build_classifier(cfg)
+    model = models(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 1, image_size) if sequence else torch.randn(batch, 1, image_size, image_size)
     y = torch.randint(0, 10, (batch,))
@@ -95,8 +109,10 @@ def step_fn(preset: str, image_size: int, patch: int, batch: int, model_override
     return step, sum(p.numel() for p in model.parameters()), cfg.tokens
 
 
-def _time_rounds(fns: dict, repeat: int, warmup: int) -> tuple[dict, dict]:
-    """Median wall and process-CPU seconds per call of each ``fns[key]()``, alternating in rounds.
+def _time_rounds(fns: dict, repeat: int, warmup: int) -> tuple[dict, dict, dict]:
+    """Median wall and process-CPU seconds per call of each ``fns[key]()``, alternating in rounds
+    (the order reversed every other round: no configuration always runs first or after the same
+    one), and every round's CPU seconds.
 
     On a shared machine the wall time of a 1-thread step includes the time the scheduler gives to
     other processes; the CPU time (``time.process_time``) does not, so its ratio is the steadier
@@ -107,13 +123,16 @@ def _time_rounds(fns: dict, repeat: int, warmup: int) -> tuple[dict, dict]:
             fn()
     wall: dict = {key: [] for key in fns}
     cpu: dict = {key: [] for key in fns}
+    order = list(fns.items())
     for _ in range(repeat):
-        for key, fn in fns.items():
+        for key, fn in order:
             w0, c0 = time.perf_counter(), time.process_time()
             fn()
             cpu[key].append(time.process_time() - c0)
             wall[key].append(time.perf_counter() - w0)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+        order.reverse()
+    median = statistics.median
+    return {k: median(v) for k, v in wall.items()}, {k: median(v) for k, v in cpu.items()}, cpu
 
 
 def _within(step, context):
@@ -146,14 +165,13 @@ def previous_small_n_path():
 
 
 def scale_alpha(step, factor: float) -> None:
-    """Multiply the α of every OSA layer of the model behind ``step`` by ``factor``."""
-    from osa_lab.nn.attention import OrthogonalSelfAttention
-
+    """Multiply the α of every OSA layer of the model behind ``step`` by ``factor`` (the layers
+    of a ``--baseline`` revision's model too: they are matched by class name)."""
     if factor == 1.0:
         return
     with torch.no_grad():
         for module in step.model.modules():
-            if isinstance(module, OrthogonalSelfAttention):
+            if type(module).__name__ == "OrthogonalSelfAttention":
                 module.alpha.mul_(factor)
 
 
@@ -195,60 +213,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--processes", type=positive_int, default=1, help="repeat the measurement in this many fresh processes, report the spread"
     )
+    parser.add_argument(
+        "--baseline", metavar="REV", help="also time skipless OSA ('auto') as of this git revision, interleaved (see above)"
+    )
     args = parser.parse_args(argv)
+    if args.baseline and args.repeat < 2:
+        parser.error("--baseline needs --repeat 2 or more (the paired ratio's quartiles)")
+    if args.baseline and "auto" not in args.osa_methods:
+        parser.error("--baseline compares the 'auto' method: keep auto in --osa-methods")
     if args.processes > 1:
         return _across_processes(list(sys.argv[1:] if argv is None else argv), args.processes, args.out)
     torch.set_num_threads(args.threads)
-    overrides = {"depth": args.depth, "dim": args.dim, "heads": args.heads}
-    rows = []
-    for name, size, patch, sequence in SIZES:
-        if name.split()[0] not in args.sizes:
-            continue
-        runs = [("vit", "—"), ("skipless-ssa", "—")] + [("skipless-osa", m) for m in args.osa_methods]
-        if "auto" in args.osa_methods and not args.no_previous:
-            runs.append(("skipless-osa", "auto (previous)"))
-        if "auto" in args.osa_methods and not args.no_pytorch_path and cpu_kernels.enabled():
-            runs.append(("skipless-osa", "auto (PyTorch path)"))
-        if not args.no_breakdown:
-            runs.append(("skipless-osa", "exp(S) skipped"))
-        built = {}
-        for preset, method in runs:
-            skipped = method == "exp(S) skipped"
-            previous = method == "auto (previous)"
-            reference = method == "auto (PyTorch path)"
-            use = {"osa_method": "auto" if previous or reference else method} if preset == "skipless-osa" and not skipped else {}
-            extra = dict(overrides, **use)
-            try:
-                step, n_params, tokens = step_fn(preset, size, patch, args.batch, extra, sequence)
-                scale_alpha(step, args.alpha_scale)
-                context = (
-                    exp_skipped if skipped else previous_small_n_path if previous else cpu_kernels.turned_off if reference
-                    else contextlib.nullcontext
-                )  # fmt: skip
-                timed = _within(step, context)
-                timed()  # a method that cannot run here is a row, not a crash
-            except Exception as err:  # noqa: BLE001
-                print(f"{preset} ({method}) at {name}: {type(err).__name__}: {err}", file=sys.stderr)
-                continue
-            built[(preset, method)] = (timed, n_params, tokens)
-        # Interleaved rounds: load that comes and goes hits every configuration alike.
-        seconds, cpu = _time_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2)
-        base, cpu_base = seconds.get(("vit", "—")), cpu.get(("vit", "—"))
-        for (preset, method), (_, n_params, tokens) in built.items():
-            rows.append(
-                {
-                    "setting": name,
-                    "tokens": tokens,
-                    "preset": preset,
-                    "osa_method": method,
-                    "params": n_params,
-                    "ms_per_step": 1e3 * seconds[(preset, method)],
-                    "ratio_to_vit": seconds[(preset, method)] / base if base else float("nan"),
-                    "cpu_ms_per_step": 1e3 * cpu[(preset, method)],
-                    "cpu_ratio_to_vit": cpu[(preset, method)] / cpu_base if cpu_base else float("nan"),
-                    "target": TARGETS[name.split()[0]] if preset == "skipless-osa" and method != "exp(S) skipped" else "",
-                }
-            )
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            lab = import_revision(args.baseline, Path(folder)) if args.baseline else None
+        except ValueError as exc:
+            parser.error(str(exc))
+        rows = _measure(args, lab)
     try:
         from osa_lab.reporting.provenance import csv_columns
 
@@ -263,6 +244,72 @@ def main(argv: list[str] | None = None) -> int:
     out.to_csv(args.out, index=False)
     print(f"wrote {args.out}")
     return 0
+
+
+def _measure(args, lab) -> list[dict]:
+    """One row per size and configuration (``lab``: the ``--baseline`` revision's package, or None)."""
+    overrides = {"depth": args.depth, "dim": args.dim, "heads": args.heads}
+    rows = []
+    for name, size, patch, sequence in SIZES:
+        if name.split()[0] not in args.sizes:
+            continue
+        runs = [("vit", "—"), ("skipless-ssa", "—")] + [("skipless-osa", m) for m in args.osa_methods]
+        if "auto" in args.osa_methods and not args.no_previous:
+            runs.append(("skipless-osa", "auto (previous)"))
+        if "auto" in args.osa_methods and not args.no_pytorch_path and cpu_kernels.enabled():
+            runs.append(("skipless-osa", "auto (PyTorch path)"))
+        if not args.no_breakdown:
+            runs.append(("skipless-osa", "exp(S) skipped"))
+        if lab is not None:
+            runs.append(("skipless-osa", f"auto at {args.baseline}"))
+        built = {}
+        for preset, method in runs:
+            skipped = method == "exp(S) skipped"
+            previous = method == "auto (previous)"
+            reference = method == "auto (PyTorch path)"
+            at_baseline = lab is not None and method == f"auto at {args.baseline}"
+            same = previous or reference or at_baseline
+            use = {"osa_method": "auto" if same else method} if preset == "skipless-osa" and not skipped else {}
+            extra = dict(overrides, **use)
+            try:
+                step, n_params, tokens = step_fn(
+                    preset, size, patch, args.batch, extra, sequence, lab if at_baseline else None
+                )
+                scale_alpha(step, args.alpha_scale)
+                context = (
+                    exp_skipped if skipped else previous_small_n_path if previous else cpu_kernels.turned_off if reference
+                    else contextlib.nullcontext
+                )  # fmt: skip
+                timed = _within(step, context)
+                timed()  # a method that cannot run here is a row, not a crash
+            except Exception as err:  # noqa: BLE001
+                print(f"{preset} ({method}) at {name}: {type(err).__name__}: {err}", file=sys.stderr)
+                continue
+            built[(preset, method)] = (timed, n_params, tokens)
+        # Interleaved rounds: load that comes and goes hits every configuration alike.
+        seconds, cpu, rounds = _time_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2)
+        base, cpu_base = seconds.get(("vit", "—")), cpu.get(("vit", "—"))
+        before = ("skipless-osa", f"auto at {args.baseline}")
+        paired = {}
+        if before in rounds and ("skipless-osa", "auto") in rounds:  # both ran in every round, under the same load
+            paired = paired_quartiles(rounds[("skipless-osa", "auto")], rounds[before])
+        for (preset, method), (_, n_params, tokens) in built.items():
+            rows.append(
+                {
+                    "setting": name,
+                    "tokens": tokens,
+                    "preset": preset,
+                    "osa_method": method,
+                    "params": n_params,
+                    "ms_per_step": 1e3 * seconds[(preset, method)],
+                    "ratio_to_vit": seconds[(preset, method)] / base if base else float("nan"),
+                    "cpu_ms_per_step": 1e3 * cpu[(preset, method)],
+                    "cpu_ratio_to_vit": cpu[(preset, method)] / cpu_base if cpu_base else float("nan"),
+                    "target": TARGETS[name.split()[0]] if preset == "skipless-osa" and method != "exp(S) skipped" else "",
+                    **(paired if method == "auto" else dict.fromkeys(paired, float("nan"))),
+                }
+            )
+    return rows
 
 
 def _across_processes(argv: list[str], processes: int, out: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -81,13 +82,15 @@ def test_a_baseline_with_one_round_is_one_line_and_exit_2():
 
 
 def test_a_baseline_outside_a_git_checkout_is_one_line_and_exit_2(tmp_path):
-    """A copy of the script outside any checkout (as from an exported tree) names the problem."""
+    """The script and the package copied outside any checkout (as from an exported tree): the
+    revision is looked up in the package's own checkout, and there is none."""
     copy = tmp_path / "benchmarks" / "osa_call_overhead.py"
     copy.parent.mkdir()
     copy.write_text(open(SCRIPT, encoding="utf-8").read(), encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=ROOT, GIT_CEILING_DIRECTORIES=str(tmp_path))
+    shutil.copytree(os.path.join(ROOT, "osa_lab"), tmp_path / "osa_lab", ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), GIT_CEILING_DIRECTORIES=str(tmp_path))
     done = subprocess.run([sys.executable, str(copy), "--sizes", "6", "--baseline", "HEAD"],
-                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and "git rev-parse failed" in lines[-1], lines

@@ -72,3 +72,29 @@ def test_a_bad_process_count_is_one_line_and_exit_2():
     assert done.returncode == 2
     assert done.stdout == "" and done.stderr.strip().splitlines()[-1].endswith("must be an int ≥ 1, got '0'")
     assert len(done.stderr.strip().splitlines()) == 2  # the usage hint and the message
+
+
+def test_a_baseline_revision_runs_in_the_same_rounds(tmp_path):
+    """``--baseline HEAD``: the same network from the revision's package, a row of its own, and
+    the paired ratio of the current ``auto`` row to it (quartiles in order)."""
+    out = tmp_path / "tt.csv"
+    done = _run(*TINY, "--repeat", "3", "--no-breakdown", "--baseline", "HEAD", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(out).set_index("osa_method")
+    assert list(rows.index) == ["—", "—", "auto", "auto at HEAD"]
+    assert rows.loc["auto at HEAD", "cpu_ms_per_step"] > 0
+    auto = rows.loc["auto"]
+    assert 0 < auto["paired_ratio_q1"] <= auto["paired_ratio"] <= auto["paired_ratio_q3"]
+    assert rows.loc[["—", "auto at HEAD"], "paired_ratio"].isna().all()
+
+
+def test_a_bad_baseline_is_one_line_and_exit_2():
+    for args, message in (
+        (["--baseline", "no-such-revision", "--repeat", "2"], "is not a commit of this repository"),
+        (["--baseline", "HEAD", "--repeat", "1"], "--baseline needs --repeat 2 or more"),
+        (["--baseline", "HEAD", "--repeat", "2", "--osa-methods", "qr"], "keep auto in --osa-methods"),
+    ):
+        done = _run(*TINY[:2], *args)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 2 and message in lines[-1], (args, lines)
