@@ -330,7 +330,9 @@ def test_kernels_keep_column_norms(r, data, d, scale, seed):
 def _prepared_bounds(q, k, c):
     """The kernels' prepare: (Sᵀ, each bound with the allowance, matrices squared), and the reference's bounds of Sᵀ."""
     n = q.shape[-2]
-    st_t, bound, squared = cpu.prepare(q, k, c, expm.small_skew_bound(n, q.dtype))
+    padded, bound, squared = cpu.prepare(q, k, c, expm.small_skew_bound(n, q.dtype))
+    assert padded.shape[-1] == (n + 7) // 8 * 8 and not padded[..., n:].any()  # rows padded with zeros
+    st_t = padded[..., :n].contiguous()
     return st_t, expm.skew_bound_with_allowance(bound, n, q.dtype), squared, expm.skew_spectral_bound(st_t.clone())
 
 

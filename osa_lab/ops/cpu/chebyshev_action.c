@@ -22,7 +22,8 @@
  * used, so each matrix runs start to finish in one pass over its own data: no N×d intermediate
  * goes to memory between products, and there is one call per batch instead of ~3m library calls.
  *
- * Layout inside: rows padded with zeros to a multiple of 8 floats (Np = ⌈N⌉₈, Dp = ⌈d⌉₈), so the
+ * Layout inside, and of st between the calls: rows padded with zeros to a multiple of 8 floats
+ * (Np = ⌈N⌉₈, Dp = ⌈d⌉₈; st is written so by prepare and read in place by the others), so the
  * products run on 8-float vectors (GCC/Clang vector extensions; AVX2/AVX-512 with -march=native).
  * The padding is zero and stays zero, so it changes no sum. Built at first use by
  * osa_lab/ops/cpu/build.py; IEEE arithmetic (no -ffast-math), so NaN and Inf propagate.
@@ -115,15 +116,6 @@ typedef struct {
 static inline float vget(const view_t *t, int b, int i, int j) { return t->base[t->offs[b] + i * t->rs + j * t->cs]; }
 static inline void vset(const view_t *t, int b, int i, int j, float x) { t->base[t->offs[b] + i * t->rs + j * t->cs] = x; }
 
-/* st's matrix copied into N rows of Np floats, zero-padded on the right. */
-static void load_padded(const float *src, int N, int Np, float *dst)
-{
-    for (int j = 0; j < N; ++j) {
-        memcpy(dst + (int64_t)j * Np, src + (int64_t)j * N, sizeof(float) * N);
-        memset(dst + (int64_t)j * Np + N, 0, sizeof(float) * (Np - N));
-    }
-}
-
 enum { PREPARE, SQUARES, FORWARD, BACKWARD };
 
 typedef struct {
@@ -149,13 +141,14 @@ static size_t workspace_floats(const job_t *job)
     const size_t N = job->N, Np = up8(job->N), sz = (size_t)up8(job->d) * Np, Rp = up8(2 * job->r);
     switch (job->kind) {
     case PREPARE: return (size_t)job->r * Np + N * Np;
-    case SQUARES: return 2 * N * Np;
-    case FORWARD: return N * Np + 2 * sz;
+    case SQUARES: return N * Np;
+    case FORWARD: return 2 * sz;
     default: return 2 * N * Np + sz + (size_t)(job->m + 1) * sz + 2 * N * Rp;
     }
 }
 
-/* First phase: st = c (P − Pᵀ), P = k qᵀ, and ‖st‖_F² (float64); bound = ‖S‖_F/√2 for now. */
+/* First phase: st = c (P − Pᵀ), P = k qᵀ, in rows of Np floats (zero beyond column N), and
+   ‖st‖_F² (float64); bound = ‖S‖_F/√2 for now. */
 static void prepare_range(job_t *job, int first, int last, float *work)
 {
     const int N = job->N, r = job->r, Np = up8(N);
@@ -168,14 +161,16 @@ static void prepare_range(job_t *job, int first, int last, float *work)
         memset(p, 0, sizeof(float) * N * Np);  /* P = k qᵀ, read from k's layout in place */
         gemm_bcast(N, r, Np / 8, job->k.base + job->k.offs[b], (int)job->k.rs, (int)job->k.cs, 1.0f, qt, Np, p, Np);
         const float cb = job->c[b];
-        float *st = job->st + (int64_t)b * N * N;
+        float *st = job->st + (int64_t)b * N * Np;
         double fro[4] = {0.0, 0.0, 0.0, 0.0};  /* four partial sums: no one chain of dependent adds */
-        for (int i = 0; i < N; ++i)
+        for (int i = 0; i < N; ++i) {
             for (int j = 0; j < N; ++j) {
                 float x = cb * (p[(int64_t)i * Np + j] - p[(int64_t)j * Np + i]);
-                st[(int64_t)i * N + j] = x;
+                st[(int64_t)i * Np + j] = x;
                 fro[j & 3] += (double)x * x;
             }
+            memset(st + (int64_t)i * Np + N, 0, sizeof(float) * (Np - N));
+        }
         job->bound[b] = sqrt(((fro[0] + fro[1]) + (fro[2] + fro[3])) * 0.5);
     }
 }
@@ -185,13 +180,12 @@ static void prepare_range(job_t *job, int first, int last, float *work)
 static void squares_range(job_t *job, int first, int last, float *work)
 {
     const int N = job->N, Np = up8(N);
-    float *sp = work, *s2 = sp + (int64_t)N * Np;
+    float *s2 = work;
     for (int o = first; o < last; ++o) {
         const int b = job->order[o];
-        const float *st = job->st + (int64_t)b * N * N;
-        load_padded(st, N, Np, sp);
+        const float *st = job->st + (int64_t)b * N * Np;
         memset(s2, 0, sizeof(float) * N * Np);
-        gemm_bcast(N, N, Np / 8, st, N, 1, 1.0f, sp, Np, s2, Np);
+        gemm_bcast(N, N, Np / 8, st, Np, 1, 1.0f, st, Np, s2, Np);
         double d2[4] = {0.0, 0.0, 0.0, 0.0};
         for (int i = 0; i < N; ++i)
             for (int j = 0; j < N; ++j) {
@@ -206,9 +200,9 @@ static void squares_range(job_t *job, int first, int last, float *work)
 static void forward_range(job_t *job, int first, int last, float *work)
 {
     const int N = job->N, d = job->d, m = job->m, Np = up8(N), Dp = up8(d), sz = Dp * Np;
-    float *xw = work, *acc = xw + (int64_t)N * Np, *spare = acc + sz;
+    float *acc = work, *spare = acc + sz;
     for (int b = first; b < last; ++b) {
-        load_padded(job->st + (int64_t)b * N * N, N, Np, xw);
+        const float *xw = job->st + (int64_t)b * N * Np;  /* padded rows: read in place */
         float *z = job->zs + (int64_t)b * m * sz;
         memset(z, 0, sizeof(float) * sz);
         double vs[4] = {0.0, 0.0, 0.0, 0.0};  /* four partial sums, as in prepare */
@@ -249,7 +243,7 @@ static void backward_range(job_t *job, int first, int last, float *work)
     float *up = gb + (int64_t)(m + 1) * sz, *au = up + (int64_t)N * Rp;
     const int need_x = job->gq.base || job->gk.base || job->gc;
     for (int b = first; b < last; ++b) {
-        load_padded(job->st + (int64_t)b * N * N, N, Np, xw);
+        const float *x = job->st + (int64_t)b * N * Np;  /* padded rows: read in place */
         const float *z = job->zs + (int64_t)b * m * sz;
         memset(gt, 0, sizeof(float) * sz);
         for (int i = 0; i < N; ++i)
@@ -267,7 +261,7 @@ static void backward_range(job_t *job, int first, int last, float *work)
                 for (int i = 0; i < sz; ++i) o[i] = ak * gt[i];
             }
             /* Ḡ_{k+1}ᵀ X = −Ḡ_{k+1}ᵀ st / ρ */
-            gemm_bcast(Dp, N, Np / 8, gb + (int64_t)(k + 1) * sz, Np, 1, k ? -2.0f * job->rinv : -job->rinv, xw, Np, o, Np);
+            gemm_bcast(Dp, N, Np / 8, gb + (int64_t)(k + 1) * sz, Np, 1, k ? -2.0f * job->rinv : -job->rinv, x, Np, o, Np);
         }
         if (job->gv.base)
             for (int i = 0; i < N; ++i)
@@ -278,7 +272,7 @@ static void backward_range(job_t *job, int first, int last, float *work)
         for (int i = 0; i < sz; ++i) gb[sz + i] *= 0.5f;
         memset(gxw, 0, sizeof(float) * N * Np);
         gemm_bcast(N, m * Dp, Np / 8, gb + sz, 1, Np, 2.0f, z, Np, gxw, Np);
-        /* ρA = gx − gxᵀ, overwriting xw (st is not needed again) */
+        /* ρA = gx − gxᵀ */
         for (int i = 0; i < N; ++i)
             for (int j = 0; j < N; ++j) xw[(int64_t)i * Np + j] = gxw[(int64_t)i * Np + j] - gxw[(int64_t)j * Np + i];
         for (int i = 0; i < N; ++i) {  /* U = [k q], padded */
@@ -404,7 +398,8 @@ static view_t view(float *base, const int64_t *offs, int64_t rs, int64_t cs)
     return t;
 }
 
-/* st (B×N×N) = c (k qᵀ − q kᵀ) for q, k (B, N, r) views and c (B); bound (B, float64) a bound of
+/* st (B×N×Np, rows padded with zeros to Np = ⌈N⌉₈ floats) = c (k qᵀ − q kᵀ) for q, k (B, N, r)
+ * views and c (B); bound (B, float64) a bound of
  * each ‖S_b‖₂ before the caller's rounding allowance: min((‖S²‖_F²/2)^{1/4}, ‖S‖_F/√2), or
  * ‖S‖_F/√2 below `small` or where select_squares shows S² cannot change the largest; *squared
  * (when not NULL) is the number of matrices squared. */

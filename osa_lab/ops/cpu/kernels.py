@@ -49,7 +49,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     if q.shape != k.shape or v.shape[:-1] != q.shape[:-1] or min(n, r, d) < 1:
         return False
     batch = math.prod(q.shape[:-2])
-    per_matrix = max(n * n, (_MAX_TERMS + 1) * _padded(d) * _padded(n), n * _padded(2 * r))
+    per_matrix = max(n * _padded(n), (_MAX_TERMS + 1) * _padded(d) * _padded(n), n * _padded(2 * r))
     if batch > _INT32_MAX or per_matrix > _INT32_MAX:
         return False
     if any(abs(s) > _INT32_MAX for t in tensors for s in t.stride()):
@@ -87,8 +87,9 @@ def _check(code: int, what: str) -> None:
 def prepare(
     q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, small: float
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(Sᵀ, bound, squared)``: ``Sᵀ = c (k qᵀ − q kᵀ)`` (B, N, N), exactly skew, ``c`` one value
-    per matrix, (B,); ``bound`` (B, float64) bounds each ``‖S_b‖₂`` before the rounding allowance
+    """``(st, bound, squared)``: ``Sᵀ = c (k qᵀ − q kᵀ)``, exactly skew, stored as ``st`` (B, N, ⌈N⌉₈)
+    with rows padded by zeros (``st[..., :N]`` is ``Sᵀ``; the other kernels read it in place), ``c``
+    one value per matrix, (B,); ``bound`` (B, float64) bounds each ``‖S_b‖₂`` before the rounding allowance
     (:func:`~osa_lab.ops.expm.bounds.skew_bound_with_allowance` adds it):
     ``min((‖S²‖_F²/2)^{1/4}, ‖S‖_F/√2)``, or ``‖S‖_F/√2`` where the first is below ``small`` or
     where the N×N×N product ``S²`` cannot change the batch's largest bound. The kernel squares
@@ -100,7 +101,7 @@ def prepare(
     c = _per_matrix(c, b)
     # built_library() from here on, not library(): usable() said yes, and a backward runs the
     # kernels its forward ran even if OSA_LAB_CPU_KERNELS changed in between
-    st = pool.empty((b, n, n))  # kept for the backward: reused memory, not fresh pages
+    st = pool.empty((b, n, _padded(n)))  # kept for the backward: reused memory, not fresh pages
     bound = torch.empty(b, dtype=torch.float64)
     squared = ctypes.c_int(0)
     keep: list = []
@@ -116,12 +117,12 @@ def chebyshev_forward(
     st: torch.Tensor, v: torch.Tensor, coef: list[float], rho: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(y, zs, Σ y², Σ v²)``: ``y = Σ_k a_k W_k ≈ exp(S) v`` in ``v``'s layout, with ``X = S/ρ``,
-    ``coef = [a_0, …, a_m]`` and ``st = Sᵀ`` from :func:`prepare`; ``zs`` (B, m, ⌈d⌉₈, ⌈N⌉₈)
+    ``coef = [a_0, …, a_m]`` and ``st`` (padded ``Sᵀ``) from :func:`prepare`; ``zs`` (B, m, ⌈d⌉₈, ⌈N⌉₈)
     keeps ``W_0ᵀ … W_{m−1}ᵀ`` for :func:`chebyshev_backward`; the float64 sums of squares per
     matrix are the output check's."""
     n, d = v.shape[-2:]
     b, m = st.shape[0], len(coef) - 1
-    if st.shape != (math.prod(v.shape[:-2]), n, n) or not st.is_contiguous() or m < 1:
+    if st.shape != (math.prod(v.shape[:-2]), n, _padded(n)) or not st.is_contiguous() or m < 1:
         raise OSAInputError(f"`st` of shape {tuple(st.shape)} does not fit v of shape {tuple(v.shape)} (or no terms)")
     y = pool.empty_like(v)  # v's order of dimensions: a layer's merge of the heads is a view
     zs = pool.empty((b, m, _padded(d), _padded(n)))  # kept for the backward, as st
@@ -155,7 +156,7 @@ def chebyshev_backward(
     d = v.shape[-1]
     b, m = st.shape[0], len(coef) - 1
     need_q, need_k, need_c, need_v = needs
-    if g.shape != v.shape or zs.shape != (b, m, _padded(d), _padded(n)) or st.shape != (b, n, n):
+    if g.shape != v.shape or zs.shape != (b, m, _padded(d), _padded(n)) or st.shape != (b, n, _padded(n)):
         raise OSAInputError(
             f"the backward's tensors do not fit: g {tuple(g.shape)}, v {tuple(v.shape)}, st {tuple(st.shape)}, "
             f"zs {tuple(zs.shape)}"
