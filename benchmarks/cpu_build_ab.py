@@ -7,7 +7,8 @@ same process, round after round, the order reversed every other round. Each buil
 ``--variant NAME=MARCH[:DEFINE=INT,…]``: the ``-march`` target and the register blocks set by
 ``-D`` (the ``#ifndef`` blocks of ``osa_lab/ops/cpu/*.c``: ``MR`` for the small-N action;
 ``TN_ROWS``, ``TN_VECS``, ``NN_ROWS``, ``NN_VECS``, ``CORE_ROWS``, ``CORE_VECS`` for the Gram
-engine's passes and the core). The first variant is the baseline of the ratios. Before timing,
+engine's passes and the core; ``PREFETCH_AHEAD``, the small-N action's prefetch distance).
+``--heads H`` hands ``osa()`` a layer's head-split views of H heads, as the training step does. The first variant is the baseline of the ratios. Before timing,
 every build's output (and gradients) is compared with the first build's: a build that computes
 something else is not timed.
 
@@ -78,14 +79,24 @@ def _time_rounds(steps: dict, rounds: int, calls: int) -> dict[str, list[float]]
     return times
 
 
-def _step(lib, q, k, v, alpha: float, backward: bool):
+def _inputs(batch: int, n: int, width: int, heads: int, g: torch.Generator, grad: bool):
+    """``(leaves, q, k, v)``: with one head, (batch, N, width) leaves used as they are; with more, a
+    layer's head-split views ``(batch/heads, heads, N, width)`` of (batch/heads, N, heads·width) leaves."""
+    shape = (batch, n, width) if heads == 1 else (batch // heads, n, heads * width)
+    leaves = [torch.randn(*shape, generator=g).requires_grad_(grad) for _ in range(3)]
+    if heads == 1:
+        return leaves, *leaves
+    return leaves, *(t.view(batch // heads, n, heads, width).transpose(1, 2) for t in leaves)
+
+
+def _step(lib, leaves, q, k, v, alpha: float, backward: bool):
     """One timed call with ``lib``: ``osa()``, and its backward where asked; returns the output."""
     def run() -> torch.Tensor:
         with build.using_library(lib):
             if not backward:
                 with torch.no_grad():
                     return osa_lab.osa(q, k, v, alpha)
-            for t in (q, k, v):
+            for t in leaves:
                 t.grad = None
             y = osa_lab.osa(q, k, v, alpha)
             y.backward(torch.ones_like(y))
@@ -94,10 +105,10 @@ def _step(lib, q, k, v, alpha: float, backward: bool):
     return run
 
 
-def _result(lib, q, k, v, alpha: float, backward: bool) -> list[torch.Tensor]:
-    """The output (and the gradients of q, k, v) of one call with ``lib``."""
-    y = _step(lib, q, k, v, alpha, backward)()
-    return [y, *([t.grad.clone() for t in (q, k, v)] if backward else [])]
+def _result(lib, leaves, q, k, v, alpha: float, backward: bool) -> list[torch.Tensor]:
+    """The output (and the gradients of the leaves behind q, k, v) of one call with ``lib``."""
+    y = _step(lib, leaves, q, k, v, alpha, backward)()
+    return [y, *([t.grad.clone() for t in leaves] if backward else [])]
 
 
 def _largest_difference(first: list[torch.Tensor], other: list[torch.Tensor]) -> float:
@@ -112,21 +123,21 @@ def _measure(args: argparse.Namespace, libs: dict) -> list[dict]:
     """One row per build and N: the per-call time and the per-round ratios to the first build."""
     names = list(libs)
     g = torch.Generator().manual_seed(0)
-    meta = {"threads": args.threads, "batch": args.batch, "width": args.width, "alpha": args.alpha,
+    meta = {"threads": args.threads, "batch": args.batch, "heads": args.heads, "width": args.width, "alpha": args.alpha,
             "backward": not args.forward_only, "rounds": args.rounds, "calls": args.calls,
             "torch_cpu_isa": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "machine": platform.processor() or platform.machine()}  # fmt: skip
     rows = []
     for n in args.n:
-        q, k, v = (torch.randn(args.batch, n, args.width, generator=g).requires_grad_(not args.forward_only) for _ in range(3))
+        tensors = _inputs(args.batch, n, args.width, args.heads, g, not args.forward_only)
         # a build that computes something else (a register block the code does not handle) is not timed
-        first = _result(libs[names[0]], q, k, v, args.alpha, not args.forward_only)
+        first = _result(libs[names[0]], *tensors, args.alpha, not args.forward_only)
         for name in names[1:]:
-            difference = _largest_difference(first, _result(libs[name], q, k, v, args.alpha, not args.forward_only))
+            difference = _largest_difference(first, _result(libs[name], *tensors, args.alpha, not args.forward_only))
             if not difference <= SAME_RESULT:
                 raise ConfigurationError(f"build {name!r} differs from {names[0]!r} at N = {n} (relative difference "
                                          f"{difference:.2e} > {SAME_RESULT:g}): not timed")  # fmt: skip
-        steps = {name: _step(libs[name], q, k, v, args.alpha, not args.forward_only) for name in names}
+        steps = {name: _step(libs[name], *tensors, args.alpha, not args.forward_only) for name in names}
         load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
         print(f"N = {n}: {args.rounds} rounds × {len(names)} builds …", flush=True)
         times = _time_rounds(steps, args.rounds, args.calls)
@@ -151,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=positive_int, nargs="+", default=[20, 49], help="sequence lengths N (default 20 49)")
     ap.add_argument("--batch", type=positive_int, default=256, help="matrices per call (default 256)")
     ap.add_argument("--width", type=positive_int, default=16, help="width of q, k and v (default 16)")
+    ap.add_argument("--heads", type=positive_int, default=1,
+                    help="read q, k, v as a layer's head-split views of this many heads (default 1: plain tensors)")
     ap.add_argument("--alpha", type=float, default=0.1, help="α of osa() (default 0.1)")
     ap.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1, as in the training step)")
     ap.add_argument("--rounds", type=positive_int, default=40, help="interleaved rounds (default 40)")
@@ -161,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name, _, _ in args.variant]
     if len(names) < 2 or len(set(names)) != len(names):
         ap.error("--variant: give at least two, with different names")
+    if args.batch % args.heads:
+        ap.error(f"--batch {args.batch} is not a multiple of --heads {args.heads}: choose a batch of whole layers")
     out = Path(args.out)
     try:
         check_output_file(out, "--out")

@@ -37,6 +37,19 @@ def test_every_build_is_timed_at_every_n_against_the_first(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
+def test_head_split_views_and_the_prefetch_distance(tmp_path):
+    """``--heads 2``: osa() on a layer's head-split views; a build without the prefetch is timed
+    against the default (the same results, so it is timed at all)."""
+    out = tmp_path / "ab.csv"
+    done = _run("--variant", "base=native", "--variant", "noprefetch=native:PREFETCH_AHEAD=0", "--n", "20",
+                "--batch", "4", "--heads", "2", "--rounds", "2", "--calls", "1", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(out)
+    assert list(table["variant"]) == ["base", "noprefetch"] and set(table["heads"]) == {2}
+    assert "-DPREFETCH_AHEAD=0" in table.loc[1, "cpu_kernels"] and (table["ms_median"] > 0).all()
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the kernels cannot be built here")
 def test_a_build_that_computes_something_else_is_not_timed(tmp_path, monkeypatch, capsys):
     """Before timing, every build's output and gradients are compared with the first build's."""
     sys.path.insert(0, os.path.dirname(SCRIPT))
@@ -62,6 +75,7 @@ def test_a_build_that_computes_something_else_is_not_timed(tmp_path, monkeypatch
         (["--variant", "a=native;ls", "--variant", "b=native"], "not a -march name"),
         (["--variant", "a=native:mr=3", "--variant", "b=native"], "not a register block"),
         (["--variant", "a=native:TN_ROWS=3", "--variant", "b=native"], "must divide 16"),
+        (["--variant", "a=native", "--variant", "b=native", "--batch", "6", "--heads", "4"], "not a multiple of --heads"),
     ],
 )
 def test_a_bad_variant_is_one_line_and_exit_2(tmp_path, args, says):

@@ -131,6 +131,8 @@ def test_the_avx2_build_has_8_float_vectors_and_passes_the_kernel_tests():
         ("native", {"TN_ROWS": 3}, "must divide 16"),
         ("native", {"CORE_ROWS": 16}, "must divide 8"),
         ("native", {"CORE_ROWS": 6}, "must divide 8"),
+        ("native", {"PREFETCH_AHEAD": 9}, "integer from 0 to 8"),
+        ("native", {"PREFETCH_AHEAD": -1}, "integer from 0 to 8"),
     ],
 )
 def test_compile_library_refuses_what_it_would_not_build(march, defines, says):
@@ -189,3 +191,26 @@ def test_using_library_switches_the_kernels_for_the_block_and_thread_only(monkey
     assert rel_err(y1, y0) < 1e-5
     for a, b in zip(g1, g0, strict=True):
         assert rel_err(a, b) < 1e-5
+
+
+def test_the_prefetch_distance_changes_no_result():
+    """Builds that prefetch no rows or five matrices ahead give the default build's bits, on a
+    layer's head-split views, forward and backward (a prefetch only moves memory)."""
+    if build.library() is None:
+        pytest.skip(f"CPU kernels: {build.status()}")
+    g = torch.Generator().manual_seed(4)
+    tokens = [torch.randn(8, 20, 64, generator=g) for _ in range(3)]
+
+    def forward_backward():
+        leaves = [t.clone().requires_grad_(True) for t in tokens]
+        q, k, v = (t.view(8, 20, 4, 16).transpose(1, 2) for t in leaves)
+        y = osa_lab.osa(q, k, v, 0.3)
+        y.backward(torch.ones_like(y))
+        return [y.detach(), *(t.grad for t in leaves)]
+
+    default = forward_backward()
+    for ahead in (0, 5):
+        with build.using_library(build.compile_library(defines={"PREFETCH_AHEAD": ahead})):
+            assert f"-DPREFETCH_AHEAD={ahead}" in build.status(), build.status()
+            got = forward_backward()
+        assert all(torch.equal(a, b) for a, b in zip(got, default, strict=True)), ahead

@@ -47,11 +47,15 @@ _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 #: The register blocks a build may set (``compile_library``'s ``defines``): name → what the
 #: value must divide (None: any value from 1 to 16). ``MR``: rows of the small-N action's blocks;
 #: ``TN_*``, ``NN_*``: the Gram engine's transposed and plain token products; ``CORE_*``: the
-#: core's float64 products. The sources check the same with ``#error``.
+#: core's float64 products; and ``PREFETCH_AHEAD`` (0–8, not a block): how many matrices ahead
+#: the small-N action prefetches the rows of its strided views (0: none). The sources check the
+#: same with ``#error``.
 REGISTER_BLOCKS: dict[str, int | None] = {
     "MR": None, "TN_ROWS": 16, "TN_VECS": None, "NN_ROWS": None, "NN_VECS": None, "CORE_ROWS": 8, "CORE_VECS": None,
+    "PREFETCH_AHEAD": None,
 }
-_MAX_BLOCK = {"TN_VECS": 8, "NN_VECS": 8, "CORE_VECS": 8}
+_MAX_BLOCK = {"TN_VECS": 8, "NN_VECS": 8, "CORE_VECS": 8, "PREFETCH_AHEAD": 8}
+_MIN_BLOCK = {"PREFETCH_AHEAD": 0}
 
 _state: dict[str, str] = {"status": "not built yet"}
 
@@ -209,10 +213,10 @@ def _define_flag(name: object, value: object) -> str:
     known = ", ".join(REGISTER_BLOCKS)
     if name not in REGISTER_BLOCKS:
         raise ConfigurationError(f"compile_library: {name!r} is not a register block of the kernels (known: {known})")
-    most = _MAX_BLOCK.get(str(name), 16)
+    least, most = _MIN_BLOCK.get(str(name), 1), _MAX_BLOCK.get(str(name), 16)
     divides = REGISTER_BLOCKS[str(name)]
-    if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most):
-        raise ConfigurationError(f"compile_library: {name}={value!r} must be an integer from 1 to {most}")
+    if not (isinstance(value, int) and not isinstance(value, bool) and least <= value <= most):
+        raise ConfigurationError(f"compile_library: {name}={value!r} must be an integer from {least} to {most}")
     if divides and divides % value:
         raise ConfigurationError(f"compile_library: {name}={value} must divide {divides}")
     return f"-D{name}={value}"

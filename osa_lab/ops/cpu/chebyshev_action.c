@@ -113,6 +113,27 @@ typedef struct {
     int64_t rs, cs;
 } view_t;
 
+/* Software prefetch of the first cache line of each row of matrix b + PREFETCH_AHEAD of a strided
+ * view (the whole row at a head width of 16 floats), while matrix b is computed. A head-split view's rows are a few hundred bytes apart and each matrix takes every
+ * heads-th cache line, a pattern the hardware prefetchers follow poorly (BENCHMARKS.md, the
+ * small-N action's prefetch). write = 1 for an output's rows. -DPREFETCH_AHEAD=0 leaves it out. */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2
+#endif
+#if PREFETCH_AHEAD < 0 || PREFETCH_AHEAD > 8
+#error "PREFETCH_AHEAD must be 0-8"
+#endif
+
+static inline void prefetch_rows(const view_t *t, int b, int last, int rows, int write)
+{
+    if (PREFETCH_AHEAD == 0 || !t->base || b + PREFETCH_AHEAD >= last) return;
+    for (int i = 0; i < rows; ++i) {
+        const float *row = t->base + t->offs[b + PREFETCH_AHEAD] + (int64_t)i * t->rs;
+        if (write) __builtin_prefetch(row, 1, 3);
+        else __builtin_prefetch(row, 0, 3);
+    }
+}
+
 static inline float vget(const view_t *t, int b, int i, int j) { return t->base[t->offs[b] + i * t->rs + j * t->cs]; }
 static inline void vset(const view_t *t, int b, int i, int j, float x) { t->base[t->offs[b] + i * t->rs + j * t->cs] = x; }
 
@@ -154,6 +175,8 @@ static void prepare_range(job_t *job, int first, int last, float *work)
     const int N = job->N, r = job->r, Np = up8(N);
     float *qt = work, *p = qt + (int64_t)r * Np;
     for (int b = first; b < last; ++b) {
+        prefetch_rows(&job->q, b, last, N, 0);
+        prefetch_rows(&job->k, b, last, N, 0);
         for (int l = 0; l < r; ++l) {
             for (int j = 0; j < N; ++j) qt[(int64_t)l * Np + j] = vget(&job->q, b, j, l);
             memset(qt + (int64_t)l * Np + N, 0, sizeof(float) * (Np - N));
@@ -203,6 +226,8 @@ static void forward_range(job_t *job, int first, int last, float *work)
     float *acc = work, *spare = acc + sz;
     for (int b = first; b < last; ++b) {
         const float *xw = job->st + (int64_t)b * N * Np;  /* padded rows: read in place */
+        prefetch_rows(&job->v, b, last, N, 0);
+        prefetch_rows(&job->y, b, last, N, 1);
         float *z = job->zs + (int64_t)b * m * sz;
         memset(z, 0, sizeof(float) * sz);
         double vs[4] = {0.0, 0.0, 0.0, 0.0};  /* four partial sums, as in prepare */
@@ -244,6 +269,12 @@ static void backward_range(job_t *job, int first, int last, float *work)
     const int need_x = job->gq.base || job->gk.base || job->gc;
     for (int b = first; b < last; ++b) {
         const float *x = job->st + (int64_t)b * N * Np;  /* padded rows: read in place */
+        prefetch_rows(&job->g, b, last, N, 0);
+        prefetch_rows(&job->q, b, last, N, 0);
+        prefetch_rows(&job->k, b, last, N, 0);
+        prefetch_rows(&job->gq, b, last, N, 1);
+        prefetch_rows(&job->gk, b, last, N, 1);
+        prefetch_rows(&job->gv, b, last, N, 1);
         const float *z = job->zs + (int64_t)b * m * sz;
         memset(gt, 0, sizeof(float) * sz);
         for (int i = 0; i < N; ++i)
