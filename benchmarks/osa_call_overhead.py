@@ -40,14 +40,12 @@ import importlib
 import math
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from osa_lab.arguments import ArgumentParser, positive_float, positive_int
-from osa_lab.benchmarking.baseline import BASELINE_PACKAGE, import_revision, paired_quartiles
+from osa_lab.benchmarking.baseline import baseline_package, baseline_problem, paired_quartiles
 from osa_lab.benchmarking.timing import emit_table
 from osa_lab.ops import expm
 from osa_lab.ops.functional import osa
@@ -97,12 +95,6 @@ def _calls(n: int, batch: int, heads: int, r: int, alpha: float, baseline=None, 
     return calls, rho, expm.chebyshev_degree(rho, torch.float32)
 
 
-def baseline_osa(rev: str, folder: Path):
-    """``osa`` of the package at git revision ``rev`` (:func:`osa_lab.benchmarking.baseline.import_revision`)."""
-    import_revision(rev, folder)
-    return importlib.import_module(f"{BASELINE_PACKAGE}.ops.functional").osa
-
-
 def _count_ops(fn) -> int:
     """The ATen operations one call of ``fn`` dispatches (forward and backward)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -139,13 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.sizes:
         if n > 4 * args.head_dim:
             parser.error(f"N = {n} is above 4r = {4 * args.head_dim}: osa() does not take the fused action there")
-    if args.baseline and args.repeat < 2:
-        parser.error("--baseline needs --repeat 2 or more (the paired ratio's quartiles)")
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            baseline = baseline_osa(args.baseline, Path(folder)) if args.baseline else None
-        except ValueError as exc:
-            parser.error(str(exc))
+    if problem := baseline_problem(args.baseline, args.repeat):
+        parser.error(problem)
+    with baseline_package(args.baseline, parser.error) as package:
+        baseline = importlib.import_module(f"{package.__name__}.ops.functional").osa if package else None
         rows = _measure(args, baseline)
     from osa_lab.fileio import atomic_to_csv
     from osa_lab.reporting.provenance import csv_columns

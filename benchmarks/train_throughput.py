@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from osa_lab.arguments import ArgumentParser, positive_int
-from osa_lab.benchmarking.baseline import import_revision, paired_quartiles
+from osa_lab.benchmarking.baseline import baseline_package, baseline_problem, paired_quartiles
 from osa_lab.benchmarking.timing import emit_table, machine_info
 from osa_lab.fileio import atomic_to_csv
 from osa_lab.nn.models import build_classifier
@@ -217,18 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", metavar="REV", help="also time skipless OSA ('auto') as of this git revision, interleaved (see above)"
     )
     args = parser.parse_args(argv)
-    if args.baseline and args.repeat < 2:
-        parser.error("--baseline needs --repeat 2 or more (the paired ratio's quartiles)")
+    if problem := baseline_problem(args.baseline, args.repeat):
+        parser.error(problem)
     if args.baseline and "auto" not in args.osa_methods:
         parser.error("--baseline compares the 'auto' method: keep auto in --osa-methods")
     if args.processes > 1:
         return _across_processes(list(sys.argv[1:] if argv is None else argv), args.processes, args.out)
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            lab = import_revision(args.baseline, Path(folder)) if args.baseline else None
-        except ValueError as exc:
-            parser.error(str(exc))
+    with baseline_package(args.baseline, parser.error) as lab:
         rows = _measure(args, lab)
     try:
         from osa_lab.reporting.provenance import csv_columns

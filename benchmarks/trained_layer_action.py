@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_throughput import SIZES, scale_alpha, step_fn  # noqa: E402
 
 from osa_lab.arguments import ArgumentParser, positive_float, positive_int  # noqa: E402
-from osa_lab.benchmarking.baseline import import_revision, paired_quartiles  # noqa: E402
+from osa_lab.benchmarking.baseline import baseline_package, baseline_problem, paired_quartiles  # noqa: E402
 from osa_lab.benchmarking.timing import emit_table  # noqa: E402
 from osa_lab.ops import cpu, expm  # noqa: E402
 
@@ -124,16 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="REV", help="also time the action as of this git revision, interleaved")
     parser.add_argument("--out", default="bench_results/trained_layer_action.csv")
     args = parser.parse_args(argv)
-    if args.baseline and args.repeat < 2:
-        parser.error("--baseline needs --repeat 2 or more (the paired ratio's quartiles)")
+    if problem := baseline_problem(args.baseline, args.repeat):
+        parser.error(problem)
     if not cpu.usable(torch.ones(1, 2, 2), torch.ones(1, 2, 2), torch.ones(1, 2, 2)):
         parser.error(f"the CPU kernels are not in use here ({cpu.status()})")
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            baseline = import_revision(args.baseline, Path(folder)) if args.baseline else None
-        except ValueError as exc:
-            parser.error(str(exc))
+    with baseline_package(args.baseline, parser.error) as baseline:
         rows = measure(args, baseline)
     from osa_lab.fileio import atomic_to_csv
     from osa_lab.reporting.provenance import csv_columns

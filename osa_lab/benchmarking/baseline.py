@@ -10,6 +10,7 @@ and its CPU kernels build from its own C sources.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import re
@@ -17,6 +18,8 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -71,3 +74,26 @@ def paired_quartiles(current: list[float], baseline: list[float]) -> dict[str, f
     ratios = [a / b for a, b in zip(current, baseline, strict=True)]
     names = ("paired_ratio_q1", "paired_ratio", "paired_ratio_q3")
     return dict(zip(names, statistics.quantiles(ratios, n=4), strict=True))
+
+
+def baseline_problem(rev: str | None, repeat: int) -> str | None:
+    """What is wrong with ``--baseline rev`` for ``repeat`` rounds (the paired ratio's quartiles
+    need two), or None."""
+    return "--baseline needs --repeat 2 or more (the paired ratio's quartiles)" if rev and repeat < 2 else None
+
+
+@contextlib.contextmanager
+def baseline_package(rev: str | None, error: Callable[[str], object]) -> Iterator[ModuleType | None]:
+    """The package at ``rev`` for the block, exported into a temporary folder removed after it
+    (None without a revision); a revision that cannot be imported goes to ``error`` (a parser's
+    ``error``: one line and exit 2)."""
+    if not rev:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            package = import_revision(rev, Path(folder))
+        except ValueError as exc:
+            error(str(exc))
+            raise  # error() exits; should it return, the ValueError stands
+        yield package
