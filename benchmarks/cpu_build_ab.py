@@ -198,10 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from osa_lab.reporting.provenance import csv_columns
+
     table = pd.DataFrame(rows)
     shown = ["variant", "march", "defines", "N", "ms_median", "ratio_to_first", "ratio_q1", "ratio_q3"]
     emit_table(table[shown], None, title=f"osa() per call, ratios to {names[0]!r} (median, IQR)")
-    print(f"wrote {atomic_to_csv(table, out)}")  # every column, the builds' status among them
+    # every column, the builds' status among them, and the commit, time and machine
+    print(f"wrote {atomic_to_csv(table.assign(**csv_columns(vars(args))), out)}")
     return 0
 
 

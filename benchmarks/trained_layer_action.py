@@ -4,9 +4,10 @@ Builds the network of ``benchmarks/train_throughput.py`` (``skipless-osa``, dept
 4 heads, batch 64, every α times ``--alpha-scale``), runs one training step and keeps each
 layer's inputs of ``expm.osa_chebyshev_action`` (``q, k, v`` as the layer's head-split views, and
 ``c``). Then, for each layer, it times forward and backward of ``expm.osa_chebyshev_action`` on
-those inputs (median process time of ``--repeat`` rounds) and reports the bound ``rho`` of
-``‖S‖₂`` the degree is planned from, the degree, and how many of the batch's matrices the CPU
-kernels squared for that bound (``squared``, of ``matrices``; ``osa_lab.ops.cpu.prepare``).
+those inputs (median process time of ``--repeat`` rounds) and reports the CPU kernels' bound
+``rho`` of ``‖S‖₂`` (the batch's largest, with the rounding allowance) that the degree is planned
+from, the degree, and how many of the batch's matrices the kernels squared for that bound
+(``squared``, of ``matrices``; ``osa_lab.ops.cpu.prepare``).
 
 Random ``q, k`` (``benchmarks/osa_call_overhead.py``) give every matrix nearly the same norm; a
 network's heads do not, which is what the bound's selection (docs/cpu_kernels.md) uses.
@@ -61,33 +62,37 @@ def layer_inputs(size: str, alpha_scale: float) -> list[tuple[torch.Tensor, ...]
     return kept
 
 
+class DeclinedError(Exception):
+    """The fused action declined a layer's inputs (their ‖S‖ needs more terms than it takes)."""
+
+
 def _fwd_bwd(action, inputs):
     def run() -> torch.Tensor:
         leaves = [t.clone().requires_grad_(True) for t in inputs]
         y = action(*leaves)
         if y is None:
-            raise RuntimeError("the fused action declined these inputs (‖S‖ too large): lower --alpha-scale")
+            raise DeclinedError("the fused action declined a layer's inputs (‖S‖ too large): lower --alpha-scale")
         y.backward(torch.ones_like(y))
         return y.detach()
 
     return run
 
 
-def _squared(inputs) -> tuple[int, int]:
-    """(matrices squared for the bound, matrices) of one call of the current kernels."""
+def _kernel_bound(inputs) -> tuple[float, int, int]:
+    """(the batch's largest bound with the allowance, matrices squared for it, matrices): one call
+    of the current kernels' ``prepare``."""
     q, k, c, _ = inputs
-    _, _, squared = cpu.prepare(q, k, c.reshape(-1), expm.small_skew_bound(q.shape[-2], q.dtype))
-    return squared, q.shape[:-2].numel()
+    n = q.shape[-2]
+    _, bound, squared = cpu.prepare(q, k, c.reshape(-1), expm.small_skew_bound(n, q.dtype))
+    return float(expm.skew_bound_with_allowance(bound, n, q.dtype).max()), squared, q.shape[:-2].numel()
 
 
 def measure(args, baseline) -> list[dict]:
     rows = []
     for size in args.sizes:
         for layer, inputs in enumerate(layer_inputs(size, args.alpha_scale)):
-            q, k, c, _ = inputs
-            with torch.no_grad():
-                s = expm.skew_from_scale(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), c.reshape(-1))
-                rho = float(expm.skew_spectral_bound(s).max())
+            q = inputs[0]
+            rho, squared, matrices = _kernel_bound(inputs)
             fns = {"current": _fwd_bwd(expm.osa_chebyshev_action, inputs)}
             if baseline is not None:
                 fns["baseline"] = _fwd_bwd(baseline.ops.expm.osa_chebyshev_action, inputs)
@@ -100,7 +105,6 @@ def measure(args, baseline) -> list[dict]:
                     fn()
                     times[key].append(time.process_time() - t0)
                 order.reverse()
-            squared, matrices = _squared(inputs) if cpu.usable(q, k, inputs[3]) else (-1, q.shape[:-2].numel())
             row = {"size": size, "N": q.shape[-2], "layer": layer, "matrices": matrices, "squared": squared,
                    "rho": rho, "degree": expm.chebyshev_degree(rho, q.dtype),
                    "ms_fwd_bwd": 1e3 * statistics.median(times["current"])}  # fmt: skip
@@ -129,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"the CPU kernels are not in use here ({cpu.status()})")
     torch.set_num_threads(args.threads)
     with baseline_package(args.baseline, parser.error) as baseline:
-        rows = measure(args, baseline)
+        try:
+            rows = measure(args, baseline)
+        except DeclinedError as exc:
+            parser.error(str(exc))
     from osa_lab.fileio import atomic_to_csv
     from osa_lab.reporting.provenance import csv_columns
 

@@ -378,6 +378,23 @@ def test_prepare_keeps_a_non_finite_bound():
 
 
 @needs_kernels
+def test_prepare_takes_the_frobenius_bound_where_the_squares_lose_their_digits():
+    """Every ‖S‖ near 1e-10, below ``small_skew_bound`` (the squares of S²'s entries come near
+    float32's smallest normal number): the matrix squared keeps ‖S‖_F/√2 (float64 from Sᵀ) rather
+    than the fourth root, as the reference does, and every bound stays ≥ ‖S‖₂."""
+    g = torch.Generator().manual_seed(8)
+    q, k = (torch.randn(5, 20, 16, generator=g) for _ in range(2))
+    c = torch.tensor([1e-12, 3e-12, 1e-11, 2e-12, 5e-12])
+    st_t, bound, squared, ref = _prepared_bounds(q, k, c)
+    n = q.shape[-2]
+    fro = torch.linalg.matrix_norm(st_t.double()) * 0.5**0.5
+    assert bool((fro < expm.small_skew_bound(n, torch.float32)).all()) and squared >= 1  # the case under test
+    torch.testing.assert_close(bound, expm.skew_bound_with_allowance(fro, n, torch.float32), rtol=1e-6, atol=0)
+    assert bool((bound >= torch.linalg.matrix_norm(st_t.double(), ord=2)).all())
+    assert float(bound.max()) == pytest.approx(float(ref.max()), rel=1e-6)
+
+
+@needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(
     b=st.integers(1, 12),

@@ -270,11 +270,13 @@ static void backward_range(job_t *job, int first, int last, float *work)
     for (int b = first; b < last; ++b) {
         const float *x = job->st + (int64_t)b * N * Np;  /* padded rows: read in place */
         prefetch_rows(&job->g, b, last, N, 0);
-        prefetch_rows(&job->q, b, last, N, 0);
-        prefetch_rows(&job->k, b, last, N, 0);
-        prefetch_rows(&job->gq, b, last, N, 1);
-        prefetch_rows(&job->gk, b, last, N, 1);
         prefetch_rows(&job->gv, b, last, N, 1);
+        if (need_x) {
+            prefetch_rows(&job->q, b, last, N, 0);
+            prefetch_rows(&job->k, b, last, N, 0);
+            prefetch_rows(&job->gq, b, last, N, 1);
+            prefetch_rows(&job->gk, b, last, N, 1);
+        }
         const float *z = job->zs + (int64_t)b * m * sz;
         memset(gt, 0, sizeof(float) * sz);
         for (int i = 0; i < N; ++i)

@@ -124,6 +124,7 @@ def chebyshev_forward(
     b, m = st.shape[0], len(coef) - 1
     if st.shape != (math.prod(v.shape[:-2]), n, _padded(n)) or not st.is_contiguous() or m < 1:
         raise OSAInputError(f"`st` of shape {tuple(st.shape)} does not fit v of shape {tuple(v.shape)} (or no terms)")
+    st = _aligned(st)  # the products load its rows as 32-byte vectors
     y = pool.empty_like(v)  # v's order of dimensions: a layer's merge of the heads is a view
     zs = pool.empty((b, m, _padded(d), _padded(n)))  # kept for the backward, as st
     y_sq = torch.empty(b, dtype=torch.float64)

@@ -218,9 +218,11 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
 
 def skew_bound_with_allowance(bound: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     """:func:`skew_spectral_bound`'s rounding allowance and slack added to per-matrix bounds
-    computed elsewhere (the CPU kernels' :func:`~osa_lab.ops.cpu.kernels.prepare`: the same
-    ``(‖D²‖_F²/2)^{1/4}`` with ``D²`` in ``dtype`` and its squares summed in float64, or
-    ``‖D‖_F/√2`` below :func:`small_skew_bound`, for N×N skew ``D``), in place."""
+    computed elsewhere, in place: the CPU kernels' :func:`~osa_lab.ops.cpu.kernels.prepare`, for
+    N×N skew ``D``, gives ``min((‖D²‖_F²/2)^{1/4}, ‖D‖_F/√2)`` with ``D²`` in ``dtype`` and its
+    squares summed in float64 (the reference's bound, or the Frobenius one where that is smaller
+    by rounding), ``‖D‖_F/√2`` below :func:`small_skew_bound` and for the matrices it did not
+    square. Their largest matches the reference's up to the rounding of the sums."""
     return _with_rounding_allowance(bound, n, dtype)
 
 
