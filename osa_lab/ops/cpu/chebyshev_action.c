@@ -114,9 +114,10 @@ typedef struct {
 } view_t;
 
 /* Software prefetch of the first cache line of each row of matrix b + PREFETCH_AHEAD of a strided
- * view (the whole row at a head width of 16 floats), while matrix b is computed. A head-split view's rows are a few hundred bytes apart and each matrix takes every
- * heads-th cache line, a pattern the hardware prefetchers follow poorly (BENCHMARKS.md, the
- * small-N action's prefetch). write = 1 for an output's rows. -DPREFETCH_AHEAD=0 leaves it out. */
+ * view (the whole row at a head width of 16 floats), while matrix b is computed: a head-split
+ * view's rows are a few hundred bytes apart and each matrix takes every heads-th cache line.
+ * Timed against a build without it, the gain was not resolved (BENCHMARKS.md, the small-N
+ * action's prefetch). write = 1 for an output's rows. -DPREFETCH_AHEAD=0 leaves it out. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2
 #endif
@@ -386,10 +387,10 @@ static int by_key_descending(const void *a, const void *b)
 
 /* Tighten job->bound (‖S‖_F/√2 from the first phase) with S² where it can change the batch's
  * largest bound, and nowhere else. Matrices go in decreasing order of ‖S‖_F: one at a time on
- * one thread, else in spans of nthreads, 2·nthreads, … (each span split over the threads); once the next matrix's ‖S‖_F/√2
- * is at most the largest bound so far, no later matrix can raise it (each one's bound is at
- * most its ‖S‖_F/√2), so they keep ‖S‖_F/√2: a valid bound of each, and the batch's largest
- * is what squaring every matrix gives. A matrix whose ‖S‖_F is not finite keeps it (NaN or
+ * one thread, else in spans of nthreads, 2·nthreads, … (each span split over the threads).
+ * Once the next matrix's ‖S‖_F/√2 is at most the largest bound so far, no later matrix can
+ * raise it (each one's bound is at most its ‖S‖_F/√2), so they keep ‖S‖_F/√2: a valid bound
+ * of each, and the batch's largest is what squaring every matrix gives. A matrix whose ‖S‖_F is not finite keeps it (NaN or
  * Inf decides the largest anyway). Writes the number squared to *squared. */
 static int select_squares(job_t *job, int *squared)
 {
