@@ -27,7 +27,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,7 +34,7 @@ import torch
 
 import osa_lab
 from osa_lab.arguments import check_output_file, positive_int
-from osa_lab.benchmarking.timing import emit_table
+from osa_lab.benchmarking.timing import emit_table, interleaved_rounds
 from osa_lab.errors import ConfigurationError, MethodUnavailableError, is_user_error
 from osa_lab.fileio import atomic_to_csv
 from osa_lab.ops.cpu import build
@@ -61,22 +60,6 @@ def _variant(text: str) -> tuple[str, str, dict[str, int]]:
         if not eq:
             raise argparse.ArgumentTypeError(f"{item!r} in {text!r}: a define is NAME=INT, e.g. MR=3")
     return name, march, defines
-
-
-def _time_rounds(steps: dict, rounds: int, calls: int) -> dict[str, list[float]]:
-    """Seconds per call of every step, per round; the order of the steps reversed every other round."""
-    names = list(steps)
-    for name in names:  # warm-up: the builds' first calls and the pools
-        for _ in range(3):
-            steps[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(rounds):
-        for name in names if i % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
-            for _ in range(calls):
-                steps[name]()
-            times[name].append((time.perf_counter() - start) / calls)
-    return times
 
 
 def _inputs(batch: int, n: int, width: int, heads: int, g: torch.Generator, grad: bool):
@@ -140,7 +123,7 @@ def _measure(args: argparse.Namespace, libs: dict) -> list[dict]:
         steps = {name: _step(libs[name], *tensors, args.alpha, not args.forward_only) for name in names}
         load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")
         print(f"N = {n}: {args.rounds} rounds × {len(names)} builds …", flush=True)
-        times = _time_rounds(steps, args.rounds, args.calls)
+        times, _ = interleaved_rounds(steps, args.rounds, warmup=3, calls=args.calls)  # wall seconds
         base = times[names[0]]
         for name, march, defines in args.variant:
             ratios = sorted(a / b for a, b in zip(times[name], base, strict=True))

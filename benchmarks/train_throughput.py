@@ -57,7 +57,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -65,7 +64,7 @@ import torch.nn.functional as F
 
 from osa_lab.arguments import ArgumentParser, positive_int
 from osa_lab.benchmarking.baseline import baseline_package, baseline_problem, paired_quartiles
-from osa_lab.benchmarking.timing import emit_table, machine_info
+from osa_lab.benchmarking.timing import emit_table, interleaved_rounds, machine_info
 from osa_lab.fileio import atomic_to_csv
 from osa_lab.nn.models import build_classifier
 from osa_lab.nn.presets import get_preset
@@ -107,32 +106,6 @@ def step_fn(
 
     step.model = model
     return step, sum(p.numel() for p in model.parameters()), cfg.tokens
-
-
-def _time_rounds(fns: dict, repeat: int, warmup: int) -> tuple[dict, dict, dict]:
-    """Median wall and process-CPU seconds per call of each ``fns[key]()``, alternating in rounds
-    (the order reversed every other round: no configuration always runs first or after the same
-    one), and every round's CPU seconds.
-
-    On a shared machine the wall time of a 1-thread step includes the time the scheduler gives to
-    other processes; the CPU time (``time.process_time``) does not, so its ratio is the steadier
-    one under load. Both are reported.
-    """
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    wall: dict = {key: [] for key in fns}
-    cpu: dict = {key: [] for key in fns}
-    order = list(fns.items())
-    for _ in range(repeat):
-        for key, fn in order:
-            w0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            cpu[key].append(time.process_time() - c0)
-            wall[key].append(time.perf_counter() - w0)
-        order.reverse()
-    median = statistics.median
-    return {k: median(v) for k, v in wall.items()}, {k: median(v) for k, v in cpu.items()}, cpu
 
 
 def _within(step, context):
@@ -283,7 +256,9 @@ def _measure(args, lab) -> list[dict]:
                 continue
             built[(preset, method)] = (timed, n_params, tokens)
         # Interleaved rounds: load that comes and goes hits every configuration alike.
-        seconds, cpu, rounds = _time_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2)
+        wall, rounds = interleaved_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2)
+        seconds = {key: statistics.median(v) for key, v in wall.items()}
+        cpu = {key: statistics.median(v) for key, v in rounds.items()}
         base, cpu_base = seconds.get(("vit", "—")), cpu.get(("vit", "—"))
         before = ("skipless-osa", f"auto at {args.baseline}")
         paired = {}

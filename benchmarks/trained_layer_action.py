@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ from train_throughput import SIZES, scale_alpha, step_fn  # noqa: E402
 
 from osa_lab.arguments import ArgumentParser, positive_float, positive_int  # noqa: E402
 from osa_lab.benchmarking.baseline import baseline_package, baseline_problem, paired_quartiles  # noqa: E402
-from osa_lab.benchmarking.timing import emit_table  # noqa: E402
+from osa_lab.benchmarking.timing import emit_table, interleaved_rounds  # noqa: E402
 from osa_lab.ops import cpu, expm  # noqa: E402
 
 
@@ -97,14 +96,7 @@ def measure(args, baseline) -> list[dict]:
             if baseline is not None:
                 fns["baseline"] = _fwd_bwd(baseline.ops.expm.osa_chebyshev_action, inputs)
             outputs = {key: fn() for key, fn in fns.items()}  # warm-up, and the outputs compared
-            times: dict = {key: [] for key in fns}
-            order = list(fns.items())
-            for _ in range(args.repeat):
-                for key, fn in order:
-                    t0 = time.process_time()
-                    fn()
-                    times[key].append(time.process_time() - t0)
-                order.reverse()
+            _, times = interleaved_rounds(fns, args.repeat, warmup=0)  # process time; warmed up above
             row = {"size": size, "N": q.shape[-2], "layer": layer, "matrices": matrices, "squared": squared,
                    "rho": rho, "degree": expm.chebyshev_degree(rho, q.dtype),
                    "ms_fwd_bwd": 1e3 * statistics.median(times["current"])}  # fmt: skip

@@ -77,6 +77,35 @@ def time_interleaved(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def interleaved_rounds(
+    fns: dict, rounds: int, *, warmup: int = 1, calls: int = 1
+) -> tuple[dict[object, list[float]], dict[object, list[float]]]:
+    """Wall and process-CPU seconds per call of each ``fns[key]()``, one list entry per round:
+    every function runs ``calls`` times per round, in the order of ``fns`` and reversed every
+    other round (no function always runs first or after the same one), after ``warmup`` calls each.
+
+    Per-round lists let a benchmark pair two functions within each round (the ratio of their
+    times under the same load) as well as take medians. The CPU time (``time.process_time``)
+    leaves out the time the scheduler gives other processes, so on a shared machine its ratios
+    are the steadier ones.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    wall: dict = {key: [] for key in fns}
+    cpu: dict = {key: [] for key in fns}
+    order = list(fns.items())
+    for _ in range(rounds):
+        for key, fn in order:
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                fn()
+            cpu[key].append((time.process_time() - c0) / calls)
+            wall[key].append((time.perf_counter() - w0) / calls)
+        order.reverse()
+    return wall, cpu
+
+
 def _proc_status_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:

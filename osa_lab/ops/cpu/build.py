@@ -251,10 +251,7 @@ def built_library() -> ctypes.CDLL | None:
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, built on the first call; None where they are turned off or cannot be built."""
-    if not enabled():
-        return None
-    override = _override.get()
-    return override if override is not None else _build()
+    return built_library() if enabled() else None
 
 
 def status() -> str:

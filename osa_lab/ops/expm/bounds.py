@@ -168,10 +168,14 @@ def small_skew_bound(n: int, dtype: torch.dtype) -> float:
     return (torch.finfo(dtype).tiny * n * 1e3) ** 0.25
 
 
-def _with_rounding_allowance(bound: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """``bound`` raised by ``N² u`` (the rounding of ``D²`` and its norm) and
+def skew_bound_with_allowance(bound: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``bound`` raised, in place, by ``N² u`` (the rounding of ``D²`` and its norm) and
     :data:`NORM_BOUND_SLACK`, plus the smallest normal number: a bound among the subnormals is
-    rounded by more than any relative slack lifts it."""
+    rounded by more than any relative slack lifts it. :func:`skew_spectral_bound` ends with it,
+    and so do bounds computed elsewhere: the CPU kernels' :func:`~osa_lab.ops.cpu.kernels.prepare`
+    gives, for N×N skew ``D``, ``min((‖D²‖_F²/2)^{1/4}, ‖D‖_F/√2)`` with ``D²`` in ``dtype`` and
+    its squares summed in float64, and ``‖D‖_F/√2`` below :func:`small_skew_bound` and for the
+    matrices it did not square; their largest matches the reference's up to the rounding of the sums."""
     info = torch.finfo(dtype)
     return bound.mul_(1 + n * n * info.eps / 2 + NORM_BOUND_SLACK).add_(info.tiny)
 
@@ -213,17 +217,7 @@ def skew_spectral_bound(d: torch.Tensor, scratch: torch.Tensor | None = None) ->
         largest = d.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(d.dtype).tiny)
         fro = torch.linalg.vector_norm(d / largest, dim=(-2, -1)) * largest[..., 0, 0]
         bound = torch.where(small, fro * _SQRT_HALF, bound)
-    return _with_rounding_allowance(bound, n, d.dtype)
-
-
-def skew_bound_with_allowance(bound: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`skew_spectral_bound`'s rounding allowance and slack added to per-matrix bounds
-    computed elsewhere, in place: the CPU kernels' :func:`~osa_lab.ops.cpu.kernels.prepare`, for
-    N×N skew ``D``, gives ``min((‖D²‖_F²/2)^{1/4}, ‖D‖_F/√2)`` with ``D²`` in ``dtype`` and its
-    squares summed in float64 (the reference's bound, or the Frobenius one where that is smaller
-    by rounding), ``‖D‖_F/√2`` below :func:`small_skew_bound` and for the matrices it did not
-    square. Their largest matches the reference's up to the rounding of the sums."""
-    return _with_rounding_allowance(bound, n, dtype)
+    return skew_bound_with_allowance(bound, n, d.dtype)
 
 
 def skew_norm_bound(s: torch.Tensor) -> float:
