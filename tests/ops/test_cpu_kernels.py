@@ -21,6 +21,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import osa_lab
+from osa_lab.errors import OSAInputError
 from osa_lab.ops import cpu, expm
 from osa_lab.ops.cpu import build, pool
 from tests.helpers import autograd_node_names, rel_err
@@ -496,6 +497,46 @@ def test_pool_keeps_at_most_its_limit(monkeypatch):
     assert pool._POOL.bytes <= 10_000 and sum(len(v) for v in pool._POOL.arrays.values()) == 2
     assert len({t.data_ptr() for t in kept}) == 5
     assert pool.release() == 2 * 4064 and pool._POOL.bytes == 0
+
+
+def test_pool_serves_a_larger_request_from_a_reserved_buffer(monkeypatch):
+    """A buffer made with ``reserve`` serves a later, larger request once free; a request takes
+    the smallest free buffer that holds it, and none more than ``REUSE_SLACK`` times its size."""
+    monkeypatch.setattr(pool, "_POOL", pool._Pool())
+    first = pool.empty((6, 100), reserve=800)
+    assert first.shape == (6, 100) and first.data_ptr() % 64 == 0
+    held = first.data_ptr()
+    del first
+    grown = pool.empty((8, 100))  # 800 elements: fits the reserve
+    assert grown.data_ptr() == held
+    too_big = pool.empty((9, 100))  # beyond the reserve: a new buffer
+    assert too_big.data_ptr() != held
+    del grown, too_big
+    small = pool.empty((2, 100))  # 200 elements: both free buffers exceed twice its size
+    assert small.data_ptr() != held
+    del small
+    assert pool.empty((5, 100)).data_ptr() == held  # the smaller of the two that fit
+    assert sum(len(v) for v in pool._POOL.arrays.values()) == 3
+
+
+def test_pool_refuses_a_reserve_its_own_size_could_not_reuse():
+    with pytest.raises(OSAInputError, match="REUSE_SLACK"):
+        pool.empty((10,), reserve=100)
+
+
+@needs_kernels
+def test_kernels_saved_iterates_reuse_memory_as_the_degree_rises(monkeypatch):
+    """The forward's saved iterates keep room for more terms: a forward of degree m + 1 after one
+    of degree m (freed) writes into the same memory instead of a fresh buffer."""
+    monkeypatch.setattr(pool, "_POOL", pool._Pool())
+    q, k, v = (torch.randn(4, 20, 16) for _ in range(3))
+    st, _, _ = cpu.prepare(q, k, torch.full((4,), 0.1), expm.small_skew_bound(20, q.dtype))
+    coef = expm.chebyshev_coefficients(1.0, 8)
+    _, zs, _, _ = cpu.chebyshev_forward(st, v, coef, 1.0)
+    held = zs.data_ptr()
+    del zs
+    _, zs, _, _ = cpu.chebyshev_forward(st, v, expm.chebyshev_coefficients(1.0, 10), 1.0)
+    assert zs.shape[1] == 10 and zs.data_ptr() == held
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,13 @@ faults them in anew (BENCHMARKS.md).
 A buffer is a NumPy array held by this thread's pool. A tensor handed out is a view of it
 (``torch.from_numpy``), and every tensor or view of that memory keeps a reference to the array,
 autograd's saved tensors included; so the array is handed out again only when the pool's own
-reference is the last one (``sys.getrefcount``), never while anything can still read it. At most
-:data:`POOL_LIMIT_BYTES` per thread are kept: a new size evicts unused buffers of the sizes least
-recently asked for, and beyond the limit tensors are fresh ones.
+reference is the last one (``sys.getrefcount``), never while anything can still read it. A
+request takes the smallest free buffer that holds it and is at most :data:`REUSE_SLACK` times its
+size, so a caller whose sizes drift upward (the action's saved iterates, one block per term of a
+degree that follows ``‖S‖`` through training) can ask for headroom (``reserve``) and have the
+next larger request served by the same memory. At most :data:`POOL_LIMIT_BYTES` per thread are
+kept: a new buffer evicts unused buffers of the sizes least recently used, and beyond the limit
+tensors are fresh ones.
 
 A pooled tensor's storage is a NumPy array's memory: it cannot be resized (``resize_`` to a larger
 size raises), and ``torch.utils.deterministic.fill_uninitialized_memory`` does not fill it (every
@@ -32,8 +36,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from osa_lab.errors import OSAInputError
+
 #: Most bytes one thread's pool keeps (beyond it, :func:`empty` returns fresh tensors).
 POOL_LIMIT_BYTES = 256 * 2**20
+
+#: Largest ratio of a reused buffer's size to the request's (a request takes the smallest that fits).
+REUSE_SLACK = 2.0
 
 _ALIGN = 64  # bytes: the kernels load 32-byte vectors from rows that start at multiples of 32
 
@@ -105,23 +114,26 @@ def _free(arrays: list[np.ndarray], i: int) -> bool:
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
-def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, reserve: int = 0) -> torch.Tensor:
     """An uninitialised, contiguous, 64-byte aligned CPU tensor of ``shape`` and ``dtype``
     (float32 or float64) whose memory comes from this thread's pool (reused once nothing refers
-    to it any more). A new buffer of :data:`HUGE_PAGE_MIN_BYTES` or more is advised huge pages
-    before its first write."""
+    to it any more): the smallest free buffer that holds it and is at most :data:`REUSE_SLACK`
+    times its size. A new buffer holds ``max(numel, reserve)`` elements (``reserve`` at most
+    :data:`REUSE_SLACK` × numel, so that the buffer serves its own size again); one of
+    :data:`HUGE_PAGE_MIN_BYTES` or more is advised huge pages before its first write."""
     count = math.prod(shape)
-    nbytes = count * dtype.itemsize + _ALIGN
-    arrays = _POOL.arrays.pop(nbytes, [])
-    _POOL.arrays[nbytes] = arrays  # the most recently asked-for size last (eviction order)
-    for i in range(len(arrays)):
-        if _free(arrays, i):
-            return _view(arrays[i], count, shape, dtype)
+    need = count * dtype.itemsize + _ALIGN
+    nbytes = max(count, reserve) * dtype.itemsize + _ALIGN
+    if nbytes > need * REUSE_SLACK:
+        raise OSAInputError(f"reserve={reserve} is more than REUSE_SLACK = {REUSE_SLACK} times the {count} elements asked for")
+    array = _reuse(need)
+    if array is not None:
+        return _view(array, count, shape, dtype)
     array = np.empty(nbytes, dtype=np.uint8)
     if _POOL.bytes + nbytes > POOL_LIMIT_BYTES:
         _evict(POOL_LIMIT_BYTES - nbytes)
     if _POOL.bytes + nbytes <= POOL_LIMIT_BYTES:
-        arrays.append(array)
+        _POOL.arrays[nbytes] = [*_POOL.arrays.pop(nbytes, []), array]  # most recently used last
         _POOL.bytes += nbytes
     out = _view(array, count, shape, dtype)
     if nbytes >= HUGE_PAGE_MIN_BYTES:
@@ -129,10 +141,22 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     return out
 
 
+def _reuse(need: int) -> np.ndarray | None:
+    """The smallest free buffer of ``need`` to ``need × REUSE_SLACK`` bytes, its size moved to the
+    end of the eviction order; None when there is none."""
+    for size in sorted(size for size in _POOL.arrays if need <= size <= need * REUSE_SLACK):
+        arrays = _POOL.arrays[size]
+        for array_index in range(len(arrays)):
+            if _free(arrays, array_index):
+                _POOL.arrays[size] = _POOL.arrays.pop(size)  # most recently used last
+                return arrays[array_index]
+    return None
+
+
 def _evict(keep: int) -> None:
-    """Drop unused buffers, of sizes least recently asked for first, until the pool holds at most
+    """Drop unused buffers, of sizes least recently used first, until the pool holds at most
     ``keep`` bytes (buffers in use stay)."""
-    for size in list(_POOL.arrays):  # dicts keep insertion order: :func:`empty` moves a size to the end
+    for size in list(_POOL.arrays):  # dicts keep insertion order: a size used is moved to the end
         arrays = _POOL.arrays[size]
         for i in range(len(arrays) - 1, -1, -1):
             if _POOL.bytes <= keep:
