@@ -11,6 +11,8 @@ in rounds (one call of every configuration per round), median
 of ``--repeat`` rounds of wall time and of process CPU time. Times depend on the machine's
 load; the ratio columns are what to read, and on a loaded machine ``cpu_ratio_to_vit`` (CPU
 time excludes the time the scheduler gives other processes) is the steadier one.
+``minor_faults_per_step`` (median of the rounds) counts the step's first touches of memory
+freshly mapped from the kernel, each a trip into it (``getrusage``).
 
     .venv/bin/python benchmarks/train_throughput.py                       # digits + MNIST sizes
     .venv/bin/python benchmarks/train_throughput.py --threads 2 --repeat 10
@@ -256,7 +258,8 @@ def _measure(args, lab) -> list[dict]:
                 continue
             built[(preset, method)] = (timed, n_params, tokens)
         # Interleaved rounds: load that comes and goes hits every configuration alike.
-        wall, rounds = interleaved_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2)
+        faults: dict = {}
+        wall, rounds = interleaved_rounds({key: fn for key, (fn, _, _) in built.items()}, args.repeat, warmup=2, faults=faults)
         seconds = {key: statistics.median(v) for key, v in wall.items()}
         cpu = {key: statistics.median(v) for key, v in rounds.items()}
         base, cpu_base = seconds.get(("vit", "—")), cpu.get(("vit", "—"))
@@ -276,6 +279,7 @@ def _measure(args, lab) -> list[dict]:
                     "ratio_to_vit": seconds[(preset, method)] / base if base else float("nan"),
                     "cpu_ms_per_step": 1e3 * cpu[(preset, method)],
                     "cpu_ratio_to_vit": cpu[(preset, method)] / cpu_base if cpu_base else float("nan"),
+                    "minor_faults_per_step": statistics.median(faults[(preset, method)]),
                     "target": TARGETS[name.split()[0]] if preset == "skipless-osa" and method != "exp(S) skipped" else "",
                     **(paired if method == "auto" else dict.fromkeys(paired, float("nan"))),
                 }

@@ -78,11 +78,13 @@ def time_interleaved(
 
 
 def interleaved_rounds(
-    fns: dict, rounds: int, *, warmup: int = 1, calls: int = 1
+    fns: dict, rounds: int, *, warmup: int = 1, calls: int = 1, faults: dict | None = None
 ) -> tuple[dict[object, list[float]], dict[object, list[float]]]:
     """Wall and process-CPU seconds per call of each ``fns[key]()``, one list entry per round:
     every function runs ``calls`` times per round, in the order of ``fns`` and reversed every
     other round (no function always runs first or after the same one), after ``warmup`` calls each.
+    A dict given as ``faults`` is filled the same way with the process's minor page faults per
+    call (``getrusage``'s ``ru_minflt``: first touches of memory freshly mapped from the kernel).
 
     Per-round lists let a benchmark pair two functions within each round (the ratio of their
     times under the same load) as well as take medians. The CPU time (``time.process_time``)
@@ -94,14 +96,19 @@ def interleaved_rounds(
             fn()
     wall: dict = {key: [] for key in fns}
     cpu: dict = {key: [] for key in fns}
+    if faults is not None:
+        faults.update({key: [] for key in fns})
     order = list(fns.items())
     for _ in range(rounds):
         for key, fn in order:
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 fn()
             cpu[key].append((time.process_time() - c0) / calls)
             wall[key].append((time.perf_counter() - w0) / calls)
+            if faults is not None:
+                faults[key].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls)
         order.reverse()
     return wall, cpu
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
+
 import pandas as pd
 import pytest
 import torch
 
 from osa_lab.benchmarking import runner as bench
-from osa_lab.benchmarking.timing import count_matmul_flops, time_interleaved
+from osa_lab.benchmarking.timing import count_matmul_flops, interleaved_rounds, time_interleaved
 from osa_lab.ops import cpu
 from osa_lab.ops.cpu import gram_kernels
 from tests.helpers import assert_cli_user_error
@@ -23,6 +25,25 @@ def test_time_interleaved_alternates_calls_and_honours_fewer_rounds():
     calls.clear()
     time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeat={"a": 2}, warmup=0)
     assert calls == ["a", "b", "a", "b"]  # a name left out of the dict runs every round
+
+
+def test_interleaved_rounds_counts_the_page_faults_of_fresh_memory():
+    """``faults=``: minor page faults per call, per round; a call that writes every 4 KiB page of
+    8 MiB freshly mapped from the kernel faults at least once per page, one that maps nothing
+    about never."""
+    pages = 2048
+
+    def fresh() -> None:
+        with mmap.mmap(-1, pages * 4096) as block:
+            for page in range(pages):
+                block[page * 4096] = 1
+
+    faults: dict = {}
+    wall, cpu_time = interleaved_rounds({"fresh": fresh, "idle": lambda: None}, 3, warmup=1, faults=faults)
+    assert set(faults) == set(wall) == set(cpu_time) == {"fresh", "idle"}
+    assert all(len(v) == 3 for v in faults.values())
+    assert min(faults["fresh"]) >= pages
+    assert max(faults["idle"]) < pages / 10
 
 
 def test_bench_quick_writes_the_table(tmp_path, capsys):
