@@ -9,9 +9,10 @@ kernel and then held (up to ``POOL_LIMIT_BYTES``).
 This runs ``--steps`` training steps of the network of ``benchmarks/train_throughput.py``
 (``skipless-osa``, depth 6, width 64, 4 heads, batch 64, every α times ``--alpha-scale``, one
 fixed batch, AdamW at 1e-3) from an empty pool and reports, per size: the buffers the pool made
-(``buffers_made``; three per layer is the least, ``st``, the output and the iterates), the MiB it
-made them of, the last step at which it made one, the degrees of the layers at the last step and
-the minor page faults of the whole run. ``--baseline REV`` runs the same steps with the package as
+(``buffers_made``; three per layer is the least, ``st``, the output and the iterates; counted
+among the buffers it holds after each step, so one made and evicted within a step is missed,
+which cannot happen below its limit), the MiB it made them of, the last step at which it made
+one, the degrees of the layers' actions in the last step and the minor page faults of the steps. ``--baseline REV`` runs the same steps with the package as
 it was at git revision ``REV`` (:mod:`osa_lab.benchmarking.baseline`; its own pool), after the
 current one. The pool is read through its module state (``_POOL``), which both have.
 
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import resource
 import sys
+import weakref
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -38,8 +41,9 @@ from osa_lab.benchmarking.timing import emit_table  # noqa: E402
 from osa_lab.ops import cpu  # noqa: E402
 
 
-def _degrees(lab, step) -> list[int]:
-    """The degree each OSA layer's action takes in one forward of ``step``'s model (no update)."""
+def _recording_degrees(lab) -> tuple[list[int], object]:
+    """A list the degrees of the OSA layers' actions go into while the returned restore() is not
+    called (the revision's ``chebyshev_degree`` wrapped)."""
     seen: list[int] = []
     chebyshev = lab.ops.expm.chebyshev
     degree = chebyshev.chebyshev_degree
@@ -50,34 +54,40 @@ def _degrees(lab, step) -> list[int]:
         return out
 
     chebyshev.chebyshev_degree = record
-    try:
-        with torch.no_grad():
-            step.model(step.inputs)
-    finally:
+
+    def restore() -> None:
         chebyshev.chebyshev_degree = degree
-    return seen
+
+    return seen, restore
 
 
-def run(lab, size: str, steps: int, alpha_scale: float) -> dict:
+def run(lab: ModuleType, size: str, steps: int, alpha_scale: float) -> dict:
     """One run of ``steps`` steps with package ``lab`` from an empty pool."""
     name, image_size, patch, sequence = next(s for s in SIZES if s[0].split()[0] == size)
     step, _, _ = step_fn("skipless-osa", image_size, patch, 64, {"depth": 6, "dim": 64, "heads": 4}, sequence, lab)
     scale_alpha(step, alpha_scale)
     pool = lab.ops.cpu.pool
     pool.release()
-    made: dict[int, int] = {}  # id of each buffer the pool has held → its size
+    made: dict[int, tuple[weakref.ref, int]] = {}  # every buffer the pool has held: a weak reference, its size
     last_new = 0
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # the steps only, not the model's building
     for i in range(1, steps + 1):
-        step()
-        held = {id(a): a.nbytes for arrays in pool._POOL.arrays.values() for a in arrays}
-        if set(held) - set(made):
-            last_new = i
-        made.update(held)
+        if i == steps:
+            degrees, restore = _recording_degrees(lab)  # the degrees of the last step's forward
+        try:
+            step()
+        finally:
+            if i == steps:
+                restore()
+        for array in (a for arrays in pool._POOL.arrays.values() for a in arrays):
+            known = made.get(id(array))
+            if known is None or known[0]() is not array:  # (an id can come back once a buffer is freed)
+                made[id(array)] = (weakref.ref(array), array.nbytes)
+                last_new = i
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return {"size": size, "package": lab.__name__, "steps": steps, "buffers_made": len(made),
-            "mib_made": sum(made.values()) / 2**20, "mib_held": pool._POOL.bytes / 2**20,
-            "last_new_buffer_at_step": last_new, "degrees_at_end": " ".join(map(str, _degrees(lab, step))),
+            "mib_made": sum(size for _, size in made.values()) / 2**20, "mib_held": pool._POOL.bytes / 2**20,
+            "last_new_buffer_at_step": last_new, "degrees_last_step": " ".join(map(str, degrees)),
             "minor_faults": faults}  # fmt: skip
 
 

@@ -2,10 +2,11 @@
 working tree's as ``osa_lab_baseline``, so that a benchmark times both in the same interleaved
 rounds (between processes this machine's speed drifts by more than most changes move a step).
 
-Used by ``benchmarks/osa_call_overhead.py``, ``benchmarks/train_throughput.py`` and
-``benchmarks/trained_layer_action.py`` (``--baseline REV``). The revision is exported from this checkout's own history with ``git archive`` (regular
-files only, no path outside the folder); every ``osa_lab`` name in its Python sources is renamed,
-and its CPU kernels build from its own C sources.
+Used by ``benchmarks/osa_call_overhead.py``, ``benchmarks/train_throughput.py``,
+``benchmarks/trained_layer_action.py`` and ``benchmarks/pool_growth.py`` (``--baseline REV``).
+The revision is exported from this checkout's own history with ``git archive`` (regular files
+only, no path outside the folder); every ``osa_lab`` name in its Python sources is renamed, and
+its CPU kernels build from its own C sources.
 """
 
 from __future__ import annotations

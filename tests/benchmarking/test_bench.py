@@ -35,6 +35,8 @@ def test_interleaved_rounds_counts_the_page_faults_of_fresh_memory():
 
     def fresh() -> None:
         with mmap.mmap(-1, pages * 4096) as block:
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):  # 4 KiB pages even where huge pages are always on
+                block.madvise(mmap.MADV_NOHUGEPAGE)
             for page in range(pages):
                 block[page * 4096] = 1
 

@@ -25,14 +25,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @needs_kernels
-def test_each_package_runs_the_steps_from_an_empty_pool(tmp_path):
+def test_each_package_runs_the_steps_and_counts_its_buffers(tmp_path):
     out = tmp_path / "pg.csv"
     done = _run("--sizes", "mnist1d", "--steps", "2", "--baseline", "HEAD", "--out", str(out))
     assert done.returncode == 0, done.stderr
     rows = pd.read_csv(out)
     assert list(rows["package"]) == ["osa_lab", "osa_lab_baseline"] and set(rows["steps"]) == {2}
     for _, row in rows.iterrows():
-        degrees = [int(d) for d in row["degrees_at_end"].split()]
+        degrees = [int(d) for d in row["degrees_last_step"].split()]
         assert len(degrees) == 6 and min(degrees) >= 1  # one per OSA layer
         # at least st, the output and the iterates per layer; all held (far below the pool's limit)
         assert row["buffers_made"] >= 3 * 6 and row["mib_held"] == pytest.approx(row["mib_made"])

@@ -519,6 +519,20 @@ def test_pool_serves_a_larger_request_from_a_reserved_buffer(monkeypatch):
     assert sum(len(v) for v in pool._POOL.arrays.values()) == 3
 
 
+def test_pool_evicts_the_size_least_recently_used(monkeypatch):
+    """Beyond the limit a new buffer evicts unused buffers of the sizes least recently used: a
+    size reused since is kept."""
+    monkeypatch.setattr(pool, "_POOL", pool._Pool())
+    monkeypatch.setattr(pool, "POOL_LIMIT_BYTES", 10_000)
+    a, b = pool.empty((1000,)), pool.empty((1200,))  # 4,064 and 4,864 bytes
+    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    del a, b
+    assert pool.empty((1000,)).data_ptr() == a_ptr  # a's size is now the most recently used
+    pool.empty((300,))  # 1,264 bytes more would pass the limit: one buffer goes
+    held = {int(arr.ctypes.data) for arrays in pool._POOL.arrays.values() for arr in arrays}
+    assert any(abs(ptr - a_ptr) < 64 for ptr in held) and not any(abs(ptr - b_ptr) < 64 for ptr in held)
+
+
 def test_pool_refuses_a_reserve_its_own_size_could_not_reuse():
     with pytest.raises(OSAInputError, match="REUSE_SLACK"):
         pool.empty((10,), reserve=100)

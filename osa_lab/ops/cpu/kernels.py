@@ -127,7 +127,7 @@ def chebyshev_forward(
     st = _aligned(st)  # the products load its rows as 32-byte vectors
     y = pool.empty_like(v)  # v's order of dimensions: a layer's merge of the heads is a view
     # kept for the backward, as st; room for a quarter more terms, so that the degree's rise as
-    # ‖S‖ grows through training reuses this memory instead of faulting in a new buffer
+    # ‖S‖ grows through training reuses this memory instead of making a new buffer
     zs = pool.empty((b, m, _padded(d), _padded(n)), reserve=b * (m + -(-m // 4)) * _padded(d) * _padded(n))
     y_sq = torch.empty(b, dtype=torch.float64)
     v_sq = torch.empty(b, dtype=torch.float64)

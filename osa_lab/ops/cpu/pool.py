@@ -124,7 +124,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, reserve
     count = math.prod(shape)
     need = count * dtype.itemsize + _ALIGN
     nbytes = max(count, reserve) * dtype.itemsize + _ALIGN
-    if nbytes > need * REUSE_SLACK:
+    if reserve > REUSE_SLACK * count:
         raise OSAInputError(f"reserve={reserve} is more than REUSE_SLACK = {REUSE_SLACK} times the {count} elements asked for")
     array = _reuse(need)
     if array is not None:
@@ -137,7 +137,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, reserve
         _POOL.bytes += nbytes
     out = _view(array, count, shape, dtype)
     if nbytes >= HUGE_PAGE_MIN_BYTES:
-        advise_huge_pages(out)
+        advise_huge_pages(torch.from_numpy(array))  # the whole buffer, its reserve included
     return out
 
 
