@@ -61,6 +61,20 @@ def _recording_degrees(lab) -> tuple[list[int], object]:
     return seen, restore
 
 
+def _note_new_buffers(pool: ModuleType, made: dict) -> bool:
+    """Add the buffers ``pool`` holds that ``made`` does not know (id → weak reference, size);
+    True if there were any. A function of its own: a reference left in a caller's variable would
+    keep a buffer in use for the pool's next request, and the pool would make another."""
+    new = False
+    for arrays in pool._POOL.arrays.values():
+        for array in arrays:
+            known = made.get(id(array))
+            if known is None or known[0]() is not array:  # (an id can come back once a buffer is freed)
+                made[id(array)] = (weakref.ref(array), array.nbytes)
+                new = True
+    return new
+
+
 def run(lab: ModuleType, size: str, steps: int, alpha_scale: float) -> dict:
     """One run of ``steps`` steps with package ``lab`` from an empty pool."""
     name, image_size, patch, sequence = next(s for s in SIZES if s[0].split()[0] == size)
@@ -79,11 +93,8 @@ def run(lab: ModuleType, size: str, steps: int, alpha_scale: float) -> dict:
         finally:
             if i == steps:
                 restore()
-        for array in (a for arrays in pool._POOL.arrays.values() for a in arrays):
-            known = made.get(id(array))
-            if known is None or known[0]() is not array:  # (an id can come back once a buffer is freed)
-                made[id(array)] = (weakref.ref(array), array.nbytes)
-                last_new = i
+        if _note_new_buffers(pool, made):
+            last_new = i
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return {"size": size, "package": lab.__name__, "steps": steps, "buffers_made": len(made),
             "mib_made": sum(size for _, size in made.values()) / 2**20, "mib_held": pool._POOL.bytes / 2**20,
