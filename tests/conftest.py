@@ -45,6 +45,16 @@ def torch_threads_for_test():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def cpu_kernels_in_use():
+    """Skips the test where the small-N action's CPU kernels are not in use here (no C compiler,
+    or turned off); checked when the test runs, so collecting it builds nothing."""
+    from osa_lab.ops import cpu
+
+    if not cpu.usable(*(torch.ones(1, 2, 2) for _ in range(3))):
+        pytest.skip(f"the CPU kernels are not in use here ({cpu.status()})")
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread_per_module():
     """:func:`one_torch_thread` for a whole module, module-scoped fixtures included (training)."""

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+def run_benchmark(name: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python benchmarks/<name>.py *args`` in a fresh process with this checkout on PYTHONPATH
+    (captured text output)."""
+    env = dict(os.environ, PYTHONPATH=str(_ROOT))
+    script = _ROOT / "benchmarks" / f"{name}.py"
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
-import torch
 
-from osa_lab.ops import cpu
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "benchmarks", "pool_growth.py")
-needs_kernels = pytest.mark.skipif(
-    not cpu.usable(*(torch.ones(1, 2, 2) for _ in range(3))), reason="the CPU kernels are not built here"
-)
+from tests.helpers import run_benchmark
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=900)
-
-
-@needs_kernels
+@pytest.mark.usefixtures("cpu_kernels_in_use")
 def test_each_package_runs_the_steps_and_counts_its_buffers(tmp_path):
     out = tmp_path / "pg.csv"
-    done = _run("--sizes", "mnist1d", "--steps", "2", "--baseline", "HEAD", "--out", str(out))
+    done = run_benchmark("pool_growth", "--sizes", "mnist1d", "--steps", "2", "--baseline", "HEAD", "--out", str(out))
     assert done.returncode == 0, done.stderr
     rows = pd.read_csv(out)
     assert list(rows["package"]) == ["osa_lab", "osa_lab_baseline"] and set(rows["steps"]) == {2}
@@ -40,6 +24,6 @@ def test_each_package_runs_the_steps_and_counts_its_buffers(tmp_path):
 
 
 def test_a_bad_step_count_is_one_line_and_exit_2():
-    done = _run("--steps", "0")
+    done = run_benchmark("pool_growth", "--steps", "0")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines()[-1].endswith("must be an int ≥ 1, got '0'")

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
-import torch
 
-from osa_lab.ops import cpu
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "benchmarks", "trained_layer_action.py")
-needs_kernels = pytest.mark.skipif(
-    not cpu.usable(*(torch.ones(1, 2, 2) for _ in range(3))), reason="the CPU kernels are not built here"
-)
+from tests.helpers import run_benchmark
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=900)
-
-
-@needs_kernels
+@pytest.mark.usefixtures("cpu_kernels_in_use")
 def test_every_layer_is_timed_against_the_baseline_with_the_same_output(tmp_path):
     out = tmp_path / "tla.csv"
-    done = _run("--sizes", "mnist1d", "--repeat", "3", "--baseline", "HEAD", "--out", str(out))
+    done = run_benchmark("trained_layer_action", "--sizes", "mnist1d", "--repeat", "3", "--baseline", "HEAD", "--out", str(out))
     assert done.returncode == 0, done.stderr
     rows = pd.read_csv(out)
     assert list(rows["layer"]) == list(range(6)) and set(rows["N"]) == {20} and set(rows["matrices"]) == {256}
@@ -42,7 +26,7 @@ def test_every_layer_is_timed_against_the_baseline_with_the_same_output(tmp_path
 
 def test_a_bad_argument_is_one_line_and_exit_2():
     for args, message in ((["--sizes", "cifar"], "invalid choice"), (["--repeat", "1", "--baseline", "HEAD"], "--repeat 2")):
-        done = _run(*args)
+        done = run_benchmark("trained_layer_action", *args)
         assert done.returncode == 2, (args, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 2 and message in lines[-1], (args, lines)
