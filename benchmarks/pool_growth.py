@@ -23,9 +23,11 @@ Prints a table and writes ``bench_results/pool_growth.csv``.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -41,24 +43,23 @@ from osa_lab.benchmarking.timing import emit_table  # noqa: E402
 from osa_lab.ops import cpu  # noqa: E402
 
 
-def _recording_degrees(lab) -> tuple[list[int], object]:
-    """A list the degrees of the OSA layers' actions go into while the returned restore() is not
-    called (the revision's ``chebyshev_degree`` wrapped)."""
+@contextlib.contextmanager
+def _degrees_recorded(lab: ModuleType) -> Iterator[list[int]]:
+    """A list that the degrees of the OSA layers' actions go into inside the block (``lab``'s
+    ``chebyshev_degree`` wrapped, restored after it)."""
     seen: list[int] = []
     chebyshev = lab.ops.expm.chebyshev
     degree = chebyshev.chebyshev_degree
 
     def record(rho, dtype):
-        out = degree(rho, dtype)
-        seen.append(out)
-        return out
+        seen.append(degree(rho, dtype))
+        return seen[-1]
 
     chebyshev.chebyshev_degree = record
-
-    def restore() -> None:
+    try:
+        yield seen
+    finally:
         chebyshev.chebyshev_degree = degree
-
-    return seen, restore
 
 
 def _note_new_buffers(pool: ModuleType, made: dict) -> bool:
@@ -86,18 +87,13 @@ def run(lab: ModuleType, size: str, steps: int, alpha_scale: float) -> dict:
     last_new = 0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # the steps only, not the model's building
     for i in range(1, steps + 1):
-        if i == steps:
-            degrees, restore = _recording_degrees(lab)  # the degrees of the last step's forward
-        try:
-            step()
-        finally:
-            if i == steps:
-                restore()
+        with _degrees_recorded(lab) if i == steps else contextlib.nullcontext([]) as degrees:
+            step()  # the degrees kept are the last step's
         if _note_new_buffers(pool, made):
             last_new = i
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return {"size": size, "package": lab.__name__, "steps": steps, "buffers_made": len(made),
-            "mib_made": sum(size for _, size in made.values()) / 2**20, "mib_held": pool._POOL.bytes / 2**20,
+            "mib_made": sum(nbytes for _, nbytes in made.values()) / 2**20, "mib_held": pool._POOL.bytes / 2**20,
             "last_new_buffer_at_step": last_new, "degrees_last_step": " ".join(map(str, degrees)),
             "minor_faults": faults}  # fmt: skip
 

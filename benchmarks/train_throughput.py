@@ -106,7 +106,7 @@ def step_fn(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    step.model, step.inputs = model, x
+    step.model = model
     return step, sum(p.numel() for p in model.parameters()), cfg.tokens
 
 
