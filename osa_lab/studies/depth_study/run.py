@@ -4,8 +4,10 @@ The JSON (no checkpoint, a few kB) holds the run's settings, its final validatio
 accuracy (of the **final** checkpoint), the per-epoch training curve, steps to 90 % training
 accuracy, and — for final runs — the end-to-end Jacobian condition number κ of the encoder
 (embedded tokens → last block, exact, float64) at initialisation and after training, the last
-layer's effective rank and relative residual, and OSA's per-layer mixing ratio. A run whose JSON
-exists is not run again: the results folder alone resumes and regenerates the study.
+layer's effective rank and relative residual, OSA's per-layer mixing ratio and the whole training
+configuration (``train_config``). A final run also keeps its trained weights beside its JSON
+(:mod:`.weights`, tensor-only). A run whose JSON exists is not run again: the results folder alone
+resumes and regenerates the study.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from osa_lab.errors import TrainingDivergedError
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
+from osa_lab.studies.depth_study.weights import save_weights
 from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
 from osa_lab.studies.training.loop import build_training_model, train
 from osa_lab.studies.training.tables import load_metrics
@@ -125,7 +128,7 @@ def study_run(
     run_dir = Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}"
     payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
                                "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
-                               "checkpoint": "final"}  # fmt: skip
+                               "checkpoint": "final", "train_config": config.to_dict()}  # fmt: skip
     x_k = data.x_val[: int(spec["kappa_samples"])]
     if kappa:
         torch.manual_seed(config.seed)
@@ -166,5 +169,8 @@ def study_run(
     )  # fmt: skip
     if kappa:
         payload["kappa_trained"] = encoder_kappa(result.model, x_k) if result is not None else math.nan
+    if result is not None and stage == "final":
+        # the weights first: a run whose JSON exists is done, so its weights must already be there
+        payload["weights"] = save_weights(result.model, out).name
     _write_json(out, payload)
     return payload

@@ -1,0 +1,92 @@
+"""A study's final runs keep their trained weights (tensor-only) and rebuild into models that reproduce them."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import pytest
+import torch
+
+from osa_lab.errors import MalformedResultError
+from osa_lab.studies.depth_study.weights import load_weights, run_models, save_weights, weights_path
+from tests.studies.test_depth_study import TINY_EXPERIMENT
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory):
+    from osa_lab.cli import main as cli_main
+
+    root = tmp_path_factory.mktemp("weights")
+    exp = root / "tiny.yaml"
+    exp.write_text(TINY_EXPERIMENT)
+    out = root / "results"
+    assert cli_main(["train", "--experiment", str(exp), "--output", str(out), "--serial", "--quiet"]) == 0
+    return out
+
+
+def test_every_final_run_saves_weights_that_reproduce_its_test_accuracy(tiny_results):
+    from osa_lab.studies.data import load_data
+    from osa_lab.studies.training.loop import evaluate
+
+    finals = sorted((tiny_results / "final").glob("*.json"))
+    assert len(finals) == 4
+    data = load_data("mnist1d")
+    for result in finals:
+        payload = json.loads(result.read_text())
+        assert payload["weights"] == weights_path(result).name and weights_path(result).exists()
+        models = run_models(result, data=data)
+        assert models.trained is not None
+        _, accuracy = evaluate(models.trained, data.x_test, data.y_test)
+        assert accuracy == payload["test_accuracy"]
+        # the rebuilt initial model is the run's initialisation, not its trained state
+        before = dict(models.initial.named_parameters())
+        assert any(not torch.equal(p, before[n]) for n, p in models.trained.named_parameters())
+
+
+def test_tuning_runs_keep_no_weights(tiny_results):
+    assert list((tiny_results / "tune").glob("*.weights.pt")) == []
+
+
+def test_a_weights_file_that_would_run_code_is_refused(tmp_path, capsys):
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    path = tmp_path / "run.weights.pt"
+    path.write_bytes(pickle.dumps({"w": Payload()}, protocol=2))
+    with pytest.raises(MalformedResultError, match="not a tensor-only weights file"):
+        load_weights(path)
+    assert "this must never run" not in capsys.readouterr().out
+
+
+def test_a_weights_file_of_other_objects_is_refused(tmp_path):
+    path = tmp_path / "run.weights.pt"
+    buffer = io.BytesIO()
+    torch.save({"w": [1, 2, 3]}, buffer)
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(MalformedResultError, match="mapping of parameter names to tensors"):
+        load_weights(path)
+
+
+def test_a_result_without_its_configuration_says_it_cannot_be_rebuilt(tmp_path):
+    result = tmp_path / "vit-d4-lr0.01-am1-s0.json"
+    result.write_text(json.dumps({"preset": "vit", "depth": 4}))
+    with pytest.raises(MalformedResultError, match="no `train_config`"):
+        run_models(result)
+
+
+def test_weights_that_do_not_fit_the_model_are_named(tiny_results, tmp_path):
+    result = sorted((tiny_results / "final").glob("vit-*.json"))[0]
+    copy = tmp_path / result.name
+    copy.write_text(result.read_text())
+    save_weights(torch.nn.Linear(2, 2), copy)
+    with pytest.raises(MalformedResultError, match="do not fit the model"):
+        run_models(copy)
+
+
+def test_weights_path_needs_a_json_result():
+    assert weights_path("a/vit-d4-lr0.01-am1-s0.json").name == "vit-d4-lr0.01-am1-s0.weights.pt"
+    with pytest.raises(MalformedResultError, match=r"\.json"):
+        weights_path("a/run.csv")
