@@ -149,11 +149,50 @@ def test_one_sided_paired_test_matches_the_t_distribution():
     assert less == pytest.approx(sps.t.cdf(t, len(d) - 1), rel=1e-9)
 
 
-def test_seeds_needed_follows_the_normal_approximation():
-    n = stats.seeds_needed(0.01, 0.02, kind="superiority", alpha=0.05, power=0.8)
-    assert n == math.ceil(((sps.norm.ppf(0.95) + sps.norm.ppf(0.8)) * 2) ** 2)
+def test_seeds_needed_is_the_fewest_seeds_whose_exact_power_reaches_80_percent():
+    def power(n, delta, alpha=0.05):  # the one-sided t-test's power by hand, from scipy's noncentral t
+        return 1 - sps.nct.cdf(sps.t.ppf(1 - alpha, n - 1), n - 1, delta * math.sqrt(n))
+
+    for mean, std in ((0.01, 0.02), (0.02, 0.01), (0.005, 0.02)):
+        n = int(stats.seeds_needed(mean, std, kind="superiority", alpha=0.05, power=0.8))
+        assert power(n, mean / std) >= 0.8 > power(n - 1, mean / std)
+        assert stats.superiority_power(n, mean / std) == pytest.approx(power(n, mean / std), rel=1e-12)
+    # a 2σ effect: the normal approximation says 2 seeds, the t-test needs 4
+    assert math.ceil(((sps.norm.ppf(0.95) + sps.norm.ppf(0.8)) / 2) ** 2) == 2
+    assert stats.seeds_needed(2.0, 1.0, kind="superiority") == 4
     assert stats.seeds_needed(-0.01, 0.02, kind="superiority") == math.inf
     assert stats.seeds_needed(0.03, 0.02, kind="equivalence", margin=0.02) == math.inf
+
+
+def test_equivalence_power_is_the_bonferroni_bound_of_the_two_noncentral_t_tails():
+    n, mean, std, margin = 12, 0.004, 0.02, 0.02
+    t_c = sps.t.ppf(0.95, n - 1)
+    by_hand = (sps.nct.sf(t_c, n - 1, (mean + margin) * math.sqrt(n) / std)
+               + sps.nct.cdf(-t_c, n - 1, (mean - margin) * math.sqrt(n) / std) - 1)  # fmt: skip
+    assert stats.equivalence_power(n, mean, std, margin) == pytest.approx(by_hand, rel=1e-12)
+    # and it is a lower bound of TOST's simulated power
+    rng = np.random.default_rng(0)
+    d = rng.normal(mean, std, size=(20_000, n))
+    simulated = np.mean([stats.tost(row, margin) < 0.05 for row in d[:4000]])
+    assert by_hand <= simulated + 0.02
+    n_needed = int(stats.seeds_needed(mean, std, kind="equivalence", margin=margin))
+    assert stats.equivalence_power(n_needed, mean, std, margin) >= 0.8 > stats.equivalence_power(n_needed - 1, mean, std, margin)
+
+
+def test_two_sided_and_rank_tests_match_scipy():
+    d = np.array([-0.011, -0.008, -0.015, 0.002, -0.012, -0.009, -0.01, -0.013, -0.007, -0.014])
+    assert stats.two_sided_paired(d) == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue, rel=1e-12)
+    assert stats.signed_rank(d) == pytest.approx(sps.wilcoxon(d).pvalue, rel=1e-12)
+    assert stats.signed_rank(d, "greater") == pytest.approx(sps.wilcoxon(d, alternative="greater").pvalue, rel=1e-12)
+    assert math.isnan(stats.signed_rank([0.0, 0.0, 0.01]))
+
+
+def test_clopper_pearson_matches_the_beta_quantiles():
+    assert stats.clopper_pearson(0, 10) == pytest.approx((0.0, 1 - 0.025 ** (1 / 10)))
+    assert stats.clopper_pearson(10, 10) == pytest.approx((0.025 ** (1 / 10), 1.0))
+    lo, hi = stats.clopper_pearson(3, 10)
+    assert lo == pytest.approx(sps.beta.ppf(0.025, 3, 8)) and hi == pytest.approx(sps.beta.ppf(0.975, 4, 7))
+    assert sps.binom.sf(2, 10, lo) == pytest.approx(0.025) and sps.binom.cdf(3, 10, hi) == pytest.approx(0.025)
 
 
 # ----------------------------------------------------------------------------- tables from results alone
@@ -221,33 +260,58 @@ def test_a_kappa_beyond_float64_is_named_so_not_quoted(tmp_path):
 
 
 def test_seeds_that_never_reach_90_percent_are_counted_beside_the_median(tmp_path):
-    """A seed stuck at chance keeps status ok (its loss stays finite); the steps-to-90 % median
-    is over the seeds that got there, and the line says how many did."""
+    """A seed that trains but never reaches 90 % training accuracy is not a failure; the steps-to-90 %
+    median is over the seeds that got there, and the line says how many did."""
     for s in range(4):
         _write_run(tmp_path, "vit", s, 0.85)
     path = tmp_path / "final" / "vit-d4-lr0.01-am1-s3.json"
     run = json.loads(path.read_text())
-    run.update(steps_to_90=None, test_accuracy=0.10, train_accuracy=0.10)
+    run.update(steps_to_90=None, test_accuracy=0.60, train_accuracy=0.70)
     path.write_text(json.dumps(run))
     text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
     vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
-    assert "(4 of 4 seeds, 0 diverged;" in vit
+    assert "(4 of 4 seeds, none failed or diverged;" in vit
     assert "steps to 90 % train acc. 180 (median of the 3 of 4 seeds that reached it)" in vit
 
 
-def test_a_small_cell_lists_its_seeds_and_flags_an_interval_past_the_range(tmp_path):
-    """Four seeds, one stuck at chance: the t-interval runs past 100 %, and the verdict says so and
-    shows each seed's accuracy, so that a reader sees where the spread comes from."""
+def test_a_seed_stuck_at_chance_is_a_failure_never_ok(tmp_path):
+    """A run whose loss stays finite but whose accuracy ends at chance failed: counted with an exact
+    interval and named with its rule in runs.csv; it stays in the cell's mean and the paired tests at
+    the accuracy it reached (leaving it out would flatter its preset)."""
     for s, acc in enumerate((0.848, 0.867, 0.834, 0.102)):
+        _write_run(tmp_path, "skipless-osa", s, acc)
+        _write_run(tmp_path, "vit", s, 0.85)
+    out = report.summarise(tmp_path, _spec(), write=False)
+    runs = out["runs"].set_index(["preset", "seed"])
+    assert runs.loc[("skipless-osa", 3), "status"] == "failed"
+    assert runs.loc[("skipless-osa", 3), "failure"].startswith("chance: final test accuracy 10.2 %")
+    assert (runs.drop(("skipless-osa", 3))["status"] == "ok").all()
+    row = out["summary"].set_index("preset").loc["skipless-osa"]
+    assert row["failed"] == 1 and row["test_accuracy_by_seed"] == "84.8 / 86.7 / 83.4 / 10.2"
+    assert row["test_accuracy_mean"] == pytest.approx(np.mean([0.848, 0.867, 0.834, 0.102]))
+    assert (row["failure_rate_low"], row["failure_rate_high"]) == pytest.approx(sps_beta_interval(1, 4))
+    line = next(x for x in out["verdict"].splitlines() if x.startswith("* `skipless-osa` depth 4"))
+    assert "(4 of 4 seeds, 1 failed, 0 diverged; failure rate 95 % CI [1, 81] %;" in line
+    assert out["claims"].set_index("other").loc["vit", "n"] == 4  # the failed seed is paired
+
+
+def sps_beta_interval(k: int, n: int) -> tuple[float, float]:
+    return sps.beta.ppf(0.025, k, n - k + 1), sps.beta.ppf(0.975, k + 1, n - k)
+
+
+def test_a_small_cell_lists_its_seeds_and_flags_an_interval_past_the_range(tmp_path):
+    """Four seeds, one far below the others (but above chance): the t-interval runs past 100 %, and the
+    verdict says so and shows each seed's accuracy, so that a reader sees where the spread comes from."""
+    for s, acc in enumerate((0.848, 0.867, 0.834, 0.302)):
         _write_run(tmp_path, "skipless-osa", s, acc)
         _write_run(tmp_path, "vit", s, 0.88)
     out = report.summarise(tmp_path, _spec(), write=False)
     osa_row = out["summary"].set_index("preset").loc["skipless-osa"]
-    assert osa_row["ci_high"] > 1 and osa_row["test_accuracy_by_seed"] == "84.8 / 86.7 / 83.4 / 10.2"
+    assert osa_row["ci_high"] > 1 and osa_row["test_accuracy_by_seed"] == "84.8 / 86.7 / 83.4 / 30.2"
     lines = out["verdict"].splitlines()
     osa_line = next(line for line in lines if line.startswith("* `skipless-osa` depth 4"))
     vit_line = next(line for line in lines if line.startswith("* `vit` depth 4"))
-    assert "(past 0–100 %: the seeds spread too widely for a t-interval), seeds 84.8 / 86.7 / 83.4 / 10.2 (4 of 4" in osa_line
+    assert "(past 0–100 %: the seeds spread too widely for a t-interval), seeds 84.8 / 86.7 / 83.4 / 30.2 (4 of 4" in osa_line
     assert "past 0–100 %" not in vit_line and ", seeds 88.0 / 88.0 / 88.0 / 88.0 (4 of 4" in vit_line
 
 
@@ -461,3 +525,40 @@ def test_the_verdict_counts_the_training_time_the_runs_recorded(tmp_path):
     assert report.training_hours(tmp_path) == {"final": (2, pytest.approx(1.0)), "tune": (1, pytest.approx(0.5))}
     text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
     assert "Compute: 1.5 hours of training steps, 1.0 in 2 final runs and 0.5 in 1 tuning runs" in text
+
+
+def test_the_verdict_names_the_holm_family_and_says_worse_where_the_data_do(tmp_path):
+    """An equivalence claim whose paired difference is clearly negative: the one-sided claim is not shown,
+    the two-sided test says skipless OSA is worse, and the verdict names both Holm families."""
+    noise = [0.001, -0.002, 0.002, -0.001]
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85 + noise[s])
+        _write_run(tmp_path, "vit", s, 0.861 + noise[s] * 0.8)
+        _write_run(tmp_path, "skipless-ssa", s, 0.70 - noise[s])
+        _write_run(tmp_path, "mlp", s, 0.70)
+    out = report.summarise(tmp_path, _spec(), write=False)
+    claims = out["claims"].set_index("other")
+    assert claims.loc["vit", "direction"] == "worse" and claims.loc["vit", "p_two_sided_holm"] < 0.05
+    assert claims.loc["vit", "p_two_sided"] == pytest.approx(
+        sps.ttest_1samp(np.array(noise) * 0.2 - 0.011, 0.0).pvalue, rel=1e-6)
+    assert claims.loc["skipless-ssa", "direction"] == "better"
+    assert claims.loc["vit", "p_rank"] == pytest.approx(sps.wilcoxon(np.array(noise) * 0.2 - 0.011).pvalue, rel=1e-9)
+    text = out["verdict"]
+    assert "Holm's correction runs over 3 tests: the 2 claim test(s) and the 1 reverse one-sided test(s)" in text
+    assert "a second Holm family of 2 test(s)" in text
+    vit_claim = next(x for x in text.splitlines() if "comparable to the skip-connected ViT" in x and x.startswith("* depth"))
+    assert "two-sided: skipless OSA is **worse** than `vit` by 1.1 points" in vit_claim
+    assert "* Worse (two-sided): skipless OSA below `vit` at depth 4 by 1.1 points" in text
+
+
+def test_the_trainability_endpoints_come_from_the_curves(tmp_path):
+    for s in range(4):
+        _write_run(tmp_path, "vit", s, 0.85)
+    out = report.summarise(tmp_path, _spec(), write=False)
+    runs = out["runs"]
+    # the synthetic curve: loss 1/e at step 36 e, e = 1..6 (steps 36 … 216)
+    assert runs["train_loss_at_1000"].isna().all() and runs["steps_to_threshold"].isna().all()
+    row = out["summary"].set_index("preset").loc["vit"]
+    assert row["train_loss_final_median"] == pytest.approx(0.1)
+    assert "## Trainability" in out["verdict"]
+    assert "* `vit` depth 4: — / — / — / final 0.1; steps to 0.1: not reached" in out["verdict"]

@@ -20,6 +20,13 @@ import pandas as pd
 from osa_lab.studies.depth_study import stats
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.summaries import KAPPA_RESOLVED
+from osa_lab.studies.training.failures import (
+    CHANCE_MARGIN,
+    LOSS_JUMP_FACTOR,
+    classify_run,
+    loss_at_step,
+    steps_to_loss,
+)
 
 REFERENCE = "skipless-osa"
 
@@ -31,7 +38,15 @@ CLAIMS: tuple[tuple[str, str, str], ...] = (
     ("skipless-osa-alpha0", "superiority", "learned token mixing helps skipless OSA (vs α ≡ 0)"),
 )
 
-RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "status", "train_loss",
+#: steps at which a run's training loss is read (a primary endpoint of trainability) and the training
+#: loss whose first crossing is the other (the curve's losses are epoch means)
+LOSS_STEPS: tuple[int, ...] = (1000, 3000, 6000)
+TRAIN_LOSS_THRESHOLD = 0.1
+#: classes of a run whose JSON does not record them (every data set of the study has ten)
+DEFAULT_CLASSES = 10
+
+RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "status", "failure", "train_loss",
+               *(f"train_loss_at_{s}" for s in LOSS_STEPS), "steps_to_threshold",
                "train_accuracy", "steps_to_90", "val_accuracy", "test_accuracy", "kappa_init", "kappa_trained",
                "effective_rank_init", "effective_rank_trained", "relative_residual_init",
                "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
@@ -70,11 +85,24 @@ def _final_runs(results: Path) -> list[dict]:
 
 
 def run_table(results: Path) -> pd.DataFrame:
-    """One row per finished final run (:data:`RUN_COLUMNS`)."""
+    """One row per finished final run (:data:`RUN_COLUMNS`).
+
+    ``status`` is the run's outcome by :func:`~osa_lab.studies.training.failures.classify_run`: ``ok``,
+    ``diverged``, or ``failed`` (collapsed to chance, or a loss jump it did not recover from; the rule
+    it broke is in ``failure``), whatever the run's own JSON said.
+    """
     rows = []
     for r in _final_runs(results):
         rank_i, rank_t = r.get("rank_init") or {}, r.get("rank_trained") or {}
+        curve = r.get("curve") or []
+        outcome, failure = classify_run(
+            curve, num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
+            train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
+        )  # fmt: skip
         rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS},
+                     "status": outcome, "failure": failure,
+                     **{f"train_loss_at_{s}": loss_at_step(curve, s) for s in LOSS_STEPS},
+                     "steps_to_threshold": steps_to_loss(curve, TRAIN_LOSS_THRESHOLD),
                      "effective_rank_init": rank_i.get("effective_rank", math.nan),
                      "effective_rank_trained": rank_t.get("effective_rank", math.nan),
                      "relative_residual_init": rank_i.get("relative_residual", math.nan),
@@ -117,15 +145,21 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
     rows = []
     for preset, depth in spec.run_order():
         r = runs[(runs["preset"] == preset) & (runs["depth"] == depth)]
-        ok = r[r["status"] == "ok"]
+        # failed runs keep the accuracy and loss they reached (leaving them out would flatter the preset that
+        # failed); diverged runs have none
+        ok = r[r["status"] != "diverged"]
         acc = ok["test_accuracy"].to_numpy(dtype=float)
         lo, hi = stats.mean_interval(acc, 0.95)
         t = tuning[(tuning["preset"] == preset) & (tuning["depth"] == depth)]
         planned = len(spec.final_seeds(depth))
         chosen = t[t["chosen"]]  # the tuner's choice, for a cell whose final runs have not started
+        # diverged and failed runs both count as failures of training (exact binomial interval)
+        failure_ci = stats.clopper_pearson(int((r["status"] != "ok").sum()), len(r))
         setting = r if len(r) else chosen
         rows.append({
             "preset": preset, "depth": depth, "planned": planned, "finished": len(r), "diverged": int((r["status"] == "diverged").sum()),
+            "failed": int((r["status"] == "failed").sum()),
+            "failure_rate_low": failure_ci[0], "failure_rate_high": failure_ci[1],
             "complete": len(r) >= planned,
             "lr": float(setting["lr"].iloc[0]) if len(setting) else math.nan,
             "alpha_lr_mult": float(setting["alpha_lr_mult"].iloc[0]) if len(setting) else math.nan,
@@ -138,11 +172,22 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             "test_accuracy_by_seed": " / ".join(f"{a * 100:.1f}" for a in ok.sort_values("seed")["test_accuracy"].dropna()),
             "train_accuracy_mean": float(ok["train_accuracy"].mean()) if len(ok) else math.nan,
             "steps_to_90_median": float(ok["steps_to_90"].median()) if len(ok) else math.nan,
+            **{f"train_loss_at_{s}_median": float(ok[f"train_loss_at_{s}"].median()) if len(ok) else math.nan
+               for s in LOSS_STEPS},
+            "train_loss_final_median": float(ok["train_loss"].median()) if len(ok) else math.nan,
+            "steps_to_threshold_median": float(ok["steps_to_threshold"].median()) if len(ok) else math.nan,
+            "reached_threshold": int(ok["steps_to_threshold"].notna().sum()),
             "reached_90": int(ok["steps_to_90"].notna().sum()),
             "kappa_init_median": float(r["kappa_init"].median()) if len(r) else math.nan,
             "kappa_trained_median": float(ok["kappa_trained"].median()) if len(ok) else math.nan,
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def holm_family(claims: int, reverse: int) -> str:
+    """The family Holm's correction runs over, in words (the verdict names it)."""
+    return (f"{claims + reverse} tests: the {claims} claim test(s) and the {reverse} reverse one-sided test(s) "
+            "that would refute a superiority claim")  # fmt: skip
 
 
 def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd.DataFrame:
@@ -153,7 +198,7 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
     two of four seeds would be a look at the data before the planned sample is in). Holm runs
     over the tested claims.
     """
-    ok = runs[runs["status"] == "ok"]
+    ok = runs[runs["status"] != "diverged"]  # failed runs are paired at the accuracy they reached
     acc = ok.pivot_table(index=["depth", "seed"], columns="preset", values="test_accuracy")
     finished = runs.groupby(["preset", "depth"]).size()
     rows = []
@@ -173,7 +218,8 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
             if min(finished.get((REFERENCE, depth), 0), finished.get((other, depth), 0)) < planned:
                 rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
                              "diff_std": s, "ci_low": math.nan, "ci_high": math.nan, "ci_level": math.nan,
-                             "p": math.nan, "p_reverse": math.nan, "planned": planned})  # fmt: skip
+                             "p": math.nan, "p_reverse": math.nan, "p_two_sided": math.nan, "p_rank": math.nan,
+                             "planned": planned})  # fmt: skip
                 continue
             if kind == "equivalence":
                 p, p_rev = stats.tost(d, spec.equivalence_margin), math.nan
@@ -184,6 +230,8 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
             rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
                          "diff_std": s, "ci_low": lo, "ci_high": hi,
                          "ci_level": 1 - 2 * alpha if kind == "equivalence" else 0.95, "p": p, "p_reverse": p_rev,
+                         "p_two_sided": stats.two_sided_paired(d),
+                         "p_rank": stats.signed_rank(d, "greater" if kind == "superiority" else "two-sided"),
                          "planned": planned})  # fmt: skip
     df = pd.DataFrame(rows)
     if df.empty:
@@ -195,6 +243,13 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
     rev = iter(adjusted[n_tested:])
     df["p_holm"] = [next(holm) if t else math.nan for t in tested]
     df["p_reverse_holm"] = [next(rev) if t and not math.isnan(v) else math.nan for t, v in zip(tested, df["p_reverse"], strict=True)]
+    # the two-sided tests are a family of their own: a difference in either direction, whatever the claim
+    two_sided = iter(stats.holm(list(df.loc[tested, "p_two_sided"])))
+    df["p_two_sided_holm"] = [next(two_sided) if t else math.nan for t in tested]
+    df["direction"] = [
+        "waiting" if not t else ("better" if m > 0 else "worse") if p2 < alpha else "no difference shown"
+        for t, m, p2 in zip(tested, df["diff_mean"], df["p_two_sided_holm"], strict=True)
+    ]
     verdicts, needed = [], []
     margin = spec.equivalence_margin
     for _, r in df.iterrows():
@@ -299,13 +354,24 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         beyond = " (past 0–100 %: the seeds spread too widely for a t-interval)" if past else ""
         by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
-                     f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {r.diverged} diverged; "
+                     f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {_failure_words(r)}; "
                      f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
                      + (f" (median of the {r.reached_90} of {ok} seeds that reached it)" if 0 < r.reached_90 < ok else "")
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
-    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested; a claim "
-              "is tested once both its cells are complete)", ""]  # fmt: skip
+    lines += ["", "Failed and diverged runs are counted per cell: a run that ends within "
+              f"{CHANCE_MARGIN * 100:.0f} points of chance, or whose training loss rose {LOSS_JUMP_FACTOR:g}× above its "
+              "best and did not recover, failed whatever its loss says. Failed runs stay in the means and the paired "
+              "tests at the accuracy they reached (leaving them out would flatter the preset that failed); diverged "
+              "runs have no accuracy and are left out. The failure rate (failed or diverged) has an exact "
+              "Clopper–Pearson 95 % interval.", ""]  # fmt: skip
+    lines += trainability_lines(summary)
+    tested = claims[claims["verdict"] != "waiting"] if len(claims) else claims
+    family = holm_family(len(tested), int(tested["p_reverse"].notna().sum()) if len(tested) else 0)
+    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; a claim is tested once both its cells "
+              "are complete)", "", f"Holm's correction runs over {family}. The two-sided t-tests (a difference in "
+              f"either direction) are a second Holm family of {len(tested)} test(s); the Wilcoxon signed-rank p "
+              "(one-sided like its claim, two-sided for equivalence) is given beside, unadjusted.", ""]  # fmt: skip
     if claims.empty:
         lines.append("* no claim has two paired seeds yet")
     for r in claims.itertuples():
@@ -319,7 +385,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         margin = f" (±{spec.equivalence_margin * 100:.0f} points)" if r.kind == "equivalence" else ""
         lines.append(f"* depth {r.depth}: {r.claim}{margin}: **{r.verdict}** ({r.diff_mean * 100:+.1f} points, "
                      f"{r.ci_level * 100:.0f} % CI [{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}], n = {r.n}, "
-                     f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra})")  # fmt: skip
+                     f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra}; signed-rank p = {r.p_rank:.3g}); "
+                     f"two-sided: {_direction_words(r)}")  # fmt: skip
     lines += ["", "## Conclusion", ""]
     if gate != "passed":
         lines.append(f"The baselines' gate is {gate}: this study is not (yet) shown to be on the published MNIST-1D "
@@ -331,10 +398,55 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
             rows = claims[claims["verdict"] == word]
             if len(rows):
                 lines.append(f"* {word.capitalize()}: " + "; ".join(f"{r.claim} (depth {r.depth})" for r in rows.itertuples()))
+        worse = claims[claims["direction"] == "worse"]
+        if len(worse):
+            lines.append("* Worse (two-sided): " + "; ".join(
+                f"skipless OSA below `{r.other}` at depth {r.depth} by {-r.diff_mean * 100:.1f} points" for r in worse.itertuples()))
     lines += ["", "Not shown by this study: the paper's 2-D MNIST numbers (a different task); widths, budgets and "
               "optimisers other than the ones above; depths other than " + ", ".join(
                   str(d) for d in sorted({d for _, ds in spec.cells for d in ds})) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _failure_words(r) -> str:
+    """A cell's failed and diverged runs with the exact interval of the failure rate."""
+    bad = r.failed + r.diverged
+    if r.finished == 0:
+        return "no run finished"
+    interval = f"failure rate 95 % CI [{r.failure_rate_low * 100:.0f}, {r.failure_rate_high * 100:.0f}] %"
+    return f"{r.failed} failed, {r.diverged} diverged; {interval}" if bad else f"none failed or diverged; {interval}"
+
+
+def _direction_words(r) -> str:
+    """The two-sided test of a claim's paired difference, in words ("worse" where the data say so)."""
+    p = f"p = {r.p_two_sided:.3g}, Holm p = {r.p_two_sided_holm:.3g}"
+    if r.direction == "worse":
+        return f"skipless OSA is **worse** than `{r.other}` by {-r.diff_mean * 100:.1f} points ({p})"
+    if r.direction == "better":
+        return f"skipless OSA is better than `{r.other}` by {r.diff_mean * 100:.1f} points ({p})"
+    return f"no difference shown ({p})"
+
+
+def trainability_lines(summary: pd.DataFrame) -> list[str]:
+    """The primary endpoints of trainability per cell: median training loss at fixed steps and at the end,
+    and the median step at which the training loss first reached :data:`TRAIN_LOSS_THRESHOLD`."""
+    def loss(v: float) -> str:
+        return f"{v:.3g}" if math.isfinite(v) else "—"
+
+    steps = ", ".join(f"{s:,}" for s in LOSS_STEPS)
+    lines = [f"## Trainability: median training loss of the runs that did not diverge, at steps {steps} and at the end; "
+             f"steps to a training loss of {TRAIN_LOSS_THRESHOLD:g}", ""]  # fmt: skip
+    for r in summary.itertuples():
+        if r.finished == 0:
+            continue
+        ok = r.finished - r.diverged
+        at = " / ".join(loss(getattr(r, f"train_loss_at_{s}_median")) for s in LOSS_STEPS)
+        reached = (f"{r.steps_to_threshold_median:.0f}" if math.isfinite(r.steps_to_threshold_median) else "not reached")
+        if 0 < r.reached_threshold < ok:
+            reached += f" (median of the {r.reached_threshold} of {ok} runs that reached it)"
+        lines.append(f"* `{r.preset}` depth {r.depth}: {at} / final {loss(r.train_loss_final_median)}; steps to "
+                     f"{TRAIN_LOSS_THRESHOLD:g}: {reached}")  # fmt: skip
+    return lines
 
 
 def _kappa_words(kappa: float) -> str:

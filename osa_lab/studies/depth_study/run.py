@@ -128,7 +128,8 @@ def study_run(
     run_dir = Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}"
     payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
                                "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
-                               "checkpoint": "final", "train_config": config.to_dict()}  # fmt: skip
+                               "checkpoint": "final", "train_config": config.to_dict(),
+                               "num_classes": data.num_classes}  # fmt: skip
     x_k = data.x_val[: int(spec["kappa_samples"])]
     if kappa:
         torch.manual_seed(config.seed)
