@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from scipy import stats as sps
@@ -562,3 +563,16 @@ def test_the_trainability_endpoints_come_from_the_curves(tmp_path):
     assert row["train_loss_final_median"] == pytest.approx(0.1)
     assert "## Trainability" in out["verdict"]
     assert "* `vit` depth 4: — / — / — / final 0.1; steps to 0.1: not reached" in out["verdict"]
+
+
+def test_a_choice_beside_a_setting_that_broke_is_at_the_stability_edge():
+    rows = [(1e-3, 1.0, "ok"), (3e-3, 1.0, "ok"), (1e-2, 1.0, "diverged"), (3e-3, 10.0, "failed"), (3e-3, 0.1, "ok"),
+            (1e-4, 1.0, "ok"), (1e-3, 10.0, "ok")]  # fmt: skip
+    t = pd.DataFrame([{"lr": lr, "alpha_lr_mult": am, "status": st} for lr, am, st in rows])
+    assert report.unstable_neighbours(t, 3e-3, 1.0) == ["lr 0.01 (diverged)", "α-lr ×10 (failed)"]
+    assert report.unstable_neighbours(t, 1e-3, 1.0) == []  # its neighbours at ×1, 1e-4 and 3e-3, are fine
+    # at ×10 the neighbour above is (3e-3, ×10); below, ×10 has no lr, so the next lr tried (1e-4) stands in
+    assert report.unstable_neighbours(t, 1e-3, 10.0) == ["lr 0.003 (failed)"]
+    t.loc[len(t)] = {"lr": 1e-4, "alpha_lr_mult": 1.0, "status": "diverged"}  # one tuning seed of the point broke
+    assert report.unstable_neighbours(t, 1e-3, 10.0) == ["lr 0.0001 (diverged)", "lr 0.003 (failed)"]
+    assert report.unstable_neighbours(t, 1e-3, 1.0) == ["lr 0.0001 (diverged)"]

@@ -124,8 +124,14 @@ def curve_table(results: Path) -> pd.DataFrame:
 
 def tuning_table(results: Path) -> pd.DataFrame:
     """One row per tuning run, with the cell's search record (extended, chosen, edge after the limit)."""
-    rows = [{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy")}
-            for r in _read(results / "tune")]  # fmt: skip
+    rows = []
+    for r in _read(results / "tune"):
+        outcome, _ = classify_run(
+            r.get("curve") or [], num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
+            train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
+        )  # fmt: skip
+        rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy")},
+                     "status": outcome})  # fmt: skip
     df = pd.DataFrame(rows, columns=["preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy"])
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
@@ -138,6 +144,41 @@ def tuning_table(results: Path) -> pd.DataFrame:
             df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "chosen"] = True
         df.loc[cell, "edge_after_limit"] = ", ".join(rec.get("edge_after_limit", []))
     return df.sort_values(["depth", "preset", "lr", "alpha_lr_mult", "tune_seed"], ignore_index=True)
+
+
+def _past(points: pd.DataFrame, axis: str, value: float, side: int) -> pd.Series:
+    """Rows of ``points`` whose ``axis`` lies beyond ``value`` on ``side`` (+1 above, −1 below)."""
+    return points[axis] > value * (1 + 1e-9) if side > 0 else points[axis] < value * (1 - 1e-9)
+
+
+def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float) -> list[str]:
+    """The grid neighbours of a cell's chosen setting at which some tuning run failed or diverged.
+
+    Neighbours are the adjacent learning rates tried at the chosen α-lr multiplier and the adjacent
+    multipliers tried at the chosen learning rate. The search's grid need not be a full rectangle:
+    where the chosen multiplier has no learning rate on one side, the next learning rate tried on
+    that side at any multiplier stands in. A setting beside one that broke sits at the stability
+    edge: a small change of budget or seed may break it.
+    """
+    def broke(points: pd.DataFrame) -> list[str]:
+        return sorted(set(points.loc[points["status"] != "ok", "status"]))
+
+    out = []
+    same_am = tuning[np.isclose(tuning["alpha_lr_mult"], alpha_lr_mult)]
+    same_lr = tuning[np.isclose(tuning["lr"], lr)]
+    for axis, line, value, fallback in (("lr", same_am, lr, tuning), ("alpha_lr_mult", same_lr, alpha_lr_mult, None)):
+        for side in (-1, 1):
+            beyond = _past(line, axis, value, side)
+            pool = line if beyond.any() or fallback is None else fallback
+            beyond = _past(pool, axis, value, side)
+            if not beyond.any():
+                continue
+            nearest = pool.loc[beyond, axis].min() if side > 0 else pool.loc[beyond, axis].max()
+            bad = broke(pool[np.isclose(pool[axis], nearest)])
+            if bad:
+                label = f"lr {nearest:g}" if axis == "lr" else f"α-lr ×{nearest:g}"
+                out.append(f"{label} ({' and '.join(bad)})")
+    return out
 
 
 def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> pd.DataFrame:
@@ -164,6 +205,9 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             "lr": float(setting["lr"].iloc[0]) if len(setting) else math.nan,
             "alpha_lr_mult": float(setting["alpha_lr_mult"].iloc[0]) if len(setting) else math.nan,
             "tuning_runs": len(t),
+            "stability_edge": "; ".join(unstable_neighbours(t, float(setting["lr"].iloc[0]),
+                                                            float(setting["alpha_lr_mult"].iloc[0])))
+            if len(setting) and len(t) else "",
             "grid_extended": bool(t["extended"].any()) if len(t) else False,
             "edge_after_limit": t["edge_after_limit"].iloc[0] if len(t) else "",
             "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
@@ -338,6 +382,11 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
                   f"evaluation and diagnostics, κ included, are not counted).", ""]  # fmt: skip
     gate, gate_lines = gate_status(summary, spec)
     lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
+    unstable = summary[summary["stability_edge"].astype(str) != ""]
+    if len(unstable):
+        lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} (beside {r.stability_edge})" for r in unstable.itertuples()),
+                  ""]  # fmt: skip
     edges = summary[summary["edge_after_limit"].astype(str) != ""]
     if len(edges):
         lines += ["Tuning optimum still at a grid edge after the extension limit: "
