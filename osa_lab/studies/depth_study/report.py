@@ -5,11 +5,14 @@
 ``tuning.csv`` (one row per tuning run, with the grid extensions), ``summary.csv`` (per preset ×
 depth), ``claims.csv`` and ``verdict.md``. A study that is not finished says so in every table
 (``complete`` column) and in the verdict.
+
+The folder's JSON files are untrusted input (:mod:`.records`): each is checked, and a damaged,
+truncated, oversized or out-of-range one is left out and named in the ``notices`` that
+:func:`summarise` returns and the verdict lists; it is never used.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats
+from osa_lab.studies.depth_study.records import Records, read_records
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.summaries import KAPPA_RESOLVED
 
@@ -37,14 +42,13 @@ RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "statu
                "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
 
 
-def _read(folder: Path) -> list[dict]:
-    out = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a damaged result is rerun by the study; here it is simply missing
-    return out
+CLAIM_COLUMNS = ["claim", "other", "kind", "depth", "n", "diff_mean", "diff_std", "ci_low", "ci_high", "ci_level",
+                 "p", "p_reverse", "planned", "p_holm", "p_reverse_holm", "verdict", "seeds_needed"]  # fmt: skip
+
+
+def _records(results: Path | Records) -> Records:
+    """The checked records of a results folder (read once by :func:`summarise` and passed on)."""
+    return results if isinstance(results, Records) else read_records(results)
 
 
 def _mean(values) -> float:
@@ -52,24 +56,25 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def _chosen(results: Path) -> dict[tuple[str, int], tuple[float, float] | None]:
+def _chosen(results: Path | Records) -> dict[tuple[str, int], tuple[float, float] | None]:
     """(preset, depth) → the setting its search chose (from ``search/``)."""
     return {(r["preset"], int(r["depth"])): tuple(r["chosen"]) if r.get("chosen") else None
-            for r in _read(results / "search")}  # fmt: skip
+            for r in _records(results).search}  # fmt: skip
 
 
-def _final_runs(results: Path) -> list[dict]:
+def _final_runs(results: Path | Records) -> list[dict]:
     """Final runs at the setting their cell's search chose (runs of a superseded choice are left out)."""
-    chosen = _chosen(results)
+    records = _records(results)
+    chosen = _chosen(records)
     keep = []
-    for r in _read(results / "final"):
+    for r in records.runs["final"]:
         setting = chosen.get((r["preset"], int(r["depth"])))
         if setting is not None and np.isclose(r["lr"], setting[0]) and np.isclose(r["alpha_lr_mult"], setting[1]):
             keep.append(r)
     return keep
 
 
-def run_table(results: Path) -> pd.DataFrame:
+def run_table(results: Path | Records) -> pd.DataFrame:
     """One row per finished final run (:data:`RUN_COLUMNS`)."""
     rows = []
     for r in _final_runs(results):
@@ -85,7 +90,7 @@ def run_table(results: Path) -> pd.DataFrame:
     return df.sort_values(["depth", "preset", "seed"], ignore_index=True)
 
 
-def curve_table(results: Path) -> pd.DataFrame:
+def curve_table(results: Path | Records) -> pd.DataFrame:
     """Per-epoch training curves of the final runs (preset, depth, seed, step, train_loss, …)."""
     rows = []
     for r in _final_runs(results):
@@ -94,14 +99,15 @@ def curve_table(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def tuning_table(results: Path) -> pd.DataFrame:
+def tuning_table(results: Path | Records) -> pd.DataFrame:
     """One row per tuning run, with the cell's search record (extended, chosen, edge after the limit)."""
+    records = _records(results)
     rows = [{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy")}
-            for r in _read(results / "tune")]  # fmt: skip
+            for r in records.runs["tune"]]  # fmt: skip
     df = pd.DataFrame(rows, columns=["preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy"])
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
-    for rec in _read(results / "search"):
+    for rec in records.search:
         cell = (df["preset"] == rec["preset"]) & (df["depth"] == rec["depth"])
         for lr, am in rec.get("extension_points", []):
             df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "extended"] = True
@@ -185,9 +191,9 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
                          "diff_std": s, "ci_low": lo, "ci_high": hi,
                          "ci_level": 1 - 2 * alpha if kind == "equivalence" else 0.95, "p": p, "p_reverse": p_rev,
                          "planned": planned})  # fmt: skip
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
+    df = pd.DataFrame(rows, columns=CLAIM_COLUMNS[:13])
+    if df.empty:  # no claim has two paired seeds (or the study has no skipless-osa pair): the columns still exist
+        return pd.DataFrame(columns=CLAIM_COLUMNS)
     tested = df["p"].notna()
     adjusted = stats.holm(list(df.loc[tested, "p"]) + list(df.loc[tested, "p_reverse"].dropna()))
     n_tested = int(tested.sum())
@@ -250,21 +256,30 @@ def _not_final_words(r) -> str:
     return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
 
 
-def training_hours(results: Path) -> dict[str, tuple[int, float]]:
+def training_hours(results: Path | Records) -> dict[str, tuple[int, float]]:
     """Per stage (``"tune"``, ``"final"``): the runs recorded and their training time in hours,
     ``Σ epoch_time_s × epochs`` from each run's JSON (training steps only: the loop's epoch time
     leaves out evaluation and diagnostics, κ included). Runs of a superseded choice count: they ran."""
     out = {}
+    records = _records(results)
     for stage in ("tune", "final"):
-        recs = _read(results / stage)
+        recs = records.runs[stage]
         seconds = [r.get("epoch_time_s", math.nan) * r.get("epochs", math.nan) for r in recs]
         out[stage] = (len(recs), float(np.nansum(seconds)) / 3600)
     return out
 
 
+def testable_claims(spec: StudySpec) -> list[tuple[str, int]]:
+    """(other preset, depth) of every claim the study's cells can test: skipless-osa and the
+    other preset both run at that depth."""
+    at = {(p, d) for p, d in spec.run_order()}
+    return [(other, d) for other, _, _ in CLAIMS for d in sorted({d for _, d in at}) if {(REFERENCE, d), (other, d)} <= at]
+
+
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
-                 hours: dict[str, tuple[int, float]] | None = None) -> str:  # fmt: skip
-    """The verdict in Markdown, from the tables (and :func:`training_hours`, when given) only."""
+                 hours: dict[str, tuple[int, float]] | None = None, notices: Sequence[object] = ()) -> str:  # fmt: skip
+    """The verdict in Markdown, from the tables (and :func:`training_hours`, when given) only;
+    ``notices`` name the result files that were left out."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
     complete = finished >= planned
     lines = [f"# Verdict: {spec.name} ({spec.profile} profile)", ""]
@@ -306,7 +321,11 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
     lines += ["", "## Claims (paired per-seed differences skipless OSA − other; Holm over all claims tested; a claim "
               "is tested once both its cells are complete)", ""]  # fmt: skip
-    if claims.empty:
+    testable = testable_claims(spec)
+    if not testable:
+        lines.append(f"* this study tests no claim: no depth runs `{REFERENCE}` beside one of "
+                     + ", ".join(f"`{other}`" for other, _, _ in CLAIMS) + "; the tables above are descriptive only")  # fmt: skip
+    elif claims.empty:
         lines.append("* no claim has two paired seeds yet")
     for r in claims.itertuples():
         if r.verdict == "waiting":
@@ -321,7 +340,9 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
                      f"{r.ci_level * 100:.0f} % CI [{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}], n = {r.n}, "
                      f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra})")  # fmt: skip
     lines += ["", "## Conclusion", ""]
-    if gate != "passed":
+    if not testable:
+        lines.append("The study tests no claim of the paper, so it draws no conclusion about them.")
+    elif gate != "passed":
         lines.append(f"The baselines' gate is {gate}: this study is not (yet) shown to be on the published MNIST-1D "
                      "scale, so it draws no conclusion about the paper's claim.")  # fmt: skip
     elif not complete:
@@ -331,6 +352,10 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
             rows = claims[claims["verdict"] == word]
             if len(rows):
                 lines.append(f"* {word.capitalize()}: " + "; ".join(f"{r.claim} (depth {r.depth})" for r in rows.itertuples()))
+    if notices:
+        lines += ["", f"## Result files left out ({len(notices)})", "",
+                  "Damaged or out-of-range files of the results folder; none of their numbers is used above, and "
+                  "rerunning the study trains these runs again.", ""] + [f"* {n}" for n in notices]  # fmt: skip
     lines += ["", "Not shown by this study: the paper's 2-D MNIST numbers (a different task); widths, budgets and "
               "optimisers other than the ones above; depths other than " + ", ".join(
                   str(d) for d in sorted({d for _, ds in spec.cells for d in ds})) + "."]  # fmt: skip
@@ -354,8 +379,9 @@ def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
     state = "complete" if finished >= planned else f"partial, {finished} of {planned} final runs"
     gate, _ = gate_status(summary, spec)
     verdicts = ", ".join(f"{r.other} at depth {r.depth}: {r.verdict}" for r in claims.itertuples()) if len(claims) else ""
-    tail = f"; claims — {verdicts}" if verdicts else "; no claim tested yet"
-    conclusion = "" if gate == "passed" and finished >= planned else "; no conclusion drawn"
+    testable = bool(testable_claims(spec))
+    tail = f"; claims — {verdicts}" if verdicts else "; no claim tested yet" if testable else "; it tests no claim"
+    conclusion = "" if gate == "passed" and finished >= planned and testable else "; no conclusion drawn"
     return f"Depth study ({state}); baselines' gate {gate}{tail}{conclusion}."
 
 
@@ -396,21 +422,26 @@ def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], w
 def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
     """Regenerate every table and the verdict from the run results under ``results``.
 
-    Returns ``{"runs", "curves", "tuning", "summary", "claims": DataFrame, "verdict": str}``; with
-    ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``.
+    Returns ``{"runs", "curves", "tuning", "summary", "claims": DataFrame, "verdict", "finding": str,
+    "notices": list}``; with
+    ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``
+    (each written atomically: a full disk keeps the earlier file and raises
+    :class:`~osa_lab.errors.OutputWriteError`). ``"notices"`` lists the result files left out
+    (:class:`~osa_lab.studies.depth_study.records.Notice`).
     """
     results = Path(results)
-    runs, tuning = run_table(results), tuning_table(results)
+    records = read_records(results)
+    runs, tuning = run_table(records), tuning_table(records)
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
-    text = verdict_text(summary, claims, spec, training_hours(results))
-    tables = {"runs": runs, "curves": curve_table(results), "tuning": tuning, "summary": summary, "claims": claims}
+    text = verdict_text(summary, claims, spec, training_hours(records), records.notices)
+    tables = {"runs": runs, "curves": curve_table(records), "tuning": tuning, "summary": summary, "claims": claims}
     if write:
         for name, df in tables.items():
             df = df.copy()
             if name != "summary":  # the summary has its per-row column; every other table says it for the study
                 df["complete"] = complete
-            df.to_csv(results / f"{name}.csv", index=False)
-        (results / "verdict.md").write_text(text)
-    return {**tables, "verdict": text, "finding": finding_line(summary, claims, spec)}
+            atomic_to_csv(df, results / f"{name}.csv", index=False)
+        atomic_write_text(results / "verdict.md", text)
+    return {**tables, "verdict": text, "finding": finding_line(summary, claims, spec), "notices": records.notices}

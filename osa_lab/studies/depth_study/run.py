@@ -5,7 +5,9 @@ accuracy (of the **final** checkpoint), the per-epoch training curve, steps to 9
 accuracy, and — for final runs — the end-to-end Jacobian condition number κ of the encoder
 (embedded tokens → last block, exact, float64) at initialisation and after training, the last
 layer's effective rank and relative residual, and OSA's per-layer mixing ratio. A run whose JSON
-exists is not run again: the results folder alone resumes and regenerates the study.
+exists (and passes the checks of :func:`osa_lab.studies.depth_study.records.read_run`) is not
+run again: the results folder alone resumes and regenerates the study. A damaged record is
+trained again and replaced.
 """
 
 from __future__ import annotations
@@ -108,9 +110,14 @@ def study_run(
     progress: bool = False,
 ) -> dict:
     """Train one configuration (resuming its checkpoint in ``scratch_dir``) and write its JSON result."""
+    from osa_lab.studies.depth_study.records import RecordProblem, read_run
+
     out = Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult)
     if out.exists():
-        return json.loads(out.read_text())
+        try:
+            return read_run(out, stage)
+        except RecordProblem:
+            pass  # damaged or not this study's: train the run again and replace the file
     data = study_data(spec["data"], spec["val_fraction"])
     n_train = len(data.y_train)
     per_epoch = math.ceil(n_train / spec["batch_size"])
