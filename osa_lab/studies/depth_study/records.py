@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osa_lab.errors import MalformedResultError
+
 #: the largest run or search record read (a final run's JSON with its curve is a few kB)
 MAX_RECORD_BYTES = 4 << 20
 #: the deepest nesting of mappings and lists in a record (a run's is 3 deep)
@@ -28,8 +30,8 @@ STAGES = ("tune", "final")
 STATUSES = ("ok", "diverged")
 
 
-class RecordProblem(ValueError):
-    """Why a record is left out (one line)."""
+#: why a record is left out (one line): a damaged or foreign result, never used
+RecordProblem = MalformedResultError
 
 
 @dataclass(frozen=True)
