@@ -283,10 +283,6 @@ def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
 # --------------------------------------------------------------------------------------------
 
 
-class _FileProblemError(Exception):
-    """A problem of the file itself (raised inside the loader, worded by :func:`read_yaml_file`)."""
-
-
 _INT = re.compile(r"^[-+]?[0-9]+$")
 _FLOAT = re.compile(r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+"
                     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")  # fmt: skip
@@ -310,12 +306,12 @@ class StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):  # noqa: D102
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
-            raise _FileProblemError(f"line {mark.line + 1} uses an alias (*name); write the values out instead")
+            raise ConfigurationError(f"line {mark.line + 1} uses an alias (*name); write the values out instead")
         self._nesting += 1
         try:
             if self._nesting > MAX_NESTING:
                 mark = self.peek_event().start_mark
-                raise _FileProblemError(f"nesting deeper than {MAX_NESTING} levels at line {mark.line + 1}; "
+                raise ConfigurationError(f"nesting deeper than {MAX_NESTING} levels at line {mark.line + 1}; "
                                    "an experiment file is a few levels deep")  # fmt: skip
             return super().compose_node(parent, index)
         finally:
@@ -327,11 +323,11 @@ class StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             try:
                 if key in seen:
-                    raise _FileProblemError(f"the key {key!r} appears twice (lines {seen[key]} and "
+                    raise ConfigurationError(f"the key {key!r} appears twice (lines {seen[key]} and "
                                        f"{key_node.start_mark.line + 1}); keep one")  # fmt: skip
                 seen[key] = key_node.start_mark.line + 1
             except TypeError:
-                raise _FileProblemError(f"line {key_node.start_mark.line + 1}: a key must be a name or a number") from None
+                raise ConfigurationError(f"line {key_node.start_mark.line + 1}: a key must be a name or a number") from None
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node):  # noqa: D102
@@ -378,7 +374,7 @@ def read_yaml_file(path: str | Path, what: str = "experiment file") -> Any:
     loader = StrictLoader(text)
     try:
         return loader.get_single_data()
-    except _FileProblemError as err:
+    except ConfigurationError as err:  # raised by StrictLoader: a problem of the file itself
         raise ConfigurationError(f"the {what} {path}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)

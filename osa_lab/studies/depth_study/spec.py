@@ -298,16 +298,12 @@ def check_relations(spec: StudySpec, ctx: Context) -> None:
             raise refuse(f"tuning.{axis}", f"start value(s) {outside} lie outside `tuning.{axis}_bounds` [{low:g}, {high:g}]",
                          "move them inside or widen the bounds")  # fmt: skip
     from osa_lab.nn.presets import get_preset
-    from osa_lab.studies.training.config import _TRANSFORMER_ONLY
 
     for preset, depth in spec.run_order():
-        model = dict(spec.model)
         if get_preset(preset).backbone != "transformer":
-            model = {k: v for k, v in model.items() if k not in _TRANSFORMER_ONLY}
-        else:
-            model["depth"] = depth
+            continue  # the model overrides are all transformer settings: mlp and cnn1d keep their published sizes
         try:
-            get_preset(preset, **model)
+            get_preset(preset, **spec.model, depth=depth)
         except ConfigurationError as err:
             raise ConfigurationError(f"`model` with preset {preset!r} at depth {depth}: {err}") from None
     runs = spec.planned_runs()
