@@ -37,8 +37,8 @@ from osa_lab.errors import ConfigurationError
 MAX_FILE_BYTES = 1 << 20
 #: the deepest nesting of mappings and lists in an experiment file (the study's own is 4 deep)
 MAX_NESTING = 16
-#: no int of an experiment file is larger than this, even with ``--allow-large`` (seeds, counts, sizes)
-HARD_INT_MAX = 2**31 - 1
+#: no int of an experiment file is larger than this, even with ``--allow-large`` (a seed must fit torch's 64 bits)
+HARD_INT_MAX = 2**63 - 1
 #: the longest text value (a results path)
 MAX_TEXT = 1024
 
@@ -81,10 +81,13 @@ class Int:
             kind = "a float" if isinstance(value, float) else f"{type(value).__name__}"
             raise refuse(where, f"must be a whole number ≥ {self.minimum}, got {_type_name(value)} ({kind})",
                          f"write it as an int, e.g. {max(self.minimum, 1)}")  # fmt: skip
-        if not self.minimum <= value <= self.maximum:
+        if value < self.minimum:
             raise refuse(where, f"must lie in [{self.minimum}, {self.maximum}], got {value}",
                          "give a value in that range")  # fmt: skip
         _check_large(where, value, self.large, ctx)
+        if value > self.maximum:
+            raise refuse(where, f"must lie in [{self.minimum}, {self.maximum}], got {value}",
+                         "give a value in that range")  # fmt: skip
         return value
 
     def describe(self) -> str:

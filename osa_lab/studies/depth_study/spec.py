@@ -47,6 +47,7 @@ MAX_DEPTH = 256
 MAX_WIDTH = 1024
 MAX_BATCH = 4096
 MAX_SEEDS = 100  # final seeds per depth
+HARD_MAX_SEEDS = 100_000  # final seeds per depth even with --allow-large (their list is built in memory)
 MAX_RUNS = 5_000  # training runs of the whole study, tuning included (first round of each grid)
 MAX_KAPPA_SAMPLES = 64
 MAX_EXTENSIONS = 10
@@ -154,7 +155,7 @@ class SeedCounts:
         out = {}
         for depth, n in value.items():
             depth = Int(1)(depth, f"{where} key {depth!r}", ctx)
-            out[depth] = Int(1, large=MAX_SEEDS)(n, f"{where}.{depth}", ctx)
+            out[depth] = Int(1, HARD_MAX_SEEDS, large=MAX_SEEDS)(n, f"{where}.{depth}", ctx)
         return out
 
     def describe(self) -> str:
