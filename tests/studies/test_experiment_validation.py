@@ -368,14 +368,14 @@ def test_a_damaged_record_is_trained_again_not_trusted(tmp_path, monkeypatch):
     out.parent.mkdir(parents=True)
     out.write_bytes(_with(test_accuracy=1e9, depth=2, seed=0))
 
-    class Trained(Exception):
+    class TrainingStartedError(Exception):
         pass
 
     def data(*args):
-        raise Trained
+        raise TrainingStartedError
 
     monkeypatch.setattr(run, "study_data", data)
-    with pytest.raises(Trained):
+    with pytest.raises(TrainingStartedError):
         run.study_run(spec={"data": "mnist1d", "val_fraction": 0.1}, stage="final", preset="vit", depth=2, seed=0,
                       lr=0.01, alpha_lr_mult=1.0, steps=36, results_dir=str(tmp_path), scratch_dir=str(tmp_path / "ck"),
                       kappa=False)  # fmt: skip
