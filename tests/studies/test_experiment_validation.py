@@ -524,3 +524,30 @@ def test_summary_only_on_a_full_disk_is_one_line_and_keeps_the_earlier_tables(tm
     line = assert_cli_user_error(["train", "--experiment", str(exp), "--output", str(tmp_path), "--summary-only"],
                                  r"cannot write .*runs\.csv \(No space left on device\)")  # fmt: skip
     assert "free some space" in line and (tmp_path / "runs.csv").read_text() == "earlier\n"
+
+
+def test_a_user_error_inside_a_study_run_stops_the_study_with_its_line(tmp_path, monkeypatch, capsys):
+    """A run that meets a full disk or missing data raises a user error inside its grid task: the
+    study stops with that one line and exit status 2, not a failed task per run."""
+    from osa_lab.errors import MissingDataError
+    from osa_lab.studies.depth_study import runner
+
+    def missing(**kw):
+        raise MissingDataError("the MNIST-1D cache /x is missing; run `osa-lab train --data mnist1d` once online")
+
+    monkeypatch.setattr(runner, "study_run", missing)
+    code, lines, _ = _run_tiny(tmp_path, monkeypatch, capsys)
+    assert code == 2 and len(lines) == 2
+    assert lines[1] == ("osa-lab train: error: the MNIST-1D cache /x is missing; run `osa-lab train --data mnist1d` "
+                        "once online")  # fmt: skip
+
+
+def test_a_checkpoint_on_a_full_disk_inside_the_study_is_one_line(tmp_path, monkeypatch, capsys):
+    """End to end (real training, real torch.save): the first checkpoint of the first tuning run
+    meets a full disk; the study stops with one line naming the file and the reason."""
+    _failing_writes(monkeypatch, errno.ENOSPC, "checkpoint.pt")
+    code, lines, _ = _run_tiny(tmp_path, monkeypatch, capsys)
+    assert code == 2 and len(lines) == 2, lines
+    assert lines[1].startswith("osa-lab train: error: cannot write runs/experiments/tiny-full-checkpoints/tune/")
+    assert "checkpoint.pt (No space left on device); nothing was written there" in lines[1]
+    assert "enforce fail" not in lines[1] and not list((tmp_path / "runs").rglob("*.tmp"))

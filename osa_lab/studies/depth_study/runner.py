@@ -7,7 +7,9 @@ once, the cell's search record goes to ``search/``, and the tables and verdict a
 after every cell — so the folder is always a consistent (possibly partial) study, and a rerun,
 here or on another machine, continues from it.
 
-A task that fails (an exception inside a run, not a diverged loss) is counted; :func:`run_study`
+A task that fails with a user error (:class:`~osa_lab.errors.UserError`: a full disk or a
+read-only folder, missing data) stops the study with that error's one line. Any other failed
+task (an exception inside a run, not a diverged loss) is counted; :func:`run_study`
 returns the count (``"failed_tasks"`` of ``"tasks"``, with the first failure's line) so the
 command line exits with status 1 and says how many. The checkpoint scratch folder is
 ``runs/experiments/<name>-<profile>-checkpoints`` unless given; a study name is a plain name
@@ -31,7 +33,17 @@ from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_run
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
+from osa_lab.studies.grid.results import first_line
+from osa_lab.studies.training.compare import user_error_from_name
 from osa_lab.studies.training.config import learns_alpha
+
+
+def is_user_error_name(name: str) -> bool:
+    """True if ``name`` is a :class:`~osa_lab.errors.UserError` type of :mod:`osa_lab.errors` (a task's error type)."""
+    import osa_lab.errors as errors_module
+
+    cls = getattr(errors_module, name, None)
+    return isinstance(cls, type) and issubclass(cls, errors_module.UserError)
 
 
 def _say(text: str) -> None:
@@ -63,6 +75,9 @@ class StudyRunner:
 
     def _run(self, tasks: list[Task], desc: str) -> list[dict | None]:
         result = run_grid(tasks, self.options, desc=desc)
+        for o in result.failed:  # bad input or environment (a full disk, missing data): stop with its one line
+            if is_user_error_name(o.error_type):
+                raise user_error_from_name(o.error_type, first_line(o.error, limit=2000))
         self.tasks += len(result.outcomes)
         for line in result.failure_lines():
             self.failures.append(line)
