@@ -216,9 +216,10 @@ def test_the_checks_run_on_plain_data_too():
 
 
 def test_every_setting_is_in_the_documentation():
-    """docs/training.md's table lists every key the schema accepts (schema_table)."""
+    """docs/training.md's table has one row per key the schema accepts, with the schema's own
+    type, range and meaning (schema_table), so the two cannot drift apart."""
     text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
-    missing = [key for key, _, _ in schema_table() if f"| `{key}` |" not in text]
+    missing = [row for row in schema_table() if "| `{}` | {} | {} |".format(*row) not in text]
     assert missing == []
 
 
@@ -367,9 +368,6 @@ def test_a_damaged_record_is_trained_again_not_trusted(tmp_path, monkeypatch):
     out = tmp_path / "final" / "vit-d2-lr0.01-am1-s0.json"
     out.parent.mkdir(parents=True)
     out.write_bytes(_with(test_accuracy=1e9, depth=2, seed=0))
-
-    class TrainingStartedError(Exception):
-        pass
 
     def data(*args):
         raise TrainingStartedError
@@ -551,3 +549,38 @@ def test_a_checkpoint_on_a_full_disk_inside_the_study_is_one_line(tmp_path, monk
     assert lines[1].startswith("osa-lab train: error: cannot write runs/experiments/tiny-full-checkpoints/tune/")
     assert "checkpoint.pt (No space left on device); nothing was written there" in lines[1]
     assert "enforce fail" not in lines[1] and not list((tmp_path / "runs").rglob("*.tmp"))
+
+
+def test_a_sweep_where_every_task_failed_says_so_first_and_exits_1(tmp_path, monkeypatch, capsys):
+    from osa_lab.studies.depth import sweeps
+    from tests.test_cli_errors import SWEEP
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("worker lost")
+
+    monkeypatch.setattr(sweeps, "depth_profile", broken)
+    assert cli_main([*SWEEP, "--output", str(tmp_path / "r.csv")]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "osa-lab sweep: every one of the 1 tasks failed, nothing was measured; first: RuntimeError: worker lost"
+    assert lines[1].startswith("osa-lab sweep: 1 of 1 tasks failed")
+
+
+def test_a_record_of_another_run_under_this_runs_name_is_not_trusted(tmp_path, monkeypatch):
+    from osa_lab.studies.depth_study import run
+
+    out = tmp_path / "final" / "vit-d2-lr0.01-am1-s0.json"
+    out.parent.mkdir(parents=True)
+    out.write_bytes(_with(depth=2, seed=3))  # a valid record, of seed 3
+
+    def data(*args):
+        raise TrainingStartedError
+
+    monkeypatch.setattr(run, "study_data", data)
+    with pytest.raises(TrainingStartedError):
+        run.study_run(spec={"data": "mnist1d", "val_fraction": 0.1}, stage="final", preset="vit", depth=2, seed=0,
+                      lr=0.01, alpha_lr_mult=1.0, steps=36, results_dir=str(tmp_path), scratch_dir=str(tmp_path / "ck"),
+                      kappa=False)  # fmt: skip
+
+
+class TrainingStartedError(Exception):
+    """Raised by a stand-in for the data loader: the run was going to train."""

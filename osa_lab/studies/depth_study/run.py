@@ -115,9 +115,12 @@ def study_run(
     out = Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult)
     if out.exists():
         try:
-            return read_run(out, stage)
+            record = read_run(out, stage)
+            if (record["preset"], record["depth"], record["seed"]) == (preset, depth, seed):
+                return record
         except RecordProblem:
-            pass  # damaged or not this study's: train the run again and replace the file
+            pass  # damaged: train the run again and replace the file
+        # (a record of another run under this run's name is replaced the same way)
     data = study_data(spec["data"], spec["val_fraction"])
     n_train = len(data.y_train)
     per_epoch = math.ceil(n_train / spec["batch_size"])

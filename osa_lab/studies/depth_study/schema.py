@@ -155,7 +155,8 @@ class Choice:
         return value
 
     def describe(self) -> str:
-        return f"a {self.kind}"
+        valid = list(self.options())
+        return f"one of {', '.join(f'`{v}`' for v in valid)}" if len(valid) <= 8 else f"{self.kind} name"
 
 
 @dataclass(frozen=True)
