@@ -13,8 +13,9 @@ the key and the fix (:class:`~osa_lab.errors.ConfigurationError`, exit status 2 
   optional *large* bound above which the value is refused unless ``--allow-large`` is given
   (as ``osa-lab sweep`` does). A float is never taken for an int (no silent truncation).
 * :func:`setting`: a dataclass field that carries its check and its documentation, so a section
-  of the file is one dataclass and :func:`check_section` checks a mapping against it (unknown
-  keys refused). Adding a setting is one line in its dataclass.
+  of the file is one dataclass (:class:`Section`) and :func:`check_section` checks a mapping
+  against it (unknown keys refused). Adding a setting is one line in its dataclass; adding a
+  section is its dataclass and one ``setting(..., Section(TheDataclass), ...)`` line.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ class ListOf:
 
     def describe(self) -> str:
         item = getattr(self.item, "describe", lambda: "value")()
-        return f"list of {item}" + (", distinct" if self.distinct else "")
+        size = f"{self.min_len}" if self.min_len == self.max_len else f"{self.min_len}–{self.max_len}"
+        return f"list of {size}" + (" distinct" if self.distinct else "") + f": {item}"
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,24 @@ class Bounds:
 
     def describe(self) -> str:
         return f"[low, high], each a {self.item.describe()}"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A nested mapping checked against the :func:`setting` fields of the dataclass ``cls``; it
+    becomes a ``cls`` (or a plain dict with ``as_dict``). A profile's section is merged key by key
+    into the file's (``merge``) or replaces it whole."""
+
+    cls: type
+    as_dict: bool = False
+    merge: bool = True
+
+    def __call__(self, value: Any, where: str, ctx: Context) -> Any:
+        values = check_section(self.cls, check_mapping(value, where), where, ctx)
+        return values if self.as_dict else self.cls(**values)
+
+    def describe(self) -> str:
+        return "mapping, keys below"
 
 
 def setting(default: Any, check: Callable[[Any, str, Context], Any], doc: str, *, factory: Callable | None = None):
@@ -275,11 +295,13 @@ def check_section(cls: type, raw: Any, where: str, ctx: Context, *, skip: Sequen
 
 def schema_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     """``(key, type and range, meaning)`` per setting of ``cls`` (the documentation's table)."""
-    rows = []
+    rows, nested = [], []
     for name, f in section_fields(cls).items():
         check = f.metadata["check"]
         rows.append((f"{prefix}{name}", getattr(check, "describe", lambda: "see below")(), f.metadata["doc"]))
-    return rows
+        if isinstance(check, Section):
+            nested += schema_rows(check.cls, f"{prefix}{name}.")
+    return rows + nested
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,12 +31,14 @@ from osa_lab.studies.depth_study.schema import (
     ListOf,
     PlainName,
     Real,
+    Section,
     Text,
     check_mapping,
     check_section,
     read_yaml_file,
     refuse,
     schema_rows,
+    section_fields,
     setting,
     unknown_key,
 )
@@ -176,28 +178,6 @@ class Gate:
 
 
 @dataclass(frozen=True)
-class ModelOverrides:
-    """The model overrides of :class:`ModelSettings`, as a plain dict."""
-
-    def __call__(self, value: Any, where: str, ctx: Context) -> dict[str, Any]:
-        return check_section(ModelSettings, check_mapping(value, where), where, ctx)
-
-    def describe(self) -> str:
-        return "mapping, keys below"
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """The tuning section: a mapping of :class:`TuningSpec` settings."""
-
-    def __call__(self, value: Any, where: str, ctx: Context) -> TuningSpec:
-        return TuningSpec(**check_section(TuningSpec, check_mapping(value, where), where, ctx))
-
-    def describe(self) -> str:
-        return "mapping, keys below"
-
-
-@dataclass(frozen=True)
 class StudySpec:
     """One named experiment (see ``experiments/mnist1d_depth.yaml``)."""
 
@@ -207,10 +187,11 @@ class StudySpec:
     steps: int = setting(6000, Int(1, large=MAX_STEPS), "training steps of each final run (whole epochs)")
     batch_size: int = setting(100, Int(1, large=MAX_BATCH), "examples per step")
     val_fraction: float = setting(0.1, Real(0.0, 1.0, low_open=True, high_open=True), "validation split")
-    model: Mapping[str, Any] = setting(None, ModelOverrides(), "model overrides (below)", factory=dict)
+    model: Mapping[str, Any] = setting(None, Section(ModelSettings, as_dict=True, merge=False),
+                                       "model overrides (below)", factory=dict)  # fmt: skip
     cells: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...] = setting((), Cells(), "presets × depths to run")
     seeds: Mapping[int, int] = setting(None, SeedCounts(), "final seeds per depth", factory=dict)
-    tuning: TuningSpec = setting(None, Tuning(), "the tuning grid (below)", factory=TuningSpec)
+    tuning: TuningSpec = setting(None, Section(TuningSpec), "the tuning grid (below)", factory=TuningSpec)
     gate: Mapping[str, float] = setting(None, Gate(), "baselines' accuracy floors", factory=dict)
     equivalence_margin: float = setting(0.02, Real(0.0, 1.0, low_open=True, high_open=True),
                                         "'comparable' means within ± this accuracy (TOST)")  # fmt: skip
@@ -272,7 +253,7 @@ class StudySpec:
 
 def schema_table() -> list[tuple[str, str, str]]:
     """``(key, type and range, meaning)`` of every setting of an experiment file (docs/training.md)."""
-    return [*schema_rows(StudySpec), *schema_rows(TuningSpec, "tuning."), *schema_rows(ModelSettings, "model.")]
+    return schema_rows(StudySpec)
 
 
 def check_relations(spec: StudySpec, ctx: Context) -> None:
@@ -332,9 +313,14 @@ def spec_from_dict(d: Mapping[str, Any], profile: str = "full", *, allow_large: 
 
 
 def _merge(base: dict, override: Mapping[str, Any]) -> dict:
+    """The file's settings with a profile's on top: sections that merge (``tuning``) key by key,
+    everything else (``model`` included) replaced whole."""
+    fields = section_fields(StudySpec)
     out = dict(base)
     for k, v in override.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and k == "tuning" else v
+        check = fields[k].metadata["check"] if k in fields else None
+        merge = isinstance(check, Section) and check.merge
+        out[k] = {**out[k], **v} if merge and isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
     return out
 
 
