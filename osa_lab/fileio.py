@@ -14,12 +14,17 @@
   over.
 
 Every byte goes through :func:`os.write` on the temporary's descriptor, so a test can inject a
-write error (``ENOSPC``) by replacing ``os.write``.
+write error (``ENOSPC``) by replacing ``os.write``. The descriptor's writer remembers the
+``OSError`` it met, so a writer that wraps it in another exception (``torch.save`` turns it into
+``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos …``) still ends in the
+one-line :class:`~osa_lab.errors.OutputWriteError` naming the path and the reason
+(``No space left on device``, ``Read-only file system``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -50,6 +55,7 @@ class _DescriptorWriter(io.RawIOBase):
     def __init__(self, fd: int) -> None:
         super().__init__()
         self.fd = fd
+        self.failure: OSError | None = None  # the first write error, even if a caller wraps it
 
     def writable(self) -> bool:
         return True
@@ -61,7 +67,11 @@ class _DescriptorWriter(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
-        return os.write(self.fd, data)
+        try:
+            return os.write(self.fd, data)
+        except OSError as exc:
+            self.failure = self.failure or exc
+            raise
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return os.lseek(self.fd, offset, whence)
@@ -77,11 +87,16 @@ class _DescriptorWriter(io.RawIOBase):
                 super().close()
 
 
+#: errors of a location that cannot be written at all (as opposed to a full one)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _write_error(path: Path, exc: OSError, action: str = "write") -> OutputWriteError:
     reason = exc.strerror or str(exc) or type(exc).__name__
+    fix = ("the location is read-only: choose a writable location" if exc.errno in _READ_ONLY
+           else "free some space or choose another location")  # fmt: skip
     return OutputWriteError(
-        f"cannot {action} {path} ({reason}); nothing was written there (an earlier file is kept): "
-        "free some space or choose another location"
+        f"cannot {action} {path} ({reason}); nothing was written there (an earlier file is kept): {fix}"
     )
 
 
@@ -129,8 +144,8 @@ def _temporary_stream(path: Path, text: bool, encoding: str, newline: str | None
     except OutputWriteError:
         _remove_empty(created)
         raise
+    raw = _DescriptorWriter(fd)
     try:
-        raw = _DescriptorWriter(fd)
         buffered = io.BufferedWriter(raw)
         stream: IO = io.TextIOWrapper(buffered, encoding=encoding, newline=newline) if text else buffered
         try:
@@ -150,6 +165,8 @@ def _temporary_stream(path: Path, text: bool, encoding: str, newline: str | None
     except BaseException:
         tmp.unlink(missing_ok=True)
         _remove_empty(created)
+        if raw.failure is not None:  # a write error that the writing code wrapped (torch.save: RuntimeError)
+            raise _write_error(path, raw.failure) from None
         raise
 
 

@@ -8,8 +8,10 @@ from tests.helpers import run_benchmark
 from tests.studies.test_depth_study import TINY_EXPERIMENT
 
 
-def test_a_rerun_on_the_same_machine_and_threads_reproduces_the_run(tmp_path):
+def test_a_rerun_on_the_same_machine_and_threads_reproduces_the_run(tmp_path, monkeypatch):
     from osa_lab.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)  # the study's checkpoints go under ./runs: none shared with another test
 
     exp = tmp_path / "tiny.yaml"
     exp.write_text(TINY_EXPERIMENT)

@@ -22,7 +22,9 @@ def tiny_results(tmp_path_factory):
     exp = root / "tiny.yaml"
     exp.write_text(TINY_EXPERIMENT)
     out = root / "results"
-    assert cli_main(["train", "--experiment", str(exp), "--output", str(out), "--serial", "--quiet"]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # the study's checkpoints go under ./runs: none shared with another test
+        assert cli_main(["train", "--experiment", str(exp), "--output", str(out), "--serial", "--quiet"]) == 0
     return out
 
 

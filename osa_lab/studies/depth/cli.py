@@ -155,6 +155,10 @@ def _run_locked(args: argparse.Namespace, out: Path, outputs: dict[str, Path], s
     except (UnknownNameError, ConfigurationError) as exc:
         print(f"osa-lab sweep: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    if len(result.tasks) and len(result.failures) == len(result.tasks):  # said first: the tables below are empty
+        first = result.failures.iloc[0]
+        print(f"osa-lab sweep: every one of the {len(result.tasks)} tasks failed, nothing was measured; first: "
+              f"{first['error_type']}: {one_line(first['error'])}", file=sys.stderr)  # fmt: skip
     tables = [(out, result.metrics)]
     if not args.no_spectra:
         tables.append((outputs["--spectra-output"], result.spectra))

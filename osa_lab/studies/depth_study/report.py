@@ -5,11 +5,14 @@
 ``tuning.csv`` (one row per tuning run, with the grid extensions), ``summary.csv`` (per preset ×
 depth), ``claims.csv`` and ``verdict.md``. A study that is not finished says so in every table
 (``complete`` column) and in the verdict.
+
+The folder's JSON files are untrusted input (:mod:`.records`): each is checked, and a damaged,
+truncated, oversized or out-of-range one is left out and named in the ``notices`` that
+:func:`summarise` returns and the verdict lists; it is never used.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,8 +20,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats
+from osa_lab.studies.depth_study.records import Records, read_records
 from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.depth_study.wording import (
+    CLAIMS,
+    LOSS_STEPS,
+    REFERENCE,
+    TRAIN_LOSS_THRESHOLD,
+    claims_lines,
+    failure_words,
+    trainability_lines,
+    unstable_neighbours,
+)
 from osa_lab.studies.summaries import KAPPA_RESOLVED
 from osa_lab.studies.training.failures import (
     CHANCE_MARGIN,
@@ -28,20 +43,6 @@ from osa_lab.studies.training.failures import (
     steps_to_loss,
 )
 
-REFERENCE = "skipless-osa"
-
-#: (other preset, kind, wording): the claims of Zhang & Martens (2026) that the study tests, at every depth
-CLAIMS: tuple[tuple[str, str, str], ...] = (
-    ("vit", "equivalence", "skipless OSA is comparable to the skip-connected ViT"),
-    ("skipless-ssa", "superiority", "skipless OSA is better than skipless softmax attention"),
-    ("ssa-cutting-skip", "superiority", "skipless OSA is better than Cutting-the-Skip softmax attention"),
-    ("skipless-osa-alpha0", "superiority", "learned token mixing helps skipless OSA (vs α ≡ 0)"),
-)
-
-#: steps at which a run's training loss is read (a primary endpoint of trainability) and the training
-#: loss whose first crossing is the other (the curve's losses are epoch means)
-LOSS_STEPS: tuple[int, ...] = (1000, 3000, 6000)
-TRAIN_LOSS_THRESHOLD = 0.1
 #: classes of a run whose JSON does not record them (every data set of the study has ten)
 DEFAULT_CLASSES = 10
 
@@ -52,14 +53,16 @@ RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "statu
                "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
 
 
-def _read(folder: Path) -> list[dict]:
-    out = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a damaged result is rerun by the study; here it is simply missing
-    return out
+CLAIM_COLUMNS = ["claim", "other", "kind", "depth", "n", "diff_mean", "diff_std", "ci_low", "ci_high", "ci_level",
+                 "p", "p_reverse", "p_two_sided", "p_rank", "planned", "p_holm", "p_reverse_holm", "p_two_sided_holm",
+                 "direction", "verdict", "seeds_needed"]  # fmt: skip
+#: the columns of a claim's row before the corrections (the rest are added by :func:`claims_table`)
+_TEST_COLUMNS = CLAIM_COLUMNS[: CLAIM_COLUMNS.index("planned") + 1]
+
+
+def _records(results: Path | Records) -> Records:
+    """The checked records of a results folder (read once by :func:`summarise` and passed on)."""
+    return results if isinstance(results, Records) else read_records(results)
 
 
 def _mean(values) -> float:
@@ -67,24 +70,25 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def _chosen(results: Path) -> dict[tuple[str, int], tuple[float, float] | None]:
+def _chosen(results: Path | Records) -> dict[tuple[str, int], tuple[float, float] | None]:
     """(preset, depth) → the setting its search chose (from ``search/``)."""
     return {(r["preset"], int(r["depth"])): tuple(r["chosen"]) if r.get("chosen") else None
-            for r in _read(results / "search")}  # fmt: skip
+            for r in _records(results).search}  # fmt: skip
 
 
-def _final_runs(results: Path) -> list[dict]:
+def _final_runs(results: Path | Records) -> list[dict]:
     """Final runs at the setting their cell's search chose (runs of a superseded choice are left out)."""
-    chosen = _chosen(results)
+    records = _records(results)
+    chosen = _chosen(records)
     keep = []
-    for r in _read(results / "final"):
+    for r in records.runs["final"]:
         setting = chosen.get((r["preset"], int(r["depth"])))
         if setting is not None and np.isclose(r["lr"], setting[0]) and np.isclose(r["alpha_lr_mult"], setting[1]):
             keep.append(r)
     return keep
 
 
-def run_table(results: Path) -> pd.DataFrame:
+def run_table(results: Path | Records) -> pd.DataFrame:
     """One row per finished final run (:data:`RUN_COLUMNS`).
 
     ``status`` is the run's outcome by :func:`~osa_lab.studies.training.failures.classify_run`: ``ok``,
@@ -113,7 +117,7 @@ def run_table(results: Path) -> pd.DataFrame:
     return df.sort_values(["depth", "preset", "seed"], ignore_index=True)
 
 
-def curve_table(results: Path) -> pd.DataFrame:
+def curve_table(results: Path | Records) -> pd.DataFrame:
     """Per-epoch training curves of the final runs (preset, depth, seed, step, train_loss, …)."""
     rows = []
     for r in _final_runs(results):
@@ -122,10 +126,11 @@ def curve_table(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def tuning_table(results: Path) -> pd.DataFrame:
+def tuning_table(results: Path | Records) -> pd.DataFrame:
     """One row per tuning run, with the cell's search record (extended, chosen, edge after the limit)."""
+    records = _records(results)
     rows = []
-    for r in _read(results / "tune"):
+    for r in records.runs["tune"]:
         outcome, _ = classify_run(
             r.get("curve") or [], num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
             train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
@@ -135,7 +140,7 @@ def tuning_table(results: Path) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy"])
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
-    for rec in _read(results / "search"):
+    for rec in records.search:
         cell = (df["preset"] == rec["preset"]) & (df["depth"] == rec["depth"])
         for lr, am in rec.get("extension_points", []):
             df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "extended"] = True
@@ -144,41 +149,6 @@ def tuning_table(results: Path) -> pd.DataFrame:
             df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "chosen"] = True
         df.loc[cell, "edge_after_limit"] = ", ".join(rec.get("edge_after_limit", []))
     return df.sort_values(["depth", "preset", "lr", "alpha_lr_mult", "tune_seed"], ignore_index=True)
-
-
-def _past(points: pd.DataFrame, axis: str, value: float, side: int) -> pd.Series:
-    """Rows of ``points`` whose ``axis`` lies beyond ``value`` on ``side`` (+1 above, −1 below)."""
-    return points[axis] > value * (1 + 1e-9) if side > 0 else points[axis] < value * (1 - 1e-9)
-
-
-def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float) -> list[str]:
-    """The grid neighbours of a cell's chosen setting at which some tuning run failed or diverged.
-
-    Neighbours are the adjacent learning rates tried at the chosen α-lr multiplier and the adjacent
-    multipliers tried at the chosen learning rate. The search's grid need not be a full rectangle:
-    where the chosen multiplier has no learning rate on one side, the next learning rate tried on
-    that side at any multiplier stands in. A setting beside one that broke sits at the stability
-    edge: a small change of budget or seed may break it.
-    """
-    def broke(points: pd.DataFrame) -> list[str]:
-        return sorted(set(points.loc[points["status"] != "ok", "status"]))
-
-    out = []
-    same_am = tuning[np.isclose(tuning["alpha_lr_mult"], alpha_lr_mult)]
-    same_lr = tuning[np.isclose(tuning["lr"], lr)]
-    for axis, line, value, fallback in (("lr", same_am, lr, tuning), ("alpha_lr_mult", same_lr, alpha_lr_mult, None)):
-        for side in (-1, 1):
-            beyond = _past(line, axis, value, side)
-            pool = line if beyond.any() or fallback is None else fallback
-            beyond = _past(pool, axis, value, side)
-            if not beyond.any():
-                continue
-            nearest = pool.loc[beyond, axis].min() if side > 0 else pool.loc[beyond, axis].max()
-            bad = broke(pool[np.isclose(pool[axis], nearest)])
-            if bad:
-                label = f"lr {nearest:g}" if axis == "lr" else f"α-lr ×{nearest:g}"
-                out.append(f"{label} ({' and '.join(bad)})")
-    return out
 
 
 def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> pd.DataFrame:
@@ -228,12 +198,6 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
     return pd.DataFrame(rows)
 
 
-def holm_family(claims: int, reverse: int) -> str:
-    """The family Holm's correction runs over, in words (the verdict names it)."""
-    return (f"{claims + reverse} tests: the {claims} claim test(s) and the {reverse} reverse one-sided test(s) "
-            "that would refute a superiority claim")  # fmt: skip
-
-
 def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd.DataFrame:
     """Every claim × depth with ≥ 2 paired seeds: mean difference, interval, p, Holm-adjusted p, verdict.
 
@@ -277,9 +241,9 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
                          "p_two_sided": stats.two_sided_paired(d),
                          "p_rank": stats.signed_rank(d, "greater" if kind == "superiority" else "two-sided"),
                          "planned": planned})  # fmt: skip
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
+    df = pd.DataFrame(rows, columns=_TEST_COLUMNS)
+    if df.empty:  # no claim has two paired seeds (or the study has no skipless-osa pair): the columns still exist
+        return pd.DataFrame(columns=CLAIM_COLUMNS)
     tested = df["p"].notna()
     adjusted = stats.holm(list(df.loc[tested, "p"]) + list(df.loc[tested, "p_reverse"].dropna()))
     n_tested = int(tested.sum())
@@ -349,21 +313,30 @@ def _not_final_words(r) -> str:
     return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
 
 
-def training_hours(results: Path) -> dict[str, tuple[int, float]]:
+def training_hours(results: Path | Records) -> dict[str, tuple[int, float]]:
     """Per stage (``"tune"``, ``"final"``): the runs recorded and their training time in hours,
     ``Σ epoch_time_s × epochs`` from each run's JSON (training steps only: the loop's epoch time
     leaves out evaluation and diagnostics, κ included). Runs of a superseded choice count: they ran."""
     out = {}
+    records = _records(results)
     for stage in ("tune", "final"):
-        recs = _read(results / stage)
+        recs = records.runs[stage]
         seconds = [r.get("epoch_time_s", math.nan) * r.get("epochs", math.nan) for r in recs]
         out[stage] = (len(recs), float(np.nansum(seconds)) / 3600)
     return out
 
 
+def testable_claims(spec: StudySpec) -> list[tuple[str, int]]:
+    """(other preset, depth) of every claim the study's cells can test: skipless-osa and the
+    other preset both run at that depth."""
+    at = {(p, d) for p, d in spec.run_order()}
+    return [(other, d) for other, _, _ in CLAIMS for d in sorted({d for _, d in at}) if {(REFERENCE, d), (other, d)} <= at]
+
+
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
-                 hours: dict[str, tuple[int, float]] | None = None) -> str:  # fmt: skip
-    """The verdict in Markdown, from the tables (and :func:`training_hours`, when given) only."""
+                 hours: dict[str, tuple[int, float]] | None = None, notices: Sequence[object] = ()) -> str:  # fmt: skip
+    """The verdict in Markdown, from the tables (and :func:`training_hours`, when given) only;
+    ``notices`` name the result files that were left out."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
     complete = finished >= planned
     lines = [f"# Verdict: {spec.name} ({spec.profile} profile)", ""]
@@ -403,7 +376,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         beyond = " (past 0–100 %: the seeds spread too widely for a t-interval)" if past else ""
         by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
-                     f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {_failure_words(r)}; "
+                     f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {failure_words(r)}; "
                      f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
                      + (f" (median of the {r.reached_90} of {ok} seeds that reached it)" if 0 < r.reached_90 < ok else "")
@@ -415,29 +388,12 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
               "runs have no accuracy and are left out. The failure rate (failed or diverged) has an exact "
               "Clopper–Pearson 95 % interval.", ""]  # fmt: skip
     lines += trainability_lines(summary)
-    tested = claims[claims["verdict"] != "waiting"] if len(claims) else claims
-    family = holm_family(len(tested), int(tested["p_reverse"].notna().sum()) if len(tested) else 0)
-    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; a claim is tested once both its cells "
-              "are complete)", "", f"Holm's correction runs over {family}. The two-sided t-tests (a difference in "
-              f"either direction) are a second Holm family of {len(tested)} test(s); the Wilcoxon signed-rank p "
-              "(one-sided like its claim, two-sided for equivalence) is given beside, unadjusted.", ""]  # fmt: skip
-    if claims.empty:
-        lines.append("* no claim has two paired seeds yet")
-    for r in claims.itertuples():
-        if r.verdict == "waiting":
-            lines.append(f"* depth {r.depth}: {r.claim}: **waiting** for its cells' {r.planned} planned seeds "
-                         f"(untested; paired difference so far {r.diff_mean * 100:+.1f} points over {r.n} seeds)")  # fmt: skip
-            continue
-        extra = "" if not math.isfinite(r.seeds_needed) else f"; ≈ {r.seeds_needed:.0f} seeds would be needed"
-        if r.verdict == "inconclusive" and math.isinf(r.seeds_needed):
-            extra = "; no number of seeds would show it if the observed mean were the truth"
-        margin = f" (±{spec.equivalence_margin * 100:.0f} points)" if r.kind == "equivalence" else ""
-        lines.append(f"* depth {r.depth}: {r.claim}{margin}: **{r.verdict}** ({r.diff_mean * 100:+.1f} points, "
-                     f"{r.ci_level * 100:.0f} % CI [{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}], n = {r.n}, "
-                     f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra}; signed-rank p = {r.p_rank:.3g}); "
-                     f"two-sided: {_direction_words(r)}")  # fmt: skip
+    testable = testable_claims(spec)
+    lines += claims_lines(claims, spec, testable)
     lines += ["", "## Conclusion", ""]
-    if gate != "passed":
+    if not testable:
+        lines.append("The study tests no claim of the paper, so it draws no conclusion about them.")
+    elif gate != "passed":
         lines.append(f"The baselines' gate is {gate}: this study is not (yet) shown to be on the published MNIST-1D "
                      "scale, so it draws no conclusion about the paper's claim.")  # fmt: skip
     elif not complete:
@@ -451,51 +407,14 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         if len(worse):
             lines.append("* Worse (two-sided): " + "; ".join(
                 f"skipless OSA below `{r.other}` at depth {r.depth} by {-r.diff_mean * 100:.1f} points" for r in worse.itertuples()))
+    if notices:
+        lines += ["", f"## Result files left out ({len(notices)})", "",
+                  "Damaged or out-of-range files of the results folder; none of their numbers is used above, and "
+                  "rerunning the study trains these runs again.", ""] + [f"* {n}" for n in notices]  # fmt: skip
     lines += ["", "Not shown by this study: the paper's 2-D MNIST numbers (a different task); widths, budgets and "
               "optimisers other than the ones above; depths other than " + ", ".join(
                   str(d) for d in sorted({d for _, ds in spec.cells for d in ds})) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-def _failure_words(r) -> str:
-    """A cell's failed and diverged runs with the exact interval of the failure rate."""
-    bad = r.failed + r.diverged
-    if r.finished == 0:
-        return "no run finished"
-    interval = f"failure rate 95 % CI [{r.failure_rate_low * 100:.0f}, {r.failure_rate_high * 100:.0f}] %"
-    return f"{r.failed} failed, {r.diverged} diverged; {interval}" if bad else f"none failed or diverged; {interval}"
-
-
-def _direction_words(r) -> str:
-    """The two-sided test of a claim's paired difference, in words ("worse" where the data say so)."""
-    p = f"p = {r.p_two_sided:.3g}, Holm p = {r.p_two_sided_holm:.3g}"
-    if r.direction == "worse":
-        return f"skipless OSA is **worse** than `{r.other}` by {-r.diff_mean * 100:.1f} points ({p})"
-    if r.direction == "better":
-        return f"skipless OSA is better than `{r.other}` by {r.diff_mean * 100:.1f} points ({p})"
-    return f"no difference shown ({p})"
-
-
-def trainability_lines(summary: pd.DataFrame) -> list[str]:
-    """The primary endpoints of trainability per cell: median training loss at fixed steps and at the end,
-    and the median step at which the training loss first reached :data:`TRAIN_LOSS_THRESHOLD`."""
-    def loss(v: float) -> str:
-        return f"{v:.3g}" if math.isfinite(v) else "—"
-
-    steps = ", ".join(f"{s:,}" for s in LOSS_STEPS)
-    lines = [f"## Trainability: median training loss of the runs that did not diverge, at steps {steps} and at the end; "
-             f"steps to a training loss of {TRAIN_LOSS_THRESHOLD:g}", ""]  # fmt: skip
-    for r in summary.itertuples():
-        if r.finished == 0:
-            continue
-        ok = r.finished - r.diverged
-        at = " / ".join(loss(getattr(r, f"train_loss_at_{s}_median")) for s in LOSS_STEPS)
-        reached = (f"{r.steps_to_threshold_median:.0f}" if math.isfinite(r.steps_to_threshold_median) else "not reached")
-        if 0 < r.reached_threshold < ok:
-            reached += f" (median of the {r.reached_threshold} of {ok} runs that reached it)"
-        lines.append(f"* `{r.preset}` depth {r.depth}: {at} / final {loss(r.train_loss_final_median)}; steps to "
-                     f"{TRAIN_LOSS_THRESHOLD:g}: {reached}")  # fmt: skip
-    return lines
 
 
 def _kappa_words(kappa: float) -> str:
@@ -515,8 +434,9 @@ def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -
     state = "complete" if finished >= planned else f"partial, {finished} of {planned} final runs"
     gate, _ = gate_status(summary, spec)
     verdicts = ", ".join(f"{r.other} at depth {r.depth}: {r.verdict}" for r in claims.itertuples()) if len(claims) else ""
-    tail = f"; claims — {verdicts}" if verdicts else "; no claim tested yet"
-    conclusion = "" if gate == "passed" and finished >= planned else "; no conclusion drawn"
+    testable = bool(testable_claims(spec))
+    tail = f"; claims — {verdicts}" if verdicts else "; no claim tested yet" if testable else "; it tests no claim"
+    conclusion = "" if gate == "passed" and finished >= planned and testable else "; no conclusion drawn"
     return f"Depth study ({state}); baselines' gate {gate}{tail}{conclusion}."
 
 
@@ -557,21 +477,26 @@ def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], w
 def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
     """Regenerate every table and the verdict from the run results under ``results``.
 
-    Returns ``{"runs", "curves", "tuning", "summary", "claims": DataFrame, "verdict": str}``; with
-    ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``.
+    Returns ``{"runs", "curves", "tuning", "summary", "claims": DataFrame, "verdict", "finding": str,
+    "notices": list}``; with
+    ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``
+    (each written atomically: a full disk keeps the earlier file and raises
+    :class:`~osa_lab.errors.OutputWriteError`). ``"notices"`` lists the result files left out
+    (:class:`~osa_lab.studies.depth_study.records.Notice`).
     """
     results = Path(results)
-    runs, tuning = run_table(results), tuning_table(results)
+    records = read_records(results)
+    runs, tuning = run_table(records), tuning_table(records)
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
-    text = verdict_text(summary, claims, spec, training_hours(results))
-    tables = {"runs": runs, "curves": curve_table(results), "tuning": tuning, "summary": summary, "claims": claims}
+    text = verdict_text(summary, claims, spec, training_hours(records), records.notices)
+    tables = {"runs": runs, "curves": curve_table(records), "tuning": tuning, "summary": summary, "claims": claims}
     if write:
         for name, df in tables.items():
             df = df.copy()
             if name != "summary":  # the summary has its per-row column; every other table says it for the study
                 df["complete"] = complete
-            df.to_csv(results / f"{name}.csv", index=False)
-        (results / "verdict.md").write_text(text)
-    return {**tables, "verdict": text, "finding": finding_line(summary, claims, spec)}
+            atomic_to_csv(df, results / f"{name}.csv", index=False)
+        atomic_write_text(results / "verdict.md", text)
+    return {**tables, "verdict": text, "finding": finding_line(summary, claims, spec), "notices": records.notices}

@@ -6,8 +6,9 @@ accuracy, and — for final runs — the end-to-end Jacobian condition number κ
 (embedded tokens → last block, exact, float64) at initialisation and after training, the last
 layer's effective rank and relative residual, OSA's per-layer mixing ratio and the whole training
 configuration (``train_config``). A final run also keeps its trained weights beside its JSON
-(:mod:`.weights`, tensor-only). A run whose JSON exists is not run again: the results folder alone
-resumes and regenerates the study.
+(:mod:`.weights`, tensor-only). A run whose JSON exists (and passes the checks of
+:func:`osa_lab.studies.depth_study.records.read_run`) is not run again: the results folder alone
+resumes and regenerates the study. A damaged record is trained again and replaced.
 """
 
 from __future__ import annotations
@@ -111,9 +112,17 @@ def study_run(
     progress: bool = False,
 ) -> dict:
     """Train one configuration (resuming its checkpoint in ``scratch_dir``) and write its JSON result."""
+    from osa_lab.studies.depth_study.records import RecordProblem, read_run
+
     out = Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult)
     if out.exists():
-        return json.loads(out.read_text())
+        try:
+            record = read_run(out, stage)
+            if (record["preset"], record["depth"], record["seed"]) == (preset, depth, seed):
+                return record
+        except RecordProblem:
+            pass  # damaged: train the run again and replace the file
+        # (a record of another run under this run's name is replaced the same way)
     data = study_data(spec["data"], spec["val_fraction"])
     n_train = len(data.y_train)
     per_epoch = math.ceil(n_train / spec["batch_size"])

@@ -6,6 +6,14 @@ cluster, or ``--scheduler``). Each finished run writes its JSON under the result
 once, the cell's search record goes to ``search/``, and the tables and verdict are regenerated
 after every cell — so the folder is always a consistent (possibly partial) study, and a rerun,
 here or on another machine, continues from it.
+
+A task that fails with a user error (:class:`~osa_lab.errors.UserError`: a full disk or a
+read-only folder, missing data) stops the study with that error's one line. Any other failed
+task (an exception inside a run, not a diverged loss) is counted; :func:`run_study`
+returns the count (``"failed_tasks"`` of ``"tasks"``, with the first failure's line) so the
+command line exits with status 1 and says how many. The checkpoint scratch folder is
+``runs/experiments/<name>-<profile>-checkpoints`` unless given; a study name is a plain name
+(:mod:`.spec`), and a scratch folder outside ``runs/experiments/`` is refused all the same.
 """
 
 from __future__ import annotations
@@ -18,12 +26,24 @@ from pathlib import Path
 
 import yaml
 
+from osa_lab.errors import ConfigurationError
+from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_run
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
+from osa_lab.studies.grid.results import first_line
+from osa_lab.studies.training.compare import user_error_from_name
 from osa_lab.studies.training.config import learns_alpha
+
+
+def is_user_error_name(name: str) -> bool:
+    """True if ``name`` is a :class:`~osa_lab.errors.UserError` type of :mod:`osa_lab.errors` (a task's error type)."""
+    import osa_lab.errors as errors_module
+
+    cls = getattr(errors_module, name, None)
+    return isinstance(cls, type) and issubclass(cls, errors_module.UserError)
 
 
 def _say(text: str) -> None:
@@ -35,6 +55,8 @@ class StudyRunner:
 
     def __init__(self, spec: StudySpec, results: Path, scratch: Path, options: GridOptions) -> None:
         self.spec, self.results, self.scratch, self.options = spec, results, scratch, options
+        self.tasks = 0  # grid tasks run (cached ones included)
+        self.failures: list[str] = []  # one line per failed task
         self.spec_dict = {"data": spec.data, "val_fraction": spec.val_fraction, "batch_size": spec.batch_size,
                           "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
 
@@ -53,7 +75,12 @@ class StudyRunner:
 
     def _run(self, tasks: list[Task], desc: str) -> list[dict | None]:
         result = run_grid(tasks, self.options, desc=desc)
+        for o in result.failed:  # bad input or environment (a full disk, missing data): stop with its one line
+            if is_user_error_name(o.error_type):
+                raise user_error_from_name(o.error_type, first_line(o.error, limit=2000))
+        self.tasks += len(result.outcomes)
         for line in result.failure_lines():
+            self.failures.append(line)
             _say(f"failed (rerun retries it): {line}")
         return [o.value if o.ok else None for o in result.outcomes]
 
@@ -89,15 +116,12 @@ class StudyRunner:
                   "extensions": {f"{a} {s}": n for (a, s), n in state.extensions.items()},
                   "chosen": as_pair(best) if best is not None else None,
                   "edge_after_limit": state.edge_after_limit()}  # fmt: skip
-        path = self.results / "search" / f"{preset}-d{depth}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        atomic_write_text(self.results / "search" / f"{preset}-d{depth}.json", json.dumps(record, indent=1))
         return tuple(record["chosen"]) if best is not None else None
 
     def run(self) -> dict:
         """Every cell in order; the tables are regenerated after each."""
-        self.results.mkdir(parents=True, exist_ok=True)
-        (self.results / "experiment.yaml").write_text(yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
+        atomic_write_text(self.results / "experiment.yaml", yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
         t0 = time.perf_counter()
         for preset, depth in self.spec.run_order():
             _say(f"{preset} depth {depth}: tuning")
@@ -111,15 +135,31 @@ class StudyRunner:
                       f"final {preset} d{depth}")  # fmt: skip
             summarise(self.results, self.spec)
         out = summarise(self.results, self.spec)
-        _say(f"done in {time.perf_counter() - t0:.0f} s; tables and verdict under {self.results}/")
-        return out
+        failed = f"; {len(self.failures)} of {self.tasks} tasks failed" if self.failures else ""
+        _say(f"done in {time.perf_counter() - t0:.0f} s{failed}; tables and verdict under {self.results}/")
+        return {**out, "tasks": self.tasks, "failed_tasks": len(self.failures), "failures": list(self.failures)}
+
+
+SCRATCH_ROOT = Path("runs") / "experiments"
+
+
+def scratch_folder(spec: StudySpec) -> Path:
+    """The checkpoint scratch folder of ``spec``: ``runs/experiments/<name>-<profile>-checkpoints``,
+    refused (:class:`ConfigurationError`) if it would lie outside ``runs/experiments/``."""
+    scratch = SCRATCH_ROOT / f"{spec.name}-{spec.profile}-checkpoints"
+    root = SCRATCH_ROOT.resolve()
+    if scratch.resolve().parent != root:
+        raise ConfigurationError(f"`name` {spec.name!r} would put the checkpoint folder outside {SCRATCH_ROOT}/; "
+                                 "give a plain name (letters, digits, '-', '_')")  # fmt: skip
+    return scratch
 
 
 def run_study(spec: StudySpec, results: str | Path | None = None, scratch: str | Path | None = None,
               options: GridOptions | None = None) -> dict:  # fmt: skip
-    """Run (or resume) the study; returns the tables of :func:`osa_lab.studies.depth_study.report.summarise`."""
+    """Run (or resume) the study; returns the tables of :func:`osa_lab.studies.depth_study.report.summarise`
+    and ``"tasks"``, ``"failed_tasks"`` and ``"failures"`` (one line per failed grid task)."""
     results = Path(results or spec.results)
-    scratch = Path(scratch or Path("runs") / "experiments" / f"{spec.name}-{spec.profile}-checkpoints")
+    scratch = Path(scratch) if scratch is not None else scratch_folder(spec)
     options = options or GridOptions.in_process(progress=False)
     with shared_cluster(options) as shared:
         return StudyRunner(spec, results, scratch, shared or options).run()

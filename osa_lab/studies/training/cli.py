@@ -65,6 +65,9 @@ def _add_study_arguments(group: argparse._ArgumentGroup) -> None:
                        help="--experiment: use the file's `quick` profile (a few minutes; what CI runs)")  # fmt: skip
     group.add_argument("--summary-only", action="store_true",
                        help="--experiment: regenerate the tables and verdict from the results folder, train nothing")  # fmt: skip
+    group.add_argument("--allow-large", action="store_true",
+                       help="--experiment: run a study beyond the sanity bounds of the experiment file "
+                       "(steps, depth, width, seeds, runs; docs/training.md lists them)")  # fmt: skip
 
 
 def _add_preset_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> None:
@@ -271,11 +274,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    """``osa-lab train --experiment FILE [--quick] [--summary-only]``: the named study (osa_lab.studies.depth_study)."""
+    """``osa-lab train --experiment FILE [--quick] [--summary-only] [--allow-large]``: the named study
+    (osa_lab.studies.depth_study).
+
+    Every setting of the file is checked before any work (one line and exit status 2 for a bad
+    one); the results and checkpoint folders are printed before training starts. Exit status 1
+    when grid tasks failed (the verdict is written all the same; a rerun retries them); result
+    files left out of the summary are named on stderr.
+    """
     from osa_lab.studies.depth_study import load_spec, run_study, summarise
+    from osa_lab.studies.depth_study.runner import scratch_folder
 
     try:
-        spec = load_spec(args.experiment, "quick" if args.quick else None)
+        spec = load_spec(args.experiment, "quick" if args.quick else None, allow_large=args.allow_large)
         explicit_output = args.output != "runs/train"
         results = check_output_dir(args.output if explicit_output else spec.results)
         if args.summary_only:
@@ -284,13 +295,27 @@ def run_experiment(args: argparse.Namespace) -> int:
             out = summarise(results, spec)
         else:
             if args.threads is not None:
+                if args.threads < 1:
+                    raise ConfigurationError(f"--threads must be a positive int, got {args.threads}")
                 torch.set_num_threads(args.threads)
             options = options_from_args(args, progress=not args.quiet)
+            scratch = scratch_folder(spec)
+            print(f"osa-lab train: study {spec.name} ({spec.profile} profile, at least {spec.planned_runs()} runs): "
+                  f"results under {results}/, checkpoints under {scratch}/", file=sys.stderr, flush=True)  # fmt: skip
             with RunLock(results):
-                out = run_study(spec, results, options=options)
+                out = run_study(spec, results, scratch, options=options)
     except UserError as err:
         print(f"osa-lab train: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    tasks, failed = out.get("tasks", 0), out.get("failed_tasks", 0)
+    if failed and failed == tasks:
+        print(f"osa-lab train: every one of the {tasks} grid tasks failed; first: {out['failures'][0]}", file=sys.stderr)
+    for notice in out["notices"]:
+        print(f"osa-lab train: notice: {notice}", file=sys.stderr)
     print(out["verdict"])
     print(f"wrote runs.csv, curves.csv, tuning.csv, summary.csv, claims.csv and verdict.md under {results}/")
+    if failed:
+        print(f"osa-lab train: {failed} of {tasks} grid tasks failed (their lines are above); the tables leave "
+              "them out and a rerun retries them", file=sys.stderr)  # fmt: skip
+        return 1
     return 0

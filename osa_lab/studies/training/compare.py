@@ -18,6 +18,7 @@ from osa_lab.errors import (
     TrainingDivergedError,
     UserError,
 )
+from osa_lab.fileio import atomic_to_csv
 from osa_lab.studies.data import (
     ImageDataset,
     check_val_fraction,
@@ -171,9 +172,9 @@ def compare(
         summary = summarize_runs(metrics, pd.DataFrame(runs), order=list(presets))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            metrics.to_csv(out / "metrics.csv", index=False)
-            summary.to_csv(out / "summary.csv", index=False)
-            pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
+            atomic_to_csv(metrics, out / "metrics.csv")
+            atomic_to_csv(summary, out / "summary.csv")
+            atomic_to_csv(pd.DataFrame(runs), out / "runs.csv")
         return metrics, summary
 
 

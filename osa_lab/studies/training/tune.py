@@ -17,6 +17,7 @@ import torch
 from osa_lab.errors import (
     ConfigurationError,
 )
+from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.grid import (
     GridOptions,
 )
@@ -168,14 +169,14 @@ def tune(
         text = verdict(summary, paired, base.data, budget)
         wall = time.perf_counter() - t0
         if out is not None:
-            tuning.to_csv(out / "tuning.csv", index=False)
-            chosen.to_csv(out / "chosen.csv", index=False)
-            metrics.to_csv(out / "metrics.csv", index=False)
-            summary.to_csv(out / "summary.csv", index=False)
-            paired.to_csv(out / "paired.csv", index=False)
+            atomic_to_csv(tuning, out / "tuning.csv")
+            atomic_to_csv(chosen, out / "chosen.csv")
+            atomic_to_csv(metrics, out / "metrics.csv")
+            atomic_to_csv(summary, out / "summary.csv")
+            atomic_to_csv(paired, out / "paired.csv")
             if runs is not None:
-                runs.to_csv(out / "runs.csv", index=False)
-            (out / "verdict.md").write_text(text + f"\nWall time of this command: {wall:.0f} s.\n")
+                atomic_to_csv(runs, out / "runs.csv")
+            atomic_write_text(out / "verdict.md", text + f"\nWall time of this command: {wall:.0f} s.\n")
             _write_summary_figure(summary, paired, out / "summary.png")
     return TuneResult(tuning, chosen, metrics, summary, paired, text, wall)
 
