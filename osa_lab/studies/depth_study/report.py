@@ -88,6 +88,14 @@ def _final_runs(results: Path | Records) -> list[dict]:
     return keep
 
 
+def _outcome(r: dict) -> tuple[str, str]:
+    """A run record's outcome and the failure rule it broke (:func:`classify_run` on its curve and accuracies)."""
+    return classify_run(
+        r.get("curve") or [], num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
+        train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
+    )  # fmt: skip
+
+
 def run_table(results: Path | Records) -> pd.DataFrame:
     """One row per finished final run (:data:`RUN_COLUMNS`).
 
@@ -99,10 +107,7 @@ def run_table(results: Path | Records) -> pd.DataFrame:
     for r in _final_runs(results):
         rank_i, rank_t = r.get("rank_init") or {}, r.get("rank_trained") or {}
         curve = r.get("curve") or []
-        outcome, failure = classify_run(
-            curve, num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
-            train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
-        )  # fmt: skip
+        outcome, failure = _outcome(r)
         rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS},
                      "status": outcome, "failure": failure,
                      **{f"train_loss_at_{s}": loss_at_step(curve, s) for s in LOSS_STEPS},
@@ -131,10 +136,7 @@ def tuning_table(results: Path | Records) -> pd.DataFrame:
     records = _records(results)
     rows = []
     for r in records.runs["tune"]:
-        outcome, _ = classify_run(
-            r.get("curve") or [], num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
-            train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
-        )  # fmt: skip
+        outcome, _ = _outcome(r)
         rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy")},
                      "status": outcome})  # fmt: skip
     df = pd.DataFrame(rows, columns=["preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy"])

@@ -9,6 +9,7 @@ it) and loads the trained weights into a second copy. At width 32 a file holds k
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -104,8 +105,7 @@ def run_models(result_json: str | os.PathLike, data=None) -> RunModels:
     trained = None
     wpath = weights_path(path)
     if wpath.exists():
-        torch.manual_seed(config.seed)
-        trained = build_training_model(model_config).eval()
+        trained = copy.deepcopy(initial)
         try:
             trained.load_state_dict(load_weights(wpath), strict=True)
         except RuntimeError as err:
