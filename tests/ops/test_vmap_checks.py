@@ -172,9 +172,36 @@ def test_whole_batch_is_the_tensor_itself_outside_transforms():
     assert guards.sum_is_finite(x) and guards.all_finite(x)
 
 
-def test_the_cpu_kernels_step_aside_under_vmap(monkeypatch, cpu_kernels_in_use):
-    """The small-N action's C kernels run through a custom autograd.Function without vmap rules:
-    under vmap the plain-PyTorch reference runs instead (and gives the loop's values)."""
+def test_under_vmap_alone_the_cpu_kernels_run_on_the_folded_batch(monkeypatch, cpu_kernels_in_use):
+    """vmap alone (a seed group): the vmapped dims are folded into the batch and the fused C
+    kernels run, forward and (through the ordinary autograd outside vmap) backward; values and
+    gradients are the loop's."""
+    from osa_lab.ops import cpu
+
+    calls = []
+    for name in ("chebyshev_forward", "chebyshev_backward"):
+        real = getattr(cpu, name)
+        monkeypatch.setattr(cpu, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    g = torch.Generator().manual_seed(8)
+    q, k, v = ((0.3 * torch.randn(4, 3, 2, 6, 4, generator=g)).requires_grad_() for _ in range(3))  # 4 members
+    alphas = torch.tensor([0.3, 0.9, 1.4, 0.2], requires_grad=True)
+    y = vmap(lambda a, qi, ki, vi: osa_lab.osa(qi, ki, vi, a))(alphas, q, k, v)
+    weights = torch.randn(y.shape, generator=g)
+    (y * weights).sum().backward()
+    assert calls == ["chebyshev_forward", "chebyshev_backward"]  # one call each for the whole group
+    got = [t.grad.clone() for t in (alphas, q, k, v)]
+    for t in (alphas, q, k, v):
+        t.grad = None
+    loop = torch.stack([osa_lab.osa(q[i], k[i], v[i], alphas[i]) for i in range(4)])
+    (loop * weights).sum().backward()
+    assert rel_err(y.detach(), loop.detach()) < 1e-6
+    for a, b in zip(got, (alphas.grad, q.grad, k.grad, v.grad), strict=True):
+        assert rel_err(a, b) < 1e-5
+
+
+def test_the_cpu_kernels_step_aside_under_grad_transforms(monkeypatch, cpu_kernels_in_use):
+    """Under torch.func's grad (per-sample gradients: vmap of grad) the kernels' autograd Function
+    has no rule: the plain-PyTorch reference runs instead and gives the loop's values."""
     from osa_lab.ops import cpu
 
     def refuse(*args, **kwargs):

@@ -233,3 +233,66 @@ def test_a_group_refuses_members_that_differ_in_more_than_seed_and_lr():
         check_group([tiny(seed=0), tiny(seed=0, lr=1e-2)])
     with pytest.raises(ConfigurationError, match="at least one"):
         check_group([])
+
+
+# ----------------------------------------------------------------------------- command line and comparison
+
+CLI = ["train", "--preset", "skipless-osa", "--data", "synthetic", "--epochs", "1", "--depth", "2", "--dim", "16",
+       "--heads", "2", "--patch-size", "4", "--diag-every", "0", "--quiet", "--serial"]  # fmt: skip
+
+
+@pytest.fixture
+def groups_trained(monkeypatch):
+    """The seed lists of every train_group call."""
+    from osa_lab.studies.training import group
+
+    seen, real = [], group.train_group
+
+    def spy(configs, *args, **kwargs):
+        seen.append([c.seed for c in configs])
+        return real(configs, *args, **kwargs)
+
+    monkeypatch.setattr(group, "train_group", spy)
+    return seen
+
+
+def test_cli_trains_several_seeds_as_one_group_and_writes_the_files_per_seed(tmp_path, groups_trained):
+    from osa_lab.cli import main as cli_main
+
+    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--output", str(tmp_path / "group")]) == 0
+    assert groups_trained == [[0, 1, 2]]
+    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--group-size", "1", "--output", str(tmp_path / "solo")]) == 0
+    assert groups_trained[1:] == [[0], [1], [2]]
+    for seed in (0, 1, 2):
+        files = sorted(p.name for p in (tmp_path / "group" / "skipless-osa" / f"seed{seed}").iterdir())
+        assert files == sorted(p.name for p in (tmp_path / "solo" / "skipless-osa" / f"seed{seed}").iterdir())
+        assert {"metrics.csv", "config.json", T.CHECKPOINT_NAME} <= set(files)
+    runs = pd.read_csv(tmp_path / "group" / "runs.csv")
+    assert runs["seed"].tolist() == [0, 1, 2] and (runs["status"] == "ok").all()
+    grouped, alone = (pd.read_csv(tmp_path / d / "metrics.csv") for d in ("group", "solo"))
+    pd.testing.assert_frame_equal(deterministic(grouped).drop(columns="value"), deterministic(alone).drop(columns="value"))
+    assert float((deterministic(grouped)["value"] - deterministic(alone)["value"]).abs().max()) < 1e-3
+
+
+def test_cli_group_size_splits_the_seeds(tmp_path, groups_trained):
+    from osa_lab.cli import main as cli_main
+
+    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--group-size", "2", "--output", str(tmp_path)]) == 0
+    assert groups_trained == [[0, 1], [2]]
+
+
+def test_cli_refuses_a_group_size_below_one(tmp_path, capsys):
+    from osa_lab.cli import main as cli_main
+
+    assert cli_main([*CLI, "--seeds", "0", "1", "--group-size", "0", "--output", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--group-size must be a positive number" in err[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_compare_records_a_diverging_member_and_keeps_the_others(tmp_path, data, seed_1_poisoned):
+    metrics, summary = T.compare(["skipless-osa"], [0, 1, 2], tiny(diag_every=0), tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert runs.set_index("seed")["status"].to_dict() == {0: "ok", 1: "diverged", 2: "ok"}
+    assert "step 0" in runs.set_index("seed").loc[1, "error"]
+    assert int(summary.loc[0, "seeds"]) == 2 and int(summary.loc[0, "diverged"]) == 1
