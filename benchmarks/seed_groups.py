@@ -4,7 +4,7 @@ For each preset (``vit``, ``skipless-osa``, ``skipless-ssa``), depth and group s
 1, 2, 4, 10), a group of G members of one configuration (seeds 0…G−1) takes training steps
 through :mod:`osa_lab.studies.training.group` — the stacked forward and backward under
 ``vmap``, then each member's clipping, AdamW step and schedule — on MNIST-1D batches in each
-member's own data order. G = 1 is the solo loop (:meth:`_TrainingRun.train_step`). A "step" of a
+member's own data order. G = 1 is the solo loop (:meth:`TrainingRun.train_step`). A "step" of a
 group is one step of every member; the per-seed time is the group step's time divided by G.
 
 All configurations are timed side by side in one process, interleaved in rounds (one group
@@ -33,6 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from osa_lab.arguments import ArgumentParser, positive_int
@@ -40,8 +41,8 @@ from osa_lab.benchmarking.timing import current_rss_bytes, emit_table, interleav
 from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.studies.data import load_data
 from osa_lab.studies.training import TrainConfig
-from osa_lab.studies.training.group import SeedGroup, _Member
-from osa_lab.studies.training.loop import _batch_order, _TrainingRun
+from osa_lab.studies.training.group import GroupMember, SeedGroup
+from osa_lab.studies.training.loop import TrainingRun, batch_order
 
 PRESETS = ("vit", "skipless-osa", "skipless-ssa")
 #: per-seed CPU time at G = 10, depth 4, over the solo run's
@@ -54,9 +55,9 @@ def group_step(preset: str, depth: int, size: int, *, dim: int, heads: int, batc
                        model={"depth": depth, "dim": dim, "heads": heads})  # fmt: skip
     members = []
     for seed in range(size):
-        members.append(_Member(_TrainingRun(dataclasses.replace(base, seed=seed), None, data, torch.device("cpu")), None))
+        members.append(GroupMember(TrainingRun(dataclasses.replace(base, seed=seed), None, data, torch.device("cpu")), None))
     group = SeedGroup(members, torch.device("cpu"))
-    orders = [_batch_order(m.run.n_train, m.run.config.seed, 0) for m in members]
+    orders = [batch_order(m.run.n_train, m.run.config.seed, 0) for m in members]
     per_epoch = members[0].run.steps_per_epoch
     calls = [0]
 
@@ -74,7 +75,11 @@ def memory_probe(preset: str, depth: int, size: int, args) -> dict:
     """Peak RSS of this configuration in a fresh process (``--memory-probe``)."""
     cmd = [sys.executable, __file__, "--memory-probe", preset, str(depth), str(size), "--dim", str(args.dim),
            "--heads", str(args.heads), "--batch", str(args.batch), "--threads", str(args.threads)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:  # a row without memory figures, and the reason on stderr
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"memory probe {preset} depth {depth} G={size} failed: {why}", file=sys.stderr, flush=True)
+        return {"peak_rss_mib": float("nan"), "step_rss_mib": float("nan")}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -127,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                      "ms_per_group_step": 1e3 * w, "ms_per_seed": 1e3 * w / size,
                      "cpu_ms_per_seed": 1e3 * c / size, "per_seed_ratio": (w / size) / w1,
                      "cpu_per_seed_ratio": (c / size) / c1, "target": f"≤ {target}" if target else ""})  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out, index=False)  # the timings at once; rewritten with memory below
     if not args.no_memory:
         for row in rows:
             row.update(memory_probe(row["preset"], row["depth"], row["G"], args))

@@ -129,12 +129,11 @@ def vmap_only(*tensors: torch.Tensor) -> bool:
     from torch.autograd import forward_ad
 
     try:
-        from torch._C._functorch import TransformType
         from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-        levels = retrieve_all_functorch_interpreters()
+        kinds = [level.key().name for level in retrieve_all_functorch_interpreters()]
     except (ImportError, AttributeError):  # pragma: no cover - a torch without this reader
         return False
-    if not levels or any(level.key() != TransformType.Vmap for level in levels):
+    if not kinds or any(kind != "Vmap" for kind in kinds):
         return False
     return all(forward_ad.unpack_dual(t).tangent is None for t in tensors)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -360,7 +361,13 @@ def chebyshev_action_reference(s: torch.Tensor, v: torch.Tensor, rho: float, deg
 
 
 def osa_chebyshev_action(
-    q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor, *, norms: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    c: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    norms: bool = False,
+    general: Callable | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
     """``exp(c (q kᵀ − k qᵀ)) V`` by :func:`chebyshev_action` with the backward fused down to
     ``q, k, c`` (:class:`_OSAChebyshevAction`): ``q, k (*batch, N, r)`` and ``V (*batch, N, d)``
@@ -368,11 +375,14 @@ def osa_chebyshev_action(
     layout), ``c`` one value per matrix, ``(*batch)`` or flattened ``(B,)``. ``None`` when
     ``‖S‖₂``'s bound needs more than ``ACTION_MAX_DEGREE`` terms or under torch.func transforms /
     forward-mode AD: there the plain-operation :func:`osa_chebyshev_action_reference` runs.
+    Under ``vmap`` alone the vmapped dims are folded into the batch and this path runs on the
+    folded tensors; where it cannot (a bound beyond ``ACTION_MAX_DEGREE``), ``general(q, k, c, v)``
+    — the caller's general path on 3-D blocks, returning ``(y, (Σ y², Σ V²) or None)`` — does.
     ``norms=True`` returns ``(y, (Σ y², Σ V²))`` per matrix, float64, for
     :mod:`osa_lab.ops.output_check`."""
     if under_transform(q, k, c, v):
         if vmap_only(q, k, c, v):  # the vmapped dims folded into the batch: the fused path
-            y, y_sq, v_sq = _FoldedVmap.apply(q, k, c.reshape(q.shape[:-2]), v)
+            y, y_sq, v_sq = _FoldedVmap.apply(q, k, c.reshape(q.shape[:-2]), v, general)
             return (y, (y_sq, v_sq)) if norms else y
         return osa_chebyshev_action_reference(q, k, c, v, norms=norms)
     c = c.reshape(-1)
@@ -441,35 +451,34 @@ class _FoldedVmap(torch.autograd.Function):
     ``vmap`` only) the forward is the plain-operation reference and the backward differentiates it."""
 
     @staticmethod
-    def forward(q, k, c, v):  # noqa: D102
+    def forward(q, k, c, v, general):  # noqa: D102
         return _reference_with_norms(q, k, c, v)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: D102
-        ctx.save_for_backward(*inputs)
+        ctx.save_for_backward(*inputs[:4])
         ctx.mark_non_differentiable(output[1], output[2])
 
     @staticmethod
     def backward(ctx, g, _y_sq, _v_sq):  # noqa: D102
         inputs = ctx.saved_tensors
-        return composite_backward(lambda *x: _reference_with_norms(*x)[0], inputs, tuple(ctx.needs_input_grad), g)
+        grads = composite_backward(lambda *x: _reference_with_norms(*x)[0], inputs, tuple(ctx.needs_input_grad[:4]), g)
+        return (*grads, None)
 
     @staticmethod
-    def vmap(info, in_dims, q, k, c, v):  # noqa: D102
+    def vmap(info, in_dims, q, k, c, v, general):  # noqa: D102
         size = info.batch_size
-        q, k, c, v = (x.movedim(d, 0) if d is not None else x.expand(size, *x.shape) for x, d in zip((q, k, c, v), in_dims, strict=True))
+        q, k, c, v = (x.movedim(d, 0) if d is not None else x.expand(size, *x.shape)
+                      for x, d in zip((q, k, c, v), in_dims[:4], strict=True))  # fmt: skip
         lead = q.shape[:-2]  # (members, *batch)
         folded = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
         out = osa_chebyshev_action(folded[0], folded[1], c.reshape(-1), folded[2], norms=True)
-        if out is None:  # ‖S‖ beyond the action's degrees: the QR engine, as osa() takes it then
-            from osa_lab.ops.expm.dispatch import blocked_action
-            from osa_lab.ops.expm.gram import osa_skew_core
-
-            j = osa_skew_core(q.shape[-1], c.reshape(-1).double())
-            y, sums = blocked_action(folded[0], folded[1], j, folded[2], "qr", osa_core=True, norms=True)
-            acc = torch.float64
+        if out is None and general is not None:  # ‖S‖ beyond the action's degrees: the caller's path
+            y, sums = general(folded[0], folded[1], c.reshape(-1), folded[2])
             y_sq, v_sq = (sums[0], sums[1]) if sums is not None else (
-                torch.linalg.vector_norm(t.detach(), dim=(-2, -1), dtype=acc) ** 2 for t in (y, folded[2]))
+                torch.linalg.vector_norm(t.detach(), dim=(-2, -1), dtype=torch.float64) ** 2 for t in (y, folded[2]))  # fmt: skip
+        elif out is None:  # no general path given: the reference decides (and raises)
+            y, y_sq, v_sq = _reference_with_norms(folded[0], folded[1], c.reshape(-1), folded[2])
         else:
             y, (y_sq, v_sq) = out
         return (y.reshape(*lead, *y.shape[-2:]), y_sq.reshape(lead), v_sq.reshape(lead)), (0, 0, 0)

@@ -3,7 +3,7 @@ trained together in one batched forward and backward.
 
 At the study's sizes (width 32, batch 100) a training step costs mostly per-operation overhead,
 not arithmetic; a group pays that overhead once for G models. Each member stays a whole
-:class:`~osa_lab.studies.training.loop._TrainingRun` of its own — its model initialised from its
+:class:`~osa_lab.studies.training.loop.TrainingRun` of its own — its model initialised from its
 seed, its data order, its AdamW state, warm-up and cosine schedule, its gradient clipping, its α
 learning rate, its metrics, checkpoint and run folder — and only the forward and backward of a
 step are shared: the members' parameters are stacked along a leading member dimension
@@ -13,7 +13,7 @@ and the model runs once under ``torch.func.vmap`` over :func:`torch.func.functio
 Why ``vmap`` over stacked parameters and not layers with a member dimension: every preset (OSA,
 SSA, Cutting the Skip, the controls, ``mlp``, ``cnn1d``) and every OSA engine works unchanged,
 the members remain ordinary modules (checkpoints, diagnostics and evaluation are the solo code),
-and a group of one is today's loop itself (:meth:`_TrainingRun.train_step`), bit for bit. Under
+and a group of one is today's loop itself (:meth:`TrainingRun.train_step`), bit for bit. Under
 ``vmap`` the OSA layers take the PyTorch path (the CPU kernels' autograd Functions step aside,
 see :func:`osa_lab.ops.expm.batch.under_transform`) and the finiteness checks decide on the
 whole group; a group step that raises one or gives a non-finite loss is replayed member by
@@ -43,7 +43,7 @@ from osa_lab.nn.attention import SoftmaxAttention
 from osa_lab.studies.data import ImageDataset, load_data, split_validation
 from osa_lab.studies.training.config import TrainConfig, check_names, resolve_device
 from osa_lab.studies.training.lock import RunLock, check_output_dir
-from osa_lab.studies.training.loop import TrainResult, _batch_order, _TrainingRun, check_dataset
+from osa_lab.studies.training.loop import TrainingRun, TrainResult, batch_order, check_dataset
 from osa_lab.studies.training.tables import metrics_frame
 
 #: the fields in which the members of a group may differ (each member has its own optimiser)
@@ -84,11 +84,11 @@ def check_group(configs: Sequence[TrainConfig]) -> None:
         )
 
 
-class _Member:
+class GroupMember:
     """A member's run with its own global-RNG state, swapped in around everything it does alone
     (so that its checkpoints hold exactly the state of a solo run of its seed)."""
 
-    def __init__(self, run: _TrainingRun, run_dir: Path | None) -> None:
+    def __init__(self, run: TrainingRun, run_dir: Path | None) -> None:
         self.run, self.run_dir = run, run_dir
         self.rng = torch.get_rng_state()
         self.error: TrainingDivergedError | None = None
@@ -110,7 +110,7 @@ class _GroupStep:
     under ``vmap``: ``losses[m] = cross_entropy(model_m(x[m]), y[m])``. ``Σ_m losses[m]`` is
     backpropagated, which gives each member's parameters the gradient of its own loss."""
 
-    def __init__(self, members: list[_Member]) -> None:
+    def __init__(self, members: list[GroupMember]) -> None:
         self.members = members
         self.model = members[0].run.model  # the structure to call (its own tensors are swapped out)
         self.names = [name for name, _ in self.model.named_parameters()]
@@ -147,7 +147,7 @@ def explicit_softmax(model: nn.Module) -> Iterator[None]:
             m.explicit_softmax = False
 
 
-def _solo_forward_error(member: _Member, xb: torch.Tensor, yb: torch.Tensor, epoch: int) -> TrainingDivergedError | None:
+def _solo_forward_error(member: GroupMember, xb: torch.Tensor, yb: torch.Tensor, epoch: int) -> TrainingDivergedError | None:
     """The divergence a solo run of ``member`` would report at this step's forward, if any."""
     run = member.run
     with torch.no_grad(), member.own_rng():
@@ -160,7 +160,7 @@ def _solo_forward_error(member: _Member, xb: torch.Tensor, yb: torch.Tensor, epo
     return None
 
 
-def _optimiser_step(run: _TrainingRun) -> None:
+def _optimiser_step(run: TrainingRun) -> None:
     """A member's update after its gradients are in: its clipping, AdamW step and schedule."""
     if run.config.grad_clip is not None:
         nn.utils.clip_grad_norm_(run.model.parameters(), run.config.grad_clip)
@@ -172,21 +172,21 @@ def _optimiser_step(run: _TrainingRun) -> None:
 class SeedGroup:
     """G member runs trained together (see the module doc); :func:`train_group` drives it."""
 
-    def __init__(self, members: list[_Member], device: torch.device) -> None:
+    def __init__(self, members: list[GroupMember], device: torch.device) -> None:
         self.members, self.device = members, device
         self._step_fn: _GroupStep | None = None
         self._step_for: tuple[int, ...] = ()
 
-    def active(self, epoch: int) -> list[_Member]:
+    def active(self, epoch: int) -> list[GroupMember]:
         return [m for m in self.members if m.error is None and m.run.start_epoch <= epoch]
 
-    def _stepper(self, members: list[_Member]) -> _GroupStep:
+    def _stepper(self, members: list[GroupMember]) -> _GroupStep:
         key = tuple(id(m) for m in members)
         if self._step_fn is None or key != self._step_for:
             self._step_fn, self._step_for = _GroupStep(members), key
         return self._step_fn
 
-    def step(self, members: list[_Member], idxs: list[torch.Tensor], epoch: int) -> list[_Member]:
+    def step(self, members: list[GroupMember], idxs: list[torch.Tensor], epoch: int) -> list[GroupMember]:
         """One optimiser step of every member in ``members`` on its batch; returns the members that
         diverged at this step (their ``error`` set, their state left as at the step's start)."""
         if len(members) == 1:  # a group of one is the solo loop itself
@@ -283,10 +283,10 @@ def _train_group(configs, paths, data, resume, device, progress, on_epoch_end) -
     outer = torch.get_rng_state()
     members = []
     for cfg, path in zip(configs, paths, strict=True):
-        run = _TrainingRun(cfg, path, data, device)  # seeds the global RNG with cfg.seed, as train() does
+        run = TrainingRun(cfg, path, data, device)  # seeds the global RNG with cfg.seed, as train() does
         if path is not None:
             run.open_run_folder(resume)
-        member = _Member(run, path)
+        member = GroupMember(run, path)
         if run.start_epoch == 0 and run.step == 0:
             try:
                 with member.own_rng():
@@ -319,12 +319,12 @@ def first_preset(configs: Sequence[TrainConfig]) -> str:
 
 def _group_epoch(group: SeedGroup, epoch: int, bar) -> None:
     """One epoch of every active member: the shared steps, then each member's own epoch end
-    (weights check, evaluation, diagnostics, checkpoint) as in :meth:`_TrainingRun.run_epoch`."""
+    (weights check, evaluation, diagnostics, checkpoint) as in :meth:`TrainingRun.run_epoch`."""
     members = group.active(epoch)
     if not members:
         return
     run0 = members[0].run
-    orders = {id(m): _batch_order(m.run.n_train, m.run.config.seed, epoch) for m in members}
+    orders = {id(m): batch_order(m.run.n_train, m.run.config.seed, epoch) for m in members}
     for m in members:
         m.loss_sum, m.correct, m.diag_seconds = 0.0, 0, 0.0
     batch = run0.config.batch_size
