@@ -13,9 +13,12 @@ step of every configuration per round, order reversed every other round), median
 machine). ``cpu_per_seed_ratio`` is the per-seed CPU time over the solo run's of the same
 preset and depth; the targets are ≤ 0.2 for skipless-osa and ≤ 0.25 for vit at G = 10, depth 4.
 
-Memory: each configuration also runs a few steps in a fresh process of its own, which reports
-its peak resident set (``peak_rss_mib``) and the growth of the resident set over the steps
-after the models are built (``step_rss_mib``; ``--no-memory`` leaves it out).
+Memory: each configuration also runs three steps in a fresh process of its own (data loaded,
+group built), which reports its peak resident set during those steps (``peak_rss_mib``: Linux
+``VmHWM`` reset after building, so the data's loading and the parent process do not count) and
+that peak above the resident set before the steps (``step_rss_mib``: activations kept for the
+backward, gradients, AdamW's moments; ``step_rss_mib_per_seed`` = ÷ G). ``--no-memory`` leaves
+it out.
 
     .venv/bin/python benchmarks/seed_groups.py                                  # the table
     .venv/bin/python benchmarks/seed_groups.py --depths 4 --groups 1 10 --repeat 3
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -37,7 +39,15 @@ import pandas as pd
 import torch
 
 from osa_lab.arguments import ArgumentParser, positive_int
-from osa_lab.benchmarking.timing import current_rss_bytes, emit_table, interleaved_rounds, machine_info
+from osa_lab.benchmarking.timing import (
+    current_rss_bytes,
+    emit_table,
+    fresh_memory,
+    interleaved_rounds,
+    machine_info,
+    peak_rss_bytes,
+    reset_peak_rss,
+)
 from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.studies.data import load_data
 from osa_lab.studies.training import TrainConfig
@@ -79,18 +89,21 @@ def memory_probe(preset: str, depth: int, size: int, args) -> dict:
     if done.returncode != 0:  # a row without memory figures, and the reason on stderr
         why = (done.stderr.strip().splitlines() or ["no output"])[-1]
         print(f"memory probe {preset} depth {depth} G={size} failed: {why}", file=sys.stderr, flush=True)
-        return {"peak_rss_mib": float("nan"), "step_rss_mib": float("nan")}
+        return dict.fromkeys(("peak_rss_mib", "step_rss_mib", "step_rss_mib_per_seed"), float("nan"))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _probe(preset: str, depth: int, size: int, args) -> int:
     data = load_data("mnist1d")
     step, _ = group_step(preset, depth, size, dim=args.dim, heads=args.heads, batch=args.batch, data=data)
+    fresh_memory()
     built = current_rss_bytes()
+    reset_peak_rss()  # the mark from here (Linux VmHWM; ru_maxrss would count the parent's and the data's)
     for _ in range(3):
         step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    print(json.dumps({"peak_rss_mib": peak / 2**20, "step_rss_mib": max(0, peak - built) / 2**20}))
+    peak = peak_rss_bytes()
+    print(json.dumps({"peak_rss_mib": peak / 2**20, "step_rss_mib": max(0, peak - built) / 2**20,
+                      "step_rss_mib_per_seed": max(0, peak - built) / 2**20 / size}))  # fmt: skip
     return 0
 
 

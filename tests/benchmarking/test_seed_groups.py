@@ -23,6 +23,7 @@ def test_the_table_has_a_row_per_configuration_with_ratios_to_the_solo_run_and_m
         expected = pair["cpu_ms_per_seed"] / solo["cpu_ms_per_seed"]
         assert abs(pair["cpu_per_seed_ratio"] - expected) < 1e-9 * expected
         assert pair["peak_rss_mib"] > 0 and pair["step_rss_mib"] >= 0
+        assert abs(pair["step_rss_mib_per_seed"] * 2 - pair["step_rss_mib"]) < 1e-6
     assert rows["cpu_kernels"].ne("").all() and set(rows["rounds"]) == {1}
     assert "built skipless-osa depth 1 G=2" in done.stderr  # progress
 
