@@ -60,14 +60,9 @@ def _engine(name: str) -> Callable:
         if name == "qr" and n <= 4 * r and q.numel() and v.numel():
             # small N: exp(S)V through the N×N S, backward fused down to q, k, α (no J built),
             # reading head-split views in place
-            out = expm.osa_chebyshev_action(q, k, scale, v, norms=norms, general=blocked)
+            out = expm.osa_chebyshev_action(q, k, scale, v, norms=norms)
             if out is not None:
                 return out
-        return blocked(q, k, scale, v, norms=norms)
-
-    def blocked(q, k, scale, v, *, norms: bool = True):
-        """The engine on 3-D blocks (the general path; also the small-N action's under vmap)."""
-        n, r = q.shape[-2:]
         q, k, v = (x.reshape(-1, n, x.shape[-1]) for x in (q, k, v))
         j = expm.osa_skew_core(r, scale)
         return expm.blocked_action(q, k, j, v, name, osa_core=True, norms=norms)

@@ -377,12 +377,14 @@ def osa_chebyshev_action(
     forward-mode AD: there the plain-operation :func:`osa_chebyshev_action_reference` runs.
     Under ``vmap`` alone the vmapped dims are folded into the batch and this path runs on the
     folded tensors; where it cannot (a bound beyond ``ACTION_MAX_DEGREE``), ``general(q, k, c, v)``
-    — the caller's general path on 3-D blocks, returning ``(y, (Σ y², Σ V²) or None)`` — does.
+    — a general path on 3-D blocks, returning ``(y, (Σ y², Σ V²) or None)``; by default the
+    ``"qr"`` engine's, which :mod:`osa_lab.ops.expm.dispatch` registers (:func:`set_general_path`)
+    — does, as :func:`osa_lab.osa` would on those blocks.
     ``norms=True`` returns ``(y, (Σ y², Σ V²))`` per matrix, float64, for
     :mod:`osa_lab.ops.output_check`."""
     if under_transform(q, k, c, v):
         if vmap_only(q, k, c, v):  # the vmapped dims folded into the batch: the fused path
-            y, y_sq, v_sq = _FoldedVmap.apply(q, k, c.reshape(q.shape[:-2]), v, general)
+            y, y_sq, v_sq = _FoldedVmap.apply(q, k, c.reshape(q.shape[:-2]), v, general or _GENERAL_PATH[0])
             return (y, (y_sq, v_sq)) if norms else y
         return osa_chebyshev_action_reference(q, k, c, v, norms=norms)
     c = c.reshape(-1)
@@ -428,6 +430,18 @@ def osa_chebyshev_action_reference(
         return y
     y_sq, v_sq = (t.detach().double().pow(2).sum((-2, -1)) for t in (y, v))
     return y, (y_sq, v_sq)
+
+
+#: the general path of :func:`osa_chebyshev_action` under ``vmap`` (set by :func:`set_general_path`)
+_GENERAL_PATH: list[Callable | None] = [None]
+
+
+def set_general_path(fn: Callable) -> None:
+    """Register ``fn(q, k, c, v) -> (y, sums or None)`` on 3-D blocks as the path the small-N
+    action's ``vmap`` rule takes where the action's degrees do not reach (the engine that
+    :func:`osa_lab.osa` falls back to; :mod:`osa_lab.ops.expm.dispatch` registers its ``"qr"``
+    path, which this module cannot import: that module imports this one)."""
+    _GENERAL_PATH[0] = fn
 
 
 def _reference_with_norms(q, k, c, v):
