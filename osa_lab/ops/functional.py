@@ -16,7 +16,7 @@ import torch
 from osa_lab.errors import MethodUnavailableError, OSAAccuracyWarning, OSAInputError, unknown_name
 from osa_lab.ops import expm, output_check
 from osa_lab.ops.amp import autocast_off
-from osa_lab.ops.guards import check_alpha, check_float_tensor, check_qkv, refuse_masks
+from osa_lab.ops.guards import check_alpha, check_float_tensor, check_qkv, refuse_masks, whole_batch
 from osa_lab.ops.output_check import NORM_DRIFT_WARN, NORM_DRIFT_WARN_HALF  # noqa: F401  (public names)
 
 #: ``eps · ‖S‖₁`` of the working precision above which ``"dense"`` warns: rounding S's entries
@@ -32,8 +32,8 @@ def _dense(q, k, v, scale):
     s = expm.skew_from_scale(q, k, scale)
     try:
         norm = float(s.detach().abs().sum(-2).amax())
-    except RuntimeError:  # under torch.func.vmap: no single value, take the float64 path
-        norm = math.inf if q.dtype != torch.float64 else 0.0
+    except RuntimeError:  # under torch.func.vmap: the largest ‖S‖₁ of the whole vmapped batch
+        norm = float(whole_batch(s.detach()).abs().sum(-2).amax())
     if q.dtype != torch.float64 and (not math.isfinite(norm) or expm.short_taylor_plan(norm, q.dtype) is None):
         s = expm.skew_from_scale(q.double(), k.double(), scale)
         norm = float(s.detach().abs().sum(-2).amax()) if math.isfinite(norm) else norm
@@ -252,10 +252,11 @@ def osa(
         drift = output_check.relative_drift(*(norms or output_check.squared_norms(y, v3)))
         if out.dtype == torch.float16 and y.dtype != torch.float16:  # the cast may overflow float16
             drift = torch.where(torch.isfinite(out).all(), drift, math.inf)
-    except RuntimeError:  # under torch.func.vmap there is no single value to test: skip the check
-        return out
-    if expm.transformed(drift):  # a torch.func wrapper: no value to keep for a later look
-        return out  # (under vmap none for the whole batch either): skip the check
+    except RuntimeError:  # under torch.func.vmap the norms' shapes may differ ((B·H,) and (B, H)): one per matrix
+        sums = norms or output_check.squared_norms(y, v3)
+        drift = output_check.relative_drift(*(t if t is None else t.reshape(-1) for t in sums))
+    if expm.transformed(drift):  # a torch.func wrapper: decide on the whole vmapped batch's worst
+        drift = whole_batch(drift).amax()  # drift (a loop over the calls raises or warns alike)
     if mode == "strict":
         output_check.check_now(drift, out, (q, k, v, alpha_t), context)
     else:

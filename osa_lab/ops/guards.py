@@ -50,8 +50,9 @@ def check_float_tensor(
     # One reduction instead of an elementwise isfinite pass (which costs as much as a matmul
     # here): NaN/Inf entries make the sum non-finite; only then are they counted.
     if finite and not sum_is_finite(x):
-        n_nan = int(torch.isnan(x).sum())
-        n_inf = int(torch.isinf(x).sum())
+        values = whole_batch(x)  # under torch.func.vmap: every call of the vmapped batch
+        n_nan = int(torch.isnan(values).sum())
+        n_inf = int(torch.isinf(values).sum())
         if n_nan == 0 and n_inf == 0:
             return x  # the sum overflowed, the entries are finite
         raise NonFiniteError(
@@ -61,10 +62,28 @@ def check_float_tensor(
     return x
 
 
+def whole_batch(x: torch.Tensor) -> torch.Tensor:
+    """The values of ``x`` as a plain tensor for a check: ``x`` itself outside torch.func
+    transforms; under ``vmap`` those of every call of the vmapped batch (vmapped dims in front),
+    under ``grad``/``jvp`` the unwrapped values (:func:`osa_lab.ops.expm.batch.concrete`).
+
+    A check that decides on these values raises the project's error under ``vmap`` exactly when
+    a loop over the vmapped calls would raise it in one of them: the checks are batched, never
+    skipped, and the error names the whole batch's NaN/Inf counts."""
+    from osa_lab.ops.expm.batch import concrete  # (the expm package imports this module)
+
+    return concrete(x)
+
+
 def sum_is_finite(x: torch.Tensor) -> bool:
-    """True when the sum of ``x`` is finite: one reduction that any NaN or Inf entry spoils."""
+    """True when the sum of ``x`` is finite: one reduction that any NaN or Inf entry spoils.
+    Under torch.func transforms the sum is taken over the whole vmapped batch (:func:`whole_batch`)."""
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    return bool(torch.isfinite(x.sum(dtype=acc)))
+    total = x.sum(dtype=acc)
+    try:
+        return bool(torch.isfinite(total))
+    except RuntimeError:  # a torch.func wrapper has no single value: decide on the whole batch
+        return bool(torch.isfinite(whole_batch(x).sum(dtype=acc)))
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -75,7 +94,10 @@ def all_finite(x: torch.Tensor) -> bool:
             return bool(np.isfinite((x.detach() if x.requires_grad else x).numpy()).all())
         except RuntimeError:  # a torch.func wrapper has no NumPy view
             pass
-    return bool(torch.isfinite(x).all())
+    try:
+        return bool(torch.isfinite(x).all())
+    except RuntimeError:  # under torch.func transforms: every call of the vmapped batch
+        return bool(torch.isfinite(whole_batch(x)).all())
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, finite: bool = True) -> None:
@@ -132,7 +154,7 @@ def check_alpha(alpha: object, *, finite: bool = True) -> float | None:
                 "floating-point tensor (e.g. `alpha.float()`, or `alpha.real` for a complex one)"
             )
         if finite and alpha.numel() and not all_finite(alpha):
-            raise NonFiniteError(f"`alpha` contains NaN or Inf: {alpha}")
+            raise NonFiniteError(f"`alpha` contains NaN or Inf: {whole_batch(alpha.detach())}")
         return None
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
         raise OSADtypeError(f"`alpha` must be a real number or a floating-point tensor, got {type(alpha).__name__}")

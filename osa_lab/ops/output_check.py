@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from osa_lab.errors import NonFiniteError, OSAAccuracyWarning, unknown_name
-from osa_lab.ops.guards import check_float_tensor
+from osa_lab.ops.guards import all_finite, check_float_tensor, whole_batch
 
 MODES = ("auto", "strict", "deferred")
 
@@ -160,8 +160,8 @@ def check_now(drift: torch.Tensor | float, out: torch.Tensor, inputs: tuple, con
     """The blocking check: raise for non-finite output (naming a NaN/Inf input first), warn on drift."""
     try:
         value = float(drift)
-    except RuntimeError:  # under torch.func.vmap there is no single value to test: skip the check
-        return
+    except RuntimeError:  # under torch.func.vmap: the worst drift of every call of the vmapped batch
+        value = float(whole_batch(drift).amax())
     _decide(value, context, inputs, out)
 
 
@@ -219,7 +219,7 @@ def _decide(drift: float, context: dict, inputs: tuple | None, out: torch.Tensor
             # Any NaN/Inf in q, k, v or α reaches y; name the input (this raises) before blaming overflow.
             for arg, x in zip(("q", "k", "v", "alpha"), inputs, strict=False):
                 check_float_tensor(arg, x, allow_half_on_cpu=True)
-            if out is not None and bool(torch.isfinite(out).all()):
+            if out is not None and all_finite(out):
                 return  # finite entries whose squared norm overflowed the accumulation
         if inputs is not None:  # every input was checked finite above
             raise NonFiniteError(

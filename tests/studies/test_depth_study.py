@@ -396,15 +396,17 @@ def _fake_runs(monkeypatch, score, fail=lambda kw: False):
 
     calls = []
 
-    def fake(**kw):
-        calls.append(kw)
-        if fail(kw):
+    def fake(**kw):  # a task is a seed group: one call for all its seeds
+        runs = [{**kw, "seed": seed} for seed in kw["seeds"]]
+        calls.extend(runs)
+        if any(fail(run) for run in runs):
             raise RuntimeError("worker lost")
         acc = score(kw["lr"])
-        return {"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": kw["seed"],
-                "lr": kw["lr"], "alpha_lr_mult": kw["alpha_lr_mult"], "status": "ok", "val_accuracy": acc}
+        return [{"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": run["seed"],
+                 "lr": kw["lr"], "alpha_lr_mult": kw["alpha_lr_mult"], "status": "ok", "val_accuracy": acc}
+                for run in runs]  # fmt: skip
 
-    monkeypatch.setattr(runner, "study_run", fake)
+    monkeypatch.setattr(runner, "study_group_run", fake)
     return calls
 
 
@@ -427,7 +429,8 @@ def test_a_failed_tuning_run_is_not_scored_as_a_divergence(tmp_path, monkeypatch
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2})
     study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
     assert study.tune("vit", 2) is None
-    assert "1 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
+    # the lost worker held the seed group of that point: both of its tuning runs failed
+    assert "2 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
     assert not (tmp_path / "search" / "vit-d2.json").exists()  # a rerun searches again
 
 

@@ -23,6 +23,7 @@ from osa_lab.nn.attention import (
     init_cutting_skip,
 )
 from osa_lab.nn.models.config import ACTIVATIONS, CUTTING_SKIP_ABC, ModelConfig
+from osa_lab.ops.guards import all_finite, sum_is_finite, whole_batch
 
 
 @dataclass
@@ -169,8 +170,10 @@ def check_hidden_state_finite(x: torch.Tensor, layer: int, site: str) -> None:
     """Raise :class:`~osa_lab.errors.NonFiniteHiddenStateError` naming ``layer`` and ``site`` if ``x`` has NaN/Inf."""
     # one reduction (any NaN/Inf entry makes the sum non-finite); the elementwise scan only then,
     # since a sum of finite entries can overflow
-    if not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
-        n_nan, n_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    # (under torch.func.vmap both decide on the whole vmapped batch: the check is batched, not skipped)
+    if not sum_is_finite(x) and not all_finite(x):
+        values = whole_batch(x)
+        n_nan, n_inf = int(torch.isnan(values).sum()), int(torch.isinf(values).sum())
         where = "the input (layer 0)" if layer == 0 else f"layer {layer} ({site} output)"
         raise NonFiniteHiddenStateError(
             f"hidden state of {where} contains {n_nan} NaN and {n_inf} Inf entries (shape {tuple(x.shape)}); "

@@ -276,24 +276,20 @@ def functional_mode(model: nn.Module, osa_method: str = "qr") -> Iterator[nn.Mod
 
     OSA layers switch to ``osa_method`` (``"qr"`` or ``"dense"``: pure autograd, no custom
     ``autograd.Function``, no data-dependent branches; same function as ``"lowrank"`` to rounding),
-    SSA layers to the explicit softmax, and the finiteness checks are turned off. Restored on exit.
+    SSA layers to the explicit softmax. Restored on exit. The finiteness checks stay on: under
+    ``vmap`` they decide on the whole vmapped batch (:func:`osa_lab.ops.guards.whole_batch`) and
+    raise the errors a loop over the batch would raise.
     """
     saved_methods = [(m, m.method) for m in osa_layers(model)]
     softmax = [m for m in model.modules() if isinstance(m, SoftmaxAttention)]
-    encoders = [m for m in model.modules() if isinstance(m, Encoder)]
-    saved_checks = [(e, e.check_finite) for e in encoders]
     try:
         for m, _ in saved_methods:
             m.method = osa_method
         for m in softmax:
             m.explicit_softmax = True
-        for e in encoders:
-            e.check_finite = False
         yield model
     finally:
         for m, method in saved_methods:
             m.method = method
         for m in softmax:
             m.explicit_softmax = False
-        for e, check in saved_checks:
-            e.check_finite = check

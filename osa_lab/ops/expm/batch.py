@@ -118,3 +118,22 @@ def under_transform(*tensors: torch.Tensor) -> bool:
     from torch.autograd import forward_ad
 
     return any(transformed(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def vmap_only(*tensors: torch.Tensor) -> bool:
+    """True when every active torch.func transform is ``vmap`` (no ``grad``/``jvp`` level) and no
+    tensor carries a forward-mode tangent: a custom autograd.Function with a ``vmap`` rule can
+    then fold the vmapped dimensions into its batch and run its plain path, whose backward the
+    ordinary autograd outside the transforms records. Reads torch.func's interpreter stack; where
+    that is not available it answers False (the plain-operation references run)."""
+    from torch.autograd import forward_ad
+
+    try:
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+        kinds = [level.key().name for level in retrieve_all_functorch_interpreters()]
+    except (ImportError, AttributeError):  # pragma: no cover - a torch without this reader
+        return False
+    if not kinds or any(kind != "Vmap" for kind in kinds):
+        return False
+    return all(forward_ad.unpack_dual(t).tangent is None for t in tensors)

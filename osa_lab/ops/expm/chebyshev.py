@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
 from osa_lab.errors import OSAInputError
 from osa_lab.ops import cpu as cpu_kernels
 from osa_lab.ops.amp import autocast_off_backward
-from osa_lab.ops.expm.batch import composite_backward, under_transform
+from osa_lab.ops.expm.batch import composite_backward, under_transform, vmap_only
 from osa_lab.ops.expm.bounds import (
     skew_bound_with_allowance,
     skew_norm_bound,
@@ -360,17 +361,32 @@ def chebyshev_action_reference(s: torch.Tensor, v: torch.Tensor, rho: float, deg
 
 
 def osa_chebyshev_action(
-    q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor, *, norms: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    c: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    norms: bool = False,
+    general: Callable | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
     """``exp(c (q kᵀ − k qᵀ)) V`` by :func:`chebyshev_action` with the backward fused down to
     ``q, k, c`` (:class:`_OSAChebyshevAction`): ``q, k (*batch, N, r)`` and ``V (*batch, N, d)``
     with the same leading dims, in any layout (head-split views included; the result takes V's
     layout), ``c`` one value per matrix, ``(*batch)`` or flattened ``(B,)``. ``None`` when
     ``‖S‖₂``'s bound needs more than ``ACTION_MAX_DEGREE`` terms or under torch.func transforms /
-    forward-mode AD (the caller's general path handles those). ``norms=True`` returns
-    ``(y, (Σ y², Σ V²))`` per matrix, float64, for :mod:`osa_lab.ops.output_check`."""
+    forward-mode AD: there the plain-operation :func:`osa_chebyshev_action_reference` runs.
+    Under ``vmap`` alone the vmapped dims are folded into the batch and this path runs on the
+    folded tensors; where it cannot (a bound beyond ``ACTION_MAX_DEGREE``), ``general(q, k, c, v)``
+    — a general path on 3-D blocks, returning ``(y, (Σ y², Σ V²) or None)``; by default the
+    ``"qr"`` engine's, which :mod:`osa_lab.ops.expm.dispatch` registers (:func:`set_general_path`)
+    — does, as :func:`osa_lab.osa` would on those blocks.
+    ``norms=True`` returns ``(y, (Σ y², Σ V²))`` per matrix, float64, for
+    :mod:`osa_lab.ops.output_check`."""
     if under_transform(q, k, c, v):
-        return None
+        if vmap_only(q, k, c, v):  # the vmapped dims folded into the batch: the fused path
+            y, y_sq, v_sq = _FoldedVmap.apply(q, k, c.reshape(q.shape[:-2]), v, general or _GENERAL_PATH[0])
+            return (y, (y_sq, v_sq)) if norms else y
+        return osa_chebyshev_action_reference(q, k, c, v, norms=norms)
     c = c.reshape(-1)
     with torch.no_grad():
         if cpu_kernels.usable(q, k, v):  # float32 on the CPU: the fused C kernels
@@ -388,3 +404,95 @@ def osa_chebyshev_action(
         return None
     y, y_sq, v_sq = action.apply(q, k, c.to(q.dtype), v, *factors, max(rho, 1e-30), degree)
     return (y, (y_sq, v_sq)) if norms else y
+
+
+def osa_chebyshev_action_reference(
+    q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor, *, norms: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
+    """:func:`osa_chebyshev_action` by plain tensor operations, for torch.func transforms (``vmap``
+    over the members of a seed group, per-sample gradients, ``jacrev``/``jvp``) and forward-mode
+    AD: ``S = c (q kᵀ − k qᵀ)`` formed, then :func:`chebyshev_action_reference`, differentiated by
+    autograd. The degree is chosen once for the whole vmapped batch from the largest ‖S‖_F
+    (≥ ‖S‖₂, read through :func:`~osa_lab.ops.expm.batch.concrete`), so every call of the batch
+    meets the tolerance. ``None`` where that needs more than ``ACTION_MAX_DEGREE`` terms."""
+    from osa_lab.ops.expm.batch import concrete
+
+    lead = q.shape[:-2]
+    s = c.reshape(lead)[..., None, None].to(q.dtype) * (q @ k.mT - k @ q.mT)
+    with torch.no_grad():
+        fro = torch.linalg.matrix_norm(s.detach())
+        rho = float(concrete(fro).max()) if fro.numel() else 0.0
+    degree = chebyshev_degree(rho, v.dtype)
+    if degree is None or not math.isfinite(rho):
+        return None
+    y = chebyshev_action_reference(s, v, max(rho, 1e-30), degree)
+    if not norms:
+        return y
+    y_sq, v_sq = (t.detach().double().pow(2).sum((-2, -1)) for t in (y, v))
+    return y, (y_sq, v_sq)
+
+
+#: the general path of :func:`osa_chebyshev_action` under ``vmap`` (set by :func:`set_general_path`)
+_GENERAL_PATH: list[Callable | None] = [None]
+
+
+def set_general_path(fn: Callable) -> None:
+    """Register ``fn(q, k, c, v) -> (y, sums or None)`` on 3-D blocks as the path the small-N
+    action's ``vmap`` rule takes where the action's degrees do not reach (the engine that
+    :func:`osa_lab.osa` falls back to; :mod:`osa_lab.ops.expm.dispatch` registers its ``"qr"``
+    path, which this module cannot import: that module imports this one)."""
+    _GENERAL_PATH[0] = fn
+
+
+def _reference_with_norms(q, k, c, v):
+    """``(y, Σ y², Σ V²)`` of :func:`osa_chebyshev_action_reference` (``None`` → the dense QR
+    path's ``exp(S)`` is not reachable here: raise, as the fused action would)."""
+    out = osa_chebyshev_action_reference(q, k, c, v, norms=True)
+    if out is None:
+        raise OSAInputError("‖S‖₂ is too large for the small-N action's ACTION_MAX_DEGREE terms under vmap")
+    y, (y_sq, v_sq) = out
+    return y, y_sq, v_sq
+
+
+class _FoldedVmap(torch.autograd.Function):
+    """:func:`osa_chebyshev_action` under ``vmap`` alone (a seed group's stacked members, a vmapped
+    batch): the ``vmap`` rule moves the vmapped dimension in front, folds it into the batch of
+    matrices and runs the fused action (its CPU kernels included) on the plain tensors; the
+    ordinary autograd outside the transforms records that call and its hand-written backward.
+    ``q, k (*batch, N, r)``, ``c (*batch)``, ``V (*batch, N, d)`` → ``(y, Σ y², Σ V²)`` per matrix.
+
+    Outside ``vmap`` (not reached from :func:`osa_chebyshev_action`, which calls it under
+    ``vmap`` only) the forward is the plain-operation reference and the backward differentiates it."""
+
+    @staticmethod
+    def forward(q, k, c, v, general):  # noqa: D102
+        return _reference_with_norms(q, k, c, v)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: D102
+        ctx.save_for_backward(*inputs[:4])
+        ctx.mark_non_differentiable(output[1], output[2])
+
+    @staticmethod
+    def backward(ctx, g, _y_sq, _v_sq):  # noqa: D102
+        inputs = ctx.saved_tensors
+        grads = composite_backward(lambda *x: _reference_with_norms(*x)[0], inputs, tuple(ctx.needs_input_grad[:4]), g)
+        return (*grads, None)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, c, v, general):  # noqa: D102
+        size = info.batch_size
+        q, k, c, v = (x.movedim(d, 0) if d is not None else x.expand(size, *x.shape)
+                      for x, d in zip((q, k, c, v), in_dims[:4], strict=True))  # fmt: skip
+        lead = q.shape[:-2]  # (members, *batch)
+        folded = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+        out = osa_chebyshev_action(folded[0], folded[1], c.reshape(-1), folded[2], norms=True)
+        if out is None and general is not None:  # ‖S‖ beyond the action's degrees: the caller's path
+            y, sums = general(folded[0], folded[1], c.reshape(-1), folded[2])
+            y_sq, v_sq = (sums[0], sums[1]) if sums is not None else (
+                torch.linalg.vector_norm(t.detach(), dim=(-2, -1), dtype=torch.float64) ** 2 for t in (y, folded[2]))  # fmt: skip
+        elif out is None:  # no general path given: the reference decides (and raises)
+            y, y_sq, v_sq = _reference_with_norms(folded[0], folded[1], c.reshape(-1), folded[2])
+        else:
+            y, (y_sq, v_sq) = out
+        return (y.reshape(*lead, *y.shape[-2:]), y_sq.reshape(lead), v_sq.reshape(lead)), (0, 0, 0)

@@ -13,7 +13,8 @@ import torch
 from osa_lab.errors import OSAInputError, UntrustedResultError, unknown_name
 from osa_lab.ops.expm.batch import any_row, concrete, replace_rows, take_rows
 from osa_lab.ops.expm.bounds import float64_needed, warn_float64_rounding
-from osa_lab.ops.expm.gram import gram_engine
+from osa_lab.ops.expm.chebyshev import set_general_path
+from osa_lab.ops.expm.gram import gram_engine, osa_skew_core
 from osa_lab.ops.expm.qr import qr_action
 from osa_lab.ops.guards import sum_is_finite
 
@@ -136,3 +137,12 @@ def _refuse_untrusted_gram(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor, y:
         "and gradients would be wrong. Use method=\"qr\", \"lowrank\" or \"auto\" (engine \"qr\" or "
         "\"lowrank\" for lowrank_action), which handle any q, k."
     )
+
+
+def _qr_on_blocks(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, v: torch.Tensor) -> tuple:
+    """``exp(c (q kᵀ − k qᵀ)) V`` by the ``"qr"`` engine on 3-D blocks, with the output check's
+    sums: what :func:`osa_lab.osa` computes where the small-N action's degrees do not reach."""
+    return blocked_action(q, k, osa_skew_core(q.shape[-1], c.double()), v, "qr", osa_core=True, norms=True)
+
+
+set_general_path(_qr_on_blocks)

@@ -14,7 +14,7 @@ import torch
 
 from osa_lab.ops.amp import autocast_off_backward
 from osa_lab.ops.cpu import gram_kernels, pool
-from osa_lab.ops.expm.batch import any_row, composite_backward, concrete, under_transform
+from osa_lab.ops.expm.batch import any_row, composite_backward, concrete, transformed, under_transform
 from osa_lab.ops.expm.bounds import FLOAT64_NORM, float64_needed, spectral_norm_bound, spectral_refine_above
 from osa_lab.ops.expm.core import may_reuse, skew_exp, truncation_unit
 from osa_lab.ops.expm.scratch import SCRATCH, fresh_output
@@ -130,7 +130,10 @@ def core_matrix(
     top, bottom = chol[..., :half, :].mT, chol[..., half:, :]
     x = torch.matmul(top, bottom) if out is None else torch.matmul(top, bottom, out=out[0])
     m = (x - x.mT) if out is None else torch.sub(x, x.mT, out=out[1])
-    return m.mul_(j[..., :1, half : half + 1])
+    scale = j[..., :1, half : half + 1]
+    if out is None and transformed(scale):  # vmapped over α alone: m has fewer entries than the scale
+        return m * scale
+    return m.mul_(scale)
 
 
 def cholesky_with_inverse(

@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 
-from osa_lab.errors import TrainingDivergedError
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
 from osa_lab.studies.depth_study.weights import save_weights
 from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
-from osa_lab.studies.training.loop import build_training_model, train
+from osa_lab.studies.training.loop import build_training_model
 from osa_lab.studies.training.tables import load_metrics
 
 #: runs at or above this training accuracy count as having fitted the training set
@@ -112,44 +111,98 @@ def study_run(
     progress: bool = False,
 ) -> dict:
     """Train one configuration (resuming its checkpoint in ``scratch_dir``) and write its JSON result."""
+    return study_group_run(spec=spec, stage=stage, preset=preset, depth=depth, seeds=[seed], lr=lr,
+                           alpha_lr_mult=alpha_lr_mult, steps=steps, results_dir=results_dir,
+                           scratch_dir=scratch_dir, kappa=kappa, progress=progress)[0]  # fmt: skip
+
+
+def _finished_record(out: Path, stage: str, preset: str, depth: int, seed: int) -> dict | None:
+    """The record of a finished run at ``out``, or None where there is none, it is damaged, or it is
+    another run's (then the run is trained again and the file replaced)."""
     from osa_lab.studies.depth_study.records import RecordProblem, read_run
 
-    out = Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult)
-    if out.exists():
-        try:
-            record = read_run(out, stage)
-            if (record["preset"], record["depth"], record["seed"]) == (preset, depth, seed):
-                return record
-        except RecordProblem:
-            pass  # damaged: train the run again and replace the file
-        # (a record of another run under this run's name is replaced the same way)
+    if not out.exists():
+        return None
+    try:
+        record = read_run(out, stage)
+    except RecordProblem:
+        return None
+    return record if (record["preset"], record["depth"], record["seed"]) == (preset, depth, seed) else None
+
+
+def study_group_run(
+    *,
+    spec: dict,
+    stage: str,
+    preset: str,
+    depth: int,
+    seeds: list[int],
+    lr: float,
+    alpha_lr_mult: float,
+    steps: int,
+    results_dir: str,
+    scratch_dir: str,
+    kappa: bool,
+    progress: bool = False,
+) -> list[dict]:
+    """Train the ``seeds`` of one configuration as one seed group
+    (:func:`osa_lab.studies.training.group.train_group`; each seed resuming its own checkpoint in
+    ``scratch_dir``) and write each seed's JSON result; returns them in ``seeds`` order. Seeds
+    whose record exists are not trained again; a seed that diverges is a result of its own."""
+    from osa_lab.studies.training.group import train_group
+
+    outs = [Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult) for seed in seeds]
+    done = {}
+    for seed, out in zip(seeds, outs, strict=True):
+        record = _finished_record(out, stage, preset, depth, seed)
+        if record is not None:
+            done[seed] = record
+    pending = [(seed, out) for seed, out in zip(seeds, outs, strict=True) if seed not in done]
+    if not pending:
+        return [done[seed] for seed in seeds]
     data = study_data(spec["data"], spec["val_fraction"])
     n_train = len(data.y_train)
     per_epoch = math.ceil(n_train / spec["batch_size"])
     epochs = max(1, math.ceil(steps / per_epoch))
-    config = TrainConfig(
-        preset=preset, data=spec["data"], epochs=epochs, batch_size=spec["batch_size"], lr=float(lr),
-        alpha_lr_mult=float(alpha_lr_mult), val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
-        model={**spec["model"], "depth": int(depth)},
-    )  # fmt: skip
-    # checkpoints of a run are keyed by its whole configuration: another model or budget never meets them
-    digest = hashlib.sha1(comparable_json(config.to_dict()).encode()).hexdigest()[:10]
-    run_dir = Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}"
-    payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
-                               "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
-                               "checkpoint": "final", "train_config": config.to_dict(),
-                               "num_classes": data.num_classes}  # fmt: skip
+    configs, run_dirs, payloads = [], [], []
     x_k = data.x_val[: int(spec["kappa_samples"])]
-    if kappa:
-        torch.manual_seed(config.seed)
-        payload["kappa_init"] = encoder_kappa(build_training_model(model_config_for(config, data)), x_k)
-    try:
-        result = train(config, run_dir, data=data, progress=progress)
-        metrics, status, error = result.metrics, "ok", ""
-    except TrainingDivergedError as err:
-        partial = run_dir / "metrics.csv"
-        metrics = load_metrics(partial) if partial.exists() else None
-        status, error, result = "diverged", " ".join(str(err).split()), None
+    for seed, out in pending:
+        config = TrainConfig(
+            preset=preset, data=spec["data"], epochs=epochs, batch_size=spec["batch_size"], lr=float(lr),
+            alpha_lr_mult=float(alpha_lr_mult), val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
+            model={**spec["model"], "depth": int(depth)},
+        )  # fmt: skip
+        # checkpoints of a run are keyed by its whole configuration: another model or budget never meets them
+        digest = hashlib.sha1(comparable_json(config.to_dict()).encode()).hexdigest()[:10]
+        run_dirs.append(Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}")
+        configs.append(config)
+        payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
+                                   "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
+                                   "checkpoint": "final", "train_config": config.to_dict(),
+                                   "num_classes": data.num_classes}  # fmt: skip
+        if kappa:
+            torch.manual_seed(config.seed)
+            payload["kappa_init"] = encoder_kappa(build_training_model(model_config_for(config, data)), x_k)
+        payloads.append(payload)
+    outcomes = train_group(configs, run_dirs, data=data, progress=progress)
+    for (seed, out), run_dir, payload, outcome in zip(pending, run_dirs, payloads, outcomes, strict=True):
+        if outcome.ok:
+            result, metrics, status, error = outcome.result, outcome.result.metrics, "ok", ""
+        else:
+            partial = run_dir / "metrics.csv"
+            metrics = load_metrics(partial) if partial.exists() else None
+            status, error, result = "diverged", " ".join(str(outcome.error).split()), None
+        _finish_payload(payload, metrics, status, error, result, x_k, kappa)
+        if result is not None and stage == "final":
+            # the weights first: a run whose JSON exists is done, so its weights must already be there
+            payload["weights"] = save_weights(result.model, out).name
+        _write_json(out, payload)
+        done[seed] = payload
+    return [done[seed] for seed in seeds]
+
+
+def _finish_payload(payload: dict, metrics, status: str, error: str, result, x_k: torch.Tensor, kappa: bool) -> None:
+    """The result JSON's measured part, from a run's metrics (and, for ``kappa``, its trained model)."""
     payload.update(status=status, error=error)
     curve = []
     if metrics is not None and len(metrics):
@@ -179,8 +232,3 @@ def study_run(
     )  # fmt: skip
     if kappa:
         payload["kappa_trained"] = encoder_kappa(result.model, x_k) if result is not None else math.nan
-    if result is not None and stage == "final":
-        # the weights first: a run whose JSON exists is done, so its weights must already be there
-        payload["weights"] = save_weights(result.model, out).name
-    _write_json(out, payload)
-    return payload

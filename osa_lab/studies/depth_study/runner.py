@@ -30,7 +30,7 @@ from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import summarise
-from osa_lab.studies.depth_study.run import result_name, study_run
+from osa_lab.studies.depth_study.run import result_name, study_group_run
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
 from osa_lab.studies.grid.results import first_line
@@ -61,19 +61,21 @@ class StudyRunner:
                           "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
 
     def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int, kappa: bool) -> list[Task]:
+        """One task per setting: its seeds trained as one seed group (:func:`study_group_run`)."""
         tasks = []
         for lr, mult in points:
-            for seed in seeds:
-                kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth, "seed": seed,
-                          "lr": lr, "alpha_lr_mult": mult, "steps": steps, "results_dir": str(self.results),
-                          "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
-                key = result_name(stage, preset, depth, seed, lr, mult).replace("/", "-").removesuffix(".json")
-                tasks.append(Task(study_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
-                                                      "alpha_lr_mult": mult, "seed": seed}, key=key,
-                                  progress_kwarg="progress"))  # fmt: skip
+            kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth,
+                      "seeds": [int(s) for s in seeds], "lr": lr, "alpha_lr_mult": mult, "steps": steps,
+                      "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
+            key = result_name(stage, preset, depth, 0, lr, mult).replace("/", "-").removesuffix("-s0.json")
+            key += "-s" + "_".join(str(s) for s in seeds)
+            tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
+                                                        "alpha_lr_mult": mult, "seeds": len(seeds)}, key=key,
+                              progress_kwarg="progress"))  # fmt: skip
         return tasks
 
     def _run(self, tasks: list[Task], desc: str) -> list[dict | None]:
+        """The runs' results, seed by seed in task order (None for each seed of a failed task)."""
         result = run_grid(tasks, self.options, desc=desc)
         for o in result.failed:  # bad input or environment (a full disk, missing data): stop with its one line
             if is_user_error_name(o.error_type):
@@ -82,7 +84,10 @@ class StudyRunner:
         for line in result.failure_lines():
             self.failures.append(line)
             _say(f"failed (rerun retries it): {line}")
-        return [o.value if o.ok else None for o in result.outcomes]
+        values: list[dict | None] = []
+        for o in result.outcomes:
+            values.extend(o.value if o.ok else [None] * len(o.task.kwargs["seeds"]))
+        return values
 
     def tune(self, preset: str, depth: int) -> tuple[float, float] | None:
         """The bracketing search of one cell; returns the chosen (lr, α-lr multiplier), None if all diverged."""

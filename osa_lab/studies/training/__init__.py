@@ -12,6 +12,9 @@ subject:
   2019) with linear warm-up and a cosine schedule (Loshchilov & Hutter 2017), a fixed seed and
   deterministic batch order, checkpoints at every epoch end (an interrupted run resumes to
   exactly the uninterrupted result);
+* :mod:`~osa_lab.studies.training.group` — :func:`train_group`, several seeds of one
+  configuration trained together in one batched forward and backward, each member exactly as
+  its solo run (the default of ``osa-lab train --seeds``);
 * :mod:`~osa_lab.studies.training.checkpoints` and :mod:`~osa_lab.studies.training.lock` — the
   run folder: checkpoints read without unpickling code, one owner per folder;
 * :mod:`~osa_lab.studies.training.tables` — the tidy metrics table;
@@ -60,6 +63,7 @@ from osa_lab.studies.training.config import (
     model_config_for,
     resolve_device,
 )
+from osa_lab.studies.training.group import MemberOutcome, train_group
 from osa_lab.studies.training.lock import LOCK_NAME, RunLock, check_output_dir
 from osa_lab.studies.training.loop import (
     TrainResult,
@@ -77,10 +81,10 @@ from osa_lab.studies.training.verdict import MNIST1D_PUBLISHED, PAPER_MNIST, ver
 
 __all__ = [
     "CHECKPOINT_NAME", "COLUMNS", "CONTROLS", "DEFAULT_COMPARISON", "DEFAULT_PATCH", "DEFAULT_SEQUENCE_PATCH",
-    "LOCK_NAME", "MNIST1D_PUBLISHED", "PAPER_MNIST", "REFERENCE_PRESET", "RunLock", "TrainConfig",
+    "LOCK_NAME", "MNIST1D_PUBLISHED", "MemberOutcome", "PAPER_MNIST", "REFERENCE_PRESET", "RunLock", "TrainConfig",
     "TrainResult", "TrainingDivergedError", "TuneGrid", "TuneResult", "add_arguments", "alpha_values",
     "build_training_model", "check_dataset", "check_names", "check_output_dir", "comparison_presets", "compare",
     "config_from_args", "config_tag", "evaluate", "final_value", "format_summary", "hidden_diagnostics",
     "load_metrics", "lr_factor", "metrics_frame", "model_config_for", "paired_differences", "read_checkpoint",
-    "resolve_device", "run", "summarize_runs", "train", "tune", "verdict",
+    "resolve_device", "run", "summarize_runs", "train", "train_group", "tune", "verdict",
 ]  # fmt: skip

@@ -93,7 +93,16 @@ def _add_preset_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> Non
                        help=f"--tune: α-lr multipliers for learned-α OSA presets (default {list(g.alpha_lr_mults)})")  # fmt: skip
     group.add_argument("--tune-seeds", type=int, nargs="+", default=list(g.seeds), metavar="SEED",
                        help=f"--tune: seeds of the tuning runs (default {list(g.seeds)}, disjoint from --seeds)")  # fmt: skip
-    group.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
+    group.add_argument("--seeds", type=int, nargs="+", default=[0],
+                       help="seeds (default 0); the seeds of a preset train together as one seed group")  # fmt: skip
+    group.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        metavar="G",
+        help="train the seeds of a preset in groups of G (default: all seeds in one group; 1: each seed alone). "
+        "Each member trains exactly as a solo run of its seed, in one batched forward and backward",
+    )
 
 
 def _add_data_arguments(group: argparse._ArgumentGroup, d: TrainConfig) -> None:
@@ -173,6 +182,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         )
     if args.diag_samples is not None and args.diag_samples < 1:
         raise ConfigurationError(f"--diag-samples must be a positive number of images, got {args.diag_samples}")
+    if args.group_size is not None and args.group_size < 1:
+        raise ConfigurationError(
+            f"--group-size must be a positive number of seeds (1: each seed alone), got {args.group_size}"
+        )
     bad_seeds = [s for s in args.seeds if s < 0]
     if bad_seeds:
         raise ConfigurationError(f"--seeds must be ints ≥ 0, got {bad_seeds}")
@@ -238,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
             with shared_cluster(grid_options) as shared:  # one cluster start for all of tune's grids
                 result = tune(presets, args.seeds, base, args.output, grid=grid, resume=not args.no_resume,
                               device=args.device, progress=not args.quiet, data_dir=args.data_dir,
-                              grid_options=shared)  # fmt: skip
+                              grid_options=shared, group_size=args.group_size)  # fmt: skip
             with pd.option_context("display.width", 200, "display.max_columns", 20):
                 print(result.chosen.to_string(index=False))
                 print(format_summary(result.summary).to_string(index=False))
@@ -256,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             data_dir=args.data_dir,
             grid_options=grid_options,
+            group_size=args.group_size,
         )
     except UserError as err:
         if not existed and out.is_dir() and not isinstance(err, RunLockedError) and not _holds_results(out):

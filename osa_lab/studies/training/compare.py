@@ -15,7 +15,6 @@ import torch
 
 from osa_lab.errors import (
     ConfigurationError,
-    TrainingDivergedError,
     UserError,
 )
 from osa_lab.fileio import atomic_to_csv
@@ -38,7 +37,7 @@ from osa_lab.studies.training.config import (
     resolve_device,
 )
 from osa_lab.studies.training.lock import RunLock, check_output_dir
-from osa_lab.studies.training.loop import check_dataset, train
+from osa_lab.studies.training.loop import check_dataset
 from osa_lab.studies.training.tables import final_value, load_metrics, metrics_frame
 
 
@@ -64,38 +63,61 @@ def _data_key(name: str, data_dir: str | os.PathLike | None, options: dict) -> t
     return name, None if data_dir is None else str(data_dir), comparable_json(options)
 
 
-def _compare_task(
-    config: TrainConfig,
-    run_dir: str | None,
-    resume: bool,
-    device: str,
-    data_dir: str | None,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """One run of :func:`compare` as a grid task (in-process or on a Dask worker).
-
-    Returns ``{"status": "ok" | "diverged", "metrics", "params", "error"}``; a divergence is a
-    result (with the metrics recorded up to it), any other exception fails the task.
-    """
+def _cached_data(config: TrainConfig, data_dir: str | None) -> ImageDataset:
     key = _data_key(config.data, data_dir, config.data_options)
     data = _DATA_CACHE.get(key)
     if data is None:
         data = load_data(config.data, data_dir=data_dir, **config.data_options)
         _DATA_CACHE.clear()
         _DATA_CACHE[key] = data
+    return data
+
+
+def _compare_task(
+    configs: list[TrainConfig],
+    run_dirs: list[str | None],
+    resume: bool,
+    device: str,
+    data_dir: str | None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """One seed group of :func:`compare` as a grid task (in-process or on a Dask worker): the runs
+    ``configs`` (one preset, several seeds) trained together by
+    :func:`~osa_lab.studies.training.group.train_group`.
+
+    Returns per run ``{"status": "ok" | "diverged" | "user_error", "metrics", "params", "error"}``;
+    a divergence is a result of its own run (with the metrics recorded up to it), any other
+    exception fails the task.
+    """
+    from osa_lab.studies.training.group import train_group
+
+    data = _cached_data(configs[0], data_dir)
     try:
-        result = train(config, run_dir, data=data, resume=resume, device=device, progress=progress)
-    except TrainingDivergedError as err:
-        partial = Path(run_dir) / "metrics.csv" if run_dir else None
-        frame = load_metrics(partial) if partial is not None and partial.exists() else None
-        return {"status": "diverged", "metrics": frame, "params": None, "error": str(err)}
+        outcomes = train_group(configs, run_dirs, data=data, resume=resume, device=device, progress=progress)
     except UserError as err:
         # bad input or environment (a refused method, a busy folder, a damaged checkpoint …): not a
         # result of the comparison; compare() raises it again as the same typed error
-        return {"status": "user_error", "metrics": None, "params": None, "error": str(err),
-                "error_type": type(err).__name__}  # fmt: skip
-    n_params = sum(p.numel() for p in result.model.parameters())
-    return {"status": "ok", "metrics": result.metrics, "params": n_params, "error": ""}
+        return [{"status": "user_error", "metrics": None, "params": None, "error": str(err),
+                 "error_type": type(err).__name__}] * len(configs)  # fmt: skip
+    values = []
+    for outcome, run_dir in zip(outcomes, run_dirs, strict=True):
+        if outcome.ok:
+            n_params = sum(p.numel() for p in outcome.result.model.parameters())
+            values.append({"status": "ok", "metrics": outcome.result.metrics, "params": n_params, "error": ""})
+        else:
+            partial = Path(run_dir) / "metrics.csv" if run_dir else None
+            frame = load_metrics(partial) if partial is not None and partial.exists() else None
+            values.append({"status": "diverged", "metrics": frame, "params": None, "error": str(outcome.error)})
+    return values
+
+
+def seed_groups(seeds: Sequence[int], group_size: int | None) -> list[list[int]]:
+    """``seeds`` in groups of ``group_size`` (None: one group of all), in order."""
+    seeds = [int(s) for s in seeds]
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise ConfigurationError(f"the seed-group size must be a positive int (or None: all seeds), got {group_size!r}")
+    size = len(seeds) if group_size is None else group_size
+    return [seeds[i : i + size] for i in range(0, len(seeds), max(size, 1))]
 
 
 def compare(
@@ -109,6 +131,7 @@ def compare(
     progress: bool = True,
     data_dir: str | os.PathLike | None = None,
     grid_options: GridOptions | None = None,
+    group_size: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train every preset × seed with the same budget (``base`` with ``preset``/``seed`` replaced).
 
@@ -119,7 +142,9 @@ def compare(
     worker) is recorded the same way with status ``failed`` (``failed`` column). Returns
     ``(metrics, summary)``.
 
-    Every run is one task of an :mod:`osa_lab.studies.grid` grid: ``grid_options`` runs them on a
+    The seeds of a preset train together as seed groups of ``group_size`` (default: all of them in
+    one group; :mod:`osa_lab.studies.training.group`), each member exactly as its solo run. Every
+    group is one task of an :mod:`osa_lab.studies.grid` grid: ``grid_options`` runs them on a
     local Dask cluster or an existing one (default: in-process, one after the other, with the
     current torch thread count). Each run resumes from its own checkpoint, so a rerun skips
     finished runs and an interrupted comparison resumes; the tables do not depend on where
@@ -138,36 +163,38 @@ def compare(
     with RunLock(out) if out is not None else contextlib.nullcontext():
         frames, runs = [], []
         tasks = []
+        groups = seed_groups(seeds, group_size)
         for preset in presets:
-            for seed in seeds:
-                cfg = dataclasses.replace(base, preset=preset, seed=int(seed))
-                run_dir = out / preset / f"seed{seed}" if out is not None else None
-                kwargs = {"config": cfg, "run_dir": None if run_dir is None else str(run_dir), "resume": resume,
-                          "device": str(device), "data_dir": None if data_dir is None else str(data_dir),
-                          "progress": False}  # fmt: skip
-                tasks.append(Task(_compare_task, kwargs, {"preset": preset, "seed": int(seed)},
+            for group in groups:
+                cfgs = [dataclasses.replace(base, preset=preset, seed=seed) for seed in group]
+                dirs = [str(out / preset / f"seed{seed}") if out is not None else None for seed in group]
+                kwargs = {"configs": cfgs, "run_dirs": dirs, "resume": resume, "device": str(device),
+                          "data_dir": None if data_dir is None else str(data_dir), "progress": False}  # fmt: skip
+                label = ",".join(str(seed) for seed in group)
+                tasks.append(Task(_compare_task, kwargs, {"preset": preset, "seeds": label},
                                   progress_kwarg="progress"))  # fmt: skip
         options = grid_options or GridOptions.in_process(threads=None, progress=progress)
         for preset in presets:  # impossible model settings fail here, before any run starts
             model_config_for(dataclasses.replace(base, preset=preset), data)
         done = run_grid(tasks, options, desc="runs")
         for o in done.outcomes:
-            if o.ok and o.value["status"] == "user_error":
-                raise user_error_from_name(o.value["error_type"], o.value["error"])
+            if o.ok and o.value[0]["status"] == "user_error":
+                raise user_error_from_name(o.value[0]["error_type"], o.value[0]["error"])
         for o in done.outcomes:
-            preset, seed = o.task.settings["preset"], o.task.settings["seed"]
-            if o.ok:
-                status, message, n_params, frame = o.value["status"], o.value["error"], o.value["params"], o.value["metrics"]  # fmt: skip
-            else:
-                status, message, n_params = "failed", f"{o.error_type}: {o.error}", None
-                run_dir = o.task.kwargs["run_dir"]
-                partial = Path(run_dir) / "metrics.csv" if run_dir else None
-                frame = load_metrics(partial) if partial is not None and partial.exists() else None
-            if frame is not None:
-                frames.append(frame)
-            runs.append(
-                {"preset": preset, "seed": int(seed), "status": status, "params": n_params, "error": message}
-            )
+            preset = o.task.settings["preset"]
+            for i, cfg in enumerate(o.task.kwargs["configs"]):
+                if o.ok:
+                    value = o.value[i]
+                    status, message, n_params, frame = value["status"], value["error"], value["params"], value["metrics"]
+                else:
+                    status, message, n_params = "failed", f"{o.error_type}: {o.error}", None
+                    run_dir = o.task.kwargs["run_dirs"][i]
+                    partial = Path(run_dir) / "metrics.csv" if run_dir else None
+                    frame = load_metrics(partial) if partial is not None and partial.exists() else None
+                if frame is not None:
+                    frames.append(frame)
+                runs.append({"preset": preset, "seed": int(cfg.seed), "status": status, "params": n_params,
+                             "error": message})  # fmt: skip
         metrics = pd.concat(frames, ignore_index=True) if frames else metrics_frame([])
         summary = summarize_runs(metrics, pd.DataFrame(runs), order=list(presets))
         if out is not None:

@@ -159,7 +159,7 @@ def evaluate(
     return loss_sum / len(y), correct / len(y)
 
 
-def _batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The permutation of epoch ``epoch``: a function of (seed, epoch) only, so resuming replays it."""
     g = torch.Generator().manual_seed(1_000_003 * int(seed) + int(epoch))
     return torch.randperm(n, generator=g)
@@ -243,7 +243,7 @@ def train(
         return _train(config, run_path, data, resume, device, progress, on_epoch_end)
 
 
-class _TrainingRun:
+class TrainingRun:
     """One run of :func:`train` in progress: the model, its optimiser and learning-rate schedule,
     the metric rows so far and the last good checkpoint. Each step of a run is one method."""
 
@@ -425,7 +425,7 @@ class _TrainingRun:
         """Train one epoch, then evaluate, record the epoch's rows and write the checkpoint."""
         config = self.config
         t0 = time.perf_counter()
-        order = _batch_order(self.n_train, config.seed, epoch)
+        order = batch_order(self.n_train, config.seed, epoch)
         loss_sum, correct, diag_seconds = 0.0, 0, 0.0
         for i in range(self.steps_per_epoch):
             idx = order[i * config.batch_size : (i + 1) * config.batch_size]
@@ -490,7 +490,7 @@ def _train(
     """The body of :func:`train` (with the run folder, if any, locked by the caller)."""
     from tqdm.auto import tqdm
 
-    run = _TrainingRun(config, run_path, data, device)
+    run = TrainingRun(config, run_path, data, device)
     if run_path is not None:
         run.open_run_folder(resume)
     if run.start_epoch == 0 and run.step == 0:

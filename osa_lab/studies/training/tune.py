@@ -78,6 +78,7 @@ def tune(
     progress: bool = True,
     data_dir: str | os.PathLike | None = None,
     grid_options: GridOptions | None = None,
+    group_size: int | None = None,
 ) -> TuneResult:
     """Fair comparison: per-preset learning rate (and α multiplier) chosen on validation accuracy, then final seeds.
 
@@ -92,7 +93,9 @@ def tune(
        :data:`REFERENCE_PRESET`, and :func:`verdict` writes the text.
 
     Runs go to ``output_dir/tune/lr<lr>-am<mult>/`` and ``output_dir/final/lr<lr>-am<mult>/``
-    (resumable like :func:`compare`); ``tuning.csv``, ``chosen.csv``, ``metrics.csv``,
+    (resumable like :func:`compare`); the tuning seeds of a grid point and the final seeds of a
+    preset train as seed groups of ``group_size`` (default: all in one group, see
+    :func:`compare`); ``tuning.csv``, ``chosen.csv``, ``metrics.csv``,
     ``summary.csv``, ``paired.csv``, ``verdict.md`` and ``summary.png`` go to ``output_dir``.
     """
     grid = grid or TuneGrid()
@@ -122,7 +125,7 @@ def tune(
             cfg = dataclasses.replace(base, lr=lr, alpha_lr_mult=mult)
             metrics, summary = compare(group, grid.seeds, cfg, folder("tune", lr, mult), resume=resume,
                                        device=device, progress=progress, data_dir=data_dir,
-                                       grid_options=grid_options)  # fmt: skip
+                                       grid_options=grid_options, group_size=group_size)  # fmt: skip
             val_acc = final_metric(metrics, "val_accuracy").groupby("preset")["value"].mean()
             val_loss = final_metric(metrics, "val_loss").groupby("preset")["value"].mean()
             for p in group:
@@ -153,7 +156,7 @@ def tune(
             cfg = dataclasses.replace(base, lr=float(lr), alpha_lr_mult=float(mult))
             where = folder("final", float(lr), float(mult))
             metrics, _ = compare(group, seeds, cfg, where, resume=resume, device=device, progress=progress,
-                                 data_dir=data_dir, grid_options=grid_options)  # fmt: skip
+                                 data_dir=data_dir, grid_options=grid_options, group_size=group_size)  # fmt: skip
             frames.append(metrics)
             if where is not None and (where / "runs.csv").exists():
                 run_tables.append(pd.read_csv(where / "runs.csv"))
