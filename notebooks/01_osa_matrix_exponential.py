@@ -86,7 +86,8 @@ acc = expm_study.accuracy_table(
 summary = acc.pivot_table(index=["dtype", "method"], columns="alpha", values="rel_error", aggfunc="max")
 summary.columns = [f"α={a:g}" for a in summary.columns]
 nb.say(texts.accuracy_text(acc))
-summary
+nb.show_table(summary.reset_index(), {"dtype": "dtype", "method": "method",
+                                     **{c: f"largest relative error, {c}" for c in summary.columns}})
 
 # %%
 nb.show(plots.error_vs_n(acc))
@@ -119,7 +120,8 @@ orth = acc.dropna(subset=["orth_error"]).pivot_table(
     index=["dtype", "method"], columns="n", values="orth_error", aggfunc="max"
 )
 orth.columns = [f"N={n}" for n in orth.columns]
-orth
+nb.show_table(orth.reset_index(), {"dtype": "dtype", "method": "method",
+                                  **{c: f"orthogonality error, {c}" for c in orth.columns}})
 
 # %%
 nb.show(plots.orthogonality_vs_n(acc))
@@ -151,15 +153,15 @@ if {"lowrank", "sdpa"} <= set(wide.columns):
     wide["sdpa / lowrank"] = wide["sdpa"] / wide["lowrank"]
 if {"lowrank", "dense"} <= set(wide.columns):
     wide["dense / lowrank"] = wide["dense"] / wide["lowrank"]
-pd.options.display.float_format = "{:.4g}".format
-wide
+nb.show_table(wide.reset_index(), {"n": "N (tokens)", **{c: (f"{c} (×)" if "/" in str(c) else f"{c} (s)")
+                                                        for c in wide.columns}})
 
 # %% [markdown]
 # **Reading the figures.** What this run found, from its tables:
 
 # %%
 nb.finding(texts.timing_finding(slopes))
-nb.say(texts.speedup_text(timings))
+nb.say(texts.speedup_text(timings, slopes))
 
 # %%
 nb.closing()

@@ -96,11 +96,11 @@ nb.say(f"Swept {texts.sweep_settings(presets, depth, tokens, dim, seeds)}: {len(
 # between input and output, relative to `σ₁(X₀)`. Below them, per preset, what this run measured.
 
 # %%
-depth_facts.collapse_table(metrics)
+nb.show_table(depth_facts.collapse_table(metrics))
 
 # %%
 drift = depth_facts.spectrum_drift(spectra)
-drift
+nb.show_table(drift)
 
 # %%
 nb.say(texts.rank_collapse_text(metrics, drift))

@@ -110,7 +110,7 @@ nb.say(texts.depth_settings_text(presets, depth, tokens, dim, depth_seeds))
 kappa, sigmas = depth_facts.jacobian_sweep(presets, depth, tokens, dim, depth_seeds)
 kappa_summary = depth_facts.kappa_table(kappa)
 nb.say(texts.kappa_depth_text(kappa_summary))
-kappa_summary
+nb.show_table(kappa_summary)
 
 # %%
 nb.show(plots.kappa_vs_depth(kappa, scope="end_to_end"))

@@ -95,8 +95,14 @@ def timing_text(slopes: pd.DataFrame, timings: pd.DataFrame) -> str:
     return "\n\n".join(lines)
 
 
-def speedup_text(timings: pd.DataFrame) -> str:
-    """How the time of low-rank OSA compares with softmax attention and dense OSA at the largest shared N."""
+def speedup_text(timings: pd.DataFrame, slopes: pd.DataFrame | None = None) -> str:
+    """How the time of low-rank OSA compares with softmax attention and dense OSA at the largest shared N.
+
+    With ``slopes`` (:func:`timing_text`'s), a comparison involving a method whose fit is flagged
+    untrustworthy states the two times only, says why, and draws no "× faster" from them."""
+    doubtful = set()
+    if slopes is not None and len(slopes):
+        doubtful = {str(r.method) for r in slopes.itertuples() if not (math.isfinite(r.slope) and r.trusted)}
     wide = timings.pivot_table(index="n", columns="method", values="seconds")
     parts = []
     for other in ("sdpa", "dense"):
@@ -106,6 +112,12 @@ def speedup_text(timings: pd.DataFrame) -> str:
                 n = int(both.index.max())
                 ratio = both.loc[n, other] / both.loc[n, "lowrank"]
                 verdict = "faster" if ratio > 1 else "slower"
+                flagged = sorted({"lowrank", other} & doubtful)
+                if flagged:
+                    parts.append(f"at N = {n}, low-rank OSA took {number(both.loc[n, 'lowrank'])} s and {code(other)} "
+                                 f"{number(both.loc[n, other])} s — no speed-up is claimed from these times: the "
+                                 f"fit of {listing(map(code, flagged))} is flagged untrustworthy above")
+                    continue
                 parts.append(f"at N = {n}, low-rank OSA took {number(both.loc[n, 'lowrank'])} s against "
                              f"{number(both.loc[n, other])} s for {code(other)} ({number(max(ratio, 1 / ratio))}× "
                              f"{verdict})")
@@ -195,19 +207,22 @@ def rank_collapse_text(metrics: pd.DataFrame, spectra_drift: pd.DataFrame | None
             if drift < 1e-9:
                 text += f"; every singular value kept (largest change {number(drift, 2)} of σ₁)"
         lines.append(text + ".")
-        if sr.loc[preset, "last"] < 1.5 or ratio < 1e-3:
+        # (nearly) rank one: the tokens all but identical, or one direction left by both measures
+        # (a stable rank below 1.5 with a high effective rank is one dominant direction, not collapse)
+        if ratio < 1e-3 or (sr.loc[preset, "last"] < 1.5 and er.loc[preset, "last"] < 1.5):
             collapsed.append(preset)
         elif er.loc[preset, "last"] >= 0.5 * er.loc[preset, "input"]:
             kept.append(preset)
     summary = []
     if collapsed:
-        summary.append(f"**Collapsed to (nearly) rank one by the last layer** (stable rank below 1.5 or the "
-                       f"relative residual down by more than 1000×): {listing(map(code, collapsed))}.")
+        summary.append(f"**Collapsed to (nearly) rank one by the last layer** (stable and effective rank below "
+                       f"1.5, or the relative residual down by more than 1000×): {listing(map(code, collapsed))}.")
     if kept:
         summary.append(f"**Kept at least half of their effective rank:** {listing(map(code, kept))}.")
     between = [p for p in rr.index if p not in collapsed and p not in kept]
     if between:
-        summary.append(f"**Lost rank without collapsing:** {listing(map(code, between))}.")
+        summary.append(f"**Lost rank without collapsing** (effective rank below half of the input's, above 1.5): "
+                       f"{listing(map(code, between))}.")
     return "\n\n".join([*summary, "\n".join(lines)])
 
 
@@ -306,6 +321,52 @@ def kappa_depth_text(table: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# report 04: skipless training
+# ---------------------------------------------------------------------------------------------
+
+
+def paired_verdict_text(paired: pd.DataFrame, reference: str = "skipless-osa") -> str:
+    """One line per preset of a paired-differences table (``reference`` − preset, fractions): the
+    difference in points with its 95 % interval, and which of the two it shows better, by name."""
+    lines = []
+    for r in paired.itertuples():
+        if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
+            word = "no interval (too few seeds)"
+        elif r.ci_low > 0:
+            word = f"{code(reference)} is better"
+        elif r.ci_high < 0:
+            word = f"{code(r.preset)} is better"
+        else:
+            word = "no difference shown (the interval contains 0)"
+        lines.append(f"- {code(reference)} − {code(r.preset)}: {100 * r.diff_mean:+.1f} points, 95 % CI "
+                     f"[{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}], {plural(int(r.n), 'seed')}: {word}.")
+    return "\n".join(lines)
+
+
+def ablation_text(ablation: pd.DataFrame, summary: pd.DataFrame, preset: str = "skipless-osa",
+                  control: str = "skipless-osa-alpha0") -> str:
+    """What "α := 0 after training" measures, from this run: the drop of ``preset`` against the gap
+    to ``control``, the same network trained with α ≡ 0 from the start.
+
+    ``ablation`` is :func:`osa_lab.plots.training.ablation_data` (fractions), ``summary`` the
+    run's per-preset summary (``preset``, ``test_accuracy_mean``)."""
+    row = ablation[ablation["preset"] == preset]
+    if row.empty:
+        return ""
+    drop = 100 * float(row["drop_mean"].iloc[0])
+    split = str(row["split"].iloc[0])
+    text = (f"Setting α := 0 in the trained {code(preset)} costs {drop:.1f} points of {split} accuracy: how much this "
+            "trained network relies on the mixing it learned, not what mixing contributes to accuracy")
+    acc = summary.set_index("preset")["test_accuracy_mean"] if "test_accuracy_mean" in summary else pd.Series(dtype=float)
+    if preset in acc and control in acc and pd.notna(acc[preset]) and pd.notna(acc[control]):
+        gap = 100 * float(acc[preset] - acc[control])
+        text += (f". Trained with α ≡ 0 from the start, {code(control)} is {abs(gap):.1f} points "
+                 f"{'behind' if gap >= 0 else 'ahead of'} {code(preset)} in test accuracy: that gap, not the "
+                 "drop, is what learned mixing adds in this run")
+    return text + "."
+
+
+# ---------------------------------------------------------------------------------------------
 # one-line findings (shown at the end of each report and in index.html)
 # ---------------------------------------------------------------------------------------------
 
@@ -350,5 +411,5 @@ def timing_finding(slopes: pd.DataFrame) -> str:
 __all__ = [
     "COINCIDE", "KAPPA_RESOLVED", "accuracy_text", "collapse_finding", "depth_settings_text", "grid_text", "hidden_curves",
     "hidden_curves_text", "kappa_depth_text", "kappa_finding", "listing", "metric_ends", "number", "osa_layer_text", "plural",
-    "rank_collapse_text", "speedup_text", "sweep_settings", "timing_finding", "timing_text",
+    "rank_collapse_text", "speedup_text", "paired_verdict_text", "ablation_text", "sweep_settings", "timing_finding", "timing_text",
 ]
