@@ -95,8 +95,10 @@ nb.show(plots.error_vs_n(acc))
 # %%
 # largest relative error per method and dtype, by range of ‖S‖₂ (the statement above, measured)
 _bins = pd.cut(acc["norm_s"], [0, 1, 10, 100, float("inf")], labels=["‖S‖₂ ≤ 1", "1–10", "10–100", "> 100"])
-acc.assign(norm_range=_bins).pivot_table(index=["dtype", "method"], columns="norm_range", values="rel_error",
-                                         aggfunc="max", observed=False)
+_by_norm = acc.assign(norm_range=_bins).pivot_table(index=["dtype", "method"], columns="norm_range",
+                                                    values="rel_error", aggfunc="max", observed=False)
+nb.show_table(_by_norm.reset_index(), {"dtype": "dtype", "method": "method",
+                                       **{c: f"largest relative error, {c}" for c in _by_norm.columns}})
 
 # %% [markdown]
 # The same errors against the α axis at the largest N, and against the spectral norm of S

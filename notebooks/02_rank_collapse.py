@@ -57,6 +57,7 @@ import pandas as pd
 from osa_lab.nn.presets import describe
 from osa_lab.plots import depth as plots
 from osa_lab.reporting import texts
+from osa_lab.reporting.tables import Column
 from osa_lab.studies import depth as analysis
 from osa_lab.studies import summaries as depth_facts
 from osa_lab.studies.metrics import METRIC_DESCRIPTIONS, METRICS
@@ -65,7 +66,8 @@ from osa_lab.studies.metrics import METRIC_DESCRIPTIONS, METRICS
 # ## The presets
 
 # %%
-pd.DataFrame({"preset": presets, "description": [describe(p) for p in presets]}).style.hide(axis="index")
+nb.show_table(pd.DataFrame({"preset": presets, "description": [describe(p) for p in presets]}),
+              {"preset": Column("preset", "text"), "description": Column("what it is", "text")})
 
 # %% [markdown]
 # ## The sweep

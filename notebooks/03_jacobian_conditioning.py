@@ -51,6 +51,7 @@ params = nb.opening("03_jacobian_conditioning", globals())
 
 from osa_lab.plots import depth as plots
 from osa_lab.reporting import texts
+from osa_lab.reporting.tables import Column
 from osa_lab.studies import jacobian
 from osa_lab.studies import summaries as depth_facts
 
@@ -65,7 +66,9 @@ by_alpha = jacobian.osa_layer_conditioning(
     [*alphas, "derived"], [alpha_tokens], [alpha_dim], seeds=layer_seeds
 )
 nb.say(texts.osa_layer_text(by_alpha))
-by_alpha.groupby(["alpha_source", "alpha"])["kappa"].agg(["mean", "min", "max"])
+nb.show_table(by_alpha.groupby(["alpha_source", "alpha"])["kappa"].agg(["mean", "min", "max"]).reset_index(),
+              {"alpha_source": Column("α from", "text"), "alpha": "α", "mean": Column("κ mean over seeds", "kappa"),
+               "min": Column("κ min", "kappa"), "max": Column("κ max", "kappa")})
 
 # %%
 nb.show(
@@ -84,7 +87,9 @@ nb.show(
 grid = jacobian.osa_layer_conditioning(["derived", contrast_alpha], grid_tokens, grid_dims, seeds=layer_seeds)
 grid["alpha_label"] = grid["alpha_source"].map({"derived": "derived α₀", "given": f"α = {contrast_alpha:g}"})
 nb.say(texts.grid_text(grid, contrast_alpha))
-grid.pivot_table(index=["alpha_label", "tokens"], columns="dim", values="kappa", aggfunc="max").add_prefix("d = ")
+_worst = grid.pivot_table(index=["alpha_label", "tokens"], columns="dim", values="kappa", aggfunc="max")
+nb.show_table(_worst.reset_index(), {"alpha_label": Column("α", "text"), "tokens": "N (tokens)",
+                                     **{d: Column(f"largest κ, d = {d}", "kappa") for d in _worst.columns}})
 
 # %%
 grid["width"] = "d = " + grid["dim"].astype(str)
@@ -128,7 +133,9 @@ nb.show(plots.kappa_vs_depth(kappa, scope="layer"))
 nb.show(plots.jacobian_histogram(sigmas))
 
 # %%
-sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99])
+_sig = sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99]).reset_index()
+nb.show_table(_sig, {"preset": Column("preset", "text"), "count": "singular values", "min": "σ min", "1%": "σ 1st percentile",
+                     "50%": "σ median", "99%": "σ 99th percentile", "max": "σ max"})
 
 # %% [markdown]
 # **Reading the figures.** What this run found, from its own tables (sections 1 and 3):
