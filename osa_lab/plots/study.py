@@ -169,7 +169,7 @@ def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
     require_columns(tuning, ["preset", "depth", "lr", "alpha_lr_mult", "tune_seed", "val_accuracy"], "tuning")
     t = tuning[tuning["depth"] == depth].copy()
     multi = t.groupby("preset")["alpha_lr_mult"].nunique()
-    t["setting"] = [p if multi.get(p, 1) == 1 else f"{p} α-lr ×{m:g}" for p, m in zip(t["preset"], t["alpha_lr_mult"], strict=True)]
+    t["setting"] = [p if multi.get(p, 1) == 1 else f"{p} α-lr ×{m:.3g}" for p, m in zip(t["preset"], t["alpha_lr_mult"], strict=True)]
     t["val_accuracy"] = 100 * t["val_accuracy"]
     return band_over_seeds(t, "lr", "val_accuracy", by=("setting",)).rename(columns={"setting": "preset"})
 
@@ -188,7 +188,7 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
     overlay = curves_with_bands(data, "lr", "validation accuracy %",
                                 f"tuning at depth {depth}: validation accuracy against learning rate", logy=False,
                                 logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
-    return _wide(overlay)
+    return _wide(overlay.redim.label(lr="learning rate"))
 
 
 #: how the κ figures name the float64 ceiling (1/ε of float64)
@@ -225,10 +225,10 @@ def kappa_vs_trainability(runs: pd.DataFrame, y: str = "steps_to_90") -> hv.Over
     elements = []
     for (preset, depth), d in data.groupby(["preset", "depth"], sort=False):
         colour, marker = preset_colour(str(preset)), markers.get(depth, "o")
-        label = f"{preset} · depth {depth}"
+        name = f"{preset} · depth {depth}"
         if bool(d["beyond"].iloc[0]):  # not a measured value: ✕ at the ceiling, said in the legend
-            marker, label = "x", f"{label} (κ > {KAPPA_CEILING_TEXT})"
-        pts = hv.Scatter(d, "kappa_init", ["value", "n"], label=label)
+            marker, name = "x", f"{name} (κ > {KAPPA_CEILING_TEXT})"
+        pts = hv.Scatter(d, "kappa_init", ["value", "n"], label=name)
         elements.append(dual_options(pts, dict(color=colour, size=10, marker=bokeh_markers[marker], tools=["hover"]),
                                      dict(color=colour, s=90 if marker == "x" else 60, marker=marker,
                                           linewidth=2 if marker == "x" else 1)))  # fmt: skip
