@@ -98,7 +98,9 @@ nb.say(f"Swept {texts.sweep_settings(presets, depth, tokens, dim, seeds)}: {len(
 # between input and output, relative to `σ₁(X₀)`. Below them, per preset, what this run measured.
 
 # %%
-nb.show_table(depth_facts.collapse_table(metrics))
+nb.show_table(depth_facts.collapse_table(metrics),
+              {"preset": Column("preset", "text"), "depth": "depth", "input": "relative residual, input",
+               "last": "relative residual, last layer", "ratio": "last / input"})
 
 # %%
 drift = depth_facts.spectrum_drift(spectra)
@@ -119,7 +121,7 @@ hidden = texts.hidden_curves_text(metrics, METRICS)
 if hidden:
     nb.say(hidden)
 for metric in METRICS:
-    print(f"{metric}: {METRIC_DESCRIPTIONS.get(metric, '')}")
+    nb.say(f"**{metric.replace('_', ' ')}**: " + METRIC_DESCRIPTIONS.get(metric, "").replace("_", "\\_"))
     nb.show(plots.metric_vs_depth(shown, metric))
 
 # %% [markdown]
