@@ -30,8 +30,6 @@ params = nb.opening("05_depth_study", globals())
 # %%
 from pathlib import Path
 
-from IPython.display import display
-
 from osa_lab.plots import study as plots
 from osa_lab.studies.depth_study import load_spec, summarise
 from osa_lab.studies.depth_study.report import kappa_correlation_sentence

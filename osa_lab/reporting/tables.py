@@ -15,9 +15,11 @@ in every report:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
@@ -75,12 +77,12 @@ def value_text(x: object, digits: int = 3) -> str:
     integers as integers, text as itself, ``"—"`` when missing."""
     if _missing(x):
         return MISSING
-    if isinstance(x, bool):
+    if isinstance(x, bool | np.bool_):
         return "yes" if x else "no"
-    if isinstance(x, int) or (hasattr(x, "dtype") and getattr(x, "dtype").kind in "iu"):
-        return str(int(x))  # type: ignore[arg-type]
-    if isinstance(x, float) or (hasattr(x, "dtype") and getattr(x, "dtype").kind == "f"):
-        f = float(x)  # type: ignore[arg-type]
+    if isinstance(x, numbers.Integral):
+        return str(int(x))
+    if isinstance(x, numbers.Real):
+        f = float(x)
         if math.isfinite(f) and f == round(f) and abs(f) < 1e6:
             return str(int(f))
         return number(f, digits)
