@@ -48,8 +48,8 @@
 # with one learning rate for all presets, so its ranking decides nothing. The section "The
 # final experiment" at the end reads the saved results of the tuned 5-seed comparison on
 # MNIST-1D and its larger variant (`final_results`, committed under `docs/results/`) when
-# they are present. **That comparison is superseded by the depth study, report 05**
-# (`05_depth_study.html`): its baselines fall short of the published MNIST-1D scale that report
+# they are present. **That comparison is superseded by the depth study,
+# [report 05](05_depth_study.html)**: its baselines fall short of the published MNIST-1D scale that report
 # 05's gate requires, so quote report 05, not this one.
 
 # %% tags=["parameters"]
@@ -96,6 +96,19 @@ from IPython.display import Markdown, display
 
 from osa_lab.plots import training as plots
 from osa_lab.reporting import texts
+from osa_lab.reporting.tables import Column
+
+#: how the tables of this report are shown (osa_lab.reporting.tables)
+CHOSEN = {"preset": Column("preset", "text"), "lr": "learning rate", "alpha_lr_mult": "α-lr ×",
+          "val_accuracy": Column("validation accuracy %", "percent")}
+PAIRED = {"preset": Column("skipless-osa − preset", "text"), "n": "seeds",
+          "diff_mean (points)": "difference (points)", "diff_std (points)": "std (points)",
+          "ci_low (points)": "95 % CI low", "ci_high (points)": "95 % CI high",
+          "per_seed": Column("per seed (seed: points)", "text")}
+SUMMARY = {"preset": Column("preset", "text"), "seeds": "seeds", "diverged": "diverged", "failed": "failed",
+           "params": "parameters", "test acc %": Column("test accuracy % (mean ± std)", "text"),
+           "train acc %": Column("train accuracy %", "text"), "train loss": Column("train loss", "text"),
+           "s / epoch": Column("s / epoch", "text")}
 from osa_lab.studies import training as T
 
 torch.set_num_threads(threads)
@@ -113,7 +126,8 @@ if results_dir:
     metrics = T.load_metrics(source / "metrics.csv")
     runs = pd.read_csv(source / "runs.csv") if (source / "runs.csv").exists() else None
     summary = T.summarize_runs(metrics, runs, order=list(dict.fromkeys(metrics["preset"])))
-    print(f"loaded {source}: {metrics['preset'].nunique()} presets, seeds {sorted(int(s) for s in metrics['seed'].unique())}")
+    nb.say(f"Loaded `{source}`: {metrics['preset'].nunique()} presets, seeds "
+           f"{texts.listing(sorted(int(s) for s in metrics['seed'].unique()))}.")
 else:
     from osa_lab.studies.data import MNIST1D_VARIANTS
 
@@ -132,7 +146,7 @@ else:
     )
     source = Path(runs_dir) / T.config_tag(base)
     metrics, summary = T.compare(presets, seeds, base, source, data_dir=data_dir or None, progress=False)
-    print(f"runs in {source}")
+    nb.say(f"Runs in `{source}`.")
 
 # %% [markdown]
 # ## Final accuracy and cost
@@ -149,7 +163,7 @@ else:
 # `docs/training.md`); point `results_dir` at its output to draw it here.
 
 # %%
-nb.show_table(T.format_summary(summary))
+nb.show_table(T.format_summary(summary), SUMMARY)
 
 # %%
 nb.show(plots.summary_bars(summary))
@@ -164,14 +178,14 @@ nb.show(plots.summary_bars(summary))
 # %%
 tuned = bool(results_dir) and (Path(results_dir) / "paired.csv").exists()
 if tuned:
-    nb.show_table(pd.read_csv(Path(results_dir) / "chosen.csv"))
+    nb.show_table(pd.read_csv(Path(results_dir) / "chosen.csv"), CHOSEN)
     paired = pd.read_csv(Path(results_dir) / "paired.csv")
-    nb.show_table(plots.paired_percent(paired))
+    nb.show_table(plots.paired_percent(paired), PAIRED)
     if len(paired):
         nb.show(plots.paired_differences_plot(paired))
     nb.say(texts.paired_verdict_text(paired))
 else:
-    print("no tuned comparison here (run `osa-lab train --compare --tune ...` and set results_dir)")
+    nb.say("No tuned comparison here: run `osa-lab train --compare --tune ...` and set `results_dir`.")
 
 # %%
 acc = summary.set_index("preset")["test_accuracy_mean"] * 100
@@ -225,7 +239,7 @@ if osa_presets:
     nb.show(plots.mixing_profiles(metrics, "mixing_ratio"))
     nb.show(plots.mixing_profiles(metrics, "s_norm"))
 else:
-    print("no OSA preset in this run")
+    nb.say("No OSA preset in this run.")
 
 # %% [markdown]
 # **α := 0 after training.** The same trained network evaluated with exp(S) = I in every layer.
@@ -278,12 +292,12 @@ if (metrics["kind"] == "alpha").any():
     nb.show_table(last.groupby(["preset", "layer"])["value"].agg(["mean", "min", "max"]).reset_index(),
                   {"preset": "preset", "layer": "OSA layer", "mean": "α mean", "min": "α min", "max": "α max"})
 else:
-    print("no OSA preset in this run")
+    nb.say("No OSA preset in this run.")
 
 # %% [markdown]
 # ## The final experiment (superseded by report 05)
 #
-# **Superseded:** the depth study (report 05, `05_depth_study.html`) repeats this comparison with
+# **Superseded:** the depth study ([report 05](05_depth_study.html)) repeats this comparison with
 # tuning that brackets each optimum, a longer budget, more seeds and baselines that pass the
 # published MNIST-1D scale; its numbers are the ones to quote.
 #
@@ -308,19 +322,19 @@ for folder in final_dirs:
     if short:
         nb.say("Baselines of this comparison: " + texts.listing(short) + ". Report 05 requires them on the "
                "published scale before it judges any claim.")
-    nb.show_table(T.format_summary(fsum))
+    nb.show_table(T.format_summary(fsum), SUMMARY)
     nb.show(plots.summary_bars(fsum, title=f"{folder.name}: test accuracy % (mean ± std, 5 seeds)"))
     if (folder / "chosen.csv").exists():
-        nb.show_table(pd.read_csv(folder / "chosen.csv"))
+        nb.show_table(pd.read_csv(folder / "chosen.csv"), CHOSEN)
     if (folder / "paired.csv").exists():
         fpaired = pd.read_csv(folder / "paired.csv")
-        nb.show_table(plots.paired_percent(fpaired))
+        nb.show_table(plots.paired_percent(fpaired), PAIRED)
         if len(fpaired):
             nb.show(plots.paired_differences_plot(fpaired, title=f"{folder.name}: skipless-osa − preset (points, 95 % CI)"))
     if (folder / "paired.csv").exists() and len(fpaired):
         nb.say(texts.paired_verdict_text(fpaired))
 if not final_dirs:
-    print(f"no saved final results under {final_results!r}")
+    nb.say(f"No saved final results under `{final_results}`.")
 
 # %%
 nb.finding(f"final test accuracy ({budget}, untuned): "

@@ -95,8 +95,8 @@ if tables is not None and tables["summary"]["finished"].sum():
 # As written to `verdict.md` by `osa-lab train --summarise` (baselines' gate, every cell, every claim).
 
 # %%
-if tables is not None:
-    nb.say(tables["verdict"])
+if tables is not None:  # its headings below this section's
+    nb.say("\n".join("###" + line if line.startswith("#") else line for line in tables["verdict"].splitlines()))
 
 # %% [markdown]
 # ## Training loss per depth

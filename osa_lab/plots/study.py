@@ -221,17 +221,16 @@ def kappa_vs_trainability(runs: pd.DataFrame, y: str = "steps_to_90") -> hv.Over
         raise OSAInputError(f"no finished run has both κ at initialisation and {y}; nothing to draw")
     label = {"steps_to_90": "steps to 90 % training accuracy", "test_accuracy": "test accuracy %"}.get(y, y)
     markers = dict(zip(sorted(data["depth"].unique()), ["o", "s", "^", "D", "v", "P"], strict=False))
-    bokeh_markers = {"x": "x", "o": "circle", "s": "square", "^": "triangle", "D": "diamond", "v": "inverted_triangle", "P": "plus"}
+    bokeh_markers = {"X": "x", "o": "circle", "s": "square", "^": "triangle", "D": "diamond", "v": "inverted_triangle", "P": "plus"}
     elements = []
     for (preset, depth), d in data.groupby(["preset", "depth"], sort=False):
         colour, marker = preset_colour(str(preset)), markers.get(depth, "o")
         name = f"{preset} · depth {depth}"
         if bool(d["beyond"].iloc[0]):  # not a measured value: ✕ at the ceiling, said in the legend
-            marker, name = "x", f"{name} (κ > {KAPPA_CEILING_TEXT})"
+            marker, name = "X", f"{name} (κ > {KAPPA_CEILING_TEXT})"  # matplotlib's filled ✕
         pts = hv.Scatter(d, "kappa_init", ["value", "n"], label=name)
         elements.append(dual_options(pts, dict(color=colour, size=10, marker=bokeh_markers[marker], tools=["hover"]),
-                                     dict(color=colour, s=90 if marker == "x" else 60, marker=marker,
-                                          linewidth=2 if marker == "x" else 1)))  # fmt: skip
+                                     dict(color=colour, s=110 if marker == "X" else 60, marker=marker)))  # fmt: skip
     overlay = hv.Overlay(elements)
     return dual_options(overlay, dict(logx=True, xlabel="Jacobian κ at initialisation", ylabel=label, width=620,
                                       height=380, legend_position="right", title=f"κ at init against {label}",

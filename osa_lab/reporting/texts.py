@@ -115,8 +115,9 @@ def speedup_text(timings: pd.DataFrame, slopes: pd.DataFrame | None = None) -> s
                 flagged = sorted({"lowrank", other} & doubtful)
                 if flagged:
                     parts.append(f"at N = {n}, low-rank OSA took {number(both.loc[n, 'lowrank'])} s and {code(other)} "
-                                 f"{number(both.loc[n, other])} s — no speed-up is claimed from these times: the "
-                                 f"fit of {listing(map(code, flagged))} is flagged untrustworthy above")
+                                 f"{number(both.loc[n, other])} s — no speed-up is claimed from these times: "
+                                 + (f"the fits of {listing(map(code, flagged))} are" if len(flagged) > 1
+                                    else f"the fit of {code(flagged[0])} is") + " flagged untrustworthy above")
                     continue
                 parts.append(f"at N = {n}, low-rank OSA took {number(both.loc[n, 'lowrank'])} s against "
                              f"{number(both.loc[n, other])} s for {code(other)} ({number(max(ratio, 1 / ratio))}× "

@@ -131,3 +131,11 @@ def test_depth_study_answer_and_first_figure_are_on_the_first_screen(reports):
             assert first_heading is not None and first_heading["y"] < box["y"]
         finally:
             browser.close()
+
+
+def test_no_report_shows_a_warning_or_other_stderr_output(reports):
+    for page in sorted(reports.glob("0*.html")):
+        text = page.read_text()
+        shown = re.findall(r'<div class="[^"]*jp-OutputArea-output"[^>]*application/vnd\.jupyter\.stderr[^>]*>\s*<pre>(.{0,160})',
+                           text, flags=re.S)  # fmt: skip
+        assert shown == [], (page.name, shown)
