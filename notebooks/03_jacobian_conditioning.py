@@ -73,7 +73,8 @@ nb.show_table(by_alpha.groupby(["alpha_source", "alpha"])["kappa"].agg(["mean", 
 # %%
 nb.show(
     plots.kappa_vs_parameter(
-        by_alpha[by_alpha["alpha"] > 0], "alpha", group="tokens", title=f"κ of one OSA layer against α (N = d = {alpha_tokens})"
+        by_alpha[by_alpha["alpha"] > 0].assign(size=lambda t: "N = " + t["tokens"].astype(str) + ", d = " + t["dim"].astype(str)),
+        "alpha", group="size", title=f"κ of one OSA layer against α (N = {alpha_tokens}, d = {alpha_dim})",
     )
 )
 
