@@ -23,6 +23,14 @@ KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
 COINCIDE = 0.02
 
 
+def kappa(x: float) -> str:
+    """A condition number as the tables show it: ``> 4.5e15`` beyond what float64 resolves
+    (:func:`osa_lab.reporting.tables.kappa_text`)."""
+    from osa_lab.reporting.tables import kappa_text
+
+    return kappa_text(x)
+
+
 def number(x: float, digits: int = 3) -> str:
     """``x`` with ``digits`` significant digits, as ``1.23e4`` outside 1e-3…1e4."""
     x = float(x)
@@ -248,13 +256,13 @@ def osa_layer_text(by_alpha: pd.DataFrame) -> str:
     seeds = by_alpha["seed"].nunique() if "seed" in by_alpha else 1
     given = by_alpha[by_alpha["alpha_source"] != "derived"]
     means = given.groupby("alpha")["kappa"].apply(lambda v: float(np.exp(np.log(v).mean()))).sort_index()
-    parts = [f"{number(k)} at α = {a:g}" for a, k in means.items()]
+    parts = [f"{kappa(k)} at α = {a:g}" for a, k in means.items()]
     text = (f"At N = {tokens}, d = {dim} ({plural(int(seeds), 'seed')}, geometric mean) κ of one OSA layer is "
             f"{listing(parts)}.")
     derived = by_alpha[by_alpha["alpha_source"] == "derived"]
     if len(derived):
         text += (f" At the derived α₀ = {number(derived['alpha'].iloc[0])} it is "
-                 f"{number(float(np.exp(np.log(derived['kappa']).mean())))}.")
+                 f"{kappa(float(np.exp(np.log(derived['kappa']).mean())))}.")
     if len(means) >= 2 and means.iloc[-1] > means.iloc[0]:
         text += (f" κ grows {number(means.iloc[-1] / means.iloc[0])}× from α = {means.index[0]:g} to "
                  f"α = {means.index[-1]:g}.")
@@ -270,8 +278,8 @@ def grid_text(grid: pd.DataFrame, contrast_alpha: float) -> str:
             continue
         worst = g.groupby(["tokens", "dim"])["kappa"].max()
         (n_lo, d_lo), (n_hi, d_hi) = worst.idxmin(), worst.idxmax()
-        parts.append(f"at {label} κ ranges from {number(worst.min())} (N = {n_lo}, d = {d_lo}) to "
-                     f"{number(worst.max())} (N = {n_hi}, d = {d_hi})")
+        parts.append(f"at {label} κ ranges from {kappa(worst.min())} (N = {n_lo}, d = {d_lo}) to "
+                     f"{kappa(worst.max())} (N = {n_hi}, d = {d_hi})")
     ns, ds = sorted(grid["tokens"].unique()), sorted(grid["dim"].unique())
     text = (f"Over N ∈ {{{', '.join(map(str, ns))}}} and d ∈ {{{', '.join(map(str, ds))}}} (largest κ over "
             f"seeds): " + "; ".join(parts) + ".")
@@ -305,7 +313,7 @@ def kappa_depth_text(table: pd.DataFrame) -> str:
         else:
             value = number(last)
             growth[row.preset] = last / float(row.kappa_first_layer)
-        lines.append(f"- {code(row.preset)}: κ(∂X₁/∂X₀) = {number(row.kappa_first_layer)}, "
+        lines.append(f"- {code(row.preset)}: κ(∂X₁/∂X₀) = {kappa(row.kappa_first_layer)}, "
                      f"κ(∂X_{row.last_layer}/∂X₀) = {value}.")
         if getattr(row, "unresolved", 0):
             lines[-1] = lines[-1][:-1] + f" ({plural(int(row.unresolved), 'value')} unresolved, left out)."
@@ -379,8 +387,8 @@ def kappa_finding(by_alpha: pd.DataFrame, table: pd.DataFrame) -> str:
     parts = []
     if len(derived) and len(given):
         top = float(given["alpha"].max())
-        parts.append(f"one OSA layer: κ {number(float(np.exp(np.log(derived).mean())))} at the derived α₀, "
-                     f"{number(float(np.exp(np.log(given[given['alpha'] == top]['kappa']).mean())))} at α = {top:g}")
+        parts.append(f"one OSA layer: κ {kappa(float(np.exp(np.log(derived).mean())))} at the derived α₀, "
+                     f"{kappa(float(np.exp(np.log(given[given['alpha'] == top]['kappa']).mean())))} at α = {top:g}")
     ends = []
     for row in table.itertuples():
         singular = getattr(row, "beyond_float64", 0) or float(row.kappa_last_layer) >= KAPPA_RESOLVED
@@ -410,7 +418,7 @@ def timing_finding(slopes: pd.DataFrame) -> str:
 
 
 __all__ = [
-    "COINCIDE", "KAPPA_RESOLVED", "accuracy_text", "collapse_finding", "depth_settings_text", "grid_text", "hidden_curves",
+    "COINCIDE", "KAPPA_RESOLVED", "accuracy_text", "kappa", "collapse_finding", "depth_settings_text", "grid_text", "hidden_curves",
     "hidden_curves_text", "kappa_depth_text", "kappa_finding", "listing", "metric_ends", "number", "osa_layer_text", "plural",
     "rank_collapse_text", "speedup_text", "paired_verdict_text", "ablation_text", "sweep_settings", "timing_finding", "timing_text",
 ]
