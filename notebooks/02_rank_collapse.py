@@ -57,6 +57,7 @@ import pandas as pd
 from osa_lab.nn.presets import describe
 from osa_lab.plots import depth as plots
 from osa_lab.reporting import texts
+from osa_lab.plots.style import wide_figure
 from osa_lab.reporting.tables import Column
 from osa_lab.studies import depth as analysis
 from osa_lab.studies import summaries as depth_facts
@@ -122,7 +123,7 @@ if hidden:
     nb.say(hidden)
 for metric in METRICS:
     nb.say(f"**{metric.replace('_', ' ')}**: " + METRIC_DESCRIPTIONS.get(metric, "").replace("_", "\\_"))
-    nb.show(plots.metric_vs_depth(shown, metric))
+    nb.show(wide_figure(plots.metric_vs_depth(shown, metric)))
 
 # %% [markdown]
 # ## Singular-value spectra across depth

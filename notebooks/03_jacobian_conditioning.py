@@ -51,6 +51,7 @@ params = nb.opening("03_jacobian_conditioning", globals())
 
 from osa_lab.plots import depth as plots
 from osa_lab.reporting import texts
+from osa_lab.plots.style import wide_figure
 from osa_lab.reporting.tables import Column
 from osa_lab.studies import jacobian
 from osa_lab.studies import summaries as depth_facts
@@ -119,10 +120,10 @@ nb.say(texts.kappa_depth_text(kappa_summary))
 nb.show_table(kappa_summary)
 
 # %%
-nb.show(plots.kappa_vs_depth(kappa, scope="end_to_end"))
+nb.show(wide_figure(plots.kappa_vs_depth(kappa, scope="end_to_end")))
 
 # %%
-nb.show(plots.kappa_vs_depth(kappa, scope="layer"))
+nb.show(wide_figure(plots.kappa_vs_depth(kappa, scope="layer")))
 
 # %% [markdown]
 # ## 4 · Singular values of the whole network's Jacobian
@@ -131,7 +132,7 @@ nb.show(plots.kappa_vs_depth(kappa, scope="layer"))
 # well-conditioned network; a spread over many decades is an ill-conditioned one.
 
 # %%
-nb.show(plots.jacobian_histogram(sigmas))
+nb.show(wide_figure(plots.jacobian_histogram(sigmas)))
 
 # %%
 _sig = sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99]).reset_index()

@@ -17,12 +17,14 @@ import pandas as pd
 from osa_lab.errors import OSAInputError
 from osa_lab.plots.style import (
     LOG_CEILING,
+    mpl_wide_axes,
     band_over_seeds,
     curves_with_bands,
     dual_options,
     preset_colour,
     preset_style,
     require_columns,
+    wide_figure,
 )
 
 __all__ = [
@@ -122,7 +124,7 @@ def _depth_axis(plot, element) -> None:
     """matplotlib hook: axes 2.2× as wide as tall, and only the depths as ticks on the log-2 axis."""
     from matplotlib.ticker import NullLocator
 
-    _wide_axes_22(plot, element)
+    mpl_wide_axes(plot, element)
     plot.handles["axis"].xaxis.set_minor_locator(NullLocator())
 
 
@@ -150,18 +152,8 @@ def loss_curves_by_depth(curves: pd.DataFrame, metric: str = "train_loss") -> hv
 
 
 def _wide(overlay: hv.Overlay) -> hv.Overlay:
-    """A static figure 9.5 inches wide (855 px in the reports) whose axes are about 2.2× as wide as
-    tall, beside a legend outside the data."""
-    hooks = list(hv.Store.lookup_options("matplotlib", overlay, "plot").kwargs.get("hooks", []) or [])
-    return overlay.opts(fig_inches=(9.5, 3.8), hooks=[*hooks, _wide_axes_22], legend_position="right",
-                        backend="matplotlib")
-
-
-def _wide_axes_22(plot, element) -> None:
-    """matplotlib hook: axes 2.2× as wide as tall, whatever the scale of the axes."""
-    ax = plot.handles["axis"]
-    ax.set_aspect("auto")
-    ax.set_box_aspect(1 / 2.2)
+    """A static figure 9.5 inches wide beside its legend (:func:`~osa_lab.plots.style.wide_figure`)."""
+    return wide_figure(overlay)
 
 
 def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
