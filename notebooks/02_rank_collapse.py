@@ -56,8 +56,8 @@ import pandas as pd
 
 from osa_lab.nn.presets import describe
 from osa_lab.plots import depth as plots
-from osa_lab.reporting import texts
 from osa_lab.plots.style import wide_figure
+from osa_lab.reporting import texts
 from osa_lab.reporting.tables import Column
 from osa_lab.studies import depth as analysis
 from osa_lab.studies import summaries as depth_facts

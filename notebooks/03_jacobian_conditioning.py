@@ -50,8 +50,8 @@ params = nb.opening("03_jacobian_conditioning", globals())
 # %%
 
 from osa_lab.plots import depth as plots
-from osa_lab.reporting import texts
 from osa_lab.plots.style import wide_figure
+from osa_lab.reporting import texts
 from osa_lab.reporting.tables import Column
 from osa_lab.studies import jacobian
 from osa_lab.studies import summaries as depth_facts

@@ -17,10 +17,10 @@ import pandas as pd
 from osa_lab.errors import OSAInputError
 from osa_lab.plots.style import (
     LOG_CEILING,
-    mpl_wide_axes,
     band_over_seeds,
     curves_with_bands,
     dual_options,
+    mpl_wide_axes,
     preset_colour,
     preset_style,
     require_columns,
