@@ -14,6 +14,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from osa_lab.reporting.tables import kappa_text as kappa
+from osa_lab.reporting.tables import number
+
 #: κ of a float64 matrix is resolved only up to 1/ε ≈ 4.5e15 (the smallest singular value is
 #: rounding noise beyond).
 KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
@@ -21,29 +24,6 @@ KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
 #: Two curves closer than this fraction of the y axis' range (in decades on a log axis) at every
 #: layer are drawn on top of each other: the report says which one hides the other.
 COINCIDE = 0.02
-
-
-def kappa(x: float) -> str:
-    """A condition number as the tables show it: ``> 4.5e15`` beyond what float64 resolves
-    (:func:`osa_lab.reporting.tables.kappa_text`)."""
-    from osa_lab.reporting.tables import kappa_text
-
-    return kappa_text(x)
-
-
-def number(x: float, digits: int = 3) -> str:
-    """``x`` with ``digits`` significant digits, as ``1.23e4`` outside 1e-3…1e4."""
-    x = float(x)
-    if math.isnan(x):
-        return "n/a"
-    if math.isinf(x):
-        return "∞" if x > 0 else "−∞"
-    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
-        mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-        if "." in mantissa:
-            mantissa = mantissa.rstrip("0").rstrip(".")
-        return f"{mantissa}e{int(exponent)}"
-    return f"{x:.{digits}g}"
 
 
 def listing(items: Iterable[object]) -> str:
