@@ -86,7 +86,8 @@ acc = expm_study.accuracy_table(
 summary = acc.pivot_table(index=["dtype", "method"], columns="alpha", values="rel_error", aggfunc="max")
 summary.columns = [f"α={a:g}" for a in summary.columns]
 nb.say(texts.accuracy_text(acc))
-summary
+nb.show_table(summary.reset_index(), {"dtype": "dtype", "method": "method",
+                                     **{c: f"largest relative error, {c}" for c in summary.columns}})
 
 # %%
 nb.show(plots.error_vs_n(acc))
@@ -94,8 +95,10 @@ nb.show(plots.error_vs_n(acc))
 # %%
 # largest relative error per method and dtype, by range of ‖S‖₂ (the statement above, measured)
 _bins = pd.cut(acc["norm_s"], [0, 1, 10, 100, float("inf")], labels=["‖S‖₂ ≤ 1", "1–10", "10–100", "> 100"])
-acc.assign(norm_range=_bins).pivot_table(index=["dtype", "method"], columns="norm_range", values="rel_error",
-                                         aggfunc="max", observed=False)
+_by_norm = acc.assign(norm_range=_bins).pivot_table(index=["dtype", "method"], columns="norm_range",
+                                                    values="rel_error", aggfunc="max", observed=False)
+nb.show_table(_by_norm.reset_index(), {"dtype": "dtype", "method": "method",
+                                       **{c: f"largest relative error, {c}" for c in _by_norm.columns}})
 
 # %% [markdown]
 # The same errors against the α axis at the largest N, and against the spectral norm of S
@@ -119,7 +122,8 @@ orth = acc.dropna(subset=["orth_error"]).pivot_table(
     index=["dtype", "method"], columns="n", values="orth_error", aggfunc="max"
 )
 orth.columns = [f"N={n}" for n in orth.columns]
-orth
+nb.show_table(orth.reset_index(), {"dtype": "dtype", "method": "method",
+                                  **{c: f"orthogonality error, {c}" for c in orth.columns}})
 
 # %%
 nb.show(plots.orthogonality_vs_n(acc))
@@ -151,15 +155,15 @@ if {"lowrank", "sdpa"} <= set(wide.columns):
     wide["sdpa / lowrank"] = wide["sdpa"] / wide["lowrank"]
 if {"lowrank", "dense"} <= set(wide.columns):
     wide["dense / lowrank"] = wide["dense"] / wide["lowrank"]
-pd.options.display.float_format = "{:.4g}".format
-wide
+nb.show_table(wide.reset_index(), {"n": "N (tokens)", **{c: (f"{c} (×)" if "/" in str(c) else f"{c} (s)")
+                                                        for c in wide.columns}})
 
 # %% [markdown]
 # **Reading the figures.** What this run found, from its tables:
 
 # %%
 nb.finding(texts.timing_finding(slopes))
-nb.say(texts.speedup_text(timings))
+nb.say(texts.speedup_text(timings, slopes))
 
 # %%
 nb.closing()

@@ -56,7 +56,9 @@ import pandas as pd
 
 from osa_lab.nn.presets import describe
 from osa_lab.plots import depth as plots
+from osa_lab.plots.style import wide_figure
 from osa_lab.reporting import texts
+from osa_lab.reporting.tables import Column
 from osa_lab.studies import depth as analysis
 from osa_lab.studies import summaries as depth_facts
 from osa_lab.studies.metrics import METRIC_DESCRIPTIONS, METRICS
@@ -65,7 +67,8 @@ from osa_lab.studies.metrics import METRIC_DESCRIPTIONS, METRICS
 # ## The presets
 
 # %%
-pd.DataFrame({"preset": presets, "description": [describe(p) for p in presets]}).style.hide(axis="index")
+nb.show_table(pd.DataFrame({"preset": presets, "description": [describe(p) for p in presets]}),
+              {"preset": Column("preset", "text"), "description": Column("what it is", "text")})
 
 # %% [markdown]
 # ## The sweep
@@ -96,11 +99,13 @@ nb.say(f"Swept {texts.sweep_settings(presets, depth, tokens, dim, seeds)}: {len(
 # between input and output, relative to `σ₁(X₀)`. Below them, per preset, what this run measured.
 
 # %%
-depth_facts.collapse_table(metrics)
+nb.show_table(depth_facts.collapse_table(metrics),
+              {"preset": Column("preset", "text"), "depth": "depth", "input": "relative residual, input",
+               "last": "relative residual, last layer", "ratio": "last / input"})
 
 # %%
 drift = depth_facts.spectrum_drift(spectra)
-drift
+nb.show_table(drift)
 
 # %%
 nb.say(texts.rank_collapse_text(metrics, drift))
@@ -117,8 +122,8 @@ hidden = texts.hidden_curves_text(metrics, METRICS)
 if hidden:
     nb.say(hidden)
 for metric in METRICS:
-    print(f"{metric}: {METRIC_DESCRIPTIONS.get(metric, '')}")
-    nb.show(plots.metric_vs_depth(shown, metric))
+    nb.say(f"**{metric.replace('_', ' ')}**: " + METRIC_DESCRIPTIONS.get(metric, "").replace("_", "\\_"))
+    nb.show(wide_figure(plots.metric_vs_depth(shown, metric)))
 
 # %% [markdown]
 # ## Singular-value spectra across depth

@@ -50,7 +50,9 @@ params = nb.opening("03_jacobian_conditioning", globals())
 # %%
 
 from osa_lab.plots import depth as plots
+from osa_lab.plots.style import wide_figure
 from osa_lab.reporting import texts
+from osa_lab.reporting.tables import Column
 from osa_lab.studies import jacobian
 from osa_lab.studies import summaries as depth_facts
 
@@ -65,12 +67,15 @@ by_alpha = jacobian.osa_layer_conditioning(
     [*alphas, "derived"], [alpha_tokens], [alpha_dim], seeds=layer_seeds
 )
 nb.say(texts.osa_layer_text(by_alpha))
-by_alpha.groupby(["alpha_source", "alpha"])["kappa"].agg(["mean", "min", "max"])
+nb.show_table(by_alpha.groupby(["alpha_source", "alpha"])["kappa"].agg(["mean", "min", "max"]).reset_index(),
+              {"alpha_source": Column("α from", "text"), "alpha": "α", "mean": Column("κ mean over seeds", "kappa"),
+               "min": Column("κ min", "kappa"), "max": Column("κ max", "kappa")})
 
 # %%
 nb.show(
     plots.kappa_vs_parameter(
-        by_alpha[by_alpha["alpha"] > 0], "alpha", group="tokens", title=f"κ of one OSA layer against α (N = d = {alpha_tokens})"
+        by_alpha[by_alpha["alpha"] > 0].assign(size=lambda t: "N = " + t["tokens"].astype(str) + ", d = " + t["dim"].astype(str)),
+        "alpha", group="size", title=f"κ of one OSA layer against α (N = {alpha_tokens}, d = {alpha_dim})",
     )
 )
 
@@ -84,7 +89,9 @@ nb.show(
 grid = jacobian.osa_layer_conditioning(["derived", contrast_alpha], grid_tokens, grid_dims, seeds=layer_seeds)
 grid["alpha_label"] = grid["alpha_source"].map({"derived": "derived α₀", "given": f"α = {contrast_alpha:g}"})
 nb.say(texts.grid_text(grid, contrast_alpha))
-grid.pivot_table(index=["alpha_label", "tokens"], columns="dim", values="kappa", aggfunc="max").add_prefix("d = ")
+_worst = grid.pivot_table(index=["alpha_label", "tokens"], columns="dim", values="kappa", aggfunc="max")
+nb.show_table(_worst.reset_index(), {"alpha_label": Column("α", "text"), "tokens": "N (tokens)",
+                                     **{d: Column(f"largest κ, d = {d}", "kappa") for d in _worst.columns}})
 
 # %%
 grid["width"] = "d = " + grid["dim"].astype(str)
@@ -110,13 +117,13 @@ nb.say(texts.depth_settings_text(presets, depth, tokens, dim, depth_seeds))
 kappa, sigmas = depth_facts.jacobian_sweep(presets, depth, tokens, dim, depth_seeds)
 kappa_summary = depth_facts.kappa_table(kappa)
 nb.say(texts.kappa_depth_text(kappa_summary))
-kappa_summary
+nb.show_table(kappa_summary)
 
 # %%
-nb.show(plots.kappa_vs_depth(kappa, scope="end_to_end"))
+nb.show(wide_figure(plots.kappa_vs_depth(kappa, scope="end_to_end")))
 
 # %%
-nb.show(plots.kappa_vs_depth(kappa, scope="layer"))
+nb.show(wide_figure(plots.kappa_vs_depth(kappa, scope="layer")))
 
 # %% [markdown]
 # ## 4 · Singular values of the whole network's Jacobian
@@ -125,10 +132,12 @@ nb.show(plots.kappa_vs_depth(kappa, scope="layer"))
 # well-conditioned network; a spread over many decades is an ill-conditioned one.
 
 # %%
-nb.show(plots.jacobian_histogram(sigmas))
+nb.show(wide_figure(plots.jacobian_histogram(sigmas)))
 
 # %%
-sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99])
+_sig = sigmas.groupby("preset")["sigma"].describe(percentiles=[0.01, 0.5, 0.99]).reset_index()
+nb.show_table(_sig, {"preset": Column("preset", "text"), "count": "singular values", "min": "σ min", "1%": "σ 1st percentile",
+                     "50%": "σ median", "99%": "σ 99th percentile", "max": "σ max"})
 
 # %% [markdown]
 # **Reading the figures.** What this run found, from its own tables (sections 1 and 3):

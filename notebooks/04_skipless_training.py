@@ -48,7 +48,9 @@
 # with one learning rate for all presets, so its ranking decides nothing. The section "The
 # final experiment" at the end reads the saved results of the tuned 5-seed comparison on
 # MNIST-1D and its larger variant (`final_results`, committed under `docs/results/`) when
-# they are present; those are the numbers to quote.
+# they are present. **That comparison is superseded by the depth study,
+# [report 05](05_depth_study.html)**: its baselines fall short of the published MNIST-1D scale that report
+# 05's gate requires, so quote report 05, not this one.
 
 # %% tags=["parameters"]
 # Which presets, data and seeds: the paper's comparison plus the mixing controls.
@@ -94,6 +96,19 @@ from IPython.display import Markdown, display
 
 from osa_lab.plots import training as plots
 from osa_lab.reporting import texts
+from osa_lab.reporting.tables import Column
+
+#: how the tables of this report are shown (osa_lab.reporting.tables)
+CHOSEN = {"preset": Column("preset", "text"), "lr": "learning rate", "alpha_lr_mult": "α-lr ×",
+          "val_accuracy": Column("validation accuracy %", "percent")}
+PAIRED = {"preset": Column("skipless-osa − preset", "text"), "n": "seeds",
+          "diff_mean (points)": "difference (points)", "diff_std (points)": "std (points)",
+          "ci_low (points)": "95 % CI low", "ci_high (points)": "95 % CI high",
+          "per_seed": Column("per seed (seed: points)", "text")}
+SUMMARY = {"preset": Column("preset", "text"), "seeds": "seeds", "diverged": "diverged", "failed": "failed",
+           "params": "parameters", "test acc %": Column("test accuracy % (mean ± std)", "text"),
+           "train acc %": Column("train accuracy %", "text"), "train loss": Column("train loss", "text"),
+           "s / epoch": Column("s / epoch", "text")}
 from osa_lab.studies import training as T
 
 torch.set_num_threads(threads)
@@ -111,7 +126,8 @@ if results_dir:
     metrics = T.load_metrics(source / "metrics.csv")
     runs = pd.read_csv(source / "runs.csv") if (source / "runs.csv").exists() else None
     summary = T.summarize_runs(metrics, runs, order=list(dict.fromkeys(metrics["preset"])))
-    print(f"loaded {source}: {metrics['preset'].nunique()} presets, seeds {sorted(int(s) for s in metrics['seed'].unique())}")
+    nb.say(f"Loaded `{source}`: {metrics['preset'].nunique()} presets, seeds "
+           f"{texts.listing(sorted(int(s) for s in metrics['seed'].unique()))}.")
 else:
     from osa_lab.studies.data import MNIST1D_VARIANTS
 
@@ -130,7 +146,7 @@ else:
     )
     source = Path(runs_dir) / T.config_tag(base)
     metrics, summary = T.compare(presets, seeds, base, source, data_dir=data_dir or None, progress=False)
-    print(f"runs in {source}")
+    nb.say(f"Runs in `{source}`.")
 
 # %% [markdown]
 # ## Final accuracy and cost
@@ -147,8 +163,7 @@ else:
 # `docs/training.md`); point `results_dir` at its output to draw it here.
 
 # %%
-table = T.format_summary(summary)
-table
+nb.show_table(T.format_summary(summary), SUMMARY)
 
 # %%
 nb.show(plots.summary_bars(summary))
@@ -163,14 +178,14 @@ nb.show(plots.summary_bars(summary))
 # %%
 tuned = bool(results_dir) and (Path(results_dir) / "paired.csv").exists()
 if tuned:
-    display(pd.read_csv(Path(results_dir) / "chosen.csv"))
+    nb.show_table(pd.read_csv(Path(results_dir) / "chosen.csv"), CHOSEN)
     paired = pd.read_csv(Path(results_dir) / "paired.csv")
-    display(plots.paired_percent(paired).round(2))
+    nb.show_table(plots.paired_percent(paired), PAIRED)
     if len(paired):
         nb.show(plots.paired_differences_plot(paired))
-    display(Markdown((Path(results_dir) / "verdict.md").read_text()))
+    nb.say(texts.paired_verdict_text(paired))
 else:
-    print("no tuned comparison here (run `osa-lab train --compare --tune ...` and set results_dir)")
+    nb.say("No tuned comparison here: run `osa-lab train --compare --tune ...` and set `results_dir`.")
 
 # %%
 acc = summary.set_index("preset")["test_accuracy_mean"] * 100
@@ -218,21 +233,25 @@ nb.show(plots.learning_panel(metrics, ("train_loss", "test_accuracy")))
 osa_presets = sorted(set(metrics.loc[metrics["kind"] == "mixing", "preset"]))
 if osa_presets:
     mix = plots.mixing_summary(metrics)
-    display(mix.groupby(["preset", "layer"])[["alpha", "abs_alpha", "s_norm", "mixing_ratio"]].mean().round(4))
+    nb.show_table(mix.groupby(["preset", "layer"])[["alpha", "abs_alpha", "s_norm", "mixing_ratio"]].mean().reset_index(),
+                  {"preset": "preset", "layer": "OSA layer", "alpha": "α (mean over heads)", "abs_alpha": "|α|",
+                   "s_norm": "‖S‖₂ (rad)", "mixing_ratio": "mixing ratio"})
     nb.show(plots.mixing_profiles(metrics, "mixing_ratio"))
     nb.show(plots.mixing_profiles(metrics, "s_norm"))
 else:
-    print("no OSA preset in this run")
+    nb.say("No OSA preset in this run.")
 
 # %% [markdown]
-# **α := 0 after training.** The same trained network evaluated with exp(S) = I in every layer:
-# the accuracy it loses is what the learned mixing contributes (for `skipless-osa-alpha0` the
-# drop is 0 by construction).
+# **α := 0 after training.** The same trained network evaluated with exp(S) = I in every layer.
+# The accuracy it loses measures how much that network relies on the mixing it learned, not what
+# mixing contributes: a network trained with α ≡ 0 from the start (`skipless-osa-alpha0`, whose
+# drop is 0 by construction) adapts to having none. The sentence below compares the two.
 
 # %%
 if osa_presets:
     ablation = plots.ablation_percent(metrics)
-    display(ablation.round(2))
+    nb.show_table(ablation)
+    nb.say(texts.ablation_text(plots.ablation_data(metrics), summary))
     nb.show(plots.ablation_bars(metrics))
 
 # %% [markdown]
@@ -270,12 +289,17 @@ if (metrics["kind"] == "alpha").any():
     nb.show(plots.alpha_curves(metrics))
     last = metrics[(metrics["kind"] == "alpha") & (metrics["epoch"] == metrics["epoch"].max())]
     last = last.assign(layer=last["layer"].astype(int) + 1)  # OSA layers 1, 2, … as in the figures
-    print(last.groupby(["preset", "layer"])["value"].agg(["mean", "min", "max"]).round(4))
+    nb.show_table(last.groupby(["preset", "layer"])["value"].agg(["mean", "min", "max"]).reset_index(),
+                  {"preset": "preset", "layer": "OSA layer", "mean": "α mean", "min": "α min", "max": "α max"})
 else:
-    print("no OSA preset in this run")
+    nb.say("No OSA preset in this run.")
 
 # %% [markdown]
-# ## The final experiment
+# ## The final experiment (superseded by report 05)
+#
+# **Superseded:** the depth study ([report 05](05_depth_study.html)) repeats this comparison with
+# tuning that brackets each optimum, a longer budget, more seeds and baselines that pass the
+# published MNIST-1D scale; its numbers are the ones to quote.
 #
 # The tuned comparison: every preset's learning rate (and OSA's α-lr multiplier) chosen on
 # validation accuracy from one shared grid, then 5 seeds with the chosen setting, on MNIST-1D
@@ -290,21 +314,27 @@ if final_results and not final_root.is_absolute() and not final_root.exists():
 # the tuned comparisons (`--compare --tune` folders have chosen.csv); the depth study is report 05
 final_dirs = sorted(p for p in final_root.glob("mnist1d*") if (p / "chosen.csv").exists()) if final_results else []
 for folder in final_dirs:
-    display(Markdown(f"### `{folder.name}`"))
+    display(Markdown(f"### `{folder.name}` (superseded by report 05)"))
     fsum = pd.read_csv(folder / "summary.csv")
-    display(T.format_summary(fsum))
+    base = fsum.set_index("preset")["test_accuracy_mean"]
+    published = {"cnn1d": 94.0, "mlp": 68.0}  # Greydanus & Kobak 2024, MNIST-1D standard split
+    short = [f"`{p}` {100 * base[p]:.1f} % (published {v:g} %)" for p, v in published.items() if p in base]
+    if short:
+        nb.say("Baselines of this comparison: " + texts.listing(short) + ". Report 05 requires them on the "
+               "published scale before it judges any claim.")
+    nb.show_table(T.format_summary(fsum), SUMMARY)
     nb.show(plots.summary_bars(fsum, title=f"{folder.name}: test accuracy % (mean ± std, 5 seeds)"))
     if (folder / "chosen.csv").exists():
-        display(pd.read_csv(folder / "chosen.csv"))
+        nb.show_table(pd.read_csv(folder / "chosen.csv"), CHOSEN)
     if (folder / "paired.csv").exists():
         fpaired = pd.read_csv(folder / "paired.csv")
-        display(plots.paired_percent(fpaired).round(2))
+        nb.show_table(plots.paired_percent(fpaired), PAIRED)
         if len(fpaired):
             nb.show(plots.paired_differences_plot(fpaired, title=f"{folder.name}: skipless-osa − preset (points, 95 % CI)"))
-    if (folder / "verdict.md").exists():
-        display(Markdown((folder / "verdict.md").read_text()))
+    if (folder / "paired.csv").exists() and len(fpaired):
+        nb.say(texts.paired_verdict_text(fpaired))
 if not final_dirs:
-    print(f"no saved final results under {final_results!r}")
+    nb.say(f"No saved final results under `{final_results}`.")
 
 # %%
 nb.finding(f"final test accuracy ({budget}, untuned): "

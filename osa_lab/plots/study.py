@@ -20,8 +20,11 @@ from osa_lab.plots.style import (
     band_over_seeds,
     curves_with_bands,
     dual_options,
+    mpl_wide_axes,
     preset_colour,
+    preset_style,
     require_columns,
+    wide_figure,
 )
 
 __all__ = [
@@ -29,6 +32,8 @@ __all__ = [
     "accuracy_vs_depth_data",
     "kappa_vs_trainability",
     "kappa_vs_trainability_data",
+    "seed_accuracy_data",
+    "loss_curves",
     "loss_curves_by_depth",
     "loss_curves_data",
     "tuning_curves",
@@ -51,13 +56,76 @@ def accuracy_vs_depth_data(summary: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def accuracy_vs_depth(summary: pd.DataFrame, *, title: str = "test accuracy against depth (95 % interval)") -> hv.Overlay:
-    """Mean test accuracy (%) against depth per preset, with its 95 % interval (cut to 0–100 %) as a band."""
+def seed_accuracy_data(runs: pd.DataFrame) -> pd.DataFrame:
+    """``preset, depth, seed, accuracy, x``: each finished final run's test accuracy (%), with ``x`` its
+    depth moved slightly per preset (so that the seeds of presets at one depth stand apart)."""
+    require_columns(runs, ["preset", "depth", "seed", "status", "test_accuracy"], "runs")
+    r = runs[(runs["status"] == "ok") & runs["test_accuracy"].notna()]
+    presets = list(dict.fromkeys(r["preset"]))
+    offset = {p: (i - (len(presets) - 1) / 2) * 0.035 for i, p in enumerate(presets)}
+    out = pd.DataFrame({"preset": r["preset"], "depth": r["depth"].astype(int), "seed": r["seed"],
+                        "accuracy": 100 * r["test_accuracy"].astype(float)})  # fmt: skip
+    out["x"] = out["depth"] * 2 ** out["preset"].map(offset)  # a log-2 depth axis: the same offset at each depth
+    return out.reset_index(drop=True)
+
+
+def accuracy_vs_depth(summary: pd.DataFrame, runs: pd.DataFrame | None = None, *, chance: float | None = None,
+                      title: str | None = None) -> hv.Overlay:
+    """Mean test accuracy (%) against depth per preset (line), with every seed as a point when ``runs``
+    is given (else the 95 % interval, cut to 0–100 %, as a band); ``chance`` (%) draws a dotted line.
+
+    Depth on a log-2 axis (4, 8, 16 equally apart); the legend lies right of the axes."""
+    if runs is None:
+        data = accuracy_vs_depth_data(summary)
+        overlay = curves_with_bands(data, "depth", "test accuracy %",
+                                    title or "test accuracy against depth (95 % interval)", logy=False, logx=False)
+        overlay.opts(ylim=(0, 100), backend="bokeh")
+        return overlay.opts(ylim=(0, 100), aspect=1.6, fig_inches=(7, 3.6), backend="matplotlib")
     data = accuracy_vs_depth_data(summary)
-    overlay = curves_with_bands(data, "depth", "test accuracy %", title, logy=False, logx=False)
-    # the whole accuracy scale, and axes wider than tall beside the legend
-    overlay.opts(ylim=(0, 100), backend="bokeh")
-    return overlay.opts(ylim=(0, 100), aspect=1.6, fig_inches=(7, 3.6), backend="matplotlib")
+    seeds = seed_accuracy_data(runs)
+    elements = []
+    for preset in dict.fromkeys(data["preset"]):
+        style = preset_style(str(preset))
+        d = data[data["preset"] == preset].sort_values("depth")
+        s = seeds[seeds["preset"] == preset]
+        label = str(preset)
+        if len(s):
+            pts = hv.Scatter(s, "x", ["accuracy", "depth", "seed", "preset"])
+            elements.append(dual_options(pts, dict(color=style.colour, size=6, alpha=0.6, marker="circle",
+                                                   tools=["hover"]),
+                                         dict(color=style.colour, s=30, alpha=0.6, marker=style.marker)))  # fmt: skip
+        d = d.assign(x=d["depth"] * 2 ** seeds_offset(seeds, preset))
+        line = hv.Curve(d, "x", ["mean", "n", "depth"], label=label)
+        elements.append(dual_options(line, dict(color=style.colour, line_width=2, line_dash=style.dash),
+                                     dict(color=style.colour, linewidth=2, linestyle=style.dash, marker=style.marker)))  # fmt: skip
+    if chance is not None:
+        elements.append(dual_options(hv.HLine(chance), dict(color="#666666", line_dash="dotted", line_width=1),
+                                     dict(color="#666666", linestyle="dotted", linewidth=1)))  # fmt: skip
+    depths = sorted(data["depth"].unique())
+    title = title or "test accuracy against depth: mean (line) and every seed (points)"
+    overlay = hv.Overlay(elements).redim.label(x="depth", depth="depth", mean="test accuracy %",
+                                               accuracy="test accuracy %")  # fmt: skip
+    lims = dict(ylim=(0, 100), xlim=(min(depths) / 1.25, max(depths) * 1.25), logx=True)
+    return dual_options(overlay,
+                        dict(**lims, title=title, width=760, height=400, legend_position="right", show_grid=True,
+                             xticks=[(d, str(d)) for d in depths], xlabel="depth", ylabel="test accuracy %"),
+                        dict(**lims, title=title, fig_inches=(9.5, 3.5), legend_position="right", show_grid=True,
+                             xticks=[(d, str(d)) for d in depths], xlabel="depth", ylabel="test accuracy %",
+                             hooks=[_depth_axis]))  # fmt: skip
+
+
+def seeds_offset(seeds: pd.DataFrame, preset: str) -> float:
+    """The log-2 offset of ``preset``'s points in :func:`seed_accuracy_data` (0 when it has none)."""
+    s = seeds[seeds["preset"] == preset]
+    return float(np.log2(s["x"].iloc[0] / s["depth"].iloc[0])) if len(s) else 0.0
+
+
+def _depth_axis(plot, element) -> None:
+    """matplotlib hook: axes 2.2× as wide as tall, and only the depths as ticks on the log-2 axis."""
+    from matplotlib.ticker import NullLocator
+
+    mpl_wide_axes(plot, element)
+    plot.handles["axis"].xaxis.set_minor_locator(NullLocator())
 
 
 def loss_curves_data(curves: pd.DataFrame, depth: int, metric: str = "train_loss") -> pd.DataFrame:
@@ -66,13 +134,26 @@ def loss_curves_data(curves: pd.DataFrame, depth: int, metric: str = "train_loss
     return band_over_seeds(curves[curves["depth"] == depth], "step", metric)
 
 
+def loss_curves(curves: pd.DataFrame, depth: int, metric: str = "train_loss") -> hv.Overlay:
+    """``metric`` against step at ``depth``: mean and min–max band over the final seeds per preset,
+    one wide figure with its legend on the right."""
+    label = metric.replace("_", " ")
+    overlay = curves_with_bands(loss_curves_data(curves, depth, metric), "step", label,
+                                f"{label} at depth {depth}: mean and min–max over seeds",
+                                logy=metric.endswith("loss"), width=760, height=360)  # fmt: skip
+    return _wide(overlay)
+
+
 def loss_curves_by_depth(curves: pd.DataFrame, metric: str = "train_loss") -> hv.Layout:
-    """One panel per depth: ``metric`` against step, mean and min–max band over seeds per preset."""
-    panels = [curves_with_bands(loss_curves_data(curves, d, metric), "step", metric.replace("_", " "),
-                                f"depth {d}", logy=metric.endswith("loss"))
-              for d in sorted(curves["depth"].unique())]  # fmt: skip
+    """One panel per depth (:func:`loss_curves`), in one column."""
+    panels = [loss_curves(curves, d, metric) for d in sorted(curves["depth"].unique())]
     layout = hv.Layout(panels).cols(1)
     return dual_options(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format=""))
+
+
+def _wide(overlay: hv.Overlay) -> hv.Overlay:
+    """A static figure 9.5 inches wide beside its legend (:func:`~osa_lab.plots.style.wide_figure`)."""
+    return wide_figure(overlay)
 
 
 def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
@@ -80,7 +161,7 @@ def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
     require_columns(tuning, ["preset", "depth", "lr", "alpha_lr_mult", "tune_seed", "val_accuracy"], "tuning")
     t = tuning[tuning["depth"] == depth].copy()
     multi = t.groupby("preset")["alpha_lr_mult"].nunique()
-    t["setting"] = [p if multi.get(p, 1) == 1 else f"{p} α-lr ×{m:g}" for p, m in zip(t["preset"], t["alpha_lr_mult"], strict=True)]
+    t["setting"] = [p if multi.get(p, 1) == 1 else f"{p} α-lr ×{m:.3g}" for p, m in zip(t["preset"], t["alpha_lr_mult"], strict=True)]
     t["val_accuracy"] = 100 * t["val_accuracy"]
     return band_over_seeds(t, "lr", "val_accuracy", by=("setting",)).rename(columns={"setting": "preset"})
 
@@ -96,20 +177,27 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
         preset = str(g).split(" ")[0]
         dashes[g] = ("solid", "dashed", "dotted", "dashdot")[min(seen.get(preset, 0), 3)]
         seen[preset] = seen.get(preset, 0) + 1
-    return curves_with_bands(data, "lr", "validation accuracy %", f"tuning at depth {depth}", logy=False, logx=True,
-                             colours=colours, dashes=dashes)  # fmt: skip
+    overlay = curves_with_bands(data, "lr", "validation accuracy %",
+                                f"tuning at depth {depth}: validation accuracy against learning rate", logy=False,
+                                logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
+    return _wide(overlay.redim.label(lr="learning rate"))
 
+
+#: how the κ figures name the float64 ceiling (1/ε of float64)
+KAPPA_CEILING_TEXT = f"{LOG_CEILING:.1e}".replace("e+", "e")
 
 #: x ticks of the κ figures (matplotlib): every fourth decade up to the float64 ceiling (≈ 4.5e15)
 KAPPA_DECADES = [1.0, 1e4, 1e8, 1e12, 1e16]
 
 
 def kappa_vs_trainability_data(runs: pd.DataFrame, y: str = "steps_to_90") -> pd.DataFrame:
-    """``preset, depth, kappa_init, y`` per preset × depth (medians over seeds; κ at the float64 ceiling if larger)."""
+    """``preset, depth, kappa_init, value, n, beyond`` per preset × depth (medians over seeds; a κ beyond what
+    float64 resolves, ``beyond``, is placed at the float64 ceiling)."""
     require_columns(runs, ["preset", "depth", "kappa_init", y, "status"], "runs")
     r = runs[(runs["status"] == "ok") & np.isfinite(runs["kappa_init"].astype(float))]
     out = r.groupby(["preset", "depth"], sort=False).agg(kappa_init=("kappa_init", "median"), value=(y, "median"),
                                                         n=("seed", "count")).reset_index()  # fmt: skip
+    out["beyond"] = out["kappa_init"] >= LOG_CEILING  # unresolved by float64: drawn as ✕ at the ceiling
     out["kappa_init"] = out["kappa_init"].clip(upper=LOG_CEILING)
     out = out.dropna(subset=["value"]).reset_index(drop=True)  # e.g. never reached 90 % training accuracy
     if y.endswith("accuracy"):
@@ -125,13 +213,16 @@ def kappa_vs_trainability(runs: pd.DataFrame, y: str = "steps_to_90") -> hv.Over
         raise OSAInputError(f"no finished run has both κ at initialisation and {y}; nothing to draw")
     label = {"steps_to_90": "steps to 90 % training accuracy", "test_accuracy": "test accuracy %"}.get(y, y)
     markers = dict(zip(sorted(data["depth"].unique()), ["o", "s", "^", "D", "v", "P"], strict=False))
-    bokeh_markers = {"o": "circle", "s": "square", "^": "triangle", "D": "diamond", "v": "inverted_triangle", "P": "plus"}
+    bokeh_markers = {"X": "x", "o": "circle", "s": "square", "^": "triangle", "D": "diamond", "v": "inverted_triangle", "P": "plus"}
     elements = []
     for (preset, depth), d in data.groupby(["preset", "depth"], sort=False):
         colour, marker = preset_colour(str(preset)), markers.get(depth, "o")
-        pts = hv.Scatter(d, "kappa_init", ["value", "n"], label=f"{preset} · depth {depth}")
+        name = f"{preset} · depth {depth}"
+        if bool(d["beyond"].iloc[0]):  # not a measured value: ✕ at the ceiling, said in the legend
+            marker, name = "X", f"{name} (κ > {KAPPA_CEILING_TEXT})"  # matplotlib's filled ✕
+        pts = hv.Scatter(d, "kappa_init", ["value", "n"], label=name)
         elements.append(dual_options(pts, dict(color=colour, size=10, marker=bokeh_markers[marker], tools=["hover"]),
-                                     dict(color=colour, s=60, marker=marker)))  # fmt: skip
+                                     dict(color=colour, s=110 if marker == "X" else 60, marker=marker)))  # fmt: skip
     overlay = hv.Overlay(elements)
     return dual_options(overlay, dict(logx=True, xlabel="Jacobian κ at initialisation", ylabel=label, width=620,
                                       height=380, legend_position="right", title=f"κ at init against {label}",

@@ -8,7 +8,7 @@ and a log axis its limits wherever it appears (docs/design.md §6).
 * log axes: :data:`LOG_FLOOR`, :data:`LOG_CEILING`, :func:`spans_decades`;
 * backends: :func:`ensure_backends` (bokeh + matplotlib, called once at import);
 * helpers: :func:`require_columns`, :func:`dual_options`, :func:`band_over_seeds`,
-  :func:`curves_with_bands`, :func:`integer_xticks`, :func:`bars_by_preset`.
+  :func:`curves_with_bands`, :func:`integer_xticks`, :func:`bars_by_preset`, :func:`wide_figure`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = [
     "preset_style",
     "require_columns",
     "spans_decades",
+    "wide_figure",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -432,6 +433,24 @@ def curves_with_bands(
     if integral_x:
         integer_xticks(overlay)
     return overlay
+
+
+def mpl_wide_axes(plot, element) -> None:
+    """matplotlib hook of :func:`wide_figure`: axes 2.2× as wide as tall, whatever their scales
+    (HoloViews' numeric ``aspect`` is a data ratio, which squeezes a log axis)."""
+    ax = plot.handles["axis"]
+    ax.set_aspect("auto")
+    ax.set_box_aspect(1 / 2.2)
+
+
+def wide_figure(overlay: hv.Overlay, inches: tuple[float, float] = (9.5, 3.8)) -> hv.Overlay:
+    """``overlay`` as a wide static figure (matplotlib): ``inches`` (9.5 inches: 855 px in the
+    reports), axes about 2.2× as wide as tall, the legend right of the axes. Hooks already set
+    (e.g. :func:`integer_xticks`) are kept; the bokeh options are left as they are."""
+    hooks = list(hv.Store.lookup_options("matplotlib", overlay, "plot").kwargs.get("hooks", []) or [])
+    if mpl_wide_axes not in hooks:
+        hooks.append(mpl_wide_axes)
+    return overlay.opts(fig_inches=inches, hooks=hooks, legend_position="right", backend="matplotlib")
 
 
 #: what HoloViews raises when two threads clean up the bookkeeping of the same options tree at once

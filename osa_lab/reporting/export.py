@@ -44,6 +44,11 @@ _CODE_TOGGLE_CSS = """<style id="osa-lab-code-toggle">
 body:has(#osa-show-code:not(:checked)) .jp-CodeCell .jp-Cell-inputWrapper,
 body:has(#osa-show-code:not(:checked)) .jp-CodeCell .jp-OutputPrompt,
 body:has(#osa-show-code:not(:checked)) .jp-CodeCell .jp-InputPrompt { display: none; }
+/* text flush with the outputs while the prompts are hidden (markdown cells keep an empty prompt) */
+body:has(#osa-show-code:not(:checked)) .jp-MarkdownCell .jp-InputPrompt { display: none; }
+/* the reports' tables (osa_lab.reporting.tables): compact rows, the first column (a name) left-aligned */
+.osa-table td, .osa-table th { padding: 3px 10px; }
+.osa-table td:first-child, .osa-table th:first-child { text-align: left; white-space: nowrap; }
 .osa-code-toggle { position: sticky; top: 0; z-index: 10; display: inline-block; margin: 6px 0 0 6px;
   padding: 4px 10px; border: 1px solid #bbb; border-radius: 6px; background: #f7f7f7; font: 13px system-ui,
   sans-serif; cursor: pointer; }

@@ -67,6 +67,16 @@ def show(obj: Any, *, dpi: int = DPI) -> None:
         pass
 
 
+def show_table(df: Any, columns: Any = None) -> None:
+    """Display ``df`` through the reports' one table formatter
+    (:func:`osa_lab.reporting.tables.format_table`): human headers, units, no index column,
+    κ beyond float64 as ``> 4.5e15``. ``columns`` as there (default: every column, by its name)."""
+    from osa_lab.reporting.tables import format_table, table_html
+
+    table = format_table(df, columns)
+    _display({"text/html": table_html(table), "text/plain": table.to_string(index=False)})
+
+
 #: Metadata key of the display that :func:`finding` writes (read back by ``osa-lab report``'s index).
 FINDING_KEY = "osa_lab_finding"
 

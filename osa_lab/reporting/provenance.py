@@ -198,13 +198,25 @@ def format_text(info: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _plain(value: Any) -> str:
+    """A parameter as a reader writes it: ``vit, skipless-osa`` for a list, text unquoted, ``(none)``
+    for an empty value, not Python's repr."""
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value) if value else "(none)"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_plain(v)}" for k, v in value.items()) if value else "(none)"
+    if value is None or value == "":
+        return "(none)"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def summary_line(info: Mapping[str, Any]) -> str:
     """One line: run time, commit (clean or with uncommitted changes), torch, device, parameters."""
     git, dev = info["git"], info["device"]
     commit = str(git.get("commit") or "unknown")[:10]
     state = "uncommitted changes" if git.get("dirty") else "clean"
     device = dev.get("gpu") or f"CPU, {dev.get('cpu_count', '?')} cores"
-    params = ", ".join(f"{k}={v!r}" for k, v in info["params"].items() if k != "notebook")
+    params = "; ".join(f"{k}={_plain(v)}" for k, v in info["params"].items() if k != "notebook")
     when = str(info["time_utc"]).replace("T", " ").replace("+00:00", " UTC")
     line = (f"Run {when} · git {commit} on {git.get('branch')} ({state}) · torch "
             f"{info['packages'].get('torch', '?')} · {device}")

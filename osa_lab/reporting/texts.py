@@ -14,6 +14,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from osa_lab.reporting.tables import kappa_text as kappa
+from osa_lab.reporting.tables import number
+
 #: κ of a float64 matrix is resolved only up to 1/ε ≈ 4.5e15 (the smallest singular value is
 #: rounding noise beyond).
 KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
@@ -21,21 +24,6 @@ KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
 #: Two curves closer than this fraction of the y axis' range (in decades on a log axis) at every
 #: layer are drawn on top of each other: the report says which one hides the other.
 COINCIDE = 0.02
-
-
-def number(x: float, digits: int = 3) -> str:
-    """``x`` with ``digits`` significant digits, as ``1.23e4`` outside 1e-3…1e4."""
-    x = float(x)
-    if math.isnan(x):
-        return "n/a"
-    if math.isinf(x):
-        return "∞" if x > 0 else "−∞"
-    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
-        mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-        if "." in mantissa:
-            mantissa = mantissa.rstrip("0").rstrip(".")
-        return f"{mantissa}e{int(exponent)}"
-    return f"{x:.{digits}g}"
 
 
 def listing(items: Iterable[object]) -> str:
@@ -95,8 +83,14 @@ def timing_text(slopes: pd.DataFrame, timings: pd.DataFrame) -> str:
     return "\n\n".join(lines)
 
 
-def speedup_text(timings: pd.DataFrame) -> str:
-    """How the time of low-rank OSA compares with softmax attention and dense OSA at the largest shared N."""
+def speedup_text(timings: pd.DataFrame, slopes: pd.DataFrame | None = None) -> str:
+    """How the time of low-rank OSA compares with softmax attention and dense OSA at the largest shared N.
+
+    With ``slopes`` (:func:`timing_text`'s), a comparison involving a method whose fit is flagged
+    untrustworthy states the two times only, says why, and draws no "× faster" from them."""
+    doubtful = set()
+    if slopes is not None and len(slopes):
+        doubtful = {str(r.method) for r in slopes.itertuples() if not (math.isfinite(r.slope) and r.trusted)}
     wide = timings.pivot_table(index="n", columns="method", values="seconds")
     parts = []
     for other in ("sdpa", "dense"):
@@ -106,6 +100,13 @@ def speedup_text(timings: pd.DataFrame) -> str:
                 n = int(both.index.max())
                 ratio = both.loc[n, other] / both.loc[n, "lowrank"]
                 verdict = "faster" if ratio > 1 else "slower"
+                flagged = sorted({"lowrank", other} & doubtful)
+                if flagged:
+                    parts.append(f"at N = {n}, low-rank OSA took {number(both.loc[n, 'lowrank'])} s and {code(other)} "
+                                 f"{number(both.loc[n, other])} s — no speed-up is claimed from these times: "
+                                 + (f"the fits of {listing(map(code, flagged))} are" if len(flagged) > 1
+                                    else f"the fit of {code(flagged[0])} is") + " flagged untrustworthy above")
+                    continue
                 parts.append(f"at N = {n}, low-rank OSA took {number(both.loc[n, 'lowrank'])} s against "
                              f"{number(both.loc[n, other])} s for {code(other)} ({number(max(ratio, 1 / ratio))}× "
                              f"{verdict})")
@@ -195,19 +196,22 @@ def rank_collapse_text(metrics: pd.DataFrame, spectra_drift: pd.DataFrame | None
             if drift < 1e-9:
                 text += f"; every singular value kept (largest change {number(drift, 2)} of σ₁)"
         lines.append(text + ".")
-        if sr.loc[preset, "last"] < 1.5 or ratio < 1e-3:
+        # (nearly) rank one: the tokens all but identical, or one direction left by both measures
+        # (a stable rank below 1.5 with a high effective rank is one dominant direction, not collapse)
+        if ratio < 1e-3 or (sr.loc[preset, "last"] < 1.5 and er.loc[preset, "last"] < 1.5):
             collapsed.append(preset)
         elif er.loc[preset, "last"] >= 0.5 * er.loc[preset, "input"]:
             kept.append(preset)
     summary = []
     if collapsed:
-        summary.append(f"**Collapsed to (nearly) rank one by the last layer** (stable rank below 1.5 or the "
-                       f"relative residual down by more than 1000×): {listing(map(code, collapsed))}.")
+        summary.append(f"**Collapsed to (nearly) rank one by the last layer** (stable and effective rank below "
+                       f"1.5, or the relative residual down by more than 1000×): {listing(map(code, collapsed))}.")
     if kept:
         summary.append(f"**Kept at least half of their effective rank:** {listing(map(code, kept))}.")
     between = [p for p in rr.index if p not in collapsed and p not in kept]
     if between:
-        summary.append(f"**Lost rank without collapsing:** {listing(map(code, between))}.")
+        summary.append(f"**Lost rank without collapsing** (effective rank below half of the input's, above 1.5): "
+                       f"{listing(map(code, between))}.")
     return "\n\n".join([*summary, "\n".join(lines)])
 
 
@@ -232,13 +236,13 @@ def osa_layer_text(by_alpha: pd.DataFrame) -> str:
     seeds = by_alpha["seed"].nunique() if "seed" in by_alpha else 1
     given = by_alpha[by_alpha["alpha_source"] != "derived"]
     means = given.groupby("alpha")["kappa"].apply(lambda v: float(np.exp(np.log(v).mean()))).sort_index()
-    parts = [f"{number(k)} at α = {a:g}" for a, k in means.items()]
+    parts = [f"{kappa(k)} at α = {a:g}" for a, k in means.items()]
     text = (f"At N = {tokens}, d = {dim} ({plural(int(seeds), 'seed')}, geometric mean) κ of one OSA layer is "
             f"{listing(parts)}.")
     derived = by_alpha[by_alpha["alpha_source"] == "derived"]
     if len(derived):
         text += (f" At the derived α₀ = {number(derived['alpha'].iloc[0])} it is "
-                 f"{number(float(np.exp(np.log(derived['kappa']).mean())))}.")
+                 f"{kappa(float(np.exp(np.log(derived['kappa']).mean())))}.")
     if len(means) >= 2 and means.iloc[-1] > means.iloc[0]:
         text += (f" κ grows {number(means.iloc[-1] / means.iloc[0])}× from α = {means.index[0]:g} to "
                  f"α = {means.index[-1]:g}.")
@@ -254,8 +258,8 @@ def grid_text(grid: pd.DataFrame, contrast_alpha: float) -> str:
             continue
         worst = g.groupby(["tokens", "dim"])["kappa"].max()
         (n_lo, d_lo), (n_hi, d_hi) = worst.idxmin(), worst.idxmax()
-        parts.append(f"at {label} κ ranges from {number(worst.min())} (N = {n_lo}, d = {d_lo}) to "
-                     f"{number(worst.max())} (N = {n_hi}, d = {d_hi})")
+        parts.append(f"at {label} κ ranges from {kappa(worst.min())} (N = {n_lo}, d = {d_lo}) to "
+                     f"{kappa(worst.max())} (N = {n_hi}, d = {d_hi})")
     ns, ds = sorted(grid["tokens"].unique()), sorted(grid["dim"].unique())
     text = (f"Over N ∈ {{{', '.join(map(str, ns))}}} and d ∈ {{{', '.join(map(str, ds))}}} (largest κ over "
             f"seeds): " + "; ".join(parts) + ".")
@@ -289,7 +293,7 @@ def kappa_depth_text(table: pd.DataFrame) -> str:
         else:
             value = number(last)
             growth[row.preset] = last / float(row.kappa_first_layer)
-        lines.append(f"- {code(row.preset)}: κ(∂X₁/∂X₀) = {number(row.kappa_first_layer)}, "
+        lines.append(f"- {code(row.preset)}: κ(∂X₁/∂X₀) = {kappa(row.kappa_first_layer)}, "
                      f"κ(∂X_{row.last_layer}/∂X₀) = {value}.")
         if getattr(row, "unresolved", 0):
             lines[-1] = lines[-1][:-1] + f" ({plural(int(row.unresolved), 'value')} unresolved, left out)."
@@ -306,6 +310,52 @@ def kappa_depth_text(table: pd.DataFrame) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# report 04: skipless training
+# ---------------------------------------------------------------------------------------------
+
+
+def paired_verdict_text(paired: pd.DataFrame, reference: str = "skipless-osa") -> str:
+    """One line per preset of a paired-differences table (``reference`` − preset, fractions): the
+    difference in points with its 95 % interval, and which of the two it shows better, by name."""
+    lines = []
+    for r in paired.itertuples():
+        if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
+            word = "no interval (too few seeds)"
+        elif r.ci_low > 0:
+            word = f"{code(reference)} is better"
+        elif r.ci_high < 0:
+            word = f"{code(r.preset)} is better"
+        else:
+            word = "no difference shown (the interval contains 0)"
+        lines.append(f"- {code(reference)} − {code(r.preset)}: {100 * r.diff_mean:+.1f} points, 95 % CI "
+                     f"[{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}], {plural(int(r.n), 'seed')}: {word}.")
+    return "\n".join(lines)
+
+
+def ablation_text(ablation: pd.DataFrame, summary: pd.DataFrame, preset: str = "skipless-osa",
+                  control: str = "skipless-osa-alpha0") -> str:
+    """What "α := 0 after training" measures, from this run: the drop of ``preset`` against the gap
+    to ``control``, the same network trained with α ≡ 0 from the start.
+
+    ``ablation`` is :func:`osa_lab.plots.training.ablation_data` (fractions), ``summary`` the
+    run's per-preset summary (``preset``, ``test_accuracy_mean``)."""
+    row = ablation[ablation["preset"] == preset]
+    if row.empty:
+        return ""
+    drop = 100 * float(row["drop_mean"].iloc[0])
+    split = str(row["split"].iloc[0])
+    text = (f"Setting α := 0 in the trained {code(preset)} costs {drop:.1f} points of {split} accuracy: how much this "
+            "trained network relies on the mixing it learned, not what mixing contributes to accuracy")
+    acc = summary.set_index("preset")["test_accuracy_mean"] if "test_accuracy_mean" in summary else pd.Series(dtype=float)
+    if preset in acc and control in acc and pd.notna(acc[preset]) and pd.notna(acc[control]):
+        gap = 100 * float(acc[preset] - acc[control])
+        text += (f". Trained with α ≡ 0 from the start, {code(control)} is {abs(gap):.1f} points "
+                 f"{'behind' if gap >= 0 else 'ahead of'} {code(preset)} in test accuracy: that gap, not the "
+                 "drop, is what learned mixing adds in this run")
+    return text + "."
+
+
+# ---------------------------------------------------------------------------------------------
 # one-line findings (shown at the end of each report and in index.html)
 # ---------------------------------------------------------------------------------------------
 
@@ -317,8 +367,8 @@ def kappa_finding(by_alpha: pd.DataFrame, table: pd.DataFrame) -> str:
     parts = []
     if len(derived) and len(given):
         top = float(given["alpha"].max())
-        parts.append(f"one OSA layer: κ {number(float(np.exp(np.log(derived).mean())))} at the derived α₀, "
-                     f"{number(float(np.exp(np.log(given[given['alpha'] == top]['kappa']).mean())))} at α = {top:g}")
+        parts.append(f"one OSA layer: κ {kappa(float(np.exp(np.log(derived).mean())))} at the derived α₀, "
+                     f"{kappa(float(np.exp(np.log(given[given['alpha'] == top]['kappa']).mean())))} at α = {top:g}")
     ends = []
     for row in table.itertuples():
         singular = getattr(row, "beyond_float64", 0) or float(row.kappa_last_layer) >= KAPPA_RESOLVED
@@ -348,7 +398,7 @@ def timing_finding(slopes: pd.DataFrame) -> str:
 
 
 __all__ = [
-    "COINCIDE", "KAPPA_RESOLVED", "accuracy_text", "collapse_finding", "depth_settings_text", "grid_text", "hidden_curves",
+    "COINCIDE", "KAPPA_RESOLVED", "accuracy_text", "kappa", "collapse_finding", "depth_settings_text", "grid_text", "hidden_curves",
     "hidden_curves_text", "kappa_depth_text", "kappa_finding", "listing", "metric_ends", "number", "osa_layer_text", "plural",
-    "rank_collapse_text", "speedup_text", "sweep_settings", "timing_finding", "timing_text",
+    "rank_collapse_text", "speedup_text", "paired_verdict_text", "ablation_text", "sweep_settings", "timing_finding", "timing_text",
 ]

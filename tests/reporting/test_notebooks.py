@@ -149,6 +149,16 @@ def test_provenance_is_one_line_at_the_top_and_a_collapsed_table_at_the_end(name
     assert html.startswith("<details><summary>") and "<details open" not in html and "git.commit" in html
 
 
+def test_run_line_writes_parameters_plainly_not_as_python_reprs():
+    from osa_lab.reporting import provenance
+
+    info = provenance.collect({"notebook": "x", "presets": ["vit", "skipless-osa"], "data_dir": "", "lr": 0.001,
+                               "experiment": "experiments/mnist1d_depth.yaml"})
+    line = provenance.summary_line(info)
+    assert "presets=vit, skipless-osa; data_dir=(none); lr=0.001; experiment=experiments/mnist1d_depth.yaml" in line
+    assert "'" not in line.split(" · ")[-1] and "[" not in line
+
+
 @pytest.mark.parametrize("name", EXPECTED)
 def test_prose_names_no_issue_numbers_and_no_parameter_names_as_values(name):
     """Report text is for readers: no tracker references, and no markdown sentence that puts a

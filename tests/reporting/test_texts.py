@@ -70,7 +70,9 @@ def test_rank_collapse_text_follows_the_table_and_names_hidden_curves():
     text = texts.rank_collapse_text(m)
     assert "**Collapsed to (nearly) rank one" in text
     collapsed = text.split("**Collapsed")[1].split("\n")[0]
-    assert "`pure-ssa`" in collapsed and "`skipless-osa`" in collapsed and "`pure-osa`" not in collapsed
+    assert "`pure-ssa`" in collapsed and "`pure-osa`" not in collapsed
+    # stable rank 1.05 with effective rank 3.15: one dominant direction, not rank one
+    assert "`skipless-osa`" not in collapsed and "`skipless-osa`" in text.split("**Lost rank")[1].split("\n")[0]
     assert "stable rank 10 → 1.05" in text and "at layer 4" in text
     hidden = texts.hidden_curves_text(m, ["stable_rank"])
     assert "`skipless-osa` lies under `ssa-value-skipinit`" in hidden
@@ -152,3 +154,60 @@ def test_speedup_and_accuracy_texts_come_from_the_tables():
     text = texts.accuracy_text(acc)
     assert "`dense` float32: 2e-7" in text and "`lowrank` float32: 5e-5" in text and "‖S‖₂ up to 150" in text
     assert np.isfinite(texts.KAPPA_RESOLVED)
+
+
+def _ends(presets: dict[str, tuple[float, float, float, float, float, float]]) -> pd.DataFrame:
+    """Per preset (relative residual, stable rank, effective rank) at the input and at layer 4."""
+    rows = []
+    for preset, (rr0, rr4, sr0, sr4, er0, er4) in presets.items():
+        for metric, (a, b) in (("relative_residual", (rr0, rr4)), ("stable_rank", (sr0, sr4)),
+                               ("effective_rank", (er0, er4))):
+            rows += [dict(preset=preset, layer=0, site="block", metric=metric, value=a, seed=0),
+                     dict(preset=preset, layer=4, site="block", metric=metric, value=b, seed=0)]
+    return pd.DataFrame(rows)
+
+
+def test_rank_one_needs_both_ranks_or_identical_tokens():
+    """The report-02 case: skipless OSA keeps effective rank 12.1 of 51.4 while its stable rank falls below
+    1.5 (one dominant direction): it lost rank, it did not collapse to rank one."""
+    m = _ends({"skipless-osa": (1.0, 0.5, 20.0, 1.2, 51.4, 12.1), "skipless-ssa": (1.0, 1e-9, 20.0, 1.0, 51.4, 1.0),
+               "pure-ssa": (1.0, 0.3, 20.0, 1.1, 51.4, 1.2), "vit": (1.0, 0.9, 20.0, 15.0, 51.4, 40.0)})
+    text = texts.rank_collapse_text(m)
+    collapsed = text.split("**Collapsed")[1].split("\n")[0]
+    lost = text.split("**Lost rank")[1].split("\n")[0]
+    kept = text.split("**Kept")[1].split("\n")[0]
+    assert "`skipless-ssa`" in collapsed and "`pure-ssa`" in collapsed and "`skipless-osa`" not in collapsed
+    assert "`skipless-osa`" in lost and "`vit`" in kept and "`skipless-osa`" not in kept
+    assert "effective rank 51.4 → 12.1" in text
+
+
+def test_no_speedup_is_claimed_from_untrustworthy_fits():
+    t = _timings({"lowrank": [1e-4, 2e-4, 4e-4], "sdpa": [1e-4, 4e-4, 1.6e-3]})
+    trusted = pd.DataFrame({"method": ["lowrank", "sdpa"], "slope": [1.0, 2.0], "expected": [1, 2],
+                            "trusted": [True, True], "n_min": [256, 256], "n_max": [1024, 1024]})
+    assert "(4× faster)" in texts.speedup_text(t, trusted)
+    doubtful = trusted.assign(trusted=[True, False])
+    text = texts.speedup_text(t, doubtful)
+    assert "faster" not in text and "×" not in text
+    assert "low-rank OSA took 4e-4 s and `sdpa` 0.0016 s" in text and "`sdpa` is flagged untrustworthy" in text
+
+
+def test_paired_verdicts_name_the_better_preset():
+    paired = pd.DataFrame({"preset": ["skipless-ssa", "vit", "mlp"], "n": [5, 5, 5],
+                           "diff_mean": [0.052, -0.0016, -0.03], "ci_low": [0.0107, -0.0297, -0.05],
+                           "ci_high": [0.0933, 0.0265, -0.01]})
+    text = texts.paired_verdict_text(paired)
+    lines = text.splitlines()
+    assert lines[0].endswith("`skipless-osa` is better.") and "+5.2 points, 95 % CI [+1.1, +9.3], 5 seeds" in lines[0]
+    assert lines[1].endswith("no difference shown (the interval contains 0).")
+    assert lines[2].endswith("`mlp` is better.")
+    assert "reference" not in text
+
+
+def test_ablation_text_reads_the_drop_against_the_alpha0_control():
+    ablation = pd.DataFrame({"preset": ["skipless-osa"], "split": ["val"], "drop_mean": [0.485]})
+    summary = pd.DataFrame({"preset": ["skipless-osa", "skipless-osa-alpha0"], "test_accuracy_mean": [0.751, 0.745]})
+    text = texts.ablation_text(ablation, summary)
+    assert "costs 48.5 points of val accuracy" in text and "not what mixing contributes" in text
+    assert "`skipless-osa-alpha0` is 0.6 points behind `skipless-osa`" in text
+    assert texts.ablation_text(ablation[ablation["preset"] == "x"], summary) == ""
