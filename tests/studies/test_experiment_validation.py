@@ -127,7 +127,7 @@ def no_training(monkeypatch, tmp_path):
         raise AssertionError("training started")
 
     monkeypatch.setattr(depth_study, "run_study", refuse)
-    monkeypatch.setattr(runner, "study_run", refuse)
+    monkeypatch.setattr(runner, "study_group_run", refuse)
     monkeypatch.setattr(loop, "train", refuse)
     monkeypatch.chdir(tmp_path)
 
@@ -389,13 +389,14 @@ def test_a_damaged_record_is_trained_again_not_trusted(tmp_path, monkeypatch):
 def _fake_study_runs(monkeypatch, fail):
     from osa_lab.studies.depth_study import runner
 
-    def fake(**kw):
+    def fake(**kw):  # a grid task is a seed group: one call for all its seeds
         if fail(kw):
             raise RuntimeError("worker lost")
-        return {"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": kw["seed"], "lr": kw["lr"],
-                "alpha_lr_mult": kw["alpha_lr_mult"], "status": "ok", "val_accuracy": kw["lr"]}  # fmt: skip
+        return [{"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": seed, "lr": kw["lr"],
+                 "alpha_lr_mult": kw["alpha_lr_mult"], "status": "ok", "val_accuracy": kw["lr"]}
+                for seed in kw["seeds"]]  # fmt: skip
 
-    monkeypatch.setattr(runner, "study_run", fake)
+    monkeypatch.setattr(runner, "study_group_run", fake)
 
 
 def _run_tiny(tmp_path, monkeypatch, capsys) -> tuple[int, list[str], str]:
@@ -411,10 +412,11 @@ def test_a_grid_where_every_task_failed_says_so_first_and_exits_1(tmp_path, monk
     _fake_study_runs(monkeypatch, lambda kw: True)
     code, lines, out = _run_tiny(tmp_path, monkeypatch, capsys)
     assert code == 1
-    # two presets × one tuning round of 2 lr (vit) or 2 lr × 1 mult (osa) × 2 seeds; the cells stop there
-    assert lines[1] == ("osa-lab train: every one of the 8 grid tasks failed; first: stage=tune preset=vit depth=1 "
-                        "lr=0.003 alpha_lr_mult=1 seed=1000: RuntimeError: worker lost")  # fmt: skip
-    assert lines[-1].startswith("osa-lab train: 8 of 8 grid tasks failed")
+    # two presets × one tuning round of 2 lr (vit) or 2 lr × 1 mult (osa), a task per setting training its
+    # 2 tuning seeds as one group; the cells stop there
+    assert lines[1] == ("osa-lab train: every one of the 4 grid tasks failed; first: stage=tune preset=vit depth=1 "
+                        "lr=0.003 alpha_lr_mult=1 seeds=1000,1001: RuntimeError: worker lost")  # fmt: skip
+    assert lines[-1].startswith("osa-lab train: 4 of 4 grid tasks failed")
     assert "# Verdict: tiny" in out
 
 
@@ -423,9 +425,9 @@ def test_a_grid_where_some_tasks_failed_exits_1_and_says_how_many(tmp_path, monk
     code, lines, out = _run_tiny(tmp_path, monkeypatch, capsys)
     assert code == 1
     assert not any("every one" in line for line in lines)
-    # tuning: 2 lr × 2 seeds per preset, and one extension round each (the fake's optimum is the top lr);
-    # final: 2 seeds per preset, of which vit's 2 failed
-    assert lines[-1].startswith("osa-lab train: 2 of 16 grid tasks failed")
+    # a task per setting (its seeds one group): tuning 2 lr per preset and one extension round each (the
+    # fake's optimum is the top lr); final: one group per preset, of which vit's failed
+    assert lines[-1].startswith("osa-lab train: 1 of 8 grid tasks failed")
 
 
 def test_a_grid_without_failures_exits_0(tmp_path, monkeypatch, capsys):
@@ -533,7 +535,7 @@ def test_a_user_error_inside_a_study_run_stops_the_study_with_its_line(tmp_path,
     def missing(**kw):
         raise MissingDataError("the MNIST-1D cache /x is missing; run `osa-lab train --data mnist1d` once online")
 
-    monkeypatch.setattr(runner, "study_run", missing)
+    monkeypatch.setattr(runner, "study_group_run", missing)
     code, lines, _ = _run_tiny(tmp_path, monkeypatch, capsys)
     assert code == 2 and len(lines) == 2
     assert lines[1] == ("osa-lab train: error: the MNIST-1D cache /x is missing; run `osa-lab train --data mnist1d` "

@@ -70,7 +70,8 @@ class StudyRunner:
             key = result_name(stage, preset, depth, 0, lr, mult).replace("/", "-").removesuffix("-s0.json")
             key += "-s" + "_".join(str(s) for s in seeds)
             tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
-                                                        "alpha_lr_mult": mult, "seeds": len(seeds)}, key=key,
+                                                        "alpha_lr_mult": mult, "seeds": ",".join(str(s) for s in seeds)},
+                              key=key,
                               progress_kwarg="progress"))  # fmt: skip
         return tasks
 
