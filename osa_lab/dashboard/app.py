@@ -328,8 +328,14 @@ def serve_session() -> Dashboard:
     log_to_server_output()
     limit_torch_threads()
     canvas_figures()
-    pn.extension(sizing_mode="stretch_width")
+    pn.extension("tabulator", sizing_mode="stretch_width")
     _install_process_hooks()
+    if wants_runs_view(pn.state.session_args):
+        from osa_lab.dashboard.runs_view import RunsView
+
+        runs = RunsView()
+        runs.template().servable()
+        return runs
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
@@ -346,6 +352,19 @@ def serve_session() -> Dashboard:
 
     pn.state.onload(on_load)
     return dashboard
+
+
+def wants_runs_view(query: Mapping[str, Any]) -> bool:
+    """Whether the page shows the Runs view: ``?view=runs``, or ``osa-lab dashboard --results DIR``
+    without another ``view`` in the link."""
+    import os
+
+    from osa_lab.dashboard.runs_view import RESULTS_ENV
+
+    views = [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in (query or {}).get("view", [])]
+    if views:
+        return views[-1] == "runs"
+    return bool(os.environ.get(RESULTS_ENV))
 
 
 def log_to_server_output() -> None:
