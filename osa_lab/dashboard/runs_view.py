@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from osa_lab.errors import MalformedResultError, MissingDataError, UserError
 from osa_lab.studies.depth_study import report
-from osa_lab.studies.depth_study.layer_profiles import STATES, run_layer_profiles
+from osa_lab.studies.depth_study.layer_profiles import PROFILE_SAMPLES, STATES, run_layer_profiles
 from osa_lab.studies.depth_study.weights import weights_path
 
 #: the environment variable ``osa-lab dashboard --results DIR`` sets for the served page
@@ -252,7 +252,7 @@ def layers_figure(profiles: dict[str, pd.DataFrame], spectra: dict[str, pd.DataF
         axes[-1, col].set_xlabel("singular value index, last block")
     for row, text in enumerate([*LAYER_METRICS.values(), "σᵢ/σ₁ (last block)"]):
         axes[row, 0].set_ylabel(text)
-    fig.legend(loc="outside lower center", fontsize=8, ncols=min(len(profiles), 3))
+    fig.legend(loc="outside upper center", fontsize=8, ncols=min(len(profiles), 3))
     return fig
 
 
@@ -424,6 +424,11 @@ class RunsView(pn.viewable.Viewer):
         if problems:
             parts.append(pn.pane.Alert("\n".join(f"- {markdown_literal(m)}" for m in problems), alert_type="warning"))
         if profiles:
+            parts.append(pn.pane.Markdown(
+                f"**Left: at initialisation · right: after training** ({len(profiles)} runs: "
+                f"{markdown_literal('; '.join(profiles))}). Each point is a block's output on "
+                f"{PROFILE_SAMPLES} test inputs (mean over them); κ(X) is σ_max/σ_min of the tokens.",
+                sizing_mode="stretch_width", css_classes=["runs-layers-caption"]))
             parts.append(pn.pane.Matplotlib(layers_figure(profiles, spectra), tight=False, format="svg",
                                             sizing_mode="stretch_width"))  # fmt: skip
         return pn.Column(*parts, sizing_mode="stretch_width")
@@ -459,11 +464,14 @@ class RunsView(pn.viewable.Viewer):
             name="runs-view",
         )
 
-    def template(self) -> pn.template.FastListTemplate:
-        """The Runs page."""
-        return pn.template.FastListTemplate(
+    def template(self) -> pn.template.BootstrapTemplate:
+        """The Runs page: the same offline BootstrapTemplate as the main page (a FastListTemplate fetches its
+        font from the internet)."""
+        from osa_lab.dashboard.app import ACCENT
+
+        return pn.template.BootstrapTemplate(
             title="osa_lab · a study's runs: initialisation against training",
-            sidebar=[self.controls()], main=[self], sidebar_width=330,
+            sidebar=[self.controls()], main=[self], sidebar_width=330, header_background=ACCENT,
         )
 
 
