@@ -1079,3 +1079,60 @@ def test_process_wide_caches_are_kept_by_panel():
     assert cache.get(("check", 1)) is None  # the least recently used went
     pn.state.clear_caches()
     assert cache.get(("check", 64)) is None and ("check", 0) not in cache
+
+
+def test_a_superseded_sweep_stops_before_its_next_model_run(monkeypatch):
+    """A session's sweep asks before each model run whether newer settings superseded it; then it stops
+    (ComputationCancelledError) instead of computing the rest unseen, and caches nothing for its settings."""
+    from osa_lab.dashboard import jobs, sweep
+    from osa_lab.dashboard.caches import SWEEPS
+    from osa_lab.errors import ComputationCancelledError
+
+    settings = sweep.SweepSettings(presets=("vit", "skipless-osa"), depth=2, tokens=8, dim=8, heads=None,
+                                   alpha=None, seeds=3)
+    computed = []
+    real = jobs.compute_sweep_unit
+
+    def counting(unit):
+        computed.append(unit)
+        return real(unit)
+
+    monkeypatch.setattr(jobs, "compute_sweep_unit", counting)
+    asked = []
+
+    def stop_after_two() -> bool:
+        asked.append(len(computed))
+        return len(computed) >= 2
+
+    with pytest.raises(ComputationCancelledError, match="after 2 of 6 model runs"):
+        sweep.compute_sweep(settings, should_stop=stop_after_two)
+    assert len(computed) == 2 and asked == [0, 1, 2]
+    assert SWEEPS.get(settings) is None
+    # not superseded: the same tables as the whole sweep, the two units already computed reused
+    metrics, spectra = sweep.compute_sweep(settings, should_stop=lambda: False)
+    assert len(computed) == 6
+    from osa_lab.studies.depth import sweep as whole
+
+    reference = whole(["vit", "skipless-osa"], depths=[2], tokens=[8], dims=[8], heads=[None], alphas=[None],
+                      seeds=[0, 1, 2], site="both", progress=False)
+    pd.testing.assert_frame_equal(metrics, reference.metrics)
+    pd.testing.assert_frame_equal(spectra, reference.spectra)
+
+
+def test_the_session_sweep_is_superseded_by_newer_settings(monkeypatch):
+    """SweepState hands compute_sweep a check that turns true once newer settings were requested."""
+    from osa_lab.dashboard import sweep
+    from osa_lab.dashboard.app import build_app
+
+    app = build_app(compute_now=False, depth=2, tokens=8, dim=8, seeds=1, presets=["vit", "skipless-osa"])
+    checks = []
+
+    def recording(settings, should_stop=None):
+        checks.append(should_stop)
+        return sweep.SWEEPS.get(settings) or (pd.DataFrame(), pd.DataFrame())
+
+    monkeypatch.setattr(sweep, "compute_sweep", recording)
+    app.state.refresh()
+    assert checks and checks[0] is not None and checks[0]() is False
+    app.controls.depth = 3  # newer settings: the first request is superseded
+    assert checks[0]() is True and checks[-1]() is False
