@@ -38,6 +38,7 @@ from osa_lab.dashboard.jacobian_view import JacobianView
 from osa_lab.dashboard.rank_view import RankCollapseView
 from osa_lab.dashboard.spectra_view import SpectraView
 from osa_lab.dashboard.state import (
+    ACCENT,
     FIGURE_LOCK,
     PRESET_HEADS,
     URL_PARAMETERS,
@@ -200,7 +201,7 @@ class Dashboard(pn.viewable.Viewer):
                           visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             message_pane(self.state.param.error),
             pn.Row(pn.pane.Alert(self.state.param.notice, alert_type="info", sizing_mode="stretch_width"),
-                   pn.widgets.Button.from_param(self.state.param.cancel, button_type="danger", width=130,
+                   pn.widgets.Button.from_param(self.state.param.cancel, color="danger", width=130,
                                                 visible=self.state.param.running, align="center"),
                    visible=pn.bind(bool, self.state.param.notice), sizing_mode="stretch_width"),
             pn.pane.Alert(pn.bind(markdown_literal, self.controls.param.adjusted), alert_type="info",
@@ -221,17 +222,17 @@ class Dashboard(pn.viewable.Viewer):
             pn.bind(self._alpha_note, c.param.derived_alpha, c.param.alpha, c.param.presets, c.param.tokens,
                     c.param.dim, c.param.heads), styles={"font-size": "12px"})
         widgets = pn.Column(
-            pn.widgets.MultiChoice.from_param(c.param.presets, name="presets"),
-            throttled(c, "depth", pn.widgets.IntSlider, name="depth"),
-            throttled(c, "tokens", pn.widgets.DiscreteSlider, name="tokens N"),
-            throttled(c, "dim", pn.widgets.DiscreteSlider, name="width d"),
-            pn.widgets.Select.from_param(c.param.heads, name="heads"),
+            pn.widgets.MultiChoice.from_param(c.param.presets, label="presets"),
+            throttled(c, "depth", pn.widgets.IntSlider, label="depth"),
+            throttled(c, "tokens", pn.widgets.DiscreteSlider, label="tokens N"),
+            throttled(c, "dim", pn.widgets.DiscreteSlider, label="width d"),
+            pn.widgets.Select.from_param(c.param.heads, label="heads"),
             pn.widgets.Checkbox.from_param(c.param.derived_alpha),
-            throttled(c, "alpha", pn.widgets.FloatSlider, name="α (OSA)", step=1e-5, format="0.[00000]",
-                       disabled=c.param.derived_alpha),
+            pn.widgets.FloatInput.from_param(c.param.alpha, label="α (OSA), typed exactly", step=0.01,
+                                             disabled=c.param.derived_alpha),
             alpha_note,
-            throttled(c, "seeds", pn.widgets.IntSlider, name="seeds"),
-            pn.widgets.Select.from_param(c.param.metric, name="metric"),
+            throttled(c, "seeds", pn.widgets.IntSlider, label="seeds"),
+            pn.widgets.Select.from_param(c.param.metric, label="metric"),
             sizing_mode="stretch_width",
         )
         return [widgets, status]
@@ -277,8 +278,6 @@ def limit_torch_threads() -> int:
     return torch.get_num_threads()
 
 
-#: The page's accent colour (the header; Okabe–Ito blue, as the OSA presets' lines).
-ACCENT = "#0072B2"
 
 def canvas_figures() -> None:
     """Draw the served figures on an HTML canvas, not WebGL (HoloViews' default).

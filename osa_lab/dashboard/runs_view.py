@@ -22,6 +22,7 @@ import panel as pn
 import param
 from matplotlib.figure import Figure
 
+from osa_lab.dashboard.state import ACCENT, markdown_literal
 from osa_lab.errors import MalformedResultError, MissingDataError, UserError
 from osa_lab.studies.depth_study import report
 from osa_lab.studies.depth_study.layer_profiles import PROFILE_SAMPLES, STATES, run_layer_profiles
@@ -372,8 +373,6 @@ class RunsView(pn.viewable.Viewer):
     def notices(self) -> str:
         if self.study is None or not self.study.notices:
             return ""
-        from osa_lab.dashboard.state import markdown_literal
-
         return "**Some files were left out:**\n\n" + "\n".join(f"- {markdown_literal(n)}" for n in self.study.notices)
 
     @param.depends("presets", "depths", "lrs", "seeds")
@@ -418,8 +417,6 @@ class RunsView(pn.viewable.Viewer):
                 problems.append(f"{label}: {err}")
                 continue
             profiles[label], spectra[label] = p.metrics, p.spectra
-        from osa_lab.dashboard.state import markdown_literal
-
         parts: list = []
         if problems:
             parts.append(pn.pane.Alert("\n".join(f"- {markdown_literal(m)}" for m in problems), alert_type="warning"))
@@ -437,16 +434,16 @@ class RunsView(pn.viewable.Viewer):
         return pn.Column(
             pn.widgets.MultiChoice.from_param(self.param.presets),
             pn.widgets.MultiChoice.from_param(self.param.depths),
-            pn.widgets.MultiChoice.from_param(self.param.lrs, name="learning rates"),
+            pn.widgets.MultiChoice.from_param(self.param.lrs, label="learning rates"),
             pn.widgets.MultiChoice.from_param(self.param.seeds),
-            pn.widgets.MultiChoice.from_param(self.param.group_by, name="group the summary by"),
-            pn.widgets.Select.from_param(self.param.curve, name="curve"),
+            pn.widgets.MultiChoice.from_param(self.param.group_by, label="group the summary by"),
+            pn.widgets.Select.from_param(self.param.curve, label="curve"),
             sizing_mode="stretch_width",
         )
 
     def __panel__(self) -> pn.viewable.Viewable:
         notices = self.notices()
-        layer_picker = pn.widgets.MultiChoice.from_param(self.param.runs_compared, name="runs compared (saved weights)",
+        layer_picker = pn.widgets.MultiChoice.from_param(self.param.runs_compared, label="runs compared (saved weights)",
                                                          max_items=MAX_PROFILED_RUNS, sizing_mode="stretch_width")
         return pn.Column(
             pn.pane.Markdown(self.header(), sizing_mode="stretch_width"),
@@ -467,8 +464,6 @@ class RunsView(pn.viewable.Viewer):
     def template(self) -> pn.template.BootstrapTemplate:
         """The Runs page: the same offline BootstrapTemplate as the main page (a FastListTemplate fetches its
         font from the internet)."""
-        from osa_lab.dashboard.app import ACCENT
-
         return pn.template.BootstrapTemplate(
             title="osa_lab · a study's runs: initialisation against training",
             sidebar=[self.controls()], main=[self], sidebar_width=330, header_background=ACCENT,

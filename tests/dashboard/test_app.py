@@ -214,7 +214,7 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
     from osa_lab.dashboard import sweep
 
-    def boom(settings):
+    def boom(settings, should_stop=None):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(sweep, "compute_sweep", boom)  # where the session's sweep calls it
@@ -245,10 +245,12 @@ def test_alpha_control_reaches_the_osa_preset_and_shows_derived_value(app):
     assert m[m["preset"] == "pure-ssa"]["alpha"].isna().all()
     assert app.check_view.result["alpha"] == pytest.approx(0.4)
     sidebar = pn.Column(*app.sidebar())
-    slider = [w for w in sidebar.select(pn.widgets.FloatSlider)][0]
-    assert not slider.disabled
+    field = [w for w in sidebar.select(pn.widgets.FloatInput)][0]
+    assert not field.disabled and not sidebar.select(pn.widgets.FloatSlider)
+    field.value = 0.4975  # typed: the control takes exactly this value (a slider's step cannot)
+    assert app.controls.alpha == 0.4975
     app.controls.derived_alpha = True
-    assert slider.disabled and slider.value == pytest.approx(app.controls.derived_alpha0(), rel=1e-4)
+    assert field.disabled and field.value == pytest.approx(app.controls.derived_alpha0(), rel=1e-4)
 
 
 def test_preset_colours_are_fixed_whatever_the_order(dash):
@@ -808,7 +810,7 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     for module in (dash_state, dash_sweep):
         monkeypatch.setattr(module, "is_served", lambda: True)
 
-    def no_compute(settings):
+    def no_compute(settings, should_stop=None):
         raise AssertionError("cached settings were recomputed")
 
     for module in (dash_sweep, dash):  # where a session's sweep and the pre-warm call it
