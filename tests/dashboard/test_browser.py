@@ -866,3 +866,35 @@ def test_runs_view_compares_layers_at_initialisation_and_after_training(browser,
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_a_dragged_slider_settles_on_its_last_value_within_one_sweep(server, browser):
+    """A drag of the depth slider across its range fires once, on release (``value_throttled``): the
+    figures show the released depth within one sweep's time (twice the page's own "last sweep"
+    time plus 10 s of margin for a loaded machine), not after a sweep per value passed."""
+    watch = _open(browser, f"{server}?{QUERY}")
+    page = watch.page
+    _wait_layers(page, 4)
+    track = page.locator(".noUi-target").first.bounding_box()
+    handle = page.locator(".noUi-handle").first.bounding_box()
+    y = handle["y"] + handle["height"] / 2
+    page.mouse.move(handle["x"] + handle["width"] / 2, y)
+    page.mouse.down()
+    for i in range(1, 31):  # to the right end and back to about a third, 30 moves in ~1.5 s
+        x = track["x"] + track["width"] * (i / 15 if i <= 15 else 1 - (i - 15) / 15 * 0.66)
+        page.mouse.move(x, y)
+        time.sleep(0.05)
+    page.mouse.up()
+    released = time.time()
+    title = page.locator(".bk-slider-title").first.inner_text()  # the slider's own "depth: <value>"
+    depth = int(re.search(r"depth: (\d+)", title).group(1))  # where the handle was let go
+    assert 10 <= depth <= 24, (title, track, handle)
+    _wait_layers(page, depth, timeout=120)
+    settled = time.time() - released
+    status = page.get_by_text(re.compile(r"last sweep: ")).first
+    status.wait_for(timeout=30_000)
+    match = re.search(r"last sweep: ([0-9.]+) s", status.inner_text())
+    sweep_seconds = float(match.group(1)) if match else 0.0  # "from the cache": no sweep ran
+    assert settled <= 2 * sweep_seconds + 10, (settled, sweep_seconds)
+    page.screenshot(path=str(OUTPUT / "dashboard_after_drag.png"), full_page=True)
+    _assert_clean(watch)
