@@ -896,5 +896,6 @@ def test_a_dragged_slider_settles_on_its_last_value_within_one_sweep(server, bro
     match = re.search(r"last sweep: ([0-9.]+) s", status.inner_text())
     sweep_seconds = float(match.group(1)) if match else 0.0  # "from the cache": no sweep ran
     assert settled <= 2 * sweep_seconds + 10, (settled, sweep_seconds)
+    _wait_url(page, f"depth={depth}&")  # the address bar follows the released value too
     page.screenshot(path=str(OUTPUT / "dashboard_after_drag.png"), full_page=True)
     _assert_clean(watch)
