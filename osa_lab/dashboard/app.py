@@ -64,13 +64,13 @@ HOW_TO_READ = """\
 Every figure is of models **at initialisation** (random weights, Gaussian tokens): the question is
 whether signal propagation across depth keeps the tokens apart, before any training.
 
-- **Rank collapse**: one metric after each block, mean over seeds with a band. Rank collapse shows as
+- **Rank collapse tab**: one metric after each block, mean over seeds with a band. Rank collapse shows as
   the relative residual and the effective rank falling towards 0 and 1, and the token cosine rising to 1.
-- **Spectra**: the singular values of the tokens after each block, divided by the largest; a
+- **Spectra tab**: the singular values of the tokens after each block, divided by the largest; a
   collapsing stack leaves one bright row, a healthy one a spread.
-- **Jacobian**: κ of ∂X_l/∂X_0 (end to end) or of one block; large κ means some input directions
+- **Jacobian tab**: κ of ∂X_l/∂X_0 (end to end) or of one block; large κ means some input directions
   are lost. κ at or above about 4.5e15 cannot be resolved in float64 (σ_min is then rounding error).
-- **OSA check**: per OSA preset, whether its attention matrices are orthogonal to rounding.
+- **OSA check badges**: per OSA preset, whether its attention matrices are orthogonal to rounding.
 - Trained models: open a study's results with `osa-lab dashboard --results DIR` (or `?view=runs`).
 """
 
