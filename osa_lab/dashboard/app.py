@@ -38,6 +38,7 @@ from osa_lab.dashboard.jacobian_view import JacobianView
 from osa_lab.dashboard.rank_view import RankCollapseView
 from osa_lab.dashboard.spectra_view import SpectraView
 from osa_lab.dashboard.state import (
+    ACCENT,
     FIGURE_LOCK,
     PRESET_HEADS,
     URL_PARAMETERS,
@@ -56,6 +57,22 @@ log = logging.getLogger("osa_lab.dashboard")
 
 _WARM = False
 _WARM_LOCK = threading.Lock()
+
+
+#: The page's short guide (the "How to read this" card above the views).
+HOW_TO_READ = """\
+Every figure is of models **at initialisation** (random weights, Gaussian tokens): the question is
+whether signal propagation across depth keeps the tokens apart, before any training.
+
+- **Rank collapse tab**: one metric after each block, mean over seeds with a band. Rank collapse shows as
+  the relative residual and the effective rank falling towards 0 and 1, and the token cosine rising to 1.
+- **Spectra tab**: the singular values of the tokens after each block, divided by the largest; a
+  collapsing stack leaves one bright row, a healthy one a spread.
+- **Jacobian tab**: κ of ∂X_l/∂X_0 (end to end) or of one block; large κ means some input directions
+  are lost. κ at or above about 4.5e15 cannot be resolved in float64 (σ_min is then rounding error).
+- **OSA check badges**: per OSA preset, whether its attention matrices are orthogonal to rounding.
+- Trained models: open a study's results with `osa-lab dashboard --results DIR` (or `?view=runs`).
+"""
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -200,12 +217,14 @@ class Dashboard(pn.viewable.Viewer):
                           visible=pn.bind(bool, self.param.url_errors), sizing_mode="stretch_width"),
             message_pane(self.state.param.error),
             pn.Row(pn.pane.Alert(self.state.param.notice, alert_type="info", sizing_mode="stretch_width"),
-                   pn.widgets.Button.from_param(self.state.param.cancel, button_type="danger", width=130,
+                   pn.widgets.Button.from_param(self.state.param.cancel, color="danger", width=130,
                                                 visible=self.state.param.running, align="center"),
                    visible=pn.bind(bool, self.state.param.notice), sizing_mode="stretch_width"),
             pn.pane.Alert(pn.bind(markdown_literal, self.controls.param.adjusted), alert_type="info",
                           visible=pn.bind(bool, self.controls.param.adjusted), sizing_mode="stretch_width"),
             notes,
+            pn.Card(pn.pane.Markdown(HOW_TO_READ, sizing_mode="stretch_width"), title="How to read this",
+                    collapsed=True, sizing_mode="stretch_width"),
             pn.pane.Markdown("### OSA check", height=40),
             self.check_view,
             self.tabs,
@@ -221,17 +240,17 @@ class Dashboard(pn.viewable.Viewer):
             pn.bind(self._alpha_note, c.param.derived_alpha, c.param.alpha, c.param.presets, c.param.tokens,
                     c.param.dim, c.param.heads), styles={"font-size": "12px"})
         widgets = pn.Column(
-            pn.widgets.MultiChoice.from_param(c.param.presets, name="presets"),
-            throttled(c, "depth", pn.widgets.IntSlider, name="depth"),
-            throttled(c, "tokens", pn.widgets.DiscreteSlider, name="tokens N"),
-            throttled(c, "dim", pn.widgets.DiscreteSlider, name="width d"),
-            pn.widgets.Select.from_param(c.param.heads, name="heads"),
+            pn.widgets.MultiChoice.from_param(c.param.presets, label="presets"),
+            throttled(c, "depth", pn.widgets.IntSlider, label="depth"),
+            throttled(c, "tokens", pn.widgets.DiscreteSlider, label="tokens N"),
+            throttled(c, "dim", pn.widgets.DiscreteSlider, label="width d"),
+            pn.widgets.Select.from_param(c.param.heads, label="heads"),
             pn.widgets.Checkbox.from_param(c.param.derived_alpha),
-            throttled(c, "alpha", pn.widgets.FloatSlider, name="α (OSA)", step=1e-5, format="0.[00000]",
-                       disabled=c.param.derived_alpha),
+            pn.widgets.FloatInput.from_param(c.param.alpha, label="α (OSA), typed exactly", step=0.01,
+                                             disabled=c.param.derived_alpha),
             alpha_note,
-            throttled(c, "seeds", pn.widgets.IntSlider, name="seeds"),
-            pn.widgets.Select.from_param(c.param.metric, name="metric"),
+            throttled(c, "seeds", pn.widgets.IntSlider, label="seeds"),
+            pn.widgets.Select.from_param(c.param.metric, label="metric"),
             sizing_mode="stretch_width",
         )
         return [widgets, status]
@@ -277,8 +296,6 @@ def limit_torch_threads() -> int:
     return torch.get_num_threads()
 
 
-#: The page's accent colour (the header; Okabe–Ito blue, as the OSA presets' lines).
-ACCENT = "#0072B2"
 
 def canvas_figures() -> None:
     """Draw the served figures on an HTML canvas, not WebGL (HoloViews' default).
@@ -328,8 +345,14 @@ def serve_session() -> Dashboard:
     log_to_server_output()
     limit_torch_threads()
     canvas_figures()
-    pn.extension(sizing_mode="stretch_width")
+    pn.extension("tabulator", sizing_mode="stretch_width")
     _install_process_hooks()
+    if wants_runs_view(pn.state.session_args):
+        from osa_lab.dashboard.runs_view import RunsView
+
+        runs = RunsView()
+        runs.template().servable()
+        return runs
     prewarm()
     dashboard = Dashboard(compute_now=False)
     if pn.state.session_args:
@@ -346,6 +369,19 @@ def serve_session() -> Dashboard:
 
     pn.state.onload(on_load)
     return dashboard
+
+
+def wants_runs_view(query: Mapping[str, Any]) -> bool:
+    """Whether the page shows the Runs view: ``?view=runs``, or ``osa-lab dashboard --results DIR``
+    without another ``view`` in the link."""
+    import os
+
+    from osa_lab.dashboard.runs_view import RESULTS_ENV
+
+    views = [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in (query or {}).get("view", [])]
+    if views:
+        return views[-1] == "runs"
+    return bool(os.environ.get(RESULTS_ENV))
 
 
 def log_to_server_output() -> None:

@@ -47,6 +47,17 @@ def app_path() -> Path:
     return path
 
 
+def results_folder(text: str) -> Path:
+    """The absolute path of a study's results folder; :class:`MissingDataError` naming the fix when it is not one."""
+    path = Path(text).expanduser().resolve()
+    if not (path / "final").is_dir() and not (path / "tune").is_dir():
+        raise MissingDataError(
+            f"--results {text}: not a study's results folder (no final/ or tune/ inside); give the --output "
+            "folder of `osa-lab train --experiment`, e.g. docs/results/mnist1d-depth"
+        )
+    return path
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 0 (any free port) to 65535."""
     try:
@@ -79,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-threads", type=positive_int, default=None,
                         help="Panel thread pool size for callbacks (default: none; heavy work already runs in threads)")
+    parser.add_argument("--results", default=None, metavar="DIR",
+                        help="open the Runs view on this study results folder (the --output of `osa-lab train "
+                             "--experiment`)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the panel serve command and exit")
 
 
@@ -101,13 +115,19 @@ def run(args: argparse.Namespace) -> int:
     """Serve the dashboard until interrupted; returns panel's exit status."""
     try:
         cmd = build_command(args)
+        results = results_folder(args.results) if getattr(args, "results", None) else None
     except FileNotFoundError as exc:
         print(f"osa-lab dashboard: error: {exc}", file=sys.stderr)
         return 2
+    if results is not None:
+        from osa_lab.dashboard.runs_view import RESULTS_ENV
+
+        os.environ[RESULTS_ENV] = str(results)
     if args.dry_run:
         print(" ".join(cmd))
         return 0
-    print(f"serving {cmd[4]} at http://{args.address}:{args.port}/osa_dashboard (Ctrl-C to stop)", flush=True)
+    page = f"http://{args.address}:{args.port}/osa_dashboard" + ("?view=runs" if results is not None else "")
+    print(f"serving {cmd[4]} at {page} (Ctrl-C to stop)", flush=True)
     if os.name == "posix":
         # Become the server (exec), so that SIGTERM/SIGINT sent to `osa-lab dashboard` reach it
         # directly: as a child it would outlive a terminated wrapper and keep serving.

@@ -61,7 +61,7 @@ def message_pane(*errors) -> pn.pane.Alert:
 
 def radio_buttons(parameter: param.Parameter, width: int) -> pn.widgets.RadioButtonGroup:
     """A radio group whose selected option is filled in the accent colour (others outlined)."""
-    return pn.widgets.RadioButtonGroup.from_param(parameter, button_type="primary", button_style="outline",
+    return pn.widgets.RadioButtonGroup.from_param(parameter, color="primary", variant="outline",
                                                   width=width, height=34, sizing_mode="fixed")
 
 
@@ -288,7 +288,7 @@ class FigureView(pn.viewable.Viewer):
 
     def _download(self, key: str, stem: str, format: str, label: str) -> pn.widgets.FileDownload:
         button = pn.widgets.FileDownload(
-            filename=f"{stem}.{format}", label=label, button_type="light", embed=False, width=260 if format == "png" else 70,
+            filename=f"{stem}.{format}", label=label, color="light", embed=False, width=260 if format == "png" else 70,
             disabled=pn.bind(lambda keys: key not in keys, self.param.exportable),  # a message is no figure
             description=pn.bind(lambda keys: None if key in keys else "no figure to download: the pane shows a message",
                                 self.param.exportable))

@@ -288,11 +288,11 @@ class JacobianView(FigureView):
         hist = self._pane("histogram", min_height=HISTOGRAM_HEIGHT)
         options = pn.Row(radio_buttons(self.controls.param.jacobian, 330), radio_buttons(self.controls.param.scope, 300))
         sizes = pn.Row(
-            throttled(self.controls, "points", pn.widgets.IntSlider, name="layers evaluated", width=220),
-            throttled(self, "seeds", pn.widgets.IntSlider, name="Jacobian seeds", width=180),
-            pn.widgets.Button.from_param(self.param.compute, button_type="primary", width=170,
+            throttled(self.controls, "points", pn.widgets.IntSlider, label="layers evaluated", width=220),
+            throttled(self, "seeds", pn.widgets.IntSlider, label="Jacobian seeds", width=180),
+            pn.widgets.Button.from_param(self.param.compute, color="primary", width=170,
                                          disabled=self.param.running),
-            pn.widgets.Button.from_param(self.param.cancel, button_type="danger", width=100,
+            pn.widgets.Button.from_param(self.param.cancel, color="danger", width=100,
                                          visible=self.param.running),
         )
         notice = pn.pane.Alert(self.param.notice, alert_type="info", visible=pn.bind(bool, self.param.notice),

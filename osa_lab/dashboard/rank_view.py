@@ -71,10 +71,10 @@ class RankCollapseView(FigureView):
         )
         downloads = pn.Row(
             pn.widgets.FileDownload(callback=self._csv, filename="osa_sweep_metrics.csv",
-                                    label="CSV: tidy metrics of this sweep", button_type="primary", embed=False,
+                                    label="CSV: tidy metrics of this sweep", color="primary", embed=False,
                                     width=260),
             pn.widgets.FileDownload(callback=self._spectra_csv, filename="osa_sweep_spectra.csv",
-                                    label="CSV: tidy spectra of this sweep", button_type="light", embed=False,
+                                    label="CSV: tidy spectra of this sweep", color="light", embed=False,
                                     width=260),
             self._png_download("metric", "rank_collapse.png"),
         )

@@ -57,7 +57,7 @@ class SpectraView(FigureView):
     def _build(self) -> pn.viewable.Viewable:
         heat = self._pane("heatmaps", min_height=340)
         lines = self._pane("lines", min_height=380)
-        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, name="layers drawn as lines", width=400,
+        chooser = pn.widgets.MultiChoice.from_param(self.param.layers, label="layers drawn as lines", width=400,
                                                     placeholder="none chosen: the input, ¼, ½ and the last layer")
         downloads = pn.Row(self._png_download("heatmaps", "spectra_heatmaps.png"),
                            self._png_download("lines", "spectra_lines.png"))

@@ -39,6 +39,9 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, MemoryErr
 URL_PARAMETERS = ("presets", "view", "depth", "tokens", "dim", "heads", "seeds", "derived_alpha", "alpha", "metric",
                   "site", "scale", "jacobian", "scope", "points")
 
+#: The pages' accent colour (the header; Okabe–Ito blue, as the OSA presets' lines).
+ACCENT = "#0072B2"
+
 TOKENS = [4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 DIMS = [4, 8, 16, 24, 32, 48, 64, 96, 128]
 HEAD_CHOICES = [1, 2, 4, 8, 16]

@@ -28,7 +28,7 @@ from osa_lab.dashboard.state import (
     is_served,
     progress_text,
 )
-from osa_lab.errors import ConfigurationError
+from osa_lab.errors import ComputationCancelledError, ConfigurationError
 from osa_lab.studies.settings import StudyPoint
 
 __all__ = ["WORKER_SWEEP_SECONDS", "SweepSettings", "SweepState", "assemble_sweep", "compute_sweep"]
@@ -77,15 +77,37 @@ class SweepSettings:
                 for p in self.presets for s in range(self.seeds)]
 
 
-def compute_sweep(settings: SweepSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
+def compute_sweep(settings: SweepSettings, should_stop: Callable[[], bool] | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Tidy metrics and spectra tables of one sweep (:func:`osa_lab.studies.depth.sweep`),
-    cached process-wide in :data:`SWEEPS` under ``settings``."""
+    cached process-wide in :data:`SWEEPS` under ``settings``.
+
+    With ``should_stop`` (a session's sweep, which newer settings supersede) the sweep runs model by
+    model (:func:`osa_lab.dashboard.jobs.compute_sweep_unit`, each cached in :data:`SWEEP_UNITS`) and
+    asks ``should_stop()`` before each one: ``True`` stops it there with
+    :class:`~osa_lab.errors.ComputationCancelledError`, so a superseded sweep stops computing instead of
+    finishing unseen. The tables are the same either way (:func:`assemble_sweep`)."""
     hit = SWEEPS.get(settings)
     if hit is not None:
         return hit
+    s = settings
+    if should_stop is not None:
+        units = s.points()
+        results = {}
+        for done, unit in enumerate(units):
+            if should_stop():
+                raise ComputationCancelledError(
+                    f"sweep superseded by newer settings after {done} of {len(units)} model runs")
+            cached = SWEEP_UNITS.get(unit)
+            if cached is None:
+                cached = jobs.compute_sweep_unit(unit)
+                SWEEP_UNITS.put(unit, cached)
+            results[unit] = cached
+        tables = assemble_sweep(units, results)
+        SWEEPS.put(settings, tables)
+        return tables
     from osa_lab.studies.depth import sweep
 
-    s = settings
     result = sweep(list(s.presets), depths=[s.depth], tokens=[s.tokens], dims=[s.dim], heads=[s.heads],
                    alphas=[s.alpha], seeds=list(range(s.seeds)), site="both", progress=False)
     SWEEPS.put(settings, (result.metrics, result.spectra))
@@ -143,9 +165,13 @@ class SweepState(Job):
             return  # this sweep is running in a worker already
 
         settings = SweepSettings.of(cfg)
+        mine = self._generation + 1  # the generation :meth:`run` gives this request
+
+        def superseded() -> bool:
+            return self._generation != mine
 
         def compute():
-            return cfg, compute_sweep(settings)
+            return cfg, compute_sweep(settings, should_stop=superseded)
 
         def cached():
             hit = SWEEPS.get(settings)

@@ -214,7 +214,7 @@ def test_heads_offer_only_divisors_and_impossible_settings_keep_figures(app, das
 def test_unexpected_failure_becomes_a_message_not_a_traceback(app, monkeypatch):
     from osa_lab.dashboard import sweep
 
-    def boom(settings):
+    def boom(settings, should_stop=None):
         raise RuntimeError("simulated failure")
 
     monkeypatch.setattr(sweep, "compute_sweep", boom)  # where the session's sweep calls it
@@ -245,10 +245,12 @@ def test_alpha_control_reaches_the_osa_preset_and_shows_derived_value(app):
     assert m[m["preset"] == "pure-ssa"]["alpha"].isna().all()
     assert app.check_view.result["alpha"] == pytest.approx(0.4)
     sidebar = pn.Column(*app.sidebar())
-    slider = [w for w in sidebar.select(pn.widgets.FloatSlider)][0]
-    assert not slider.disabled
+    field = [w for w in sidebar.select(pn.widgets.FloatInput)][0]
+    assert not field.disabled and not sidebar.select(pn.widgets.FloatSlider)
+    field.value = 0.4975  # typed: the control takes exactly this value (a slider's step cannot)
+    assert app.controls.alpha == 0.4975
     app.controls.derived_alpha = True
-    assert slider.disabled and slider.value == pytest.approx(app.controls.derived_alpha0(), rel=1e-4)
+    assert field.disabled and field.value == pytest.approx(app.controls.derived_alpha0(), rel=1e-4)
 
 
 def test_preset_colours_are_fixed_whatever_the_order(dash):
@@ -808,7 +810,7 @@ def test_cached_settings_are_applied_at_once_even_when_served(dash, monkeypatch)
     for module in (dash_state, dash_sweep):
         monkeypatch.setattr(module, "is_served", lambda: True)
 
-    def no_compute(settings):
+    def no_compute(settings, should_stop=None):
         raise AssertionError("cached settings were recomputed")
 
     for module in (dash_sweep, dash):  # where a session's sweep and the pre-warm call it
@@ -1079,3 +1081,60 @@ def test_process_wide_caches_are_kept_by_panel():
     assert cache.get(("check", 1)) is None  # the least recently used went
     pn.state.clear_caches()
     assert cache.get(("check", 64)) is None and ("check", 0) not in cache
+
+
+def test_a_superseded_sweep_stops_before_its_next_model_run(monkeypatch):
+    """A session's sweep asks before each model run whether newer settings superseded it; then it stops
+    (ComputationCancelledError) instead of computing the rest unseen, and caches nothing for its settings."""
+    from osa_lab.dashboard import jobs, sweep
+    from osa_lab.dashboard.caches import SWEEPS
+    from osa_lab.errors import ComputationCancelledError
+
+    settings = sweep.SweepSettings(presets=("vit", "skipless-osa"), depth=2, tokens=8, dim=8, heads=None,
+                                   alpha=None, seeds=3)
+    computed = []
+    real = jobs.compute_sweep_unit
+
+    def counting(unit):
+        computed.append(unit)
+        return real(unit)
+
+    monkeypatch.setattr(jobs, "compute_sweep_unit", counting)
+    asked = []
+
+    def stop_after_two() -> bool:
+        asked.append(len(computed))
+        return len(computed) >= 2
+
+    with pytest.raises(ComputationCancelledError, match="after 2 of 6 model runs"):
+        sweep.compute_sweep(settings, should_stop=stop_after_two)
+    assert len(computed) == 2 and asked == [0, 1, 2]
+    assert SWEEPS.get(settings) is None
+    # not superseded: the same tables as the whole sweep, the two units already computed reused
+    metrics, spectra = sweep.compute_sweep(settings, should_stop=lambda: False)
+    assert len(computed) == 6
+    from osa_lab.studies.depth import sweep as whole
+
+    reference = whole(["vit", "skipless-osa"], depths=[2], tokens=[8], dims=[8], heads=[None], alphas=[None],
+                      seeds=[0, 1, 2], site="both", progress=False)
+    pd.testing.assert_frame_equal(metrics, reference.metrics)
+    pd.testing.assert_frame_equal(spectra, reference.spectra)
+
+
+def test_the_session_sweep_is_superseded_by_newer_settings(monkeypatch):
+    """SweepState hands compute_sweep a check that turns true once newer settings were requested."""
+    from osa_lab.dashboard import sweep
+    from osa_lab.dashboard.app import build_app
+
+    app = build_app(compute_now=False, depth=2, tokens=8, dim=8, seeds=1, presets=["vit", "skipless-osa"])
+    checks = []
+
+    def recording(settings, should_stop=None):
+        checks.append(should_stop)
+        return sweep.SWEEPS.get(settings) or (pd.DataFrame(), pd.DataFrame())
+
+    monkeypatch.setattr(sweep, "compute_sweep", recording)
+    app.state.refresh()
+    assert checks and checks[0] is not None and checks[0]() is False
+    app.controls.depth = 3  # newer settings: the first request is superseded
+    assert checks[0]() is True and checks[-1]() is False

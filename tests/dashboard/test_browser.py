@@ -74,11 +74,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(session_settings: dict[str, str] | None = None):
+def start_server(session_settings: dict[str, str] | None = None, env: dict[str, str] | None = None):
     """Start ``dashboards/osa_dashboard.py`` on a free port with the ``panel serve`` command that
     ``osa-lab dashboard`` runs (``--warm``, short unused-session settings): (process, url, log path).
 
-    ``session_settings`` replaces values of that command, e.g. ``{"--unused-session-lifetime": "1"}``.
+    ``session_settings`` replaces values of that command, e.g. ``{"--unused-session-lifetime": "1"}``;
+    ``env`` adds environment variables (``OSA_LAB_RESULTS``: what ``osa-lab dashboard --results`` sets).
     """
     import argparse
 
@@ -97,7 +98,7 @@ def start_server(session_settings: dict[str, str] | None = None):
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1"},
+        env={**os.environ, "OSA_DASHBOARD_TORCH_THREADS": "1", **(env or {})},
     )
     url = f"http://127.0.0.1:{port}/osa_dashboard"
     deadline = time.time() + 300
@@ -818,3 +819,83 @@ def test_sigterm_to_osa_lab_dashboard_stops_the_server(tmp_path):
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_runs_view_opens_the_committed_study_and_shows_its_runs(server, browser):
+    watch = _open(browser, f"{server}?view=runs")
+    page = watch.page
+    page.get_by_text("No weights were saved").first.wait_for(timeout=90_000)
+    page.locator(".tabulator-row").first.wait_for(timeout=60_000)
+    table = page.locator(".tabulator").first.inner_text()
+    for preset in ("skipless-osa", "vit", "cnn1d"):
+        assert preset in table
+    page.get_by_text("Curves", exact=True).first.click()
+    page.locator("svg, img").filter(has_text="").last.wait_for(timeout=60_000)
+    time.sleep(1)
+    page.screenshot(path=str(OUTPUT / "dashboard_runs.png"), full_page=True)
+    _assert_clean(watch)
+
+
+@pytest.fixture(scope="module")
+def results_with_weights(tmp_path_factory):
+    """The tiny study (two presets, two seeds, about 10 s), whose final runs save their weights."""
+    from osa_lab.cli import main as cli_main
+    from tests.studies.test_depth_study import TINY_EXPERIMENT
+
+    root = tmp_path_factory.mktemp("served_runs")
+    (root / "tiny.yaml").write_text(TINY_EXPERIMENT)
+    out = root / "results"
+    assert cli_main(["train", "--experiment", str(root / "tiny.yaml"), "--output", str(out), "--serial", "--quiet"]) == 0
+    return out
+
+
+def test_runs_view_compares_layers_at_initialisation_and_after_training(browser, results_with_weights):
+    proc, url, _ = start_server(env={"OSA_LAB_RESULTS": str(results_with_weights)})
+    try:
+        watch = _open(browser, url)  # --results opens the Runs view without ?view=runs
+        page = watch.page
+        page.locator(".tabulator-row").first.wait_for(timeout=90_000)
+        assert "saved" in page.locator(".tabulator").last.inner_text()
+        page.get_by_text("Init vs trained", exact=True).first.click()
+        caption = page.get_by_text("Left: at initialisation · right: after training")
+        caption.first.wait_for(timeout=90_000)
+        page.get_by_text(re.compile(r"2 runs: vit · depth 1 · lr 0\.03 · seed 0; vit")).first.wait_for(timeout=10_000)
+        time.sleep(1)
+        page.screenshot(path=str(OUTPUT / "dashboard_runs_layers.png"), full_page=True)
+        _assert_clean(watch)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_a_dragged_slider_settles_on_its_last_value_within_one_sweep(server, browser):
+    """A drag of the depth slider across its range fires once, on release (``value_throttled``): the
+    figures show the released depth within one sweep's time (twice the page's own "last sweep"
+    time plus 10 s of margin for a loaded machine), not after a sweep per value passed."""
+    watch = _open(browser, f"{server}?{QUERY}")
+    page = watch.page
+    _wait_layers(page, 4)
+    track = page.locator(".noUi-target").first.bounding_box()
+    handle = page.locator(".noUi-handle").first.bounding_box()
+    y = handle["y"] + handle["height"] / 2
+    page.mouse.move(handle["x"] + handle["width"] / 2, y)
+    page.mouse.down()
+    for i in range(1, 31):  # to the right end and back to about a third, 30 moves in ~1.5 s
+        x = track["x"] + track["width"] * (i / 15 if i <= 15 else 1 - (i - 15) / 15 * 0.66)
+        page.mouse.move(x, y)
+        time.sleep(0.05)
+    page.mouse.up()
+    released = time.time()
+    title = page.locator(".bk-slider-title").first.inner_text()  # the slider's own "depth: <value>"
+    depth = int(re.search(r"depth: (\d+)", title).group(1))  # where the handle was let go
+    assert 10 <= depth <= 24, (title, track, handle)
+    _wait_layers(page, depth, timeout=120)
+    settled = time.time() - released
+    status = page.get_by_text(re.compile(r"last sweep: ")).first
+    status.wait_for(timeout=30_000)
+    match = re.search(r"last sweep: ([0-9.]+) s", status.inner_text())
+    sweep_seconds = float(match.group(1)) if match else 0.0  # "from the cache": no sweep ran
+    assert settled <= 2 * sweep_seconds + 10, (settled, sweep_seconds)
+    _wait_url(page, f"depth={depth}&")  # the address bar follows the released value too
+    page.screenshot(path=str(OUTPUT / "dashboard_after_drag.png"), full_page=True)
+    _assert_clean(watch)
