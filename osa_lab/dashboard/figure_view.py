@@ -344,6 +344,6 @@ def throttled(obj: param.Parameterized, pname: str, widget_type: type, **kwargs)
         if event.new is not None and event.new != getattr(obj, name):
             setattr(obj, name, event.new)
 
-    widget.param.watch(push, "value_throttled" if widget_type is not pn.widgets.DiscreteSlider else "value")
+    widget.param.watch(push, "value_throttled")  # on release: a drag or held arrow key is one change, not many
     obj.param.watch(lambda e: setattr(widget, "value", e.new), name)
     return widget

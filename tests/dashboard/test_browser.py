@@ -868,6 +868,43 @@ def test_runs_view_compares_layers_at_initialisation_and_after_training(browser,
         proc.wait(timeout=15)
 
 
+def _drag_across(page, index: int) -> list[str]:
+    """Drag the ``index``-th slider's handle to the right end and back to about a third, 30 moves in
+    ~1.5 s; returns the address bar as it was after each move."""
+    track = page.locator(".noUi-target").nth(index).bounding_box()
+    handle = page.locator(".noUi-handle").nth(index).bounding_box()
+    y = handle["y"] + handle["height"] / 2
+    urls = []
+    page.mouse.move(handle["x"] + handle["width"] / 2, y)
+    page.mouse.down()
+    for i in range(1, 31):
+        x = track["x"] + track["width"] * (i / 15 if i <= 15 else 1 - (i - 15) / 15 * 0.66)
+        page.mouse.move(x, y)
+        time.sleep(0.05)
+        urls.append(page.url)
+    page.mouse.up()
+    return urls
+
+
+def test_a_dragged_tokens_slider_fires_on_release_only(server, browser):
+    """The N slider (a discrete slider) also fires on release: the address bar goes from the first
+    value straight to the released one, and the figure is drawn for it."""
+    watch = _open(browser, f"{server}?{QUERY}")
+    page = watch.page
+    _wait_layers(page, 4)
+    during = _drag_across(page, 1)
+    title = page.get_by_text(re.compile("tokens N: ")).first.inner_text()  # the discrete slider's own label
+    tokens = int(re.search(r"tokens N: (\d+)", title).group(1))
+    assert tokens != 16, title  # the drag moved the handle
+    # while the handle moved, nothing was sent: the address bar kept the starting value
+    assert {re.search(r"tokens=(\d+)", u).group(1) for u in during} == {"16"}, during
+    deadline = time.time() + 60
+    while re.search(r"tokens=(\d+)", page.url).group(1) != str(tokens) and time.time() < deadline:
+        page.wait_for_timeout(200)  # (lets playwright take the page's events; a plain sleep would not)
+    assert re.search(r"tokens=(\d+)", page.url).group(1) == str(tokens), page.url
+    _assert_clean(watch)
+
+
 def test_a_dragged_slider_settles_on_its_last_value_within_one_sweep(server, browser):
     """A drag of the depth slider across its range fires once, on release (``value_throttled``): the
     figures show the released depth within one sweep's time (twice the page's own "last sweep"
