@@ -37,7 +37,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ValueError, MemoryErr
 
 #: Controls mirrored in the page URL's query string, in this order (shareable links).
 URL_PARAMETERS = ("presets", "view", "depth", "tokens", "dim", "heads", "seeds", "derived_alpha", "alpha", "metric",
-                  "site", "scale", "jacobian", "scope", "points")
+                  "site", "scale", "colours", "floor", "layers", "jacobian", "scope", "points")
 
 #: The pages' accent colour (the header; Okabe–Ito blue, as the OSA presets' lines).
 ACCENT = "#0072B2"
@@ -57,6 +57,10 @@ METRIC_LABELS = {
 }
 SITE_LABELS = {"whole block": "block", "attention sub-layer": "attention"}
 SCALE_LABELS = {"auto": "auto", "log": "log", "linear": "linear"}
+#: The spectra heatmaps' colour range (:func:`osa_lab.plots.depth.spectra_heatmaps`): shared or per panel.
+COLOURS_LABELS = {"one for all": "shared", "per panel": "per_panel"}
+#: The low end of the spectra heatmaps' colour range; "auto": the smallest value shown.
+FLOOR_LABELS = {"auto": "auto", "1e-2": "1e-2", "1e-4": "1e-4", "1e-8": "1e-8", "1e-16": "1e-16"}
 JACOBIAN_LABELS = {"auto (cheaper)": "auto", "exact": "exact", "matrix-free": "matrix-free"}
 SCOPE_LABELS = {"end-to-end ∂X_l/∂X_0": "end_to_end", "single block": "layer"}
 VIEW_LABELS = {"Rank collapse": "rank", "Spectra": "spectra", "Jacobian": "jacobian"}
@@ -252,6 +256,12 @@ class Controls(param.Parameterized):
     view = param.Selector(default="rank", objects=VIEWS, doc="The visible tab.")
     site = param.Selector(default="block", objects=SITE_LABELS, doc="Hidden state after the block or attention.")
     scale = param.Selector(default="auto", objects=SCALE_LABELS, label="y scale", doc="Log y where values span decades.")
+    colours = param.Selector(default="shared", objects=COLOURS_LABELS, label="colour range",
+                             doc="Spectra heatmaps: one colour range for every preset, or each its own.")
+    floor = param.Selector(default="1e-4", objects=FLOOR_LABELS, label="colour floor",
+                           doc="Spectra heatmaps: σᵢ/σ₁ below this take the lowest colour (auto: the smallest value).")
+    layers = param.List(default=[], item_type=int,
+                        doc="Spectra: layers drawn as lines (empty: the input, ¼, ½ and the last layer).")
     jacobian = param.Selector(default="auto", objects=JACOBIAN_LABELS, doc="Jacobian computation.")
     scope = param.Selector(default="end_to_end", objects=SCOPE_LABELS, doc="κ of ∂X_l/∂X_0 or of block l alone.")
     points = param.Integer(default=6, bounds=(1, 48), label="layers evaluated",
@@ -386,6 +396,8 @@ class Controls(param.Parameterized):
                 q[name] = "true" if value else "false"
             elif name == "heads":
                 q[name] = "preset" if value == PRESET_HEADS else str(value)
+            elif name == "layers":
+                q[name] = ",".join(str(x) for x in value)
             elif name == "alpha":
                 q[name] = f"{float(value):.10g}"  # 0.59971, not the slider's 0.5997100000000001
             else:
@@ -415,6 +427,11 @@ class Controls(param.Parameterized):
                 errors.append(f"unknown URL parameter {quoted(key)} (known: {', '.join(URL_PARAMETERS)})")
                 continue
             texts[key] = text
+            if key == "layers":  # each layer on its own: an unusable one never discards the others
+                updates[key], bad = self._parse_layers(text)
+                if bad:
+                    errors.append(f"layers {quoted(','.join(bad))} ignored: use whole numbers from 0 to the depth")
+                continue
             try:
                 updates[key] = self._parse(key, text)
             except (ValueError, OverflowError) as exc:
@@ -461,6 +478,19 @@ class Controls(param.Parameterized):
         """The message for a link whose α is unusable while it turns the derived α₀ off."""
         return (f"derived_alpha={quoted(derived_text)} was ignored: the link's alpha cannot be used, so the "
                 "derived α₀ (OSA init) is used instead of a fixed α")
+
+    def _parse_layers(self, text: str) -> tuple[list[int], list[str]]:
+        """The usable layers of a comma-separated list (whole numbers in 0…max depth) and the rest;
+        a layer past the sweep's depth is dropped later, by the view, with the others kept."""
+        good, bad = [], []
+        for part in (x.strip() for x in text.split(",")):
+            if not part:
+                continue
+            if _INTEGER.fullmatch(part) and len(part) <= 3 and 0 <= int(part) <= self.param.depth.bounds[1]:
+                good.append(int(part))
+            else:
+                bad.append(part)
+        return sorted(set(good)), bad
 
     def _parse(self, key: str, text: str) -> object:
         p = self.param[key]

@@ -52,6 +52,7 @@ from osa_lab.plots.style import (
 )
 
 __all__ = [
+    "COLOUR_RANGES",
     "LOG_CEILING",
     "LOG_FLOOR",
     "ensure_backends",
@@ -198,6 +199,18 @@ def spectra_grid(
     return out
 
 
+#: How :func:`spectra_heatmaps` sets its colour ranges: one for every panel, or each panel its own.
+COLOUR_RANGES = ("shared", "per panel")
+
+
+def _positive_range(z: np.ndarray, floor: float | None) -> tuple[float, float]:
+    """``(low, 1)``: the smallest positive finite value (at least :data:`LOG_FLOOR`), or ``floor``."""
+    if floor is not None:
+        return (float(floor), 1.0)
+    vals = z[np.isfinite(z) & (z > 0)]
+    return (max(float(vals.min()), LOG_FLOOR) if vals.size else LOG_FLOOR, 1.0)
+
+
 def spectra_heatmaps(
     spectra: pd.DataFrame,
     *,
@@ -205,58 +218,48 @@ def spectra_heatmaps(
     depth: int | None = None,
     cmap: str = "viridis",
     clim: tuple[float, float] | None = None,
+    colour_range: str = "shared",
+    floor: float | None = None,
     title: str | None = None,
     panel_width: int = 380,
     cols: int | None = None,
 ) -> hv.Layout:
-    """One heatmap per preset (layer × normalised index, log colour of ``σ_i/σ_1``), shared colour scale.
+    """One heatmap per preset (layer × normalised index, log colour of ``σ_i/σ_1``).
 
-    The colour range is the same for every preset (``clim``, by default the positive range of
-    all values, floored at :data:`LOG_FLOOR`), so the panels compare directly; hovering shows
-    layer, normalised index and ``σ_i/σ_1``. ``title`` heads the whole layout (e.g. the settings
-    it was computed with); ``panel_width`` and ``cols`` size the bokeh panels so a row fits.
+    ``colour_range="shared"`` gives every panel the same range (``clim``, by default the positive
+    range of all values, floored at :data:`LOG_FLOOR`) and one colour bar, on the last panel, so
+    the panels compare directly. A preset whose spectrum collapses stretches a shared range over
+    many decades and leaves the others one colour: ``floor`` clips the range's low end (values
+    below it take its colour), or ``colour_range="per panel"`` gives each panel its own range and
+    colour bar. Hovering shows layer, normalised index and ``σ_i/σ_1``. ``title`` heads the whole
+    layout; ``panel_width`` and ``cols`` size the bokeh panels so a row fits.
     """
+    if colour_range not in COLOUR_RANGES:
+        raise OSAInputError(f"colour_range must be one of {COLOUR_RANGES}, got {colour_range!r}")
+    if floor is not None and not (0 < floor < 1):
+        raise OSAInputError(f"floor must lie in (0, 1) (the low end of the σᵢ/σ₁ colour range), got {floor!r}")
     grids = spectra_grid(spectra, site=site, depth=depth)
-    if clim is None:
-        vals = np.concatenate([z[np.isfinite(z)].ravel() for _, _, z in grids.values()])
-        vals = vals[vals > 0]
-        lo = max(float(vals.min()), LOG_FLOOR) if vals.size else LOG_FLOOR
-        clim = (lo, 1.0)
+    shared = colour_range == "shared"
+    if shared and clim is None:
+        clim = _positive_range(np.concatenate([z.ravel() for _, _, z in grids.values()] or [np.ones(1)]), floor)
     panels = []
-    for preset, (layers, frac, z) in grids.items():
-        zc = np.clip(z, clim[0], None)
+    for i, (preset, (layers, frac, z)) in enumerate(grids.items()):
+        lim = clim if shared else _positive_range(z, floor)
+        bar = not shared or i == len(grids) - 1  # one colour bar for a shared range
         img = hv.Image(
-            (layers, frac, zc),
+            (layers, frac, np.clip(z, lim[0], None)),
             kdims=[hv.Dimension("layer"), hv.Dimension("rank_fraction", label="normalised index i/k")],
             vdims=[hv.Dimension("sigma_normalized", label="σᵢ/σ₁")],
             label=str(preset),
         )
+        common = dict(cmap=cmap, logz=True, clim=lim, colorbar=bar, title=str(preset), invert_yaxis=True)
         img = dual_options(
             img,
-            dict(
-                cmap=cmap,
-                logz=True,
-                clim=clim,
-                colorbar=True,
-                tools=["hover"],
-                title=str(preset),
-                width=panel_width,
-                height=300,
-                invert_yaxis=True,
-            ),
-            dict(
-                cmap=cmap,
-                logz=True,
-                clim=clim,
-                colorbar=True,
-                title=str(preset),
-                fig_inches=(4, 3.2),
-                aspect=1.25,
-                invert_yaxis=True,
-            ),
+            dict(common, tools=["hover"], width=panel_width + (0 if bar else -60), height=300),
+            dict(common, fig_inches=(4, 3.2), aspect=1.25),
         )
         panels.append(integer_xticks(img))
-    # hspace: room between panels for each colour bar's label and the next panel's y label
+    # hspace: room between panels for a colour bar's label and the next panel's y label
     layout = dual_options(hv.Layout(panels), dict(shared_axes=False), dict(sublabel_format="", hspace=0.9))
     if title:
         layout = layout.opts(title=title, backend="bokeh").opts(title=title, backend="matplotlib")

@@ -233,6 +233,44 @@ def test_layer_selection_draws_those_layers(app):
     assert app.spectra_view.layers == [0]
 
 
+def test_spectra_layers_colour_range_and_floor_are_in_the_url(app, dash):
+    app.controls.view = "spectra"
+    app.spectra_view.layers = [1, 3]
+    app.controls.param.update(colours="per_panel", floor="1e-8")
+    query = app.controls.to_query()
+    assert (query["layers"], query["colours"], query["floor"]) == ("1,3", "per_panel", "1e-8")
+    b = dash.Dashboard(compute_now=False)
+    b.apply_url({k: [v.encode()] for k, v in query.items()})
+    assert b.url_errors == []
+    assert (b.controls.layers, b.controls.colours, b.controls.floor) == ([1, 3], "per_panel", "1e-8")
+
+
+def test_an_unusable_layer_in_the_url_keeps_the_usable_ones(dash):
+    d = dash.Dashboard(compute_now=False)
+    d.apply_url({"layers": "0,x,2,-1,999", "floor": "7"})
+    assert d.controls.layers == [0, 2]
+    assert len(d.url_errors) == 2
+    assert "layers" in d.url_errors[0] and "x" in d.url_errors[0] and "999" in d.url_errors[0]
+    assert d.controls.floor == "1e-4"  # the default kept; its error names the valid values
+    assert "1e-2" in d.url_errors[1]
+
+
+def test_spectra_floor_and_per_panel_range_reach_the_heatmaps(app):
+    import holoviews as hv
+
+    def clims():
+        heat = _pane_data(app.spectra_view, "heatmaps")
+        return [hv.Store.lookup_options("bokeh", img, "plot").kwargs.get("clim")
+                or hv.Store.lookup_options("bokeh", img, "style").kwargs.get("clim") for img in heat]  # fmt: skip
+
+    app.controls.view = "spectra"
+    assert set(clims()) == {(1e-4, 1.0)}  # the default floor
+    app.controls.floor = "1e-2"
+    assert set(clims()) == {(1e-2, 1.0)}
+    app.controls.param.update(colours="per_panel", floor="auto")
+    assert len(set(clims())) == 2  # pure-ssa collapses, pure-osa does not: each panel its own range
+
+
 def test_alpha_control_reaches_the_osa_preset_and_shows_derived_value(app):
     from osa_lab.nn.attention import derived_alpha_init
 

@@ -180,6 +180,46 @@ def test_spectra_grid_and_shared_colour_scale():
     _renders_both(layout)
 
 
+def _clim(img):
+    return (hv.Store.lookup_options("bokeh", img, "style").kwargs.get("clim")
+            or hv.Store.lookup_options("bokeh", img, "plot").kwargs.get("clim"))  # fmt: skip
+
+
+def _colourbar(img) -> bool:
+    return bool(hv.Store.lookup_options("bokeh", img, "plot").kwargs.get("colorbar"))
+
+
+def test_spectra_heatmaps_shared_range_has_one_colour_bar_and_a_floor_clips_it():
+    s = _spectra()
+    layout = D.spectra_heatmaps(s)
+    assert [_colourbar(img) for img in layout] == [False] * (len(layout) - 1) + [True]
+    clipped = D.spectra_heatmaps(s, floor=1e-3)
+    assert {_clim(img) for img in clipped} == {(1e-3, 1.0)}
+    for img in clipped:  # values below the floor are drawn at the floor
+        assert np.nanmin(img.dimension_values("sigma_normalized")) >= 1e-3
+    _renders_both(clipped)
+
+
+def test_spectra_heatmaps_per_panel_range_follows_each_preset():
+    s = _spectra()
+    grids = D.spectra_grid(s)
+    layout = D.spectra_heatmaps(s, colour_range="per panel")
+    for img, (_, _, z) in zip(layout, grids.values(), strict=True):
+        lo, hi = _clim(img)
+        assert hi == 1.0 and lo == pytest.approx(max(z[z > 0].min(), D.LOG_FLOOR))
+        assert _colourbar(img)
+    assert len({_clim(img) for img in layout}) == len(grids)  # the presets' ranges differ here
+    _renders_both(layout)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"colour_range": "both"}, "colour_range must be one of"),
+                                               ({"floor": 2.0}, "floor must lie in"),
+                                               ({"floor": 0.0}, "floor must lie in")])  # fmt: skip
+def test_spectra_heatmaps_bad_range_is_named(kwargs, match):
+    with pytest.raises(OSAInputError, match=match):
+        D.spectra_heatmaps(_spectra(), **kwargs)
+
+
 def test_spectra_lines_selected_layers():
     s = _spectra()
     layout = D.spectra_lines(s, layers=[0, 5])
