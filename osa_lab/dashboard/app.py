@@ -111,12 +111,12 @@ class Dashboard(pn.viewable.Viewer):
         anything not cached is left to the page's load (with loading indicators)."""
         try:
             self.controls.validate()
-            cfg, args = self.controls.config(), self.controls.check_args()
+            cfg, groups = self.controls.config(), self.controls.check_groups()
         except ConfigurationError:
             return
         if SWEEPS.get(SweepSettings.of(cfg)) is not None:
             self.state.refresh()
-        if CHECKS.get(args) is not None:
+        if all(CHECKS.get(args) is not None for _, args in groups):
             self.check_view.refresh()
 
     @param.depends("controls.view", watch=True)
@@ -323,7 +323,8 @@ def prewarm() -> None:
     app = Dashboard(compute_now=False)
     app.controls.validate()
     cfg = app.controls.config()
-    compute_osa_check(*app.controls.check_args())
+    for _, args in app.controls.check_groups():
+        compute_osa_check(*args)
     app.state._run_sync(lambda: (cfg, compute_sweep(SweepSettings.of(cfg))), lambda v: app.state.param.update(
         config=v[0], metrics=v[1][0], spectra=v[1][1]))
     for cache_key, build in app.rank_view.specs().values():

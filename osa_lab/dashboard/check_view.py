@@ -15,10 +15,12 @@ from osa_lab.errors import ConfigurationError
 
 
 class OSACheckView(pn.viewable.Viewer):
-    """Badges with the OSA check of the current sizes: orthogonality and dense vs low-rank error."""
+    """Badges with the OSA check of the current sizes, one row per OSA preset's head count:
+    orthogonality and dense vs low-rank error."""
 
     controls = param.ClassSelector(class_=Controls)
-    result = param.Dict(default=None, allow_None=True, doc="Last good osa_check result.")
+    result = param.Dict(default=None, allow_None=True, doc="Last good osa_check result (the first OSA preset's).")
+    results = param.List(default=[], doc="Last good osa_check results, one per head count, each with its presets.")
 
     def __init__(self, compute_now: bool = True, **params):
         super().__init__(**params)
@@ -33,17 +35,34 @@ class OSACheckView(pn.viewable.Viewer):
         c = self.controls
         try:
             c.validate()
-            args = c.check_args()
+            groups = c.check_groups()
         except ConfigurationError:
             return
 
         def compute():
-            return compute_osa_check(*args)
+            return [{**compute_osa_check(*args), "presets": names} for names, args in groups]
+
+        def cached():
+            hits = [CHECKS.get(args) for _, args in groups]
+            if any(h is None for h in hits):
+                return None
+            return [{**h, "presets": names} for (names, _), h in zip(groups, hits, strict=True)]
 
         def apply(value):
-            self.result = value
+            self.param.update(results=value, result=value[0])
 
-        self.job.run(compute, apply, lambda: CHECKS.get(args))
+        self.job.run(compute, apply, cached)
+
+    @classmethod
+    def results_html(cls, results: list[dict]) -> str:
+        """The badges of every check, each row naming the OSA presets it covers."""
+        rows = []
+        for result in results:
+            names = result.get("presets") or ()
+            label = (f'<span style="font-size:12px;font-weight:600;margin-right:6px">{html.escape(", ".join(names))}:'
+                     "</span>" if len(results) > 1 and names else "")  # fmt: skip
+            rows.append(f'<div class="osa-check-row">{label}{cls.badges_html(result)}</div>')
+        return "".join(rows)
 
     @staticmethod
     def badges_html(result: dict | None) -> str:
@@ -89,7 +108,7 @@ class OSACheckView(pn.viewable.Viewer):
 
     def __panel__(self) -> pn.viewable.Viewable:
         return pn.Column(
-            pn.pane.HTML(pn.bind(self.badges_html, self.param.result), sizing_mode="stretch_width",
+            pn.pane.HTML(pn.bind(self.results_html, self.param.results), sizing_mode="stretch_width",
                          loading=self.job.param.busy, min_height=30),
             message_pane(self.job.param.error),
             sizing_mode="stretch_width",

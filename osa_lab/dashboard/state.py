@@ -302,8 +302,23 @@ class Controls(param.Parameterized):
         return self.heads_value or 1
 
     def check_args(self) -> tuple[int, int, int, float | None]:
-        """Arguments of :func:`compute_osa_check` for the current settings."""
+        """Arguments of :func:`compute_osa_check` for the current settings (the first OSA preset's)."""
         return int(self.tokens), int(self.dim), self.check_heads(), self.alpha_value
+
+    def check_groups(self) -> list[tuple[tuple[str, ...], tuple[int, int, int, float | None]]]:
+        """One OSA check per head count among the OSA presets shown: ``(presets, args)`` pairs in the
+        presets' order (presets with equal heads share a check: it depends on N, d, heads and α
+        only). Without an OSA preset, one check of :meth:`check_args` for no preset."""
+        from osa_lab.nn.presets import get_preset
+
+        groups: dict[tuple[int, int, int, float | None], list[str]] = {}
+        for p in self.presets:
+            if get_preset(p).attention == "osa":
+                args = (int(self.tokens), int(self.dim), self.heads_of(p), self.alpha_value)
+                groups.setdefault(args, []).append(p)
+        if not groups:
+            return [((), self.check_args())]
+        return [(tuple(names), args) for args, names in groups.items()]
 
     def derived_alpha0(self) -> float:
         """The derived α₀ of the OSA check's heads at the current N and d."""

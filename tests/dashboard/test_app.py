@@ -271,6 +271,19 @@ def test_spectra_floor_and_per_panel_range_reach_the_heatmaps(app):
     assert len(set(clims())) == 2  # pure-ssa collapses, pure-osa does not: each panel its own range
 
 
+def test_the_osa_check_runs_for_every_osa_preset_shown(app):
+    """pure-osa (1 head) and skipless-osa (4 heads) are different OSA operators at the same N and d:
+    each gets its own check, named on the page; two OSA presets with equal heads share one."""
+    app.controls.presets = ["pure-ssa", "skipless-osa", "pure-osa"]
+    results = app.check_view.results
+    assert [(r["presets"], r["heads"]) for r in results] == [(("skipless-osa",), 4), (("pure-osa",), 1)]
+    page = app.check_view.results_html(results)
+    assert page.count('class="osa-check-row"') == 2 and "skipless-osa:" in page and "pure-osa:" in page
+    app.controls.heads = 1  # one head count for all: one check covers both presets
+    assert [r["presets"] for r in app.check_view.results] == [("skipless-osa", "pure-osa")]
+    assert app.check_view.results_html(app.check_view.results).count('class="osa-check-row"') == 1
+
+
 def test_alpha_control_reaches_the_osa_preset_and_shows_derived_value(app):
     from osa_lab.nn.attention import derived_alpha_init
 
