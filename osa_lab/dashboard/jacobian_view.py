@@ -274,14 +274,30 @@ class JacobianView(FigureView):
 
         return {"kappa": (("kappa", key, scope), kappa), "histogram": (("histogram", key), histogram)}
 
-    def badge(self, profile: pd.DataFrame | None) -> str:
-        """Which computation produced the figures."""
+    def figures_are_current(self) -> bool:
+        """Whether the figures shown are of the current controls (a preview counts as current: its
+        titles say what it is); ``False`` while earlier figures wait for a new computation."""
+        shown, c = self.shown, self.controls
+        if not shown:
+            return False
+        cfg = c.config()
+        same = all(shown.get(k) == v for k, v in cfg.items() if k not in ("tokens", "dim"))
+        same = same and (shown.get("preview") or (shown.get("tokens"), shown.get("dim")) == (cfg["tokens"], cfg["dim"]))
+        mode_ok = c.jacobian == "auto" or c.jacobian == shown.get("jacobian")
+        return bool(same and mode_ok and shown.get("jseeds") == int(self.seeds))
+
+    def badge(self, profile: pd.DataFrame | None, *_watched: object) -> str:
+        """Which computation produced the figures, and whether they are of earlier settings."""
         used = self.algorithms_used()
         if not used:
             return ""
         how = {"exact": "exact (torch.func.jacrev, all singular values)",
                "matrix-free": "matrix-free (jvp/vjp + Lanczos: σ_max and σ_min only)"}
-        return "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
+        text = "**Jacobian computed:** " + "; ".join(how.get(m, m) for m in used.split(", "))
+        if not self.figures_are_current():
+            text = ("*The figures below are of earlier settings* (" + self.controls.describe(
+                {**self.shown, "seeds": self.shown.get("jseeds", 1)}) + "). " + text.replace("computed", "computed there"))
+        return text
 
     def _build(self) -> pn.viewable.Viewable:
         kappa = self._pane("kappa", min_height=FIGURE_HEIGHT)
@@ -300,5 +316,6 @@ class JacobianView(FigureView):
         downloads = pn.Row(self._png_download("kappa", "jacobian_kappa.png"),
                            self._png_download("histogram", "jacobian_histogram.png"))
         return pn.Column(message_pane(self.job.param.error), notice, options, sizes,
-                         pn.pane.Markdown(pn.bind(self.badge, self.param.profile)), kappa, hist, downloads,
+                         pn.pane.Markdown(pn.bind(self.badge, self.param.profile, self.param.notice, self.param.shown,
+                                                  self.param.running)), kappa, hist, downloads,
                          sizing_mode="stretch_width", name="Jacobian")

@@ -595,6 +595,23 @@ def test_jacobian_view_computes_only_when_open_and_modes_share_results(app, dash
     assert len(calls) == 2
 
 
+def test_jacobian_badge_never_claims_earlier_figures_are_current(app, dash, monkeypatch):
+    """Settings whose Jacobians wait for *Compute* leave the earlier figures on screen: the line
+    above them says they are of earlier settings, and which, until the new ones are shown."""
+    monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit([]))
+    app.controls.view = "jacobian"
+    view = app.jacobian_view
+    assert view.figures_are_current() and "earlier settings" not in view.badge(view.profile)
+    monkeypatch.setattr(jacobian_view.jobs, "estimate_seconds", lambda *a, **k: 1e6)  # too long to start alone
+    app.controls.depth = 2
+    assert "Press **Compute Jacobians**" in view.notice
+    line = view.badge(view.profile)
+    assert not view.figures_are_current()
+    assert line.startswith("*The figures below are of earlier settings* (depth 3") and "computed there" in line
+    view.request(force=True)  # Compute pressed: the new figures, and the line says so
+    assert view.figures_are_current() and "earlier settings" not in view.badge(view.profile)
+
+
 def test_histogram_download_follows_a_mode_switch(app, dash, monkeypatch):
     """After exact → matrix-free the PNG is the figure on screen, not the old one."""
     monkeypatch.setattr(jacobian_view, "compute_unit", _fake_unit([]))
