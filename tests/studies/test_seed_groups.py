@@ -260,17 +260,17 @@ def groups_trained(monkeypatch):
 def test_cli_trains_several_seeds_as_one_group_and_writes_the_files_per_seed(tmp_path, groups_trained):
     from osa_lab.cli import main as cli_main
 
-    seeds = ["0", "1", "2", "3"]
+    seeds = [str(s) for s in range(6)]
     assert cli_main([*CLI, "--seeds", *seeds, "--output", str(tmp_path / "group")]) == 0
-    assert groups_trained == [[0, 1, 2, 3]]
+    assert groups_trained == [list(range(6))]
     assert cli_main([*CLI, "--seeds", *seeds, "--group-size", "1", "--output", str(tmp_path / "solo")]) == 0
-    assert groups_trained[1:] == [[0], [1], [2], [3]]
-    for seed in (0, 1, 2, 3):
+    assert groups_trained[1:] == [[s] for s in range(6)]
+    for seed in range(6):
         files = sorted(p.name for p in (tmp_path / "group" / "skipless-osa" / f"seed{seed}").iterdir())
         assert files == sorted(p.name for p in (tmp_path / "solo" / "skipless-osa" / f"seed{seed}").iterdir())
         assert {"metrics.csv", "config.json", T.CHECKPOINT_NAME} <= set(files)
     runs = pd.read_csv(tmp_path / "group" / "runs.csv")
-    assert runs["seed"].tolist() == [0, 1, 2, 3] and (runs["status"] == "ok").all()
+    assert runs["seed"].tolist() == list(range(6)) and (runs["status"] == "ok").all()
     grouped, alone = (pd.read_csv(tmp_path / d / "metrics.csv") for d in ("group", "solo"))
     pd.testing.assert_frame_equal(deterministic(grouped).drop(columns="value"), deterministic(alone).drop(columns="value"))
     assert float((deterministic(grouped)["value"] - deterministic(alone)["value"]).abs().max()) < 1e-3
@@ -283,25 +283,26 @@ def test_cli_group_size_splits_the_seeds(tmp_path, groups_trained):
     assert groups_trained == [[0, 1], [2]]
 
 
-def test_cli_trains_fewer_than_four_seeds_alone_by_default_and_groups_them_when_asked(tmp_path, groups_trained):
-    """Groups of 2 or 3 cost more per seed than solo runs: the default groups only from four seeds up."""
+def test_cli_trains_fewer_than_six_seeds_alone_by_default_and_groups_them_when_asked(tmp_path, groups_trained):
+    """Groups of 2 or 3 cost more per seed than solo runs: the default groups only from six seeds up."""
     from osa_lab.cli import main as cli_main
 
-    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--output", str(tmp_path / "a")]) == 0
-    assert groups_trained == [[0], [1], [2]]
+    assert cli_main([*CLI, "--seeds", "0", "1", "2", "3", "4", "--output", str(tmp_path / "a")]) == 0
+    assert groups_trained == [[0], [1], [2], [3], [4]]
     assert cli_main([*CLI, "--seeds", "0", "1", "2", "--group-size", "3", "--output", str(tmp_path / "b")]) == 0
-    assert groups_trained[3:] == [[0, 1, 2]]
+    assert groups_trained[5:] == [[0, 1, 2]]
 
 
 @pytest.mark.parametrize(
     ("seeds", "size", "groups"),
     [([5], None, [[5]]), ([0, 1], None, [[0], [1]]), ([0, 1, 2], None, [[0], [1], [2]]),
-     ([0, 1, 2, 3], None, [[0, 1, 2, 3]]), (list(range(10)), None, [list(range(10))]),
+     ([0, 1, 2, 3, 4], None, [[0], [1], [2], [3], [4]]), (list(range(6)), None, [list(range(6))]),
+     (list(range(10)), None, [list(range(10))]),
      ([0, 1, 2], 2, [[0, 1], [2]]), ([0, 1], 2, [[0, 1]]), ([3, 1, 2, 0], 1, [[3], [1], [2], [0]])],
 )  # fmt: skip
-def test_seed_groups_default_rule_groups_from_four_seeds_up(seeds, size, groups):
+def test_seed_groups_default_rule_groups_from_six_seeds_up(seeds, size, groups):
     assert seed_groups(seeds, size) == groups
-    assert MIN_DEFAULT_GROUP == 4
+    assert MIN_DEFAULT_GROUP == 6
 
 
 @pytest.mark.parametrize("size", [0, -1, 2.0, True])

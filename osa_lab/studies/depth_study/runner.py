@@ -62,7 +62,7 @@ class StudyRunner:
 
     def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int, kappa: bool) -> list[Task]:
         """One task per seed group of each setting (:func:`study_group_run`): the setting's seeds in
-        one group from four seeds up, each seed alone below (:func:`seed_groups`), in seed order."""
+        one group from six seeds up, each seed alone below (:func:`seed_groups`), in seed order."""
         tasks = []
         for lr, mult in points:
             for group in seed_groups(seeds, None):

@@ -112,9 +112,9 @@ def _compare_task(
 
 
 #: the default rule: all seeds in one group from this many seeds up, each seed alone below it
-#: (measured on a 2-core EPYC with ``benchmarks/seed_groups.py``: a group of 2 or 3 costs more
+#: (measured on a 2-core EPYC with ``benchmarks/seed_groups.py``: groups of 2 to 4 cost more
 #: per seed than a solo run, see docs/training.md)
-MIN_DEFAULT_GROUP = 4
+MIN_DEFAULT_GROUP = 6
 
 
 def seed_groups(seeds: Sequence[int], group_size: int | None) -> list[list[int]]:
@@ -154,7 +154,7 @@ def compare(
     ``(metrics, summary)``.
 
     The seeds of a preset train together as seed groups of ``group_size`` (default
-    :func:`seed_groups`' rule: all of them in one group from four seeds up, each alone below;
+    :func:`seed_groups`' rule: all of them in one group from six seeds up, each alone below;
     :mod:`osa_lab.studies.training.group`), each member exactly as its solo run. Every
     group is one task of an :mod:`osa_lab.studies.grid` grid: ``grid_options`` runs them on a
     local Dask cluster or an existing one (default: in-process, one after the other, with the
