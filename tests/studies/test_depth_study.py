@@ -440,7 +440,7 @@ def test_a_task_is_a_seed_group_from_six_seeds_up_and_a_seed_alone_below(tmp_pat
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 6})
     study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
     six = study._tasks("final", "vit", 2, [(0.01, 1.0)], list(range(6)), 5, True)
-    assert [t.kwargs["seeds"] for t in six] == [list(range(6))] and six[0].settings["seeds"] == 6
+    assert [t.kwargs["seeds"] for t in six] == [list(range(6))] and six[0].settings["seeds"] == "0,1,2,3,4,5"
     two = study._tasks("tune", "vit", 2, [(0.01, 1.0), (0.03, 1.0)], [1000, 1001], 5, False)
     assert [(t.kwargs["lr"], t.kwargs["seeds"]) for t in two] == [(0.01, [1000]), (0.01, [1001]), (0.03, [1000]),
                                                                  (0.03, [1001])]  # fmt: skip

@@ -72,8 +72,9 @@ class StudyRunner:
                 key = result_name(stage, preset, depth, 0, lr, mult).replace("/", "-").removesuffix("-s0.json")
                 key += "-s" + "_".join(str(s) for s in group)
                 tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
-                                                            "alpha_lr_mult": mult, "seeds": len(group)}, key=key,
-                                  progress_kwarg="progress"))  # fmt: skip
+                                                            "alpha_lr_mult": mult,
+                                                            "seeds": ",".join(str(s) for s in group)},
+                                  key=key, progress_kwarg="progress"))  # fmt: skip
         return tasks
 
     def _run(self, tasks: list[Task], desc: str) -> list[dict | None]:
