@@ -19,7 +19,9 @@ backward, clipping, AdamW step) of each preset at one depth (default ``vit`` and
 * ``achieved_gflops``: ``gflop_per_step`` ÷ ``matmul_ms`` (inside the step);
 * a microbenchmark of every distinct matrix product of the step at its own shapes, alone in a
   loop: ``matmul_isolated_ms`` (Σ calls × isolated time, the step's products at this CPU's
-  single-thread throughput; ``isolated_gflops``) and ``matmul_g10_ms_per_seed`` (each product as one ``bmm`` over a
+  single-thread throughput; ``isolated_gflops``; ``replayed_flop_share``: the replayed
+  products' FLOPs over ``gflop_per_step``, which says how much of the step's products the
+  replay covers) and ``matmul_g10_ms_per_seed`` (each product as one ``bmm`` over a
   leading member dimension of G = ``--group``, time ÷ G: what the products of a group cost per
   seed when batched);
 * the floors, the lowest per-seed ratio to a solo step a group could reach if everything but the
@@ -81,12 +83,9 @@ def solo_step(preset: str, depth: int, *, dim: int, heads: int, batch: int, data
 
 def _operands(name: str, shapes: list) -> tuple[list[int], list[int]] | None:
     """The two matrix operands' shapes of a recorded product (None if not a plain product)."""
-    mats = [s for s in shapes if isinstance(s, list) and len(s) >= 2]
-    if name in ("aten::mm", "aten::bmm") and len(mats) >= 2:
-        return mats[0], mats[1]
-    if name in ("aten::addmm", "aten::baddbmm") and len(mats) >= 2:
-        return mats[-2], mats[-1]
-    return None
+    args = shapes[1:] if name in ("aten::addmm", "aten::baddbmm") else shapes  # (self, mat1, mat2, …, out?)
+    mats = [s for s in args[:2] if isinstance(s, list) and len(s) >= 2]
+    return (mats[0], mats[1]) if len(mats) == 2 else None
 
 
 def replay(a_shape: list[int], b_shape: list[int], group: int) -> tuple[float, float, float]:
@@ -138,12 +137,13 @@ def measure(preset: str, depth: int, args, data) -> tuple[dict, list[dict]]:
             other += self_ms
         # annotations (autograd nodes, ``Optimizer.step``…) wrap operations: their self time is the
         # Python and engine work around them, left to ``unattributed_ms``
-    alone_ms = batched_ms = 0.0
+    alone_ms = batched_ms = replayed_flop = 0.0
     replay_rows = []
     for (name, a_shape, b_shape), count in sorted(products.items()):
         alone, per_member, fl = replay(list(a_shape), list(b_shape), args.group)
         alone_ms += 1e3 * alone * count
         batched_ms += 1e3 * per_member * count
+        replayed_flop += fl * count
         replay_rows.append({"preset": preset, "depth": depth, "op": name, "a": "x".join(map(str, a_shape)),
                             "b": "x".join(map(str, b_shape)), "calls_per_step": count,
                             "isolated_us": 1e6 * alone, "isolated_gflops": fl / alone / 1e9,
@@ -153,7 +153,8 @@ def measure(preset: str, depth: int, args, data) -> tuple[dict, list[dict]]:
            "ops_per_step": n_ops / args.profile_steps, "profiled_step_cpu_ms": profiled_ms,
            "matmul_ms": matmul, "osa_kernel_ms": osa, "other_aten_ms": other,
            "unattributed_ms": profiled_ms - matmul - osa - other, "matmul_share": matmul / profiled_ms,
-           "achieved_gflops": gflop / (matmul / 1e3), "matmul_isolated_ms": alone_ms,
+           "achieved_gflops": gflop / (matmul / 1e3), "replayed_flop_share": replayed_flop / (gflop * 1e9),
+           "matmul_isolated_ms": alone_ms,
            "isolated_gflops": gflop / (alone_ms / 1e3), f"matmul_g{args.group}_ms_per_seed": batched_ms,
            "floor_ratio_matmul_only": batched_ms / step_ms,
            "floor_ratio_isolated_products": alone_ms / step_ms}  # fmt: skip
