@@ -24,6 +24,9 @@ backward, clipping, AdamW step) of each preset at one depth (default ``vit`` and
   replay covers) and ``matmul_g10_ms_per_seed`` (each product as one ``bmm`` over a
   leading member dimension of G = ``--group``, time ÷ G: what the products of a group cost per
   seed when batched);
+* ``adamw_single_ms`` and ``adamw_foreach_ms``: the step's AdamW update alone (on the last
+  step's gradients, 20 updates per round, the two paths alternating), by PyTorch's CPU default
+  (the single-tensor path, a solo run's) and by the multi-tensor path a group's members use;
 * the floors, the lowest per-seed ratio to a solo step a group could reach if everything but the
   matrix products' arithmetic vanished (element-wise work, the OSA kernels, the optimiser, all
   overhead): ``floor_ratio_matmul_only`` = ``matmul_g10_ms_per_seed`` ÷ ``step_cpu_ms`` (the
@@ -78,7 +81,25 @@ def solo_step(preset: str, depth: int, *, dim: int, heads: int, batch: int, data
         calls[0] += 1
         run.train_step(order[i * batch : (i + 1) * batch], 0)
 
-    return step
+    return step, run
+
+
+def adamw_step_ms(run: TrainingRun, rounds: int) -> tuple[float, float]:
+    """Median CPU ms of the run's AdamW step on its current gradients, ``(single-tensor, foreach)``,
+    the two paths alternating; the optimiser's setting is restored afterwards."""
+    saved = [g.get("foreach") for g in run.optimizer.param_groups]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(rounds):
+        for foreach in (False, True) if r % 2 == 0 else (True, False):
+            for g in run.optimizer.param_groups:
+                g["foreach"] = foreach
+            c0 = time.process_time()
+            for _ in range(20):
+                run.optimizer.step()
+            times[foreach].append((time.process_time() - c0) / 20)
+    for g, value in zip(run.optimizer.param_groups, saved, strict=True):
+        g["foreach"] = value
+    return 1e3 * statistics.median(times[False]), 1e3 * statistics.median(times[True])
 
 
 def _operands(name: str, shapes: list) -> tuple[list[int], list[int]] | None:
@@ -103,7 +124,7 @@ def replay(a_shape: list[int], b_shape: list[int], group: int) -> tuple[float, f
 
 
 def measure(preset: str, depth: int, args, data) -> tuple[dict, list[dict]]:
-    step = solo_step(preset, depth, dim=args.dim, heads=args.heads, batch=args.batch, data=data)
+    step, run = solo_step(preset, depth, dim=args.dim, heads=args.heads, batch=args.batch, data=data)
     for _ in range(3):
         step()
     with FlopCounterMode(display=False) as flops:
@@ -149,6 +170,7 @@ def measure(preset: str, depth: int, args, data) -> tuple[dict, list[dict]]:
                             "isolated_us": 1e6 * alone, "isolated_gflops": fl / alone / 1e9,
                             f"g{args.group}_us_per_member": 1e6 * per_member,
                             f"g{args.group}_gflops": fl / per_member / 1e9})  # fmt: skip
+    adamw_single, adamw_foreach = adamw_step_ms(run, max(args.repeat, 2))
     row = {"preset": preset, "depth": depth, "gflop_per_step": gflop, "step_cpu_ms": step_ms,
            "ops_per_step": n_ops / args.profile_steps, "profiled_step_cpu_ms": profiled_ms,
            "matmul_ms": matmul, "osa_kernel_ms": osa, "other_aten_ms": other,
@@ -157,7 +179,8 @@ def measure(preset: str, depth: int, args, data) -> tuple[dict, list[dict]]:
            "matmul_isolated_ms": alone_ms,
            "isolated_gflops": gflop / (alone_ms / 1e3), f"matmul_g{args.group}_ms_per_seed": batched_ms,
            "floor_ratio_matmul_only": batched_ms / step_ms,
-           "floor_ratio_isolated_products": alone_ms / step_ms}  # fmt: skip
+           "floor_ratio_isolated_products": alone_ms / step_ms, "adamw_single_ms": adamw_single,
+           "adamw_foreach_ms": adamw_foreach}  # fmt: skip
     return row, replay_rows
 
 

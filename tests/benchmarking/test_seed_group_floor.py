@@ -36,5 +36,6 @@ def test_the_floor_table_is_consistent_with_its_products_table(tmp_path):
                             rel_tol=1e-9)  # fmt: skip
         parts = row["matmul_ms"] + row["osa_kernel_ms"] + row["other_aten_ms"] + row["unattributed_ms"]
         assert math.isclose(parts, row["profiled_step_cpu_ms"], rel_tol=1e-9)
+    assert (rows["adamw_single_ms"] > 0).all() and (rows["adamw_foreach_ms"] > 0).all()
     assert rows.loc["vit", "osa_kernel_ms"] == 0  # no OSA layer, no OSA kernel time
     assert "measuring vit depth 1" in done.stderr  # progress
