@@ -10,7 +10,8 @@ group is one step of every member; the per-seed time is the group step's time di
 All configurations are timed side by side in one process, interleaved in rounds (one group
 step of every configuration per round, order reversed every other round), median of
 ``--repeat`` rounds of wall time and of process CPU time (the steadier one on a shared
-machine). ``cpu_per_seed_ratio`` is the per-seed CPU time over the solo run's of the same
+machine). The members' AdamW steps take the multi-tensor path (``adamw`` column); ``--adamw-ab``
+also times every group with them on the single-tensor path a solo run takes, side by side. ``cpu_per_seed_ratio`` is the per-seed CPU time over the solo run's of the same
 preset and depth; the targets are ≤ 0.2 for skipless-osa and ≤ 0.25 for vit at G = 10, depth 4.
 
 Memory: each configuration also runs three steps in a fresh process of its own (data loaded,
@@ -59,14 +60,16 @@ PRESETS = ("vit", "skipless-osa", "skipless-ssa")
 TARGETS = {"skipless-osa": 0.2, "vit": 0.25}
 
 
-def group_step(preset: str, depth: int, size: int, *, dim: int, heads: int, batch: int, data):
-    """A closure taking one training step of every member of a group of ``size`` (seeds 0…size−1)."""
+def group_step(preset: str, depth: int, size: int, *, dim: int, heads: int, batch: int, data,
+               member_foreach: bool = True):  # fmt: skip
+    """A closure taking one training step of every member of a group of ``size`` (seeds 0…size−1);
+    ``member_foreach=False``: the members' AdamW steps by the single-tensor path (``--adamw-ab``)."""
     base = TrainConfig(preset=preset, data="mnist1d", epochs=1000, batch_size=batch, diag_every=0,
                        model={"depth": depth, "dim": dim, "heads": heads})  # fmt: skip
     members = []
     for seed in range(size):
         members.append(GroupMember(TrainingRun(dataclasses.replace(base, seed=seed), None, data, torch.device("cpu")), None))
-    group = SeedGroup(members, torch.device("cpu"))
+    group = SeedGroup(members, torch.device("cpu"), member_foreach=member_foreach)
     orders = [batch_order(m.run.n_train, m.run.config.seed, 0) for m in members]
     per_epoch = members[0].run.steps_per_epoch
     calls = [0]
@@ -118,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--repeat", type=positive_int, default=5, help="interleaved rounds")
     parser.add_argument("--no-memory", action="store_true", help="leave out the per-configuration memory probes")
+    parser.add_argument("--adamw-ab", action="store_true",
+                        help="also time each group of G > 1 with its members' AdamW steps by the single-tensor path "
+                             "(rows with adamw = single; implies --no-memory)")  # fmt: skip
     parser.add_argument("--out", default="bench_results/seed_groups.csv")
     parser.add_argument("--memory-probe", nargs=3, metavar=("PRESET", "DEPTH", "G"), help=argparse_hidden())
     args = parser.parse_args(argv)
@@ -132,22 +138,25 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets:
         for depth in args.depths:
             for size in args.groups:
-                step, n = group_step(preset, depth, size, dim=args.dim, heads=args.heads, batch=args.batch, data=data)
-                built[(preset, depth, size)], params[(preset, depth)] = step, n
-                print(f"built {preset} depth {depth} G={size}", file=sys.stderr, flush=True)
+                for adamw in ("foreach", "single") if args.adamw_ab and size > 1 else ("foreach",):
+                    step, n = group_step(preset, depth, size, dim=args.dim, heads=args.heads, batch=args.batch,
+                                         data=data, member_foreach=adamw == "foreach")  # fmt: skip
+                    built[(preset, depth, size, adamw)], params[(preset, depth)] = step, n
+                    print(f"built {preset} depth {depth} G={size} adamw={adamw}", file=sys.stderr, flush=True)
     wall, cpu = interleaved_rounds(built, args.repeat, warmup=1)
     rows = []
-    for (preset, depth, size), _ in built.items():
-        w, c = statistics.median(wall[(preset, depth, size)]), statistics.median(cpu[(preset, depth, size)])
-        w1, c1 = statistics.median(wall[(preset, depth, 1)]), statistics.median(cpu[(preset, depth, 1)])
+    for (preset, depth, size, adamw), _ in built.items():
+        w, c = statistics.median(wall[(preset, depth, size, adamw)]), statistics.median(cpu[(preset, depth, size, adamw)])
+        w1, c1 = statistics.median(wall[(preset, depth, 1, "foreach")]), statistics.median(cpu[(preset, depth, 1, "foreach")])
         target = TARGETS.get(preset) if depth == 4 and size == 10 else None
-        rows.append({"preset": preset, "depth": depth, "G": size, "params": params[(preset, depth)],
+        rows.append({"preset": preset, "depth": depth, "G": size, "adamw": adamw if size > 1 else "solo loop",
+                     "params": params[(preset, depth)],
                      "ms_per_group_step": 1e3 * w, "ms_per_seed": 1e3 * w / size,
                      "cpu_ms_per_seed": 1e3 * c / size, "per_seed_ratio": (w / size) / w1,
                      "cpu_per_seed_ratio": (c / size) / c1, "target": f"≤ {target}" if target else ""})  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(args.out, index=False)  # the timings at once; rewritten with memory below
-    if not args.no_memory:
+    if not args.no_memory and not args.adamw_ab:
         for row in rows:
             row.update(memory_probe(row["preset"], row["depth"], row["G"], args))
             print(f"memory {row['preset']} depth {row['depth']} G={row['G']}", file=sys.stderr, flush=True)

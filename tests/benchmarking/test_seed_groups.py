@@ -32,3 +32,17 @@ def test_groups_without_the_solo_run_are_refused_in_one_line():
     done = run_benchmark("seed_groups", "--groups", "2", "4")
     assert done.returncode == 2 and done.stdout == ""
     assert "--groups needs 1" in done.stderr.strip().splitlines()[-1]
+
+
+def test_adamw_ab_times_each_group_with_both_optimiser_paths_against_one_solo_run(tmp_path):
+    out = tmp_path / "ab.csv"
+    done = run_benchmark("seed_groups", "--presets", "skipless-osa", "--depths", "1", "--groups", "1", "2", "--dim", "8",
+                         "--heads", "2", "--batch", "4", "--repeat", "1", "--adamw-ab", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = pd.read_csv(out, keep_default_na=False)
+    assert list(zip(rows["G"], rows["adamw"], strict=True)) == [(1, "solo loop"), (2, "foreach"), (2, "single")]
+    solo = rows.iloc[0]
+    for _, pair in rows.iloc[1:].iterrows():
+        expected = pair["cpu_ms_per_seed"] / solo["cpu_ms_per_seed"]
+        assert abs(pair["cpu_per_seed_ratio"] - expected) < 1e-9 * expected
+    assert "peak_rss_mib" not in rows.columns  # no memory probes in an A/B run

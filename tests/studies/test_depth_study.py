@@ -429,9 +429,22 @@ def test_a_failed_tuning_run_is_not_scored_as_a_divergence(tmp_path, monkeypatch
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2})
     study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
     assert study.tune("vit", 2) is None
-    # the lost worker held the seed group of that point: both of its tuning runs failed
-    assert "2 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
+    # two tuning seeds train each alone (groups start at six seeds): only the lost one failed
+    assert "1 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
     assert not (tmp_path / "search" / "vit-d2.json").exists()  # a rerun searches again
+
+
+def test_a_task_is_a_seed_group_from_six_seeds_up_and_a_seed_alone_below(tmp_path):
+    from osa_lab.studies.depth_study import runner
+
+    spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 6})
+    study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
+    six = study._tasks("final", "vit", 2, [(0.01, 1.0)], list(range(6)), 5, True)
+    assert [t.kwargs["seeds"] for t in six] == [list(range(6))] and six[0].settings["seeds"] == "0,1,2,3,4,5"
+    two = study._tasks("tune", "vit", 2, [(0.01, 1.0), (0.03, 1.0)], [1000, 1001], 5, False)
+    assert [(t.kwargs["lr"], t.kwargs["seeds"]) for t in two] == [(0.01, [1000]), (0.01, [1001]), (0.03, [1000]),
+                                                                 (0.03, [1001])]  # fmt: skip
+    assert len({t.key for t in two}) == 4
 
 
 def test_the_kappa_sentence_follows_the_sign_and_the_test():

@@ -412,11 +412,11 @@ def test_a_grid_where_every_task_failed_says_so_first_and_exits_1(tmp_path, monk
     _fake_study_runs(monkeypatch, lambda kw: True)
     code, lines, out = _run_tiny(tmp_path, monkeypatch, capsys)
     assert code == 1
-    # two presets × one tuning round of 2 lr (vit) or 2 lr × 1 mult (osa), a task per setting training its
-    # 2 tuning seeds as one group; the cells stop there
-    assert lines[1] == ("osa-lab train: every one of the 4 grid tasks failed; first: stage=tune preset=vit depth=1 "
-                        "lr=0.003 alpha_lr_mult=1 seeds=1000,1001: RuntimeError: worker lost")  # fmt: skip
-    assert lines[-1].startswith("osa-lab train: 4 of 4 grid tasks failed")
+    # two presets × one tuning round of 2 lr (vit) or 2 lr × 1 mult (osa) × 2 tuning seeds, each seed a task
+    # of its own (seed groups only from six seeds up); the cells stop there
+    assert lines[1] == ("osa-lab train: every one of the 8 grid tasks failed; first: stage=tune preset=vit depth=1 "
+                        "lr=0.003 alpha_lr_mult=1 seeds=1000: RuntimeError: worker lost")  # fmt: skip
+    assert lines[-1].startswith("osa-lab train: 8 of 8 grid tasks failed")
     assert "# Verdict: tiny" in out
 
 
@@ -425,9 +425,9 @@ def test_a_grid_where_some_tasks_failed_exits_1_and_says_how_many(tmp_path, monk
     code, lines, out = _run_tiny(tmp_path, monkeypatch, capsys)
     assert code == 1
     assert not any("every one" in line for line in lines)
-    # a task per setting (its seeds one group): tuning 2 lr per preset and one extension round each (the
-    # fake's optimum is the top lr); final: one group per preset, of which vit's failed
-    assert lines[-1].startswith("osa-lab train: 1 of 8 grid tasks failed")
+    # a task per seed (two seeds are not grouped by default): tuning 2 lr × 2 seeds per preset and one
+    # extension round each (the fake's optimum is the top lr); final: 2 seeds per preset, vit's 2 failed
+    assert lines[-1].startswith("osa-lab train: 2 of 16 grid tasks failed")
 
 
 def test_a_grid_without_failures_exits_0(tmp_path, monkeypatch, capsys):

@@ -14,6 +14,7 @@ import osa_lab.studies.training as T
 from osa_lab.errors import ConfigurationError
 from osa_lab.studies.data import load_mnist1d, load_synthetic
 from osa_lab.studies.training import TrainConfig, TrainingDivergedError, train
+from osa_lab.studies.training.compare import MIN_DEFAULT_GROUP, seed_groups
 from osa_lab.studies.training.group import check_group, train_group
 
 TINY = {"depth": 2, "dim": 16, "heads": 2}
@@ -259,16 +260,17 @@ def groups_trained(monkeypatch):
 def test_cli_trains_several_seeds_as_one_group_and_writes_the_files_per_seed(tmp_path, groups_trained):
     from osa_lab.cli import main as cli_main
 
-    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--output", str(tmp_path / "group")]) == 0
-    assert groups_trained == [[0, 1, 2]]
-    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--group-size", "1", "--output", str(tmp_path / "solo")]) == 0
-    assert groups_trained[1:] == [[0], [1], [2]]
-    for seed in (0, 1, 2):
+    seeds = [str(s) for s in range(6)]
+    assert cli_main([*CLI, "--seeds", *seeds, "--output", str(tmp_path / "group")]) == 0
+    assert groups_trained == [list(range(6))]
+    assert cli_main([*CLI, "--seeds", *seeds, "--group-size", "1", "--output", str(tmp_path / "solo")]) == 0
+    assert groups_trained[1:] == [[s] for s in range(6)]
+    for seed in range(6):
         files = sorted(p.name for p in (tmp_path / "group" / "skipless-osa" / f"seed{seed}").iterdir())
         assert files == sorted(p.name for p in (tmp_path / "solo" / "skipless-osa" / f"seed{seed}").iterdir())
         assert {"metrics.csv", "config.json", T.CHECKPOINT_NAME} <= set(files)
     runs = pd.read_csv(tmp_path / "group" / "runs.csv")
-    assert runs["seed"].tolist() == [0, 1, 2] and (runs["status"] == "ok").all()
+    assert runs["seed"].tolist() == list(range(6)) and (runs["status"] == "ok").all()
     grouped, alone = (pd.read_csv(tmp_path / d / "metrics.csv") for d in ("group", "solo"))
     pd.testing.assert_frame_equal(deterministic(grouped).drop(columns="value"), deterministic(alone).drop(columns="value"))
     assert float((deterministic(grouped)["value"] - deterministic(alone)["value"]).abs().max()) < 1e-3
@@ -281,6 +283,34 @@ def test_cli_group_size_splits_the_seeds(tmp_path, groups_trained):
     assert groups_trained == [[0, 1], [2]]
 
 
+def test_cli_trains_fewer_than_six_seeds_alone_by_default_and_groups_them_when_asked(tmp_path, groups_trained):
+    """Groups of 2 or 3 cost more per seed than solo runs: the default groups only from six seeds up."""
+    from osa_lab.cli import main as cli_main
+
+    assert cli_main([*CLI, "--seeds", "0", "1", "2", "3", "4", "--output", str(tmp_path / "a")]) == 0
+    assert groups_trained == [[0], [1], [2], [3], [4]]
+    assert cli_main([*CLI, "--seeds", "0", "1", "2", "--group-size", "3", "--output", str(tmp_path / "b")]) == 0
+    assert groups_trained[5:] == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("seeds", "size", "groups"),
+    [([5], None, [[5]]), ([0, 1], None, [[0], [1]]), ([0, 1, 2], None, [[0], [1], [2]]),
+     ([0, 1, 2, 3, 4], None, [[0], [1], [2], [3], [4]]), (list(range(6)), None, [list(range(6))]),
+     (list(range(10)), None, [list(range(10))]),
+     ([0, 1, 2], 2, [[0, 1], [2]]), ([0, 1], 2, [[0, 1]]), ([3, 1, 2, 0], 1, [[3], [1], [2], [0]])],
+)  # fmt: skip
+def test_seed_groups_default_rule_groups_from_six_seeds_up(seeds, size, groups):
+    assert seed_groups(seeds, size) == groups
+    assert MIN_DEFAULT_GROUP == 6
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.0, True])
+def test_seed_groups_refuses_a_size_that_is_not_a_positive_int(size):
+    with pytest.raises(ConfigurationError, match="seed-group size must be a positive int"):
+        seed_groups([0, 1], size)
+
+
 def test_cli_refuses_a_group_size_below_one(tmp_path, capsys):
     from osa_lab.cli import main as cli_main
 
@@ -291,7 +321,7 @@ def test_cli_refuses_a_group_size_below_one(tmp_path, capsys):
 
 
 def test_compare_records_a_diverging_member_and_keeps_the_others(tmp_path, data, seed_1_poisoned):
-    metrics, summary = T.compare(["skipless-osa"], [0, 1, 2], tiny(diag_every=0), tmp_path, progress=False)
+    metrics, summary = T.compare(["skipless-osa"], [0, 1, 2], tiny(diag_every=0), tmp_path, progress=False, group_size=3)
     runs = pd.read_csv(tmp_path / "runs.csv")
     assert runs.set_index("seed")["status"].to_dict() == {0: "ok", 1: "diverged", 2: "ok"}
     assert "step 0" in runs.set_index("seed").loc[1, "error"]

@@ -34,7 +34,7 @@ from osa_lab.studies.depth_study.run import result_name, study_group_run
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
 from osa_lab.studies.grid.results import first_line
-from osa_lab.studies.training.compare import user_error_from_name
+from osa_lab.studies.training.compare import seed_groups, user_error_from_name
 from osa_lab.studies.training.config import learns_alpha
 
 
@@ -61,18 +61,20 @@ class StudyRunner:
                           "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
 
     def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int, kappa: bool) -> list[Task]:
-        """One task per setting: its seeds trained as one seed group (:func:`study_group_run`)."""
+        """One task per seed group of each setting (:func:`study_group_run`): the setting's seeds in
+        one group from six seeds up, each seed alone below (:func:`seed_groups`), in seed order."""
         tasks = []
         for lr, mult in points:
-            kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth,
-                      "seeds": [int(s) for s in seeds], "lr": lr, "alpha_lr_mult": mult, "steps": steps,
-                      "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
-            key = result_name(stage, preset, depth, 0, lr, mult).replace("/", "-").removesuffix("-s0.json")
-            key += "-s" + "_".join(str(s) for s in seeds)
-            tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
-                                                        "alpha_lr_mult": mult, "seeds": ",".join(str(s) for s in seeds)},
-                              key=key,
-                              progress_kwarg="progress"))  # fmt: skip
+            for group in seed_groups(seeds, None):
+                kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth,
+                          "seeds": group, "lr": lr, "alpha_lr_mult": mult, "steps": steps,
+                          "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
+                key = result_name(stage, preset, depth, 0, lr, mult).replace("/", "-").removesuffix("-s0.json")
+                key += "-s" + "_".join(str(s) for s in group)
+                tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
+                                                            "alpha_lr_mult": mult,
+                                                            "seeds": ",".join(str(s) for s in group)},
+                                  key=key, progress_kwarg="progress"))  # fmt: skip
         return tasks
 
     def _run(self, tasks: list[Task], desc: str) -> list[dict | None]:

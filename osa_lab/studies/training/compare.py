@@ -111,12 +111,23 @@ def _compare_task(
     return values
 
 
+#: the default rule: all seeds in one group from this many seeds up, each seed alone below it
+#: (measured on a 2-core EPYC with ``benchmarks/seed_groups.py``: groups of 2 to 4 cost more
+#: per seed than a solo run, see docs/training.md)
+MIN_DEFAULT_GROUP = 6
+
+
 def seed_groups(seeds: Sequence[int], group_size: int | None) -> list[list[int]]:
-    """``seeds`` in groups of ``group_size`` (None: one group of all), in order."""
+    """``seeds`` in groups of ``group_size``, in order. ``None`` (the default) is the rule that never
+    costs more than solo runs: one group of all seeds when there are at least
+    :data:`MIN_DEFAULT_GROUP` of them, otherwise each seed alone."""
     seeds = [int(s) for s in seeds]
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
         raise ConfigurationError(f"the seed-group size must be a positive int (or None: all seeds), got {group_size!r}")
-    size = len(seeds) if group_size is None else group_size
+    if group_size is None:
+        size = len(seeds) if len(seeds) >= MIN_DEFAULT_GROUP else 1
+    else:
+        size = group_size
     return [seeds[i : i + size] for i in range(0, len(seeds), max(size, 1))]
 
 
@@ -142,8 +153,9 @@ def compare(
     worker) is recorded the same way with status ``failed`` (``failed`` column). Returns
     ``(metrics, summary)``.
 
-    The seeds of a preset train together as seed groups of ``group_size`` (default: all of them in
-    one group; :mod:`osa_lab.studies.training.group`), each member exactly as its solo run. Every
+    The seeds of a preset train together as seed groups of ``group_size`` (default
+    :func:`seed_groups`' rule: all of them in one group from six seeds up, each alone below;
+    :mod:`osa_lab.studies.training.group`), each member exactly as its solo run. Every
     group is one task of an :mod:`osa_lab.studies.grid` grid: ``grid_options`` runs them on a
     local Dask cluster or an existing one (default: in-process, one after the other, with the
     current torch thread count). Each run resumes from its own checkpoint, so a rerun skips

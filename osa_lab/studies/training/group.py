@@ -160,11 +160,24 @@ def _solo_forward_error(member: GroupMember, xb: torch.Tensor, yb: torch.Tensor,
     return None
 
 
-def _optimiser_step(run: TrainingRun) -> None:
-    """A member's update after its gradients are in: its clipping, AdamW step and schedule."""
+def _optimiser_step(run: TrainingRun, *, foreach: bool = False) -> None:
+    """A member's update after its gradients are in: its clipping, AdamW step and schedule.
+
+    ``foreach``: AdamW's multi-tensor path for this step (the same update as the solo run's
+    single-tensor path to rounding, and cheaper on CPU at the study's sizes: see the
+    ``adamw_*_ms`` columns of ``benchmarks/seed_group_floor.py``). The optimiser's own setting is restored
+    afterwards, so a member's checkpoint is a solo run's."""
     if run.config.grad_clip is not None:
         nn.utils.clip_grad_norm_(run.model.parameters(), run.config.grad_clip)
-    run.optimizer.step()
+    saved = [g.get("foreach") for g in run.optimizer.param_groups]
+    if foreach:
+        for g in run.optimizer.param_groups:
+            g["foreach"] = True
+    try:
+        run.optimizer.step()
+    finally:
+        for g, value in zip(run.optimizer.param_groups, saved, strict=True):
+            g["foreach"] = value
     run.scheduler.step()
     run.step += 1
 
@@ -172,8 +185,10 @@ def _optimiser_step(run: TrainingRun) -> None:
 class SeedGroup:
     """G member runs trained together (see the module doc); :func:`train_group` drives it."""
 
-    def __init__(self, members: list[GroupMember], device: torch.device) -> None:
+    def __init__(self, members: list[GroupMember], device: torch.device, *, member_foreach: bool = True) -> None:
         self.members, self.device = members, device
+        #: the members' AdamW steps by the multi-tensor path (see :func:`_optimiser_step`)
+        self.member_foreach = member_foreach
         self._step_fn: _GroupStep | None = None
         self._step_for: tuple[int, ...] = ()
 
@@ -226,7 +241,7 @@ class SeedGroup:
         losses.sum().backward()
         losses, correct = losses.detach(), (logits.detach().argmax(-1) == yb).sum(-1)
         for g, (m, i) in enumerate(zip(members, idxs, strict=True)):
-            _optimiser_step(m.run)
+            _optimiser_step(m.run, foreach=self.member_foreach)
             m.loss_sum += float(losses[g]) * len(i)
             m.correct += int(correct[g])
         return []

@@ -94,7 +94,7 @@ def tune(
 
     Runs go to ``output_dir/tune/lr<lr>-am<mult>/`` and ``output_dir/final/lr<lr>-am<mult>/``
     (resumable like :func:`compare`); the tuning seeds of a grid point and the final seeds of a
-    preset train as seed groups of ``group_size`` (default: all in one group, see
+    preset train as seed groups of ``group_size`` (default: all in one group from six seeds up, see
     :func:`compare`); ``tuning.csv``, ``chosen.csv``, ``metrics.csv``,
     ``summary.csv``, ``paired.csv``, ``verdict.md`` and ``summary.png`` go to ``output_dir``.
     """
