@@ -248,13 +248,11 @@ def osa(
         # the CPU's blocking check in NumPy: no ATen operation per step of the formula
         output_check.check_now(output_check.relative_drift_on_host(*norms), out, (q, k, v, alpha_t), context)
         return out
-    try:
-        drift = output_check.relative_drift(*(norms or output_check.squared_norms(y, v3)))
-        if out.dtype == torch.float16 and y.dtype != torch.float16:  # the cast may overflow float16
-            drift = torch.where(torch.isfinite(out).all(), drift, math.inf)
-    except RuntimeError:  # under torch.func.vmap the norms' shapes may differ ((B·H,) and (B, H)): one per matrix
-        sums = norms or output_check.squared_norms(y, v3)
-        drift = output_check.relative_drift(*(t if t is None else t.reshape(-1) for t in sums))
+    # one value per matrix, flat: an engine may give (B·H,) beside (B, H) (under vmap, torch.compile)
+    sums = norms or output_check.squared_norms(y, v3)
+    drift = output_check.relative_drift(*(t if t is None else t.reshape(-1) for t in sums))
+    if out.dtype == torch.float16 and y.dtype != torch.float16:  # the cast may overflow float16
+        drift = torch.where(torch.isfinite(out).all(), drift, math.inf)
     if expm.transformed(drift):  # a torch.func wrapper: decide on the whole vmapped batch's worst
         drift = whole_batch(drift).amax()  # drift (a loop over the calls raises or warns alike)
     if mode == "strict":

@@ -332,6 +332,26 @@ def test_torch_compile_of_a_converted_vit_runs():
     assert model.blocks[0].attn.alpha.grad is not None
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning:torch._dynamo.utils")
+@pytest.mark.filterwarnings("ignore::UserWarning:torch._dynamo.variables.functions")
+def test_torch_compile_of_a_converted_vit_above_4r_matches_eager():
+    """N = 257 tokens (256 px) against r = 64 per head: the low-rank path and its output check,
+    compiled (aot_eager: Dynamo and AOTAutograd, no C++ build), give eager's outputs and
+    gradients; the CPU kernels run as graph breaks."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _tiny(img_size=256, depth=1).double().eval()
+    ot.convert_to_osa(model)
+    x = torch.randn(1, 3, 256, 256, dtype=torch.float64)
+    alpha = model.blocks[0].attn.alpha
+    expected = model(x)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), alpha)
+    out = torch.compile(model, backend="aot_eager")(x)
+    (grad,) = torch.autograd.grad(out.sum(), alpha)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-9, atol=1e-11)
+
+
 # --------------------------------------------------------------------------------------
 # Rank collapse and conditioning with osa_lab's metrics
 # --------------------------------------------------------------------------------------

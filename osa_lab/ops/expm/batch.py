@@ -73,7 +73,11 @@ def transformed(t: torch.Tensor) -> bool:
     """Whether ``t`` is wrapped by a torch.func transform (vmap, grad, jacrev, jacfwd, jvp, …):
     :func:`torch.func.debug_unwrap` returns such a tensor's underlying tensor and any other tensor
     itself. Only the identity is compared; the unwrapped tensor is never used (torch.func
-    documents its use inside a transformed function as undefined). No tensor operation."""
+    documents its use inside a transformed function as undefined). No tensor operation. While
+    ``torch.compile`` traces (fake tensors, no transform wrapper of ours), ``False``: Dynamo cannot
+    trace ``debug_unwrap`` and would break the graph at every call."""
+    if torch.compiler.is_compiling():
+        return False
     return torch.func.debug_unwrap(t, recurse=False) is not t
 
 
