@@ -129,7 +129,9 @@ class OrthogonalSelfAttention(_MultiHead):
         tokens: sequence length the derived α₀ is tuned for (κ grows slowly beyond it).
         bias: biases in the projections (off by default: the derivation assumes none).
 
-    OSA is non-causal; a mask passed to ``forward`` raises :class:`~osa_lab.CausalMaskError`.
+    OSA is non-causal: a mask or ``is_causal=True`` passed to ``forward`` raises
+    :class:`~osa_lab.CausalMaskError`; ``attn_mask=None`` and ``is_causal=False`` are accepted,
+    and ``key_padding_mask`` (bool ``(batch, tokens)``, True = pad) is exact (:func:`osa_lab.osa`).
     """
 
     def __init__(
@@ -160,17 +162,24 @@ class OrthogonalSelfAttention(_MultiHead):
         self.init_gaussian_qk()
         self.init_orthogonal_vo()
 
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Per-head outputs ``exp(S_h) V_h`` of shape (batch, heads, tokens, dim // heads)."""
         q, k, v = self._split(x)
         # α is stored (heads, 1); q is (batch, heads, N, r), so pass one α per head as (heads,).
-        return osa(q, k, v, self.alpha.reshape(-1), method=self.method)
+        return osa(q, k, v, self.alpha.reshape(-1), method=self.method, key_padding_mask=key_padding_mask)
 
-    def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        key_padding_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
         """``(batch, tokens, dim)`` → ``(batch, tokens, dim)``."""
-        refuse_masks(kwargs)
+        refuse_masks({"attn_mask": attn_mask, "is_causal": is_causal, **kwargs})
         _check_tokens(x, self.dim)
-        return self._merge(self.attend(x))
+        return self._merge(self.attend(x, key_padding_mask=key_padding_mask))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, head_dim={self.head_dim}, method={self.method!r}"

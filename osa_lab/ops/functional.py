@@ -16,7 +16,14 @@ import torch
 from osa_lab.errors import MethodUnavailableError, OSAAccuracyWarning, OSAInputError, unknown_name
 from osa_lab.ops import expm, output_check
 from osa_lab.ops.amp import autocast_off
-from osa_lab.ops.guards import check_alpha, check_float_tensor, check_qkv, refuse_masks, whole_batch
+from osa_lab.ops.guards import (
+    apply_key_padding,
+    check_alpha,
+    check_float_tensor,
+    check_qkv,
+    refuse_masks,
+    whole_batch,
+)
 from osa_lab.ops.output_check import NORM_DRIFT_WARN, NORM_DRIFT_WARN_HALF  # noqa: F401  (public names)
 
 #: ``eps · ‖S‖₁`` of the working precision above which ``"dense"`` warns: rounding S's entries
@@ -162,6 +169,7 @@ def osa(
     alpha: float | torch.Tensor = 1.0,
     *,
     method: str = "auto",
+    key_padding_mask: torch.Tensor | None = None,
     **kwargs,
 ) -> torch.Tensor:
     """Orthogonal self-attention ``exp(S) v``, ``S = α/√r · (q kᵀ − k qᵀ)`` (Zhang & Martens,
@@ -183,8 +191,13 @@ def osa(
             estimate does not trust its result (rank-deficient ``[q k]``: N < 2r, k ∥ q, q = 0);
             ``"qr"``, ``"lowrank"`` and ``"auto"`` handle any q, k.
 
-    OSA is non-causal: ``mask``, ``attn_mask``, ``causal`` and ``is_causal`` are refused with
-    :class:`~osa_lab.errors.CausalMaskError`.
+    OSA is non-causal: a mask or causal flag (``mask``, ``attn_mask``, ``causal``,
+    ``is_causal``) is refused with :class:`~osa_lab.errors.CausalMaskError`; their neutral values
+    (``attn_mask=None``, ``is_causal=False``) are accepted, as PyTorch and timm pass them.
+    ``key_padding_mask`` (bool ``(B, N)``, True = pad, as in ``nn.MultiheadAttention``; q with a
+    leading batch dim B) is exact: the pads' rows of q and k are zeroed
+    (:func:`osa_lab.ops.guards.apply_key_padding`), so the valid tokens get the truncated
+    sequence's output and each pad its value.
 
     Returns:
         ``(*batch, N, d_v)`` with ``batch`` the broadcast leading dims of q and v (v's shape when
@@ -200,6 +213,10 @@ def osa(
     """
     refuse_masks(kwargs)
     check_qkv(q, k, v, finite=False)
+    if key_padding_mask is not None:
+        if q.dim() < 3:
+            raise OSAInputError(f"`key_padding_mask` needs q with a batch dim (B, ..., N, r); q is {tuple(q.shape)}")
+        q, k = apply_key_padding(q, k, key_padding_mask)
     name = resolve_method(method, q, v.shape[-1])
     if name == "triton" and q.device.type != "cuda":
         import os

@@ -10,21 +10,58 @@ import torch
 
 from osa_lab.errors import CausalMaskError, NonFiniteError, OSADtypeError, OSAInputError
 
-_MASK_KEYS = ("mask", "attn_mask", "causal", "is_causal", "key_padding_mask")
+_MASK_KEYS = ("mask", "attn_mask", "causal", "is_causal")
 
 
 def refuse_masks(kwargs: dict) -> None:
-    """Raise :class:`CausalMaskError` if any mask-like keyword was passed, else TypeError for unknown ones."""
+    """Raise :class:`CausalMaskError` for a mask or causal flag, else TypeError for unknown keywords.
+
+    The neutral values of PyTorch's and timm's conventions (``attn_mask=None``, ``mask=None``,
+    ``is_causal=False``, ``causal=False``) ask for nothing and are accepted; a padding mask is
+    ``key_padding_mask`` (:func:`apply_key_padding`), which OSA honours exactly."""
     for key in _MASK_KEYS:
-        if key in kwargs:
-            raise CausalMaskError(
-                f"OSA got `{key}`={kwargs[key]!r}, but orthogonal self-attention is non-causal: "
-                "exp(S) of a skew-symmetric S mixes every token with every other, and masking S "
-                "breaks skew-symmetry and with it orthogonality. Remove the mask, or use "
-                "SoftmaxSelfAttention / F.scaled_dot_product_attention for causal attention."
-            )
+        if key not in kwargs:
+            continue
+        value = kwargs.pop(key)
+        if value is None or (key in ("causal", "is_causal") and value is False):
+            continue
+        raise CausalMaskError(
+            f"OSA got `{key}`={value!r}, but orthogonal self-attention is non-causal: "
+            "exp(S) of a skew-symmetric S mixes every token with every other, and masking S "
+            "breaks skew-symmetry and with it orthogonality. Remove the mask (padding: pass "
+            "`key_padding_mask`, which OSA honours exactly), or use SoftmaxSelfAttention / "
+            "F.scaled_dot_product_attention for causal attention."
+        )
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+
+
+def apply_key_padding(
+    q: torch.Tensor, k: torch.Tensor, key_padding_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` with the rows of padded tokens zeroed (``key_padding_mask``: bool
+    ``(B, N)``, True = pad, as in ``nn.MultiheadAttention``; q, k ``(B, ..., N, r)``).
+
+    Zero rows of q and k zero the pads' rows and columns of ``S = α/√r (q kᵀ − k qᵀ)``, so
+    ``exp(S)`` is block diagonal: the valid tokens get exactly the output of the truncated
+    sequence and each pad keeps its value, ``y = v`` (Zhang & Martens, arXiv 2602.05996, the OSA
+    definition; the result stays orthogonal)."""
+    if key_padding_mask is None:
+        return q, k
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        raise OSAInputError(
+            "`key_padding_mask` must be a bool tensor (B, N), True where a token is padding (as in "
+            f"nn.MultiheadAttention), got {type(key_padding_mask).__name__}"
+            + (f" of dtype {key_padding_mask.dtype}" if isinstance(key_padding_mask, torch.Tensor) else "")
+        )
+    n = q.shape[-2]
+    if key_padding_mask.dim() != 2 or key_padding_mask.shape[-1] != n or key_padding_mask.shape[0] != q.shape[0]:
+        raise OSAInputError(
+            f"`key_padding_mask` must have shape (batch, tokens) = ({q.shape[0] if q.dim() > 2 else '?'}, {n}), "
+            f"got {tuple(key_padding_mask.shape)}; q is {tuple(q.shape)}"
+        )
+    keep = (~key_padding_mask).to(q.dtype).reshape(q.shape[0], *([1] * (q.dim() - 3)), n, 1)
+    return q * keep, k * keep
 
 
 def check_float_tensor(

@@ -226,6 +226,17 @@ def test_masks_are_refused():
         model.forward_features(torch.randn(1, 3, 32, 32), attn_mask=torch.zeros(5, 5))
 
 
+def test_neutral_masks_are_accepted_and_key_padding_is_exact():
+    torch.manual_seed(0)
+    layer = ot.OSAAttention(16, num_heads=2).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer(x, attn_mask=None, is_causal=False), layer(x), rtol=0, atol=0)
+    pad = torch.arange(9)[None, :] >= torch.tensor([[9], [4]])  # the second row: 4 valid tokens
+    y = layer(x, key_padding_mask=pad)
+    torch.testing.assert_close(y[1:, :4], layer(x[1:, :4]), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(y[:1], layer(x[:1]), rtol=1e-10, atol=1e-12)
+
+
 def test_bad_arguments_get_typed_errors_that_name_the_fix():
     with pytest.raises(ConfigurationError, match="attn_drop"):
         ot.OSAAttention(16, num_heads=2, attn_drop=0.1)

@@ -255,14 +255,16 @@ class OSAAttention(nn.Module):
             missing_keys.remove(prefix + "alpha")
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False, **kwargs: Any
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        key_padding_mask: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> torch.Tensor:
-        """``(B, N, dim) → (B, N, dim_out)``; a mask or ``is_causal=True`` raises CausalMaskError."""
-        if attn_mask is not None or is_causal:
-            key = "attn_mask" if attn_mask is not None else "is_causal"
-            refuse_masks({key: attn_mask if attn_mask is not None else is_causal})
-        if kwargs:
-            refuse_masks(kwargs)
+        """``(B, N, dim) → (B, N, dim_out)``; a mask or ``is_causal=True`` raises CausalMaskError,
+        ``key_padding_mask`` (bool (B, N), True = pad) is exact (:func:`osa_lab.osa`)."""
+        refuse_masks({"attn_mask": attn_mask, "is_causal": is_causal, **kwargs})
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise OSAInputError(f"`x` has shape {shape}; OSAAttention needs (batch, tokens, dim={self.dim})")
@@ -271,7 +273,7 @@ class OSAAttention(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
-        y = osa(q, k, v, self.alpha, method=self.method)  # osa forms α/√r in float64
+        y = osa(q, k, v, self.alpha, method=self.method, key_padding_mask=key_padding_mask)  # α/√r in float64
         y = y.transpose(1, 2).reshape(B, N, self.attn_dim)
         y = self.norm(y)
         if gate is not None:
