@@ -34,7 +34,7 @@ from osa_lab.ops.expm import (
     reference_skew_exp,
     skew_symmetric_from_qk,
 )
-from osa_lab.ops.functional import OSA_METHODS, osa
+from osa_lab.ops.functional import OSA_METHODS, OSAMethod, osa
 from osa_lab.version import __version__
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "lowrank_action",
     "orthogonality_error",
     "osa",
+    "OSAMethod",
     "osa_matrix",
     "reference_skew_exp",
     "core_skew_exp",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +25,15 @@ import param
 
 from osa_lab.dashboard import jobs
 from osa_lab.dashboard.caches import CHECKS
+from osa_lab.dashboard.text import (  # noqa: F401  (the views import these from here too)
+    DECIMAL_PATTERN,
+    INTEGER_PATTERN,
+    MESSAGE_LIMIT,
+    QUOTE_LIMIT,
+    label_of,
+    markdown_literal,
+    quoted,
+)
 from osa_lab.errors import ConfigurationError, UserError
 
 log = logging.getLogger("osa_lab.dashboard")
@@ -82,42 +90,6 @@ def preset_heads(name: str) -> int:
     from osa_lab.nn.presets import get_preset
 
     return int(get_preset(name).heads)
-
-
-#: ASCII punctuation, every character of which CommonMark lets a backslash make literal.
-_MARKDOWN_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-#: Most characters of one URL key or value quoted in a message (longer ones are cut with "…").
-QUOTE_LIMIT = 80
-#: Most unusable URL values named one by one (the rest are counted).
-MESSAGE_LIMIT = 12
-
-
-def markdown_literal(text: str) -> str:
-    """``text`` as Markdown that renders exactly as these characters, never as markup.
-
-    Every ASCII punctuation character is backslash-escaped (CommonMark: an escaped character is
-    literal text), so no HTML tag, code span, link, image, emphasis or heading can start from
-    ``text``: a ``<script>``, ``<img onerror=…>``, a backtick closing a code span or a
-    ``[x](javascript:…)`` link in a URL or an error message is shown as typed. Line breaks are
-    kept (paragraphs of a message).
-    """
-    return "".join("\\" + c if c in _MARKDOWN_PUNCTUATION else c for c in str(text))
-
-
-def quoted(text: object, limit: int = QUOTE_LIMIT) -> str:
-    """``text`` between typographic quotes for a message: control characters (line breaks, tabs,
-    NUL) shown as ``\\xNN`` escapes and anything longer than ``limit`` characters cut with "…".
-    Quote marks cannot be confused with Markdown; pass the message through
-    :func:`markdown_literal` before it reaches the page."""
-    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in str(text))
-    if len(text) > limit:
-        text = text[:limit] + "…"
-    return f"“{text}”"
-
-
-def label_of(labels: Mapping[str, str], value: str) -> str:
-    """The human label of ``value`` in a ``{label: value}`` mapping (the value itself if absent)."""
-    return next((k for k, v in labels.items() if v == value), str(value))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,7 +473,7 @@ class Controls(param.Parameterized):
         for part in (x.strip() for x in text.split(",")):
             if not part:
                 continue
-            if _INTEGER.fullmatch(part) and len(part) <= 3 and 0 <= int(part) <= self.param.depth.bounds[1]:
+            if INTEGER_PATTERN.fullmatch(part) and len(part) <= 3 and 0 <= int(part) <= self.param.depth.bounds[1]:
                 good.append(int(part))
             else:
                 bad.append(part)
@@ -527,7 +499,7 @@ class Controls(param.Parameterized):
         if key == "heads":
             if text.lower() in ("preset", "default", PRESET_HEADS):
                 return PRESET_HEADS
-            if _INTEGER.fullmatch(text) and int(text) in HEAD_CHOICES:
+            if INTEGER_PATTERN.fullmatch(text) and int(text) in HEAD_CHOICES:
                 return int(text)
             raise ValueError(f"use preset or one of {', '.join(map(str, HEAD_CHOICES))}")
         if isinstance(p, param.Selector):
@@ -538,11 +510,11 @@ class Controls(param.Parameterized):
             raise ValueError(f"valid values: {', '.join(map(str, values))}")
         lo, hi = p.bounds
         if isinstance(p, param.Integer):
-            if not _INTEGER.fullmatch(text) or len(text) > 12:
+            if not INTEGER_PATTERN.fullmatch(text) or len(text) > 12:
                 raise ValueError(f"not a whole number in {lo}…{hi}")
             value = int(text)
         else:
-            if not _DECIMAL.fullmatch(text):
+            if not DECIMAL_PATTERN.fullmatch(text):
                 raise ValueError(f"not a decimal number in {lo}…{hi}")
             value = float(text)
             if not math.isfinite(value):
@@ -550,12 +522,6 @@ class Controls(param.Parameterized):
         if value < lo or value > hi:
             raise ValueError(f"outside {lo}…{hi}")
         return value
-
-
-#: A whole number as a URL writes it (ASCII digits only).
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-#: A decimal number as a URL writes it (no nan, inf, hex, underscores or non-ASCII digits).
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 class Job(param.Parameterized):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osa_lab.errors import ConfigurationError, heads_do_not_divide, unknown_name
-from osa_lab.ops.functional import OSA_METHODS, osa
+from osa_lab.ops.functional import OSA_METHODS, OSAMethod, osa
 from osa_lab.ops.guards import check_float_tensor, refuse_masks
 
 #: δ target in the derived initialisation α₀ = c √r / (√N + √d)².
@@ -80,15 +80,24 @@ def _check_tokens(x: torch.Tensor, dim: int) -> None:
 class _MultiHead(nn.Module):
     """Shared projections: q, k of width ``head_dim`` per head, v of width ``dim // heads``."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int | None, bias: bool, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int | None,
+        bias: bool,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
+        factory = {"dtype": dtype, "device": device}
         self.dim, self.heads = dim, heads
         self.head_dim = _check_dims(dim, heads, head_dim)
         self.value_dim = dim // heads
-        self.to_q = nn.Linear(dim, heads * self.head_dim, bias=bias, dtype=dtype)
-        self.to_k = nn.Linear(dim, heads * self.head_dim, bias=bias, dtype=dtype)
-        self.to_v = nn.Linear(dim, dim, bias=bias, dtype=dtype)
-        self.to_out = nn.Linear(dim, dim, bias=bias, dtype=dtype)
+        self.to_q = nn.Linear(dim, heads * self.head_dim, bias=bias, **factory)
+        self.to_k = nn.Linear(dim, heads * self.head_dim, bias=bias, **factory)
+        self.to_v = nn.Linear(dim, dim, bias=bias, **factory)
+        self.to_out = nn.Linear(dim, dim, bias=bias, **factory)
 
     def _split(self, x: torch.Tensor):
         b, n, _ = x.shape
@@ -128,6 +137,7 @@ class OrthogonalSelfAttention(_MultiHead):
         method: computation method of :func:`osa_lab.osa`.
         tokens: sequence length the derived α₀ is tuned for (κ grows slowly beyond it).
         bias: biases in the projections (off by default: the derivation assumes none).
+        dtype, device: the parameters' dtype and device (created and initialised there).
 
     OSA is non-causal: a mask or ``is_causal=True`` passed to ``forward`` raises
     :class:`~osa_lab.CausalMaskError`; ``attn_mask=None`` and ``is_causal=False`` are accepted,
@@ -141,19 +151,20 @@ class OrthogonalSelfAttention(_MultiHead):
         head_dim: int | None = None,
         alpha_init: float | None = None,
         learn_alpha: bool = True,
-        method: str = "auto",
+        method: OSAMethod = "auto",
         tokens: int = 64,
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(dim, heads, head_dim, bias, dtype=dtype)
+        super().__init__(dim, heads, head_dim, bias, dtype=dtype, device=device)
         if method != "auto" and method not in OSA_METHODS:
             raise unknown_name("method", method, [*OSA_METHODS, "auto"])
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise ConfigurationError(f"`tokens` must be a positive int (the sequence length), got {tokens!r}")
         if alpha_init is None:
             alpha_init = derived_alpha_init(tokens, dim, self.head_dim)
-        alpha = torch.full((heads, 1), check_alpha_init(alpha_init), dtype=dtype)
+        alpha = torch.full((heads, 1), check_alpha_init(alpha_init), dtype=dtype, device=device)
         if learn_alpha:
             self.alpha = nn.Parameter(alpha)
         else:
@@ -190,8 +201,8 @@ class SoftmaxSelfAttention(_MultiHead):
 
     Same interface as :class:`OrthogonalSelfAttention`; accepts ``attn_mask`` / ``is_causal``.
     Default init is PyTorch's ``nn.Linear`` init; ``init="orthogonal"`` uses Gaussian W_Q, W_K
-    (variance 1/d) and orthogonal W_V, W_O, matching OSA's value path. ``dtype`` is the
-    parameters' dtype (created and initialised in it).
+    (variance 1/d) and orthogonal W_V, W_O, matching OSA's value path. ``dtype`` and
+    ``device`` are the parameters' (created and initialised there).
     """
 
     def __init__(
@@ -202,8 +213,9 @@ class SoftmaxSelfAttention(_MultiHead):
         init: str = "default",
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(dim, heads, head_dim, bias, dtype=dtype)
+        super().__init__(dim, heads, head_dim, bias, dtype=dtype, device=device)
         if init == "orthogonal":
             self.init_gaussian_qk()
             self.init_orthogonal_vo()
@@ -257,11 +269,17 @@ class ValueSkipInitAttention(SoftmaxAttention):
     """
 
     def __init__(
-        self, dim: int, heads: int = 1, head_dim: int | None = None, bias: bool = False, dtype: torch.dtype | None = None
+        self,
+        dim: int,
+        heads: int = 1,
+        head_dim: int | None = None,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(dim, heads, head_dim, init="orthogonal", bias=bias, dtype=dtype)
-        self.skip_a = nn.Parameter(torch.ones(heads, 1, 1, dtype=dtype))
-        self.skip_b = nn.Parameter(torch.zeros(heads, 1, 1, dtype=dtype))
+        super().__init__(dim, heads, head_dim, init="orthogonal", bias=bias, dtype=dtype, device=device)
+        self.skip_a = nn.Parameter(torch.ones(heads, 1, 1, dtype=dtype, device=device))
+        self.skip_b = nn.Parameter(torch.zeros(heads, 1, 1, dtype=dtype, device=device))
 
     def attend(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
         """``a v + b softmax(q kᵀ/√r) v`` per head."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -88,6 +89,9 @@ def _triton(q, k, v, scale, *, strict: bool = True, norms: bool = False):
     cfg = triton_osa.TritonConfig(core="adaptive" if strict else "fixed")
     return triton_osa.osa_triton(q, k, v, scale, config=cfg, norms=norms)
 
+
+#: The computation methods of :func:`osa` (``"auto"`` picks one per call; see ``METHOD_DOCS``).
+OSAMethod = Literal["auto", "dense", "lowrank", "gram", "qr", "triton"]
 
 OSA_METHODS: dict[str, Callable] = {
     "dense": _dense,
@@ -168,7 +172,7 @@ def osa(
     v: torch.Tensor,
     alpha: float | torch.Tensor = 1.0,
     *,
-    method: str = "auto",
+    method: OSAMethod = "auto",
     key_padding_mask: torch.Tensor | None = None,
     **kwargs,
 ) -> torch.Tensor:

@@ -89,3 +89,26 @@ def test_a_bad_padding_mask_is_named(pad, match):
         osa(q, k, v, key_padding_mask=pad)
     with pytest.raises(OSAInputError, match="batch dim"):
         osa(q[0, 0], k[0, 0], v[0, 0], key_padding_mask=torch.zeros(1, 5, dtype=torch.bool))
+
+
+def test_factory_arguments_and_the_method_type():
+    """``device=`` and ``dtype=`` build the parameters there; ``OSAMethod`` names every method."""
+    from typing import get_args
+
+    from osa_lab import OSAMethod
+    from osa_lab.nn.attention import SoftmaxSelfAttention, ValueSkipInitAttention
+    from osa_lab.ops.functional import OSA_METHODS
+
+    assert set(get_args(OSAMethod)) == {"auto", *OSA_METHODS}
+    for layer in (OrthogonalSelfAttention(8, 2, device="cpu", dtype=torch.float64),
+                  SoftmaxSelfAttention(8, 2, device=torch.device("cpu"), dtype=torch.float64),
+                  ValueSkipInitAttention(8, 2, device="cpu", dtype=torch.float64)):  # fmt: skip
+        assert {(p.device.type, p.dtype) for p in [*layer.parameters(), *layer.buffers()]} == {("cpu", torch.float64)}
+    with pytest.raises(RuntimeError):  # a device that does not exist here is torch's own error
+        OrthogonalSelfAttention(8, 2, device="no-such-device")
+
+
+def test_the_package_ships_its_type_marker():
+    from importlib.resources import files
+
+    assert files("osa_lab").joinpath("py.typed").is_file()
