@@ -32,9 +32,9 @@ from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_group_run
 from osa_lab.studies.depth_study.spec import StudySpec
-from osa_lab.studies.summaries import number
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
 from osa_lab.studies.grid.results import first_line
+from osa_lab.studies.summaries import number
 from osa_lab.studies.training.compare import user_error_from_name
 from osa_lab.studies.training.config import learns_alpha
 
