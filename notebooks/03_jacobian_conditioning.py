@@ -101,7 +101,7 @@ nb.show(
     (
         plots.kappa_vs_parameter(derived, "tokens", group="width", title="κ against N at the derived α₀")
         + plots.kappa_vs_parameter(fixed, "tokens", group="width", title=f"κ against N at α = {contrast_alpha:g}")
-    ).opts(sublabel_format="", backend="matplotlib")
+    ).cols(1).opts(sublabel_format="", backend="matplotlib")
 )
 
 # %% [markdown]

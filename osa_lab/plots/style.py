@@ -368,7 +368,8 @@ def curves_with_bands(
     marker (:data:`PRESET_STYLES`), ``dashes`` (``"solid"``, ``"dashed"``, …) per group value
     replaces them. An x axis of whole numbers (layers, epochs, steps) gets integer ticks
     (:func:`integer_xticks`). ``width=None`` makes the bokeh figure stretch to its container's
-    width at ``height`` (``responsive``), also when a dashboard updates its data.
+    width at ``height`` (``responsive``), also when a dashboard updates its data. The static
+    (matplotlib) figure is :func:`wide_figure`: wide axes, the legend right of them.
     """
     groups = list(dict.fromkeys(data[group].tolist()))
     colours = {**colour_map(groups), **(colours or {})}
@@ -432,7 +433,7 @@ def curves_with_bands(
         overlay.opts(legend_opts={"handlelength": 4.0}, backend="matplotlib")
     if integral_x:
         integer_xticks(overlay)
-    return overlay
+    return wide_figure(overlay)  # a static figure at least 600 px wide, its legend beside the axes
 
 
 def mpl_wide_axes(plot, element) -> None:
