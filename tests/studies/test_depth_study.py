@@ -257,8 +257,15 @@ def test_a_kappa_beyond_float64_is_named_so_not_quoted(tmp_path):
     text = report.summarise(tmp_path, _spec())["verdict"]
     ssa = next(line for line in text.splitlines() if line.startswith("* `skipless-ssa` depth 4"))
     vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
-    assert "κ at init above 4.5e+15, beyond what float64 resolves" in ssa and "e+34" not in ssa
+    assert "κ at init above 4.5e15, beyond what float64 resolves" in ssa and "e34" not in ssa and "e+34" not in ssa
     assert vit.endswith("κ at init 35)")
+
+
+def test_a_resolved_kappa_in_the_verdict_reads_as_in_the_tables(tmp_path):
+    for s in range(2):
+        _write_run(tmp_path, "vit", s, 0.85, kappa_init=2.78e7)
+    text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
+    assert next(x for x in text.splitlines() if x.startswith("* `vit` depth 4")).endswith("κ at init 2.78e7)")
 
 
 def test_seeds_that_never_reach_90_percent_are_counted_beside_the_median(tmp_path):

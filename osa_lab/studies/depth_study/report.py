@@ -426,8 +426,8 @@ def _kappa_words(kappa: float) -> str:
     if math.isnan(kappa):
         return "— (no token encoder)"
     if kappa >= KAPPA_RESOLVED:
-        return f"above {KAPPA_RESOLVED:.2g}, beyond what float64 resolves (numerically singular)"
-    return f"{kappa:.3g}"
+        return f"above {number(KAPPA_RESOLVED, 2)}, beyond what float64 resolves (numerically singular)"
+    return number(kappa)
 
 
 def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:
