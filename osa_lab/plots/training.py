@@ -29,6 +29,7 @@ from osa_lab.plots.style import (
     preset_colour,
     require_columns,
     spans_decades,
+    stacked,
     wide_figure,
 )
 
@@ -119,9 +120,7 @@ def learning_panel(
 ) -> hv.Layout:
     """Learning curves of several metrics (default: train loss and test accuracy), one wide panel
     each, in one column (side by side, each panel's legend would lie over its neighbour)."""
-    layout = hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(1)
-    return dual_options(layout, dict(shared_axes=False),
-                        dict(shared_axes=False, sublabel_format="", fig_inches=(9.5, 3.8 * len(metric_names))))
+    return stacked([learning_curves(metrics, m) for m in metric_names])
 
 
 # ----------------------------------------------------------------------------- alpha

@@ -15,7 +15,7 @@ import pytest
 
 from osa_lab.plots import depth as D
 from osa_lab.plots import study, training
-from osa_lab.plots.style import wide_figure
+from osa_lab.plots.style import stacked, wide_figure
 from osa_lab.reporting import kernel_setup
 from tests.plots.test_plots import FOUR, _jacobian, _metrics, _spectra, _training_metrics
 
@@ -45,6 +45,7 @@ def test_report_05_figures_are_wide_with_legends_outside_the_data():
         figures[f"tuning at depth {d}"] = study.tuning_curves(tables["tuning"], int(d))
     for y in ("steps_to_90", "test_accuracy"):
         figures[f"κ against {y}"] = study.kappa_vs_trainability(tables["runs"], y)
+    figures["training loss by depth"] = study.loss_curves_by_depth(tables["curves"])
     for name, fig in figures.items():
         assert D.layout_problems(fig) == [], name
 
@@ -54,6 +55,8 @@ def test_rank_and_conditioning_figures_are_wide_with_legends_outside_the_data():
         "metric against depth": wide_figure(D.metric_vs_depth(_metrics(), "relative_residual")),
         "κ against depth": wide_figure(D.kappa_vs_depth(_jacobian(presets=FOUR))),
         "κ against a parameter": D.kappa_vs_parameter(_jacobian(presets=FOUR), "layer"),
+        "κ panels stacked": stacked([D.kappa_vs_parameter(_jacobian(presets=FOUR), "layer", title=f"panel {i}")
+                                     for i in range(2)]),
         "spectra lines": D.spectra_lines(_spectra(presets=FOUR)).cols(2).opts(
             hspace=0.5, vspace=0.35, backend="matplotlib"),
     }  # fmt: skip
