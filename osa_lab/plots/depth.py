@@ -527,7 +527,6 @@ def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPOR
     ``metadata`` goes into the file's metadata (PNG text chunks, SVG/PDF ``Title``…), so a
     downloaded file names the figure it shows (see :func:`figure_title`).
     """
-    import matplotlib.pyplot as plt
 
     if format not in EXPORT_FORMATS:
         raise OSAInputError(f"figure format {format!r} is not supported; use one of {', '.join(EXPORT_FORMATS)}")
@@ -537,19 +536,26 @@ def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPOR
     elif format == "pdf":
         meta = {("Subject" if k == "Description" else "Creator" if k == "Software" else k): v
                 for k, v in meta.items() if k in ("Title", "Description", "Software", "Author")}
-    with _mpl_lock:
-        fig = _rendered(obj)
-        try:
-            buf = io.BytesIO()
-            fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta)
-        finally:
-            plt.close(fig)
+    buf = io.BytesIO()
+    with_rendered(obj, lambda fig: fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta))
     return buf.getvalue()
 
 
+def with_rendered(obj: hv.core.Dimensioned, use):
+    """``use(fig)`` on the matplotlib figure of ``obj`` as the reports save it (titles longer than
+    :data:`TITLE_WRAP` characters wrapped), under the module's matplotlib lock; the figure is
+    closed afterwards. Returns what ``use`` returns."""
+    import matplotlib.pyplot as plt
+
+    with _mpl_lock:
+        fig = _rendered(obj)
+        try:
+            return use(fig)
+        finally:
+            plt.close(fig)
+
+
 def _rendered(obj: hv.core.Dimensioned):
-    """The matplotlib figure of ``obj`` as the reports save it: titles longer than
-    :data:`TITLE_WRAP` characters wrapped (call with ``_mpl_lock`` held; close it afterwards)."""
     import textwrap
 
     fig = hv.render(obj, backend="matplotlib")
@@ -564,52 +570,6 @@ def _rendered(obj: hv.core.Dimensioned):
         x, y = suptitle.get_position()  # raise it by its extra lines, clear of the panel titles
         suptitle.set_position((x, y + 0.12 * wrapped.count("\n")))
     return fig
-
-
-#: The narrowest a report figure may be, in pixels at the reports' resolution.
-MIN_FIGURE_PX = 600
-
-#: The reports' figure resolution (dots per inch), as :func:`osa_lab.reporting.kernel_setup.show` uses it.
-REPORT_DPI = 90
-
-
-def layout_problems(obj: hv.core.Dimensioned, dpi: int = REPORT_DPI, min_width_px: int = MIN_FIGURE_PX) -> list[str]:
-    """What is wrong with the static (matplotlib) layout of a report figure; empty when nothing.
-
-    Checked as the reports save it (tight bounding box at ``dpi``): the figure is at least
-    ``min_width_px`` pixels wide; every legend lies outside every panel's axes (so it covers no
-    data) and overlaps no other legend.
-    """
-    import matplotlib.pyplot as plt
-
-    problems: list[str] = []
-    with _mpl_lock:
-        fig = _rendered(obj)
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-            fig.set_dpi(dpi)
-            renderer = FigureCanvasAgg(fig).get_renderer()
-            fig.draw(renderer)
-            width_px = fig.get_tightbbox(renderer).width * dpi
-            if width_px < min_width_px:
-                problems.append(f"figure {width_px:.0f} px wide at {dpi} dpi, narrower than {min_width_px} px")
-            axes = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
-            legends = [(ax.get_title() or f"panel {i}", ax.get_legend()) for i, ax in enumerate(fig.axes)]
-            legends = [(name, lg) for name, lg in legends if lg is not None and lg.get_visible()]
-            legends += [(f"figure legend {i}", lg) for i, lg in enumerate(fig.legends)]
-            boxes = [(name, lg.get_window_extent(renderer)) for name, lg in legends]
-            for name, box in boxes:
-                for ax in axes:
-                    if box.overlaps(ax.get_window_extent(renderer)):
-                        problems.append(f"the legend of {name!r} overlaps the axes of {ax.get_title() or 'a panel'!r}")
-            for i, (name, box) in enumerate(boxes):
-                for other, other_box in boxes[i + 1:]:
-                    if box.overlaps(other_box):
-                        problems.append(f"the legends of {name!r} and {other!r} overlap")
-        finally:
-            plt.close(fig)
-    return problems
 
 
 def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:

@@ -1,6 +1,6 @@
 """Report figures as the reports save them: at least 600 px wide, legends outside the data.
 
-:func:`osa_lab.plots.depth.layout_problems` renders a figure with matplotlib at the reports'
+:func:`osa_lab.plots.layout.layout_problems` renders a figure with matplotlib at the reports'
 resolution and lists what is wrong with its layout; these tests run it on the figures the
 reports draw (report 05 on the committed study results) and check that it can fail.
 """
@@ -15,6 +15,7 @@ import pytest
 
 from osa_lab.plots import depth as D
 from osa_lab.plots import study, training
+from osa_lab.plots.layout import REPORT_DPI, layout_problems
 from osa_lab.plots.style import stacked, wide_figure
 from osa_lab.reporting import kernel_setup
 from tests.plots.test_plots import FOUR, _jacobian, _metrics, _spectra, _training_metrics
@@ -23,16 +24,16 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "mnist1d-de
 
 
 def test_the_checker_uses_the_reports_resolution():
-    assert D.REPORT_DPI == kernel_setup.DPI
+    assert REPORT_DPI == kernel_setup.DPI
 
 
 def test_the_checker_finds_a_narrow_figure_and_a_legend_over_the_data():
     curves = hv.Overlay([hv.Curve([(0, 0), (1, 1)], label="a"), hv.Curve([(0, 1), (1, 0)], label="b")])
     narrow_inside = curves.opts(clone=True).opts(fig_inches=(4, 3), legend_position="top_right", backend="matplotlib")
-    problems = D.layout_problems(narrow_inside)
+    problems = layout_problems(narrow_inside)
     assert any("narrower than 600 px" in p for p in problems), problems
     assert any("overlaps the axes" in p for p in problems), problems
-    assert D.layout_problems(wide_figure(curves.opts(clone=True))) == []
+    assert layout_problems(wide_figure(curves.opts(clone=True))) == []
 
 
 @pytest.mark.skipif(not RESULTS.is_dir(), reason="the committed depth-study results are not in this checkout")
@@ -47,7 +48,7 @@ def test_report_05_figures_are_wide_with_legends_outside_the_data():
         figures[f"κ against {y}"] = study.kappa_vs_trainability(tables["runs"], y)
     figures["training loss by depth"] = study.loss_curves_by_depth(tables["curves"])
     for name, fig in figures.items():
-        assert D.layout_problems(fig) == [], name
+        assert layout_problems(fig) == [], name
 
 
 def test_rank_and_conditioning_figures_are_wide_with_legends_outside_the_data():
@@ -61,7 +62,7 @@ def test_rank_and_conditioning_figures_are_wide_with_legends_outside_the_data():
             hspace=0.5, vspace=0.35, backend="matplotlib"),
     }  # fmt: skip
     for name, fig in figures.items():
-        assert D.layout_problems(fig) == [], name
+        assert layout_problems(fig) == [], name
 
 
 def test_training_figures_are_wide_with_legends_outside_the_data():
@@ -80,4 +81,4 @@ def test_training_figures_are_wide_with_legends_outside_the_data():
             "preset": ["vit", "skipless-ssa"], "diff_mean": [-0.01, 0.1], "ci_low": [-0.02, 0.05], "ci_high": [0.0, 0.15]})),
     }  # fmt: skip
     for name, fig in figures.items():
-        assert D.layout_problems(fig) == [], name
+        assert layout_problems(fig) == [], name
