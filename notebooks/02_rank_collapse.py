@@ -137,7 +137,7 @@ for metric in METRICS:
 nb.show(plots.spectra_heatmaps(spectra).cols(4).opts(hspace=0.7, vspace=0.35, backend="matplotlib"))
 
 # %%
-nb.show(plots.spectra_lines(spectra).cols(4).opts(hspace=0.5, vspace=0.35, backend="matplotlib"))
+nb.show(plots.spectra_lines(spectra).cols(2).opts(hspace=0.5, vspace=0.35, backend="matplotlib"))
 
 # %% [markdown]
 # **Reading the figures.** Rank collapse reads as token cosine → 1, relative residual → 0 and

@@ -50,7 +50,7 @@ params = nb.opening("03_jacobian_conditioning", globals())
 # %%
 
 from osa_lab.plots import depth as plots
-from osa_lab.plots.style import wide_figure
+from osa_lab.plots.style import stacked, wide_figure
 from osa_lab.reporting import texts
 from osa_lab.reporting.tables import Column
 from osa_lab.studies import jacobian
@@ -98,10 +98,10 @@ grid["width"] = "d = " + grid["dim"].astype(str)
 derived = grid[grid["alpha_source"] == "derived"]
 fixed = grid[grid["alpha_source"] == "given"]
 nb.show(
-    (
-        plots.kappa_vs_parameter(derived, "tokens", group="width", title="κ against N at the derived α₀")
-        + plots.kappa_vs_parameter(fixed, "tokens", group="width", title=f"κ against N at α = {contrast_alpha:g}")
-    ).opts(sublabel_format="", backend="matplotlib")
+    stacked([
+        plots.kappa_vs_parameter(derived, "tokens", group="width", title="κ against N at the derived α₀"),
+        plots.kappa_vs_parameter(fixed, "tokens", group="width", title=f"κ against N at α = {contrast_alpha:g}"),
+    ])
 )
 
 # %% [markdown]

@@ -7,6 +7,7 @@ takes the long-format DataFrames that the analyses return:
 * :mod:`osa_lab.plots.depth`: rank collapse, spectra and Jacobian conditioning across depth.
 * :mod:`osa_lab.plots.expm`: accuracy and timing of the matrix-exponential methods.
 * :mod:`osa_lab.plots.training`: learning curves and training diagnostics.
+* :mod:`osa_lab.plots.layout`: the layout rules of the report figures (width, legends) and their check.
 
 Render to bokeh (interactive, hover) or to matplotlib (static PNG) with ``holoviews.render``.
 """

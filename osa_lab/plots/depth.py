@@ -530,9 +530,6 @@ def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPOR
     ``metadata`` goes into the file's metadata (PNG text chunks, SVG/PDF ``Title``…), so a
     downloaded file names the figure it shows (see :func:`figure_title`).
     """
-    import textwrap
-
-    import matplotlib.pyplot as plt
 
     if format not in EXPORT_FORMATS:
         raise OSAInputError(f"figure format {format!r} is not supported; use one of {', '.join(EXPORT_FORMATS)}")
@@ -542,24 +539,40 @@ def figure_bytes(obj: hv.core.Dimensioned, format: str = "png", dpi: int = EXPOR
     elif format == "pdf":
         meta = {("Subject" if k == "Description" else "Creator" if k == "Software" else k): v
                 for k, v in meta.items() if k in ("Title", "Description", "Software", "Author")}
+    buf = io.BytesIO()
+    with_rendered(obj, lambda fig: fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta))
+    return buf.getvalue()
+
+
+def with_rendered(obj: hv.core.Dimensioned, use):
+    """``use(fig)`` on the matplotlib figure of ``obj`` as the reports save it (titles longer than
+    :data:`TITLE_WRAP` characters wrapped), under the module's matplotlib lock; the figure is
+    closed afterwards. Returns what ``use`` returns."""
+    import matplotlib.pyplot as plt
+
     with _mpl_lock:
-        fig = hv.render(obj, backend="matplotlib")
+        fig = _rendered(obj)
         try:
-            for ax in fig.axes:
-                title = ax.get_title()
-                if len(title) > TITLE_WRAP:
-                    ax.set_title(textwrap.fill(title, TITLE_WRAP))
-            suptitle = getattr(fig, "_suptitle", None)
-            if suptitle is not None and len(suptitle.get_text()) > TITLE_WRAP:
-                wrapped = textwrap.fill(suptitle.get_text(), TITLE_WRAP)
-                suptitle.set_text(wrapped)
-                x, y = suptitle.get_position()  # raise it by its extra lines, clear of the panel titles
-                suptitle.set_position((x, y + 0.12 * wrapped.count("\n")))
-            buf = io.BytesIO()
-            fig.savefig(buf, format=format, dpi=dpi, bbox_inches="tight", metadata=meta)
+            return use(fig)
         finally:
             plt.close(fig)
-    return buf.getvalue()
+
+
+def _rendered(obj: hv.core.Dimensioned):
+    import textwrap
+
+    fig = hv.render(obj, backend="matplotlib")
+    for ax in fig.axes:
+        title = ax.get_title()
+        if len(title) > TITLE_WRAP:
+            ax.set_title(textwrap.fill(title, TITLE_WRAP))
+    suptitle = getattr(fig, "_suptitle", None)
+    if suptitle is not None and len(suptitle.get_text()) > TITLE_WRAP:
+        wrapped = textwrap.fill(suptitle.get_text(), TITLE_WRAP)
+        suptitle.set_text(wrapped)
+        x, y = suptitle.get_position()  # raise it by its extra lines, clear of the panel titles
+        suptitle.set_position((x, y + 0.12 * wrapped.count("\n")))
+    return fig
 
 
 def png_bytes(obj: hv.core.Dimensioned, dpi: int = 110, metadata: dict[str, str] | None = None) -> bytes:

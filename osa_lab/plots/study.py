@@ -24,6 +24,7 @@ from osa_lab.plots.style import (
     preset_colour,
     preset_style,
     require_columns,
+    stacked,
     wide_figure,
 )
 
@@ -146,9 +147,7 @@ def loss_curves(curves: pd.DataFrame, depth: int, metric: str = "train_loss") ->
 
 def loss_curves_by_depth(curves: pd.DataFrame, metric: str = "train_loss") -> hv.Layout:
     """One panel per depth (:func:`loss_curves`), in one column."""
-    panels = [loss_curves(curves, d, metric) for d in sorted(curves["depth"].unique())]
-    layout = hv.Layout(panels).cols(1)
-    return dual_options(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format=""))
+    return stacked([loss_curves(curves, d, metric) for d in sorted(curves["depth"].unique())])
 
 
 def _wide(overlay: hv.Overlay) -> hv.Overlay:

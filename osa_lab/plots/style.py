@@ -46,6 +46,7 @@ __all__ = [
     "preset_style",
     "require_columns",
     "spans_decades",
+    "stacked",
     "wide_figure",
 ]
 
@@ -368,7 +369,8 @@ def curves_with_bands(
     marker (:data:`PRESET_STYLES`), ``dashes`` (``"solid"``, ``"dashed"``, …) per group value
     replaces them. An x axis of whole numbers (layers, epochs, steps) gets integer ticks
     (:func:`integer_xticks`). ``width=None`` makes the bokeh figure stretch to its container's
-    width at ``height`` (``responsive``), also when a dashboard updates its data.
+    width at ``height`` (``responsive``), also when a dashboard updates its data. The static
+    (matplotlib) figure is :func:`wide_figure`: wide axes, the legend right of them.
     """
     groups = list(dict.fromkeys(data[group].tolist()))
     colours = {**colour_map(groups), **(colours or {})}
@@ -432,7 +434,7 @@ def curves_with_bands(
         overlay.opts(legend_opts={"handlelength": 4.0}, backend="matplotlib")
     if integral_x:
         integer_xticks(overlay)
-    return overlay
+    return wide_figure(overlay)  # a static figure at least 600 px wide, its legend beside the axes
 
 
 def mpl_wide_axes(plot, element) -> None:
@@ -451,6 +453,16 @@ def wide_figure(overlay: hv.Overlay, inches: tuple[float, float] = (9.5, 3.8)) -
     if mpl_wide_axes not in hooks:
         hooks.append(mpl_wide_axes)
     return overlay.opts(fig_inches=inches, hooks=hooks, legend_position="right", backend="matplotlib")
+
+
+def stacked(panels: Sequence[hv.Overlay]) -> hv.Layout:
+    """Wide panels (:func:`wide_figure`) in one column, each with its own axes and legend; the
+    static figure keeps each panel's size (side by side, a panel's legend would lie over its
+    neighbour; without a size, matplotlib squeezes the panels into one default-sized figure)."""
+    width, height = 9.5, 3.8
+    layout = hv.Layout([wide_figure(p, (width, height)) for p in panels]).cols(1)
+    return dual_options(layout, dict(shared_axes=False),
+                        dict(shared_axes=False, sublabel_format="", fig_inches=(width, height * len(panels))))
 
 
 #: what HoloViews raises when two threads clean up the bookkeeping of the same options tree at once

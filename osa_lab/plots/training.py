@@ -29,6 +29,8 @@ from osa_lab.plots.style import (
     preset_colour,
     require_columns,
     spans_decades,
+    stacked,
+    wide_figure,
 )
 
 __all__ = [
@@ -116,9 +118,9 @@ def learning_curves(
 def learning_panel(
     metrics: pd.DataFrame, metric_names: Sequence[str] = ("train_loss", "test_accuracy")
 ) -> hv.Layout:
-    """Side-by-side learning curves of several metrics (default: train loss and test accuracy)."""
-    layout = hv.Layout([learning_curves(metrics, m) for m in metric_names]).cols(2)
-    return dual_options(layout, dict(shared_axes=False), dict(shared_axes=False, sublabel_format="", fig_size=160))
+    """Learning curves of several metrics (default: train loss and test accuracy), one wide panel
+    each, in one column (side by side, each panel's legend would lie over its neighbour)."""
+    return stacked([learning_curves(metrics, m) for m in metric_names])
 
 
 # ----------------------------------------------------------------------------- alpha
@@ -244,11 +246,11 @@ def summary_bars(
         dict(ylim=(lo, 100), xrotation=20),
     )
     errors = hv.ErrorBars(d, "preset", ["accuracy", "err"])
-    return dual_options(
+    return wide_figure(dual_options(
         bars * errors,
         dict(title=title, width=520, height=340, show_grid=True),
-        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True),
-    )
+        dict(title=title, show_grid=True),
+    ), inches=(9.5, 4.4))  # no legend beside it: taller, so that the axes alone are wide enough
 
 
 # ----------------------------------------------------------------------------- token mixing
@@ -363,7 +365,8 @@ def _mpl_preset_groups(plot, element) -> None:
     handles = [mpatches.Patch(facecolor="#555555", label=ABLATION_SETTINGS[0]),
                mpatches.Patch(facecolor="#555555", alpha=0.45, hatch="//", edgecolor="white",
                               label=ABLATION_SETTINGS[1])]
-    ax.legend(handles=handles, loc="upper right", frameon=False, fontsize="small")
+    # beside the axes, never over a bar
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize="small")
 
 
 def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned α vs α := 0 after training") -> hv.Overlay:
@@ -380,12 +383,11 @@ def ablation_bars(metrics: pd.DataFrame, *, title: str = "accuracy with learned 
     ])[["preset", "setting", "accuracy"]]  # fmt: skip
     bars = bars_by_preset(hv.Bars(long, ["preset", "setting"], "accuracy").redim.label(accuracy="held-out accuracy %"))
     hooks = list(hv.Store.lookup_options("matplotlib", bars, "plot").kwargs.get("hooks", []) or [])
-    return dual_options(
+    return wide_figure(dual_options(
         bars,
         dict(title=title, width=520, height=340, show_grid=True, tools=["hover"], ylim=(0, 100)),
-        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, ylim=(0, 100),
-             hooks=[*hooks, _mpl_preset_groups]),
-    )
+        dict(title=title, show_grid=True, ylim=(0, 100), hooks=[*hooks, _mpl_preset_groups]),
+    ))
 
 
 def ablation_percent(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -418,8 +420,8 @@ def paired_differences_plot(paired: pd.DataFrame, *, title: str | None = None) -
     )
     err = hv.ErrorBars(d, "preset", ["diff", "neg", "pos"])
     zero = hv.HLine(0.0)
-    return dual_options(
+    return wide_figure(dual_options(
         pts * err * zero,
         dict(title=title, width=520, height=340, show_grid=True, xrotation=20),
-        dict(title=title, fig_inches=(6, 3.6), aspect=1.6, show_grid=True, xrotation=20),
-    )
+        dict(title=title, show_grid=True, xrotation=20),
+    ), inches=(9.5, 4.4))  # no legend beside it: taller, so that the axes alone are wide enough

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
-from osa_lab.studies.summaries import KAPPA_RESOLVED
+from osa_lab.studies.summaries import KAPPA_RESOLVED, number
 
 __all__ = [
     "KAPPA_BEYOND_TEXT",
@@ -37,21 +37,6 @@ __all__ = [
     "table_html",
     "value_text",
 ]
-
-def number(x: float, digits: int = 3) -> str:
-    """``x`` with ``digits`` significant digits, as ``1.23e4`` outside 1e-3…1e4."""
-    x = float(x)
-    if math.isnan(x):
-        return "n/a"
-    if math.isinf(x):
-        return "∞" if x > 0 else "−∞"
-    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
-        mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-        if "." in mantissa:
-            mantissa = mantissa.rstrip("0").rstrip(".")
-        return f"{mantissa}e{int(exponent)}"
-    return f"{x:.{digits}g}"
-
 
 #: What a table or sentence shows for a κ that float64 does not resolve (κ ≥ 1/ε, or infinite).
 KAPPA_BEYOND_TEXT = f"> {number(KAPPA_RESOLVED, 2)}"

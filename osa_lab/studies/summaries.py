@@ -8,12 +8,29 @@ of :mod:`osa_lab.studies.depth` and :mod:`osa_lab.studies.jacobian` to the few n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
+
+
+def number(x: float, digits: int = 3) -> str:
+    """``x`` with ``digits`` significant digits, as ``1.23e4`` outside 1e-3…1e4 (``3.33e-4``, not
+    ``0.000333333``): the one number format of the reports, the study verdict and its progress lines."""
+    x = float(x)
+    if math.isnan(x):
+        return "n/a"
+    if math.isinf(x):
+        return "∞" if x > 0 else "−∞"
+    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
+        mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+        if "." in mantissa:
+            mantissa = mantissa.rstrip("0").rstrip(".")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{x:.{digits}g}"
 
 
 def _require(df: pd.DataFrame, columns: list[str], what: str) -> None:

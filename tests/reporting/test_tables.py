@@ -25,7 +25,7 @@ from osa_lab.reporting.tables import (
     table_html,
     value_text,
 )
-from osa_lab.studies.summaries import KAPPA_RESOLVED
+from osa_lab.studies.summaries import KAPPA_RESOLVED, number
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,6 +54,19 @@ def test_resolved_kappa_reads_back_within_its_three_digits(k):
     text = kappa_text(k)
     assert not text.startswith(">")
     assert abs(float(text) - k) <= 0.0051 * k  # three significant digits
+
+
+@given(st.floats(min_value=1e-7, max_value=10.0))
+def test_a_learning_rate_reads_back_within_three_significant_digits(lr):
+    text = number(lr)
+    digits = text.split("e")[0].replace(".", "").lstrip("0")
+    assert len(digits) <= 3, text
+    assert abs(float(text) - lr) <= 0.0051 * lr
+
+
+def test_number_writes_small_learning_rates_in_exponent_form():
+    assert number(1 / 3000) == "3.33e-4" and number(0.000333333) == "3.33e-4"
+    assert number(0.001) == "0.001" and number(1 / 3) == "0.333" and number(1.0) == "1"
 
 
 def test_percent_interval_and_values():

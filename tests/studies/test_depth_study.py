@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -256,8 +257,15 @@ def test_a_kappa_beyond_float64_is_named_so_not_quoted(tmp_path):
     text = report.summarise(tmp_path, _spec())["verdict"]
     ssa = next(line for line in text.splitlines() if line.startswith("* `skipless-ssa` depth 4"))
     vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
-    assert "κ at init above 4.5e+15, beyond what float64 resolves" in ssa and "e+34" not in ssa
+    assert "κ at init above 4.5e15, beyond what float64 resolves" in ssa and "e34" not in ssa and "e+34" not in ssa
     assert vit.endswith("κ at init 35)")
+
+
+def test_a_resolved_kappa_in_the_verdict_reads_as_in_the_tables(tmp_path):
+    for s in range(2):
+        _write_run(tmp_path, "vit", s, 0.85, kappa_init=2.78e7)
+    text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
+    assert next(x for x in text.splitlines() if x.startswith("* `vit` depth 4")).endswith("κ at init 2.78e7)")
 
 
 def test_seeds_that_never_reach_90_percent_are_counted_beside_the_median(tmp_path):
@@ -590,5 +598,17 @@ def test_a_choice_beside_a_setting_that_broke_is_at_the_stability_edge():
     # at ×10 the neighbour above is (3e-3, ×10); below, ×10 has no lr, so the next lr tried (1e-4) stands in
     assert report.unstable_neighbours(t, 1e-3, 10.0) == ["lr 0.003 (failed)"]
     t.loc[len(t)] = {"lr": 1e-4, "alpha_lr_mult": 1.0, "status": "diverged"}  # one tuning seed of the point broke
-    assert report.unstable_neighbours(t, 1e-3, 10.0) == ["lr 0.0001 (diverged)", "lr 0.003 (failed)"]
-    assert report.unstable_neighbours(t, 1e-3, 1.0) == ["lr 0.0001 (diverged)"]
+    assert report.unstable_neighbours(t, 1e-3, 10.0) == ["lr 1e-4 (diverged)", "lr 0.003 (failed)"]
+    assert report.unstable_neighbours(t, 1e-3, 1.0) == ["lr 1e-4 (diverged)"]
+
+
+def test_a_learning_rate_is_written_with_three_significant_digits(tmp_path):
+    """A tuned lr such as 1/3000 reads ``3.33e-4`` in the verdict, never ``0.000333333``."""
+    for s in range(2):
+        _write_run(tmp_path, "vit", s, 0.85, lr=1 / 3000)
+    search = tmp_path / "search" / "vit-d4.json"
+    search.write_text(json.dumps({**json.loads(search.read_text()), "chosen": [1 / 3000, 1.0]}))
+    text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
+    vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
+    assert "lr 3.33e-4, α-lr ×1;" in vit
+    assert not re.search(r"0\.000\d", text)

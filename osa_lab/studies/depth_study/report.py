@@ -34,7 +34,7 @@ from osa_lab.studies.depth_study.wording import (
     trainability_lines,
     unstable_neighbours,
 )
-from osa_lab.studies.summaries import KAPPA_RESOLVED
+from osa_lab.studies.summaries import KAPPA_RESOLVED, number
 from osa_lab.studies.training.failures import (
     CHANCE_MARGIN,
     LOSS_JUMP_FACTOR,
@@ -310,7 +310,7 @@ def _not_final_words(r) -> str:
         return "not run yet"
     if math.isfinite(r.lr):
         extended = ", grid extended" if r.grid_extended else ""
-        return (f"tuned at lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g} ({r.tuning_runs} tuning runs{extended}); "
+        return (f"tuned at lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)} ({r.tuning_runs} tuning runs{extended}); "
                 "no final run yet")  # fmt: skip
     return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
 
@@ -379,7 +379,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
                      f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {failure_words(r)}; "
-                     f"lr {r.lr:g}, α-lr ×{r.alpha_lr_mult:g}; steps to 90 % train acc. "
+                     f"lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)}; steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
                      + (f" (median of the {r.reached_90} of {ok} seeds that reached it)" if 0 < r.reached_90 < ok else "")
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip
@@ -426,8 +426,8 @@ def _kappa_words(kappa: float) -> str:
     if math.isnan(kappa):
         return "— (no token encoder)"
     if kappa >= KAPPA_RESOLVED:
-        return f"above {KAPPA_RESOLVED:.2g}, beyond what float64 resolves (numerically singular)"
-    return f"{kappa:.3g}"
+        return f"above {number(KAPPA_RESOLVED, 2)}, beyond what float64 resolves (numerically singular)"
+    return number(kappa)
 
 
 def finding_line(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec) -> str:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.summaries import number
 
 #: steps at which a run's training loss is read (a primary endpoint of trainability) and the training
 #: loss whose first crossing is the other (the curve's losses are epoch means)
@@ -102,7 +103,7 @@ def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float) -
             nearest = pool.loc[beyond, axis].min() if side > 0 else pool.loc[beyond, axis].max()
             bad = broke(pool[np.isclose(pool[axis], nearest)])
             if bad:
-                label = f"lr {nearest:g}" if axis == "lr" else f"α-lr ×{nearest:g}"
+                label = f"lr {number(nearest)}" if axis == "lr" else f"α-lr ×{number(nearest)}"
                 out.append(f"{label} ({' and '.join(bad)})")
     return out
 
