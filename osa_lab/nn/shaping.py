@@ -1,0 +1,128 @@
+"""Kernel shaping of deep skipless networks with TAT's tailored leaky ReLU.
+
+Tailored Activation Transformation (TAT; Zhang, Botev & Martens, arXiv 2203.08120) makes a deep
+network without skips or normalisation trainable by choosing the negative slope α of a
+normalised leaky ReLU from the depth, so that the network's C-map (how the cosine between two
+inputs maps through the network at initialisation, with orthogonal "delta" weights) is neither
+degenerate nor linear. This module computes the kernel maps analytically and solves for α.
+
+The normalised leaky ReLU (TAT §4, eq. 9) is
+
+    φ_α(x) = sqrt(2 / (1 + α²)) · (max(x, 0) + α · min(x, 0)),
+
+so that E[φ_α(z)²] = 1 for z ~ N(0, 1): its q-map fixes q = 1 (DKS, arXiv 2110.01765, §4.2).
+Its local C-map (TAT eq. 10; the arc-cosine kernel of Cho & Saul for the ReLU part) is
+
+    C_α(c) = c + (1 - α)² / (π (1 + α²)) · (sqrt(1 - c²) - c · arccos(c)),
+
+with C_α(1) = 1 and C_α'(1) = 1 for every α. A network of ``depth`` such layers has the C-map
+C_α^{∘depth}; TAT's rule (arXiv 2203.08120, eq. 11) picks α ∈ [0, 1) such that
+
+    C_α^{∘depth}(0) = η,
+
+with η = 0.9 by default (the target used in the paper and in google-deepmind/dks).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import brentq
+
+from osa_lab.errors import ConfigurationError
+
+DEFAULT_C0_TARGET = 0.9
+"""TAT's default target η for the network's C-map at c = 0 (arXiv 2203.08120, §4)."""
+
+
+def leaky_relu_scale(negative_slope: float) -> float:
+    """The factor sqrt(2 / (1 + α²)) that makes E[φ_α(z)²] = 1 for z ~ N(0, 1) (TAT eq. 9)."""
+    return math.sqrt(2.0 / (1.0 + negative_slope**2))
+
+
+def normalised_leaky_relu(x: np.ndarray, negative_slope: float) -> np.ndarray:
+    """TAT's normalised leaky ReLU φ_α(x) (arXiv 2203.08120, eq. 9), for NumPy arrays."""
+    scale = leaky_relu_scale(negative_slope)
+    return scale * np.where(x > 0, x, negative_slope * x)
+
+
+def leaky_relu_c_map(c: np.ndarray | float, negative_slope: float) -> np.ndarray:
+    """The local C-map C_α(c) of the normalised leaky ReLU (arXiv 2203.08120, eq. 10)."""
+    c = np.clip(np.asarray(c, dtype=np.float64), -1.0, 1.0)
+    curvature = (1.0 - negative_slope) ** 2 / (math.pi * (1.0 + negative_slope**2))
+    return c + curvature * (np.sqrt(1.0 - c**2) - c * np.arccos(c))
+
+
+def network_c_map(c: np.ndarray | float, negative_slope: float, depth: int) -> np.ndarray:
+    """The C-map C_α^{∘depth}(c) of ``depth`` normalised leaky-ReLU layers with delta init."""
+    _check_depth(depth)
+    value = np.asarray(c, dtype=np.float64)
+    for _ in range(depth):
+        value = leaky_relu_c_map(value, negative_slope)
+    return value
+
+
+def tat_leaky_relu_slope(depth: int, c0_target: float = DEFAULT_C0_TARGET) -> float:
+    """TAT's negative slope α for a network of ``depth`` nonlinear layers (arXiv 2203.08120, eq. 11).
+
+    Solves C_α^{∘depth}(0) = ``c0_target`` for α ∈ [0, 1). C_α^{∘depth}(0) falls monotonically
+    from the ReLU's value (α = 0) to 0 (α = 1, the identity), so a solution exists exactly when
+    the target lies in (0, C_0^{∘depth}(0)]; otherwise the network is too shallow for the target.
+    """
+    _check_depth(depth)
+    if not 0.0 < c0_target < 1.0:
+        raise ConfigurationError(
+            f"c0_target must lie strictly between 0 and 1, got {c0_target!r}; TAT uses 0.9"
+        )
+    relu_value = float(network_c_map(0.0, 0.0, depth))
+    if c0_target > relu_value:
+        raise ConfigurationError(
+            f"c0_target={c0_target} is unreachable at depth {depth}: even a ReLU (slope 0) only "
+            f"reaches C(0)={relu_value:.4f}; lower the target or use a deeper network"
+        )
+    if c0_target == relu_value:
+        return 0.0
+    return float(
+        brentq(
+            lambda slope: float(network_c_map(0.0, slope, depth)) - c0_target,
+            0.0,
+            1.0,
+            xtol=1e-15,
+            rtol=1e-14,
+        )
+    )
+
+
+def c_map_table(negative_slope: float, depths: list[int], c_in: np.ndarray | None = None) -> pd.DataFrame:
+    """The predicted C-map as DKS reports it: one row per (depth, c_in) with ``c_out``.
+
+    Columns: ``depth``, ``c_in``, ``c_out`` (analytic C_α^{∘depth}(c_in), arXiv 2203.08120 eq. 10).
+    """
+    grid = np.linspace(-1.0, 1.0, 21) if c_in is None else np.asarray(c_in, dtype=np.float64)
+    rows = [
+        {"depth": depth, "c_in": float(c), "c_out": float(network_c_map(c, negative_slope, depth))}
+        for depth in depths
+        for c in grid
+    ]
+    return pd.DataFrame(rows, columns=["depth", "c_in", "c_out"])
+
+
+def monte_carlo_c_map(c_in: float, negative_slope: float, samples: int = 200_000, seed: int = 0) -> float:
+    """Empirical one-layer C-map: cosine E[φ(u)φ(v)] for unit Gaussians u, v with correlation c_in.
+
+    The reference for :func:`leaky_relu_c_map`; since q = 1 is fixed, the covariance is the cosine.
+    """
+    if not -1.0 <= c_in <= 1.0:
+        raise ConfigurationError(f"c_in must lie in [-1, 1], got {c_in!r}")
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(samples)
+    w = rng.standard_normal(samples)
+    v = c_in * u + math.sqrt(max(0.0, 1.0 - c_in**2)) * w
+    return float(np.mean(normalised_leaky_relu(u, negative_slope) * normalised_leaky_relu(v, negative_slope)))
+
+
+def _check_depth(depth: int) -> None:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ConfigurationError(f"depth must be a positive integer, got {depth!r}")

@@ -1,0 +1,85 @@
+"""TAT's tailored leaky ReLU: kernel maps and the slope rule (arXiv 2203.08120, eqs. 9-11)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from osa_lab.errors import ConfigurationError
+from osa_lab.nn.shaping import (
+    c_map_table,
+    leaky_relu_c_map,
+    monte_carlo_c_map,
+    network_c_map,
+    tat_leaky_relu_slope,
+)
+
+
+def test_depth_one_slope_matches_the_closed_form():
+    # At depth 1, C_a(0) = (1 - a)^2 / (pi (1 + a^2)) = eta is a quadratic in a:
+    # with k = pi * eta, a = (1 - sqrt(1 - (1 - k)^2)) / (1 - k).
+    for eta in (0.05, 0.1, 0.2, 0.3):
+        k = math.pi * eta
+        by_hand = (1.0 - math.sqrt(1.0 - (1.0 - k) ** 2)) / (1.0 - k)
+        assert tat_leaky_relu_slope(1, eta) == pytest.approx(by_hand, rel=1e-10)
+
+
+def test_relu_value_at_zero_is_one_over_pi():
+    assert float(leaky_relu_c_map(0.0, 0.0)) == pytest.approx(1.0 / math.pi, rel=1e-14)
+    # Two ReLU layers: C(1/pi) = 1/pi + (sqrt(1 - 1/pi^2) - arccos(1/pi)/pi) / pi, by hand.
+    c1 = 1.0 / math.pi
+    by_hand = c1 + (math.sqrt(1 - c1**2) - c1 * math.acos(c1)) / math.pi
+    assert float(network_c_map(0.0, 0.0, 2)) == pytest.approx(by_hand, rel=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("depth", "golden"),
+    # Pinned from this module's solver at eta = 0.9 (checked to meet the target below).
+    [(16, 0.10449862808356056), (32, 0.3202233785860509)],
+)
+def test_slope_rule_golden_values(depth, golden):
+    slope = tat_leaky_relu_slope(depth)
+    assert slope == pytest.approx(golden, rel=1e-9)
+    assert float(network_c_map(0.0, slope, depth)) == pytest.approx(0.9, abs=1e-12)
+
+
+def test_slope_grows_with_depth():
+    slopes = [tat_leaky_relu_slope(d, 0.5) for d in (4, 8, 16, 32, 64)]
+    assert all(b > a for a, b in zip(slopes, slopes[1:], strict=False))
+
+
+def test_unreachable_target_names_the_fix():
+    with pytest.raises(ConfigurationError, match="unreachable at depth 8"):
+        tat_leaky_relu_slope(8, 0.9)
+    with pytest.raises(ConfigurationError, match="between 0 and 1"):
+        tat_leaky_relu_slope(16, 1.5)
+    with pytest.raises(ConfigurationError, match="positive integer"):
+        tat_leaky_relu_slope(0)
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.3, 0.8])
+@pytest.mark.parametrize("c_in", [-0.9, -0.3, 0.0, 0.5, 0.95])
+def test_c_map_matches_monte_carlo(slope, c_in):
+    # Standard error of the mean with 200k samples is about 0.003; the margin is 0.01.
+    empirical = monte_carlo_c_map(c_in, slope, samples=200_000, seed=1)
+    assert float(leaky_relu_c_map(c_in, slope)) == pytest.approx(empirical, abs=0.01)
+
+
+@settings(max_examples=50, deadline=None)
+@given(slope=st.floats(0.0, 0.99), c=st.floats(-1.0, 0.999))
+def test_c_map_fixes_one_and_never_decreases_cosine(slope, c):
+    assert float(leaky_relu_c_map(1.0, slope)) == pytest.approx(1.0, abs=1e-12)
+    out = float(leaky_relu_c_map(c, slope))
+    assert c - 1e-12 <= out <= 1.0 + 1e-12
+
+
+def test_c_map_table_is_tidy():
+    table = c_map_table(0.3, [1, 8], c_in=np.array([0.0, 1.0]))
+    assert list(table.columns) == ["depth", "c_in", "c_out"]
+    assert len(table) == 4
+    assert table.loc[table.c_in == 1.0, "c_out"].tolist() == pytest.approx([1.0, 1.0])
+    assert float(table.query("depth == 8 and c_in == 0").c_out.iloc[0]) == pytest.approx(
+        float(network_c_map(0.0, 0.3, 8))
+    )
