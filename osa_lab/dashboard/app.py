@@ -352,7 +352,14 @@ def serve_session() -> Dashboard:
         from osa_lab.dashboard.runs_view import RunsView
 
         runs = RunsView()
+        runs.apply_url(pn.state.session_args or {})  # before the page is built: its notices name bad filters
         runs.template().servable()
+
+        def link(view: RunsView = runs) -> None:
+            if pn.state.location is not None:
+                view.link_url(pn.state.location)
+
+        pn.state.onload(link)
         return runs
     prewarm()
     dashboard = Dashboard(compute_now=False)

@@ -22,7 +22,7 @@ import panel as pn
 import param
 from matplotlib.figure import Figure
 
-from osa_lab.dashboard.state import ACCENT, markdown_literal
+from osa_lab.dashboard.state import ACCENT, markdown_literal, quoted
 from osa_lab.errors import MalformedResultError, MissingDataError, UserError
 from osa_lab.studies.depth_study import report
 from osa_lab.studies.depth_study.layer_profiles import PROFILE_SAMPLES, STATES, run_layer_profiles
@@ -316,12 +316,65 @@ class RunsView(pn.viewable.Viewer):
                                                          "test_accuracy"], doc="the curve drawn")  # fmt: skip
     runs_compared = param.ListSelector(default=[], objects=[], doc="runs whose layers are compared (saved weights)")
 
+    #: The filters mirrored in the page URL (``?view=runs&presets=vit,skipless-osa&depths=4,8``).
+    URL_FILTERS = ("presets", "depths", "lrs", "seeds", "group_by", "curve")
+
     def __init__(self, folder: str | os.PathLike | None = None, **params):
         folder = str(folder or os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS)
         super().__init__(folder=folder, **params)
         self.error = ""
+        self.url_errors: list[str] = []
         self.study: StudyTables | None = None
         self._load()
+
+    # -- the URL ----------------------------------------------------------------------------------
+
+    def to_query(self) -> dict[str, str]:
+        """The URL query of the filters shown (``view=runs`` first)."""
+        q = {"view": "runs"}
+        for name in self.URL_FILTERS:
+            value = getattr(self, name)
+            q[name] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        return q
+
+    def apply_url(self, query: dict) -> list[str]:
+        """Set the filters from a URL query (``{name: "a,b"}`` or Bokeh's ``{name: [b"a,b"]}``). Each
+        item is checked on its own: an unknown one is named in :attr:`url_errors` and left out,
+        the usable ones kept; other parameters (the dashboard's) are ignored here."""
+        errors = []
+        for name in self.URL_FILTERS:
+            raw = query.get(name)
+            if raw is None:
+                continue
+            raw = raw[-1] if isinstance(raw, list) else raw
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            choices = {str(v): v for v in self.param[name].objects}
+            if name == "curve":
+                if text in choices:
+                    self.curve = choices[text]
+                else:
+                    errors.append(f"curve={quoted(text)} was ignored: valid values: {', '.join(choices)}")
+                continue
+            items = [t.strip() for t in text.split(",") if t.strip()]
+            bad = [t for t in items if t not in choices]
+            if bad:
+                errors.append(f"{name}: {', '.join(quoted(b, 40) for b in bad[:5])} ignored (not in this folder's "
+                              f"results; valid: {', '.join(list(choices)[:12])})")  # fmt: skip
+            good = [choices[t] for t in items if t in choices]
+            if good:
+                setattr(self, name, good)
+        self.url_errors = errors
+        return errors
+
+    def link_url(self, location) -> None:
+        """Keep ``location.search`` (the page's address bar) on the filters shown."""
+        from urllib.parse import quote, urlencode
+
+        def write(*_events) -> None:
+            location.search = "?" + urlencode(self.to_query(), quote_via=quote, safe=",")
+
+        self.param.watch(write, list(self.URL_FILTERS))
+        write()
 
     def _load(self) -> None:
         path = Path(self.folder)
@@ -371,9 +424,14 @@ class RunsView(pn.viewable.Viewer):
         return "\n\n".join(lines)
 
     def notices(self) -> str:
-        if self.study is None or not self.study.notices:
-            return ""
-        return "**Some files were left out:**\n\n" + "\n".join(f"- {markdown_literal(n)}" for n in self.study.notices)
+        parts = []
+        if self.url_errors:
+            parts.append("**This link had filters that could not be used:**\n\n"
+                         + "\n".join(f"- {markdown_literal(e)}" for e in self.url_errors))  # fmt: skip
+        if self.study is not None and self.study.notices:
+            parts.append("**Some files were left out:**\n\n"
+                         + "\n".join(f"- {markdown_literal(n)}" for n in self.study.notices))  # fmt: skip
+        return "\n\n".join(parts)
 
     @param.depends("presets", "depths", "lrs", "seeds")
     def run_table(self) -> pn.widgets.Tabulator:

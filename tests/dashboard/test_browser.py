@@ -836,6 +836,17 @@ def test_runs_view_opens_the_committed_study_and_shows_its_runs(server, browser)
     _assert_clean(watch)
 
 
+def test_runs_view_filters_come_from_the_link_and_follow_into_the_address_bar(server, browser):
+    watch = _open(browser, f"{server}?view=runs&presets=vit,nope&depths=4")
+    page = watch.page
+    page.get_by_text("could not be used").first.wait_for(timeout=90_000)  # "nope" named, vit kept
+    page.locator(".tabulator-row").first.wait_for(timeout=60_000)
+    table = page.locator(".tabulator").last.inner_text()
+    assert "vit" in table and "skipless-osa" not in table and "cnn1d" not in table
+    _wait_url(page, "presets=vit&depths=4&")  # the address bar shows what is on screen
+    _assert_clean(watch)
+
+
 @pytest.fixture(scope="module")
 def results_with_weights(tmp_path_factory):
     """The tiny study (two presets, two seeds, about 10 s), whose final runs save their weights."""

@@ -203,3 +203,18 @@ def test_layers_figure_puts_initialisation_and_training_side_by_side():
     fig = layers_figure({"a": pd.DataFrame(rows)}, {"a": spectra})
     left, right = fig.axes[0], fig.axes[1]
     assert list(left.lines[0].get_ydata()) == [2.0, 3.0, 4.0] and list(right.lines[0].get_ydata()) == [3.0, 4.0, 5.0]
+
+
+def test_the_filters_are_in_the_url_and_an_unusable_item_keeps_the_others():
+    view = RunsView(COMMITTED)
+    view.param.update(presets=["vit", "skipless-osa"], depths=[4, 16], curve="train_accuracy")
+    query = view.to_query()
+    assert query["view"] == "runs" and query["presets"] == "vit,skipless-osa" and query["depths"] == "4,16"
+    again = RunsView(COMMITTED)
+    assert again.apply_url({k: [v.encode()] for k, v in query.items()}) == []  # as Bokeh passes session_args
+    assert (again.presets, again.depths, again.curve) == (["vit", "skipless-osa"], [4, 16], "train_accuracy")
+    third = RunsView(COMMITTED)
+    errors = third.apply_url({"presets": "vit,nope", "depths": "4,99", "curve": "<b>x</b>"})
+    assert third.presets == ["vit"] and third.depths == [4] and third.curve == "train_loss"
+    assert len(errors) == 3 and "nope" in errors[0] and "99" in errors[1]
+    assert "could not be used" in third.notices() and "<b>" not in third.notices()  # shown as text
