@@ -34,13 +34,15 @@ pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler: the ke
 _REPORT = """
 import json
 import torch
-from osa_lab.ops.cpu import build, core_kernels, gram_kernels
+from osa_lab.ops.cpu import build, core_kernels, gram_kernels, kernels
 lib = build.library()
+x = torch.ones(2, 20, 4)
 print(json.dumps({"status": build.status(), "built": lib is not None,
                   "floats": lib.osa_gram_vector_floats() if lib else None,
                   "doubles": lib.osa_core_vector_doubles() if lib else None,
                   "token_passes": gram_kernels.usable(torch.ones(2, 40, 16)),
-                  "core_products": core_kernels.usable(torch.ones(2, 16, 16, dtype=torch.float64))}))
+                  "core_products": core_kernels.usable(torch.ones(2, 16, 16, dtype=torch.float64)),
+                  "small_n_action": kernels.usable(x, x, x)}))
 """
 
 
@@ -92,11 +94,16 @@ X86_64 = "lm" in _cpu_flags()  # any x86-64 CPU runs the generic x86-64 build
 @pytest.mark.skipif(not X86_64, reason="not an x86-64 CPU")
 def test_a_build_without_hardware_vectors_keeps_the_torch_passes():
     """The generic x86-64 build (SSE2: the kernels' vectors emulated) says 0 floats and 0 doubles
-    per vector, and the token passes and core products refuse every tensor there."""
+    per vector, and the token passes, core products and small-N action refuse every tensor there
+    (the small-N action ran 10–20× slower than the torch path on such builds)."""
     report = _report("x86-64")
     assert report["built"] and "-march=x86-64 " in report["status"] + " ", report
     assert (report["floats"], report["doubles"]) == (0, 0), report
     assert not report["token_passes"] and not report["core_products"], report
+    assert not report["small_n_action"], report
+    if AVX2_MACHINE:  # the same tensors on the default build of a vector machine: the kernel is used
+        native = _report("native")
+        assert native["floats"] in (8, 16) and native["small_n_action"], native
 
 
 @pytest.mark.skipif(not AVX2_MACHINE, reason="this CPU cannot run an AVX2 build")

@@ -37,7 +37,10 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """True when the kernels can run on ``q, k (*batch, N, r)`` and ``v (*batch, N, d)``: plain
     (not subclassed) strided float32 CPU tensors, ``q`` and ``k`` of one shape, ``v`` with the
     same leading dims and N, N, r, d ≥ 1, every size and offset within the kernels' 32-bit
-    indices, and the library built (:func:`osa_lab.ops.cpu.build.status`)."""
+    indices, and the library built with hardware vectors (AVX-512 or AVX2 with FMA,
+    :data:`osa_lab.ops.cpu.gram_kernels.VECTOR_FLOATS`; :func:`osa_lab.ops.cpu.build.status`).
+    A build without them (``x86-64``, ``x86-64-v2``, generic flags, other architectures) keeps
+    the PyTorch path: there the kernel's emulated vectors ran 10–20× slower than torch."""
     tensors = (q, k, v)
     if not all(
         type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided
@@ -54,7 +57,10 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if any(abs(s) > _INT32_MAX for t in tensors for s in t.stride()):
         return False
-    return library() is not None
+    from osa_lab.ops.cpu.gram_kernels import VECTOR_FLOATS
+
+    lib = library()
+    return lib is not None and lib.osa_gram_vector_floats() in VECTOR_FLOATS
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
