@@ -221,3 +221,37 @@ def test_the_prefetch_distance_changes_no_result():
             assert f"-DPREFETCH_AHEAD={ahead}" in build.status(), build.status()
             got = forward_backward()
         assert all(torch.equal(a, b) for a, b in zip(got, default, strict=True)), ahead
+
+
+def test_turned_off_is_the_calling_threads_switch_not_the_processs():
+    """``turned_off`` switches this thread to the PyTorch path; another thread and the process
+    environment keep the kernels (a context variable, not ``os.environ``)."""
+    before = os.environ.get("OSA_LAB_CPU_KERNELS")
+    seen: dict[str, bool] = {}
+    with build.turned_off():
+        assert not build.enabled() and "turned_off" in build.status()
+        assert os.environ.get("OSA_LAB_CPU_KERNELS") == before
+        worker = threading.Thread(target=lambda: seen.update(other=build.enabled()))
+        worker.start()
+        worker.join()
+    assert seen["other"] == (before is None or before.strip().lower() not in {"0", "false", "no", "off"})
+    assert build.enabled() == seen["other"]
+
+
+_LOGGED = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+from osa_lab.ops.cpu import build
+build.library()
+"""
+
+
+@pytest.mark.parametrize(("march", "expected"), [("native", "osa_lab.ops.cpu INFO CPU kernels built with"),
+                                                  ("a;b", "osa_lab.ops.cpu WARNING CPU kernels not built")])  # fmt: skip
+def test_one_log_line_says_the_kernels_were_built_or_why_not(march, expected):
+    done = subprocess.run([sys.executable, "-c", _LOGGED], capture_output=True, text=True, timeout=300,
+                          env=_env(march))  # fmt: skip
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("osa_lab.ops.cpu")]
+    assert done.returncode == 0 and len(lines) == 1 and lines[0].startswith(expected), done.stdout + done.stderr
+    if march == "native":
+        assert " s (" in lines[0] and "floats per vector" in lines[0]

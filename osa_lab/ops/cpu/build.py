@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import logging
 import os
 import re
 import shlex
@@ -30,10 +31,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
+
+log = logging.getLogger("osa_lab.ops.cpu")
 
 #: The C sources, compiled together into one library.
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c", "gram_passes.c", "core_products.c"))
@@ -60,24 +64,28 @@ _MIN_BLOCK = {"PREFETCH_AHEAD": 0}
 _state: dict[str, str] = {"status": "not built yet"}
 
 
+#: The switch of :func:`turned_off`: the calling thread's (and task's) own, never the process's.
+_turned_off: contextvars.ContextVar[bool] = contextvars.ContextVar("osa_lab_cpu_kernels_off", default=False)
+
+
 def enabled() -> bool:
-    """False when ``OSA_LAB_CPU_KERNELS`` is ``0``, ``false``, ``no`` or ``off``."""
+    """False inside :func:`turned_off`, or when the process-wide default ``OSA_LAB_CPU_KERNELS``
+    is ``0``, ``false``, ``no`` or ``off``."""
+    if _turned_off.get():
+        return False
     return os.environ.get("OSA_LAB_CPU_KERNELS", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
 @contextlib.contextmanager
-def turned_off():
-    """Inside the block every caller takes the PyTorch path (``OSA_LAB_CPU_KERNELS=0``, read at
-    every call): the benchmarks time and count that path beside the kernels'."""
-    before = os.environ.get("OSA_LAB_CPU_KERNELS")
-    os.environ["OSA_LAB_CPU_KERNELS"] = "0"
+def turned_off() -> Iterator[None]:
+    """Inside the block the calling thread takes the PyTorch path (a context variable: other
+    threads, and the process environment, are untouched): the benchmarks time and count that
+    path beside the kernels'. Run a forward and its backward inside the same block."""
+    token = _turned_off.set(True)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["OSA_LAB_CPU_KERNELS"]
-        else:
-            os.environ["OSA_LAB_CPU_KERNELS"] = before
+        _turned_off.reset(token)
 
 
 def target_arch() -> str:
@@ -168,16 +176,24 @@ def _build() -> ctypes.CDLL | None:
     compiler = _compiler()
     if shutil.which(compiler[0]) is None:
         _state["status"] = f"no C compiler ({compiler[0]!r} not found): PyTorch path"
+        log.info("CPU kernels not built: %s", _state["status"])
         return None
     march = target_arch()
     problem = _march_problem(march)
     if problem:
         _state["status"] = f"OSA_LAB_CPU_MARCH={problem}: PyTorch path"
+        log.warning("CPU kernels not built: %s", _state["status"])
         return None
     # the default target only: last, a compiler that knows no -march=native
     fallback = [["-O3", *_COMMON_FLAGS]] if march == "native" else []
+    start = time.perf_counter()
     lib, said = _compile_and_load(compiler, [*_flag_sets(march), *fallback])
     _state["status"] = f"built with {said}" if lib is not None else f"build failed ({said}): PyTorch path"
+    if lib is not None:
+        log.info("CPU kernels %s in %.1f s (%d floats per vector)", _state["status"], time.perf_counter() - start,
+                 lib.osa_gram_vector_floats())  # fmt: skip
+    else:
+        log.warning("CPU kernels: %s", _state["status"])
     return lib
 
 
@@ -256,6 +272,8 @@ def library() -> ctypes.CDLL | None:
 
 def status() -> str:
     """One line: whether the CPU kernels are in use, and if not, why."""
+    if _turned_off.get():
+        return "turned off (osa_lab.ops.cpu.build.turned_off, this thread): PyTorch path"
     if not enabled():
         return "turned off (OSA_LAB_CPU_KERNELS=0): PyTorch path"
     override = _override.get()
