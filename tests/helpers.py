@@ -163,3 +163,18 @@ def assert_cli_user_error_subprocess(argv: list[str], match: str | None = None, 
     created = sorted(_files_under(watch) - before)
     assert not created, f"osa-lab {' '.join(argv)} left files behind: {created}"
     return line
+
+
+def skip_without_inductor_compiler() -> None:
+    """Skip the calling test where torch.compile's default (inductor) backend has no C++ compiler."""
+    import shutil
+
+    import pytest
+    from torch._inductor import cpp_builder
+
+    try:
+        compiler = cpp_builder.get_cpp_compiler()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"torch.compile's inductor backend needs a C++ compiler: {exc}")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"torch.compile's inductor backend needs the C++ compiler {compiler!r}, not found")

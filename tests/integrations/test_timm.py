@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from torch import nn
 
 from osa_lab.errors import CausalMaskError, ConfigurationError, UnknownNameError
 from osa_lab.nn.attention import derived_alpha_init
+from tests.helpers import skip_without_inductor_compiler
 
 ot = pytest.importorskip("osa_lab.integrations.timm")
 
@@ -323,14 +323,7 @@ def test_create_osa_vit_builds_the_papers_model_with_the_presets_init():
 
 
 def test_torch_compile_of_a_converted_vit_runs():
-    from torch._inductor import cpp_builder
-
-    try:
-        compiler = cpp_builder.get_cpp_compiler()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"torch.compile's inductor backend needs a C++ compiler: {exc}")
-    if shutil.which(compiler) is None:
-        pytest.skip(f"torch.compile's inductor backend needs the C++ compiler {compiler!r}, not found")
+    skip_without_inductor_compiler()
     torch.manual_seed(0)
     model = _tiny(img_size=32, depth=1).eval()
     ot.convert_to_osa(model)

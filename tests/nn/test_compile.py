@@ -8,13 +8,12 @@ graph calls them eagerly, so results must match eager to rounding (float64 here)
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from osa_lab.nn.attention import OrthogonalSelfAttention
 from osa_lab.ops.functional import osa
+from tests.helpers import skip_without_inductor_compiler
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -68,14 +67,7 @@ def test_compiled_osa_matches_eager_outputs_and_gradients(backend, n, r):
 
 def test_inductor_compiled_layer_above_4r_matches_eager():
     """The default backend, once, small: inductor builds C++ (a compiler must be on the machine)."""
-    from torch._inductor import cpp_builder
-
-    try:
-        compiler = cpp_builder.get_cpp_compiler()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"torch.compile's inductor backend needs a C++ compiler: {exc}")
-    if shutil.which(compiler) is None:
-        pytest.skip(f"torch.compile's inductor backend needs the C++ compiler {compiler!r}, not found")
+    skip_without_inductor_compiler()
     torch._dynamo.reset()
     torch.manual_seed(0)
     layer = OrthogonalSelfAttention(dim=16, heads=2, tokens=40)
