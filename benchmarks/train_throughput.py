@@ -157,7 +157,7 @@ def exp_skipped():
 
     original = OrthogonalSelfAttention.attend
 
-    def attend(self, x):
+    def attend(self, x, key_padding_mask=None):
         return self._split(x)[2]
 
     OrthogonalSelfAttention.attend = attend
