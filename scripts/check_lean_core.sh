@@ -2,7 +2,8 @@
 # CI: the lean core. Builds a fresh venv holding only `pip install osa_lab` (torch and numpy; torch
 # is the CPU build on this machine class's disk, set TORCH_SPEC for another), then imports osa_lab
 # outside the checkout, runs osa() and OrthogonalSelfAttention forward and backward, checks that
-# no laboratory package came along and that a laboratory module names the extra that installs it.
+# no laboratory package came along and that a laboratory module names the extra that installs it;
+# then installs the test tools and runs the core's tests against the installed package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -104,4 +105,34 @@ print(f"[lean-core] osa_lab {osa_lab.__version__}: osa() and OrthogonalSelfAtten
 PY
 
 "$work/venv/bin/osa-lab" --version  # the console script
+
+# The core's tests in the lean install: the test tools and scipy (the float64 references) from
+# pyproject.toml's specifiers, then the core test files (tests/ops, tests/nn) must all collect,
+# and the fast ones run against the installed package. The long grids (gradients, accuracy,
+# torch.compile, the builds, Triton) run in `make test`, with the lab installed.
+tools=$("$py" - "$work/src/pyproject.toml" <<'PY'
+import re
+import sys
+import tomllib
+
+extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
+wanted = {"pytest", "pytest-xdist", "hypothesis", "scipy"}
+print(" ".join(r for r in extras["dev"] + extras["lab"] if re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] in wanted))
+PY
+)
+# shellcheck disable=SC2086  # one word per requirement
+"$py" -m pip install --disable-pip-version-check -q --no-compile $tools
+mkdir "$work/core"
+cp -r "$work/src/tests" "$work/src/pyproject.toml" "$work/core/"
+cd "$work/core"
+"$py" -m pytest -q -p no:cacheprovider --collect-only tests/ops tests/nn >"$work/collected.txt" \
+  || { tail -30 "$work/collected.txt"; echo "[lean-core] the core tests do not collect without the lab"; exit 1; }
+echo "[lean-core] core tests collected: $(tail -1 "$work/collected.txt")"
+"$py" -m pytest -q -p no:cacheprovider -n 2 \
+  tests/nn/test_attention.py tests/nn/test_masks.py tests/nn/test_models.py tests/nn/test_shaping.py \
+  tests/ops/test_torch_func.py tests/ops/test_vmap_checks.py tests/ops/test_osa_properties.py \
+  tests/ops/test_cpu_kernels.py tests/ops/test_cpu_cache.py tests/ops/test_output_check.py tests/ops/test_osa_fuzz.py \
+  tests/ops/test_rank_deficiency_band.py tests/ops/test_cpu_core_products.py
+python_path=$("$py" -c "import osa_lab; print(osa_lab.__file__)")
+case "$python_path" in *site-packages*) ;; *) echo "[lean-core] the tests imported $python_path, not the installed package"; exit 1;; esac
 echo "[lean-core] passed in $(( $(date +%s) - start )) s"

@@ -9,6 +9,7 @@ variable only changes how Triton kernels execute; nothing else reads it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -23,14 +24,23 @@ if not torch.cuda.is_available():
 # ------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """torch on one intra-op thread inside the block (torch alone: the core's tests need no lab)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_torch_thread():
     """torch on one intra-op thread for the test: the tests' matrices are small and extra threads
     only contend on a shared 2-core machine (QR up to 25× slower). Use it for a whole module with
     ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
-    from osa_lab.studies.depth.sweeps import torch_threads  # after TRITON_INTERPRET is chosen above
-
-    with torch_threads(1):
+    with _one_thread():
         yield
 
 
@@ -58,7 +68,5 @@ def cpu_kernels_in_use():
 @pytest.fixture(scope="module")
 def one_torch_thread_per_module():
     """:func:`one_torch_thread` for a whole module, module-scoped fixtures included (training)."""
-    from osa_lab.studies.depth.sweeps import torch_threads
-
-    with torch_threads(1):
+    with _one_thread():
         yield

@@ -21,7 +21,7 @@ def run_benchmark(name: str, *args: str, timeout: float = 900) -> subprocess.Com
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative Frobenius error ‖a − b‖ / ‖b‖ computed in float64 (0 when both are 0)."""
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     denom = torch.linalg.vector_norm(b)
     num = torch.linalg.vector_norm(a - b)
     return float(num / denom) if denom > 0 else float(num)

@@ -26,12 +26,14 @@ with η = 0.9 by default (the target used in the paper and in google-deepmind/dk
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy.optimize import brentq
 
 from osa_lab.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_C0_TARGET = 0.9
 """TAT's default target η for the network's C-map at c = 0 (arXiv 2203.08120, §4)."""
@@ -84,22 +86,30 @@ def tat_leaky_relu_slope(depth: int, c0_target: float = DEFAULT_C0_TARGET) -> fl
         )
     if c0_target == relu_value:
         return 0.0
-    return float(
-        brentq(
-            lambda slope: float(network_c_map(0.0, slope, depth)) - c0_target,
-            0.0,
-            1.0,
-            xtol=1e-15,
-            rtol=1e-14,
-        )
-    )
+    # bisection on the monotone map: f(0) > 0 > f(1); 200 halvings reach float64's resolution
+    low, high = 0.0, 1.0
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if middle in (low, high):
+            break
+        if float(network_c_map(0.0, middle, depth)) > c0_target:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
 
 
 def c_map_table(negative_slope: float, depths: list[int], c_in: np.ndarray | None = None) -> pd.DataFrame:
     """The predicted C-map as DKS reports it: one row per (depth, c_in) with ``c_out``.
 
     Columns: ``depth``, ``c_in``, ``c_out`` (analytic C_α^{∘depth}(c_in), arXiv 2203.08120 eq. 10).
+    A table needs pandas (the ``lab`` extra); the maps above need only NumPy.
     """
+    from osa_lab.extras import require_lab
+
+    require_lab("osa_lab.nn.shaping.c_map_table")
+    import pandas as pd
+
     grid = np.linspace(-1.0, 1.0, 21) if c_in is None else np.asarray(c_in, dtype=np.float64)
     rows = [
         {"depth": depth, "c_in": float(c), "c_out": float(network_c_map(c, negative_slope, depth))}

@@ -38,7 +38,7 @@ class ModelFamily:
 
 
 #: library → the osa_lab module that registers its :class:`ModelFamily` when imported
-FAMILY_MODULES: dict[str, str] = {"timm": "osa_lab.integrations.timm"}
+FAMILY_MODULES: dict[str, str] = {"timm": "osa_lab.integrations.timm.analysis"}
 
 _FAMILIES: dict[str, ModelFamily] = {}
 

@@ -521,3 +521,42 @@ def test_convert_refuses_a_model_with_no_timm_attention(name):
         ot.convert_to_osa(model, tokens=5)
     assert found and all(cls in str(info.value) for cls in found)
     assert not ot.osa_attention_layers(model)
+
+
+# --------------------------------------------------------------------------------------
+# pip install "osa_lab[timm]": the integration without the laboratory
+# --------------------------------------------------------------------------------------
+
+#: the laboratory's packages that neither timm nor its requirements (pyyaml, huggingface_hub,
+#: whose progress bars are tqdm) bring: blocked as if not installed
+_LAB_ONLY = ("pandas", "scipy", "matplotlib", "holoviews", "bokeh", "panel", "dask", "distributed", "sklearn",
+             "mnist1d", "papermill")  # fmt: skip
+
+
+def test_the_timm_integration_needs_only_the_timm_extra(tmp_path):
+    """The layer, conversion and a training step work with timm's requirements and no laboratory;
+    an analysis name raises the one error that names the lab extra."""
+    code = f"""
+import sys
+for name in {_LAB_ONLY!r}:
+    sys.modules[name] = None
+import torch
+import osa_lab.integrations.timm as ot
+from osa_lab.errors import OptionalDependencyError
+model = ot.create_osa_vit("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3)
+y = model(torch.randn(2, 3, 32, 32))
+y.sum().backward()
+assert len(ot.osa_attention_layers(model)) == 2 and "timm_hidden_states" in dir(ot)
+assert "pandas" not in [m for m in sys.modules if sys.modules[m] is not None]
+try:
+    ot.timm_hidden_states
+except OptionalDependencyError as exc:
+    print("refused:", exc)
+print("timm ok", tuple(y.shape))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TORCHVISION_PATH, str(ROOT)]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "timm ok (2, 3)" in out.stdout, out.stdout
+    assert "refused:" in out.stdout and 'pip install "osa_lab[lab]"' in out.stdout, out.stdout

@@ -92,12 +92,18 @@ X86_64 = "lm" in _cpu_flags()  # any x86-64 CPU runs the generic x86-64 build
 
 
 @pytest.mark.skipif(not X86_64, reason="not an x86-64 CPU")
-def test_a_build_without_hardware_vectors_keeps_the_torch_passes():
-    """The generic x86-64 build (SSE2: the kernels' vectors emulated) says 0 floats and 0 doubles
-    per vector, and the token passes, core products and small-N action refuse every tensor there
-    (the small-N action ran 10–20× slower than the torch path on such builds)."""
-    report = _report("x86-64")
-    assert report["built"] and "-march=x86-64 " in report["status"] + " ", report
+@pytest.mark.parametrize("march", ["x86-64", build.GENERIC])
+def test_a_build_without_hardware_vectors_keeps_the_torch_passes(march):
+    """The generic x86-64 build and the default build's last resort (no ``-march``, no OpenMP)
+    (SSE2: the kernels' vectors emulated) say 0 floats and 0 doubles per vector, and the token
+    passes, core products and small-N action refuse every tensor there (the small-N action ran
+    10–20× slower than the torch path on such builds)."""
+    report = _report(march)
+    assert report["built"], report
+    if march == build.GENERIC:
+        assert "-march" not in report["status"] and "-fopenmp" not in report["status"], report
+    else:
+        assert "-march=x86-64 " in report["status"] + " ", report
     assert (report["floats"], report["doubles"]) == (0, 0), report
     assert not report["token_passes"] and not report["core_products"], report
     assert not report["small_n_action"], report

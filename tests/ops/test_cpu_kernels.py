@@ -417,7 +417,8 @@ def test_prepare_bounds_hold_and_their_largest_is_the_references(b, n, r, spread
 
 
 @needs_kernels
-def test_build_compiles_into_a_private_directory_that_it_removes(monkeypatch):
+def test_without_the_cache_the_build_compiles_into_a_private_directory_that_it_removes(monkeypatch):
+    monkeypatch.setenv("OSA_LAB_CPU_CACHE", "0")
     made = []
     real = tempfile.mkdtemp
 

@@ -1,4 +1,4 @@
-"""Orthogonal self-attention in timm's Vision Transformers (``pip install 'osa_lab[lab,timm]'``).
+"""Orthogonal self-attention in timm's Vision Transformers (``pip install 'osa_lab[timm]'``).
 
 Zhang & Martens (arXiv 2602.05996) replace softmax attention ``softmax(q kᵀ/√r) v`` by
 ``exp(S) v`` with ``S = α/√r (q kᵀ − k qᵀ)`` skew-symmetric, so every head's token mixing is
@@ -26,6 +26,11 @@ PyTorch vision researchers use:
     osa_lab's rank-collapse metrics and Jacobian κ across depth for a timm ViT (hidden states
     taken block by block); :func:`osa_lab.studies.depth.depth_profile` accepts a timm ViT directly.
 
+The layer, the block, building, converting and loading need only torch and timm (``pip install
+'osa_lab[timm]'``); the analysis names (hidden states, profiles, Jacobians) are imported on first
+use and need the laboratory too (``pip install 'osa_lab[lab,timm]'``; without it they raise one
+:class:`~osa_lab.errors.OptionalDependencyError` that names the extra).
+
 The package's rooms: :mod:`~osa_lab.integrations.timm.loading` (importing timm),
 :mod:`~osa_lab.integrations.timm.layers` (the wrapper: the attention layer and the block),
 :mod:`~osa_lab.integrations.timm.conversion` (building and converting models) and
@@ -40,14 +45,6 @@ timm and torchvision
     torch's default dtype is never switched.
 """
 
-from osa_lab.integrations.timm.analysis import (
-    default_images,
-    embed_tokens,
-    timm_depth_profile,
-    timm_functional_mode,
-    timm_hidden_states,
-    timm_jacobian_profile,
-)
 from osa_lab.integrations.timm.conversion import (
     ConversionReport,
     convert_to_osa,
@@ -69,6 +66,29 @@ from osa_lab.integrations.timm.layers import (
     osa_attention,
 )
 from osa_lab.integrations.timm.loading import TIMM_SPEC, import_timm
+
+#: the names of :mod:`~osa_lab.integrations.timm.analysis`, imported on first use (they need the lab)
+ANALYSIS_NAMES = frozenset(
+    {"default_images", "embed_tokens", "timm_depth_profile", "timm_functional_mode", "timm_hidden_states",
+     "timm_jacobian_profile"}
+)  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    """The analysis names on first use, once the laboratory is known to be installed."""
+    if name in ANALYSIS_NAMES:
+        from osa_lab.extras import require_lab
+
+        require_lab(f"osa_lab.integrations.timm.{name}")
+        from osa_lab.integrations.timm import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *ANALYSIS_NAMES})
+
 
 __all__ = [
     "ATTENTIONS",

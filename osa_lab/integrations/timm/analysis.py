@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the imports below follow the lab check)
 """Registration with the studies: hidden states, depth profiles and Jacobian κ of timm ViTs.
 
 :func:`timm_hidden_states` takes a timm ViT's tokens block by block (and after each attention
@@ -13,6 +14,10 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
+
+from osa_lab.extras import require_lab
+
+require_lab("osa_lab.integrations.timm.analysis")  # before pandas: the error names the extra
 
 import pandas as pd
 import torch

@@ -1,20 +1,24 @@
 """Build the CPU kernels at first use from the C source shipped in this package, and load them.
 
 The library is compiled by the system C compiler (``$CC``, else ``cc``; compiler caches such as
-ccache turned off) with ``-march=native`` into a fresh private directory (``tempfile.mkdtemp``,
-mode 0700) and loaded from there; the directory is removed once the library is loaded. Nothing is
-read from a cache or any other place a second party could write: the only code loaded is what
-this process compiled from the package's own source. Without a compiler, or where the build fails, :func:`library` returns None, the callers
-keep the PyTorch path, and :func:`status` says why (the benchmarks record it beside their figures).
+ccache turned off) with ``-march=native`` and kept in this user's own cache
+(:mod:`osa_lab.ops.cpu.cache`: keyed by a hash of the sources, flags, compiler and CPU; owner and
+permissions checked before loading; installed atomically), so later processes load it instead of
+compiling again. Where the cache is off (``OSA_LAB_CPU_CACHE=0``), unusable, or its file system
+refuses to map code (``noexec``), the library is compiled into a fresh private directory
+(``tempfile.mkdtemp``, mode 0700) that is removed once it is loaded, and a ``logging`` warning on
+``osa_lab.ops.cpu`` says why. Every build, cache hit or fallback logs one line there. Without a
+compiler, or where the build fails, :func:`library` returns None, the callers keep the PyTorch
+path, and :func:`status` says why (the benchmarks record it beside their figures).
 
-``OSA_LAB_CPU_KERNELS=0`` turns the kernels off (the PyTorch path everywhere).
-``OSA_LAB_CPU_MARCH`` names the instruction set to build for (``-march=``; default ``native``):
-``x86-64-v3`` builds the AVX2 kernels on an AVX-512 machine, the way the benchmarks measure the
-8-float build without an AVX2 machine. A value that is not a plain ``-march`` name, or that the
-compiler refuses, leaves the PyTorch path, and :func:`status` says so.
-:func:`compile_library` builds a separate copy (another target, other register blocks) and
-:func:`using_library` has the callers take it for a block: how builds are timed against each
-other in one process.
+``OSA_LAB_CPU_KERNELS=0`` turns the kernels off (the PyTorch path everywhere; :func:`turned_off`
+does so for the calling thread). ``OSA_LAB_CPU_MARCH`` names the instruction set to build for
+(``-march=``; default ``native``): ``x86-64-v3`` builds the AVX2 kernels on an AVX-512 machine,
+the way the benchmarks measure the 8-float build without an AVX2 machine. A value that is not a
+plain ``-march`` name, or that the compiler refuses, leaves the PyTorch path, and :func:`status`
+says so. :func:`compile_library` builds a separate copy (another target, other register blocks,
+:data:`GENERIC` for the default build's last resort) and :func:`using_library` has the callers take
+it for a block: how builds are timed against each other in one process.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from osa_lab.errors import ConfigurationError, MethodUnavailableError
+from osa_lab.ops.cpu import cache
 
 log = logging.getLogger("osa_lab.ops.cpu")
 
@@ -46,6 +51,10 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in ("chebyshev_action.c"
 BUILD_TIMEOUT_S = 120
 
 _COMMON_FLAGS = ["-std=gnu11", "-shared", "-fPIC", "-pthread"]
+
+#: The target name of the default build's last resort (for a compiler that knows no
+#: ``-march=native``): no ``-march`` and no OpenMP, the kernels start their own pthreads.
+GENERIC = "generic"
 _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 
 #: The register blocks a build may set (``compile_library``'s ``defines``): name → what the
@@ -97,6 +106,8 @@ def _flag_sets(march: str, extra: list[str] | None = None, openmp: bool = True) 
     """Compiler flags for ``march`` in order of preference: OpenMP (the kernels run on torch's own
     OpenMP threads, threads.h), then without it (only without it where ``openmp`` is False);
     ``extra`` flags in every set. The target itself is never replaced by another."""
+    if march == GENERIC:
+        return [["-O3", *(extra or []), *_COMMON_FLAGS]]
     plain = ["-O3", f"-march={march}", *(extra or []), *_COMMON_FLAGS]
     return [[*plain[:2], "-fopenmp", *plain[2:]], plain] if openmp else [plain]
 
@@ -145,30 +156,97 @@ def _march_problem(march: str) -> str | None:
     return f"{march!r} is not a -march name (letters, digits, '.', '_', '+', '-'; e.g. native or x86-64-v3)"
 
 
-def _compile_and_load(compiler: list[str], flag_sets: list[list[str]]) -> tuple[ctypes.CDLL | None, str]:
-    """The first flag set that builds, loaded: (library, its flags) or (None, the last reason).
-    The directory is private (0700) and fresh, and removed once the library is loaded."""
+def _compile_into(workdir: Path, compiler: list[str], flag_sets: list[list[str]]) -> tuple[Path | None, str]:
+    """Compile with the first flag set that builds, in ``workdir``: (the library, its flags as
+    :func:`status` shows them) or (None, the last reason)."""
     errors = []
+    target = workdir / "osa_lab_cpu.so"
+    for flags in flag_sets:
+        try:
+            done = _compile([*compiler, *flags, "-o", str(target), *map(str, SOURCES)])
+        except (OSError, subprocess.TimeoutExpired) as err:
+            errors.append(f"{type(err).__name__}: {err}")
+            continue
+        if done.returncode == 0 and target.exists():
+            shown = " ".join(f for f in flags if f in ("-O3", "-fopenmp") or f.startswith(("-march=", "-D")))
+            return target, f"{' '.join(compiler)} {shown}"
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        named = [line for line in lines if "error" in line]  # the compiler's reason, not its notes
+        errors.append((named or lines or [f"exit code {done.returncode}"])[0 if named else -1])
+    return None, errors[-1] if errors else "unknown"
+
+
+def _load(path: Path) -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why it cannot be mapped, e.g. a ``noexec`` file system)."""
+    try:
+        return _declare(ctypes.CDLL(str(path))), ""
+    except (OSError, AttributeError) as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _compile_and_load(compiler: list[str], flag_sets: list[list[str]]) -> tuple[ctypes.CDLL | None, str]:
+    """Uncached: compile into a fresh private (0700) directory, load, and remove the directory
+    (the loaded library stays mapped). (library, its flags) or (None, the reason)."""
     workdir = tempfile.mkdtemp(prefix="osa_lab_cpu_")
     try:
-        target = Path(workdir) / "osa_lab_cpu.so"
-        for flags in flag_sets:
-            try:
-                done = _compile([*compiler, *flags, "-o", str(target), *map(str, SOURCES)])
-            except (OSError, subprocess.TimeoutExpired) as err:
-                errors.append(f"{type(err).__name__}: {err}")
-                continue
-            if done.returncode == 0 and target.exists():
-                shown = " ".join(f for f in flags if f in ("-O3", "-fopenmp") or f.startswith(("-march=", "-D")))
-                return _declare(ctypes.CDLL(str(target))), f"{' '.join(compiler)} {shown}"
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            named = [line for line in lines if "error" in line]  # the compiler's reason, not its notes
-            errors.append((named or lines or [f"exit code {done.returncode}"])[0 if named else -1])
+        built, said = _compile_into(Path(workdir), compiler, flag_sets)
+        if built is None:
+            return None, said
+        lib, problem = _load(built)
+        return (lib, said) if lib is not None else (None, f"the library built in {workdir} cannot be loaded: {problem}")
     except Exception as err:  # noqa: BLE001 - any failure is reported by the caller
-        errors.append(f"{type(err).__name__}: {err}")
+        return None, f"{type(err).__name__}: {err}"
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)  # the loaded library stays mapped
-    return None, errors[-1] if errors else "unknown"
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _cache_root(compiler: list[str]) -> tuple[Path | None, str | None, str]:
+    """(the cache directory, the compiler's identity, "") where the cache can be used; (None, the
+    compiler's identity, why not) where the cache was wanted but is unusable; (None, None, why
+    not) where it is turned off or the compiler cannot name its version."""
+    directory = cache.cache_directory()
+    if directory is None:
+        return None, None, "the cache is turned off (OSA_LAB_CPU_CACHE) or needs POSIX owners"
+    compiler_id = cache.compiler_identity(tuple(compiler))
+    if compiler_id is None:
+        return None, None, f"the compiler {compiler[0]!r} does not say its version"
+    root, why = cache.prepared_directory(directory)
+    return root, compiler_id, why or ""  # the identity tells the caller the cache was wanted
+
+
+def _cached_load(compiler: list[str], flag_sets: list[list[str]]) -> tuple[ctypes.CDLL | None, str, str]:
+    """The library through the per-user cache: (library or None, its flags or the reason it failed,
+    where it came from). Falls back to :func:`_compile_and_load` where the cache cannot be used or
+    its library cannot be mapped, with a warning that says why."""
+    root, compiler_id, why = _cache_root(compiler)
+    if root is not None and compiler_id is not None:
+        key = cache.build_key(SOURCES, flag_sets, compiler_id)
+        hit = cache.cached_build(root, key)
+        if hit is not None:
+            lib, problem = _load(hit[0])
+            if lib is not None:
+                return lib, hit[1], f"loaded from the cache {hit[0]}"
+            why = f"the cached {hit[0]} cannot be loaded ({problem}); a noexec file system?"
+        else:
+            workdir = cache.build_directory(root)
+            try:
+                built, said = _compile_into(workdir, compiler, flag_sets)
+                if built is None:
+                    return None, said, "compiled for the cache"
+                installed = cache.install(built, said, root, key)
+            except OSError as err:
+                installed, why = None, f"the cache {root} cannot be written ({err})"
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if installed is not None:
+                lib, problem = _load(installed)
+                if lib is not None:
+                    return lib, said, f"compiled, cached as {installed}"
+                why = f"{installed} cannot be loaded ({problem}); a noexec file system?"
+    if compiler_id is not None:  # the cache was wanted and could not be used: a warning, as asked for
+        log.warning("CPU kernels not cached: %s; compiling into a private temporary directory", why)
+    lib, said = _compile_and_load(compiler, flag_sets)
+    return lib, said, f"compiled, not cached: {why}"
 
 
 @functools.cache
@@ -185,13 +263,13 @@ def _build() -> ctypes.CDLL | None:
         log.warning("CPU kernels not built: %s", _state["status"])
         return None
     # the default target only: last, a compiler that knows no -march=native
-    fallback = [["-O3", *_COMMON_FLAGS]] if march == "native" else []
+    fallback = _flag_sets(GENERIC) if march == "native" else []
     start = time.perf_counter()
-    lib, said = _compile_and_load(compiler, [*_flag_sets(march), *fallback])
+    lib, said, where = _cached_load(compiler, [*_flag_sets(march), *fallback])
     _state["status"] = f"built with {said}" if lib is not None else f"build failed ({said}): PyTorch path"
     if lib is not None:
-        log.info("CPU kernels %s in %.1f s (%d floats per vector)", _state["status"], time.perf_counter() - start,
-                 lib.osa_gram_vector_floats())  # fmt: skip
+        log.info("CPU kernels %s in %.1f s (%d floats per vector; %s)", _state["status"], time.perf_counter() - start,
+                 lib.osa_gram_vector_floats(), where)  # fmt: skip
     else:
         log.warning("CPU kernels: %s", _state["status"])
     return lib
@@ -202,10 +280,11 @@ def compile_library(
 ) -> ctypes.CDLL:
     """A separate build of the kernels, for comparing builds in one process
     (``benchmarks/cpu_build_ab.py``, with :func:`using_library`): for ``march`` (default
-    :func:`target_arch`) with OpenMP where it builds (``openmp=False``: never, the kernels then
+    :func:`target_arch`; :data:`GENERIC`: no ``-march`` and no OpenMP, the default build's last
+    resort) with OpenMP where it builds (``openmp=False``: never, the kernels then
     start their own pthreads), and the register blocks set by ``defines`` (e.g. ``{"MR": 3}``;
     the names are the ``#ifndef`` blocks of the sources). Compiled from the package's own source
-    into a private directory, like the default build.
+    through the per-user cache, like the default build.
 
     Raises ConfigurationError for a ``march`` that is not a ``-march`` name or a define that is not
     one of :data:`REGISTER_BLOCKS` with a value it allows, and MethodUnavailableError where the
@@ -218,7 +297,7 @@ def compile_library(
     compiler = _compiler()
     if shutil.which(compiler[0]) is None:
         raise MethodUnavailableError(f"compile_library: no C compiler ({compiler[0]!r} not found); set $CC")
-    lib, said = _compile_and_load(compiler, _flag_sets(march, flags, openmp))
+    lib, said, _ = _cached_load(compiler, _flag_sets(march, flags, openmp))
     if lib is None:
         raise MethodUnavailableError(f"compile_library: the build for -march={march} failed ({said})")
     _compiled.append((lib, said))  # kept alive: using_library and status() look libraries up here
