@@ -13,6 +13,7 @@ report-quick: setup
 test: setup
 	@bash scripts/install_browser.sh
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	.venv/bin/python -m pytest -q -n 2
 
 bench: setup

@@ -10,7 +10,13 @@ same process, round after round, the order reversed every other round. Each buil
 engine's passes and the core; ``PREFETCH_AHEAD``, the small-N action's prefetch distance).
 ``--heads H`` hands ``osa()`` a layer's head-split views of H heads, as the training step does. The first variant is the baseline of the ratios. Before timing,
 every build's output (and gradients) is compared with the first build's: a build that computes
-something else is not timed.
+something else is not timed. ``NAME=pytorch`` times the PyTorch path (``build.turned_off()``)
+beside the builds, and ``NAME=generic`` the default build's last resort (no ``-march``, no OpenMP);
+the ``path`` column says whether ``osa()`` took the build's kernels or stepped aside to the
+PyTorch path (builds without hardware vectors do).
+
+    python benchmarks/cpu_build_ab.py --n 20 --heads 4 --variant pytorch=pytorch --variant native=native \
+        --variant avx2=x86-64-v3 --variant x86-64=x86-64 --variant generic=generic
 
     python benchmarks/cpu_build_ab.py --n 20 49 --variant native=native --variant avx2=x86-64-v3 \\
         --variant avx2_mr3=x86-64-v3:MR=3 --out bench_results/cpu_build_ab.csv
@@ -43,6 +49,24 @@ from osa_lab.ops.cpu import build
 #: builds sum in the same order, so correct builds agree far below this.
 SAME_RESULT = 1e-4
 
+#: the ``--variant`` target that times the PyTorch path instead of a build
+PYTORCH = "pytorch"
+
+
+def _using(lib):
+    """The block in which ``osa()`` takes ``lib``'s kernels (None: the PyTorch path)."""
+    return build.turned_off() if lib is None else build.using_library(lib)
+
+
+def _path_taken(lib, q, k, v) -> str:
+    """Whether ``osa()`` runs ``lib``'s kernels on these tensors or the PyTorch path."""
+    from osa_lab.ops.cpu import gram_kernels, kernels
+
+    with _using(lib):
+        small_n = q.shape[-2] <= 4 * q.shape[-1]
+        used = kernels.usable(q, k, v) if small_n else gram_kernels.usable(q.detach())
+    return "C kernels" if used else "PyTorch"
+
 
 def _variant(text: str) -> tuple[str, str, dict[str, int]]:
     """``NAME=MARCH[:DEFINE=INT,…]`` → (name, march, defines)."""
@@ -50,6 +74,8 @@ def _variant(text: str) -> tuple[str, str, dict[str, int]]:
     if not sep or not name or not spec:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=MARCH[:DEFINE=INT,...], e.g. avx2=x86-64-v3:MR=3")
     march, _, rest = spec.partition(":")
+    if march == PYTORCH and rest:
+        raise argparse.ArgumentTypeError(f"{text!r}: the PyTorch path takes no defines")
     defines = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
@@ -75,7 +101,7 @@ def _inputs(batch: int, n: int, width: int, heads: int, g: torch.Generator, grad
 def _step(lib, leaves, q, k, v, alpha: float, backward: bool):
     """One timed call with ``lib``: ``osa()``, and its backward where asked; returns the output."""
     def run() -> torch.Tensor:
-        with build.using_library(lib):
+        with _using(lib):
             if not backward:
                 with torch.no_grad():
                     return osa_lab.osa(q, k, v, alpha)
@@ -128,10 +154,10 @@ def _measure(args: argparse.Namespace, libs: dict) -> list[dict]:
         for name, march, defines in args.variant:
             ratios = sorted(a / b for a, b in zip(times[name], base, strict=True))
             quarter = len(ratios) // 4
-            with build.using_library(libs[name]):
+            with _using(libs[name]):
                 status = build.status()
             rows.append({"variant": name, "march": march, "defines": " ".join(f"{k}={v}" for k, v in defines.items()),
-                         "cpu_kernels": status,
+                         "cpu_kernels": status, "path": _path_taken(libs[name], *tensors[1:]),
                          "N": n, "ms_median": 1e3 * statistics.median(times[name]),
                          "ratio_to_first": statistics.median(ratios), "ratio_q1": ratios[quarter],
                          "ratio_q3": ratios[-1 - quarter], "load_1m": load, **meta})  # fmt: skip
@@ -167,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         libs = {}
         for name, march, defines in args.variant:
             print(f"building {name}: -march={march} {' '.join(f'-D{k}={v}' for k, v in defines.items())}", flush=True)
-            libs[name] = build.compile_library(march, defines)
+            libs[name] = None if march == PYTORCH else build.compile_library(march, defines)
     except Exception as err:
         if not is_user_error(err):
             raise
@@ -184,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     from osa_lab.reporting.provenance import csv_columns
 
     table = pd.DataFrame(rows)
-    shown = ["variant", "march", "defines", "N", "ms_median", "ratio_to_first", "ratio_q1", "ratio_q3"]
+    shown = ["variant", "march", "defines", "path", "N", "ms_median", "ratio_to_first", "ratio_q1", "ratio_q3"]
     emit_table(table[shown], None, title=f"osa() per call, ratios to {names[0]!r} (median, IQR)")
     # every column, the builds' status among them, and the commit, time and machine
     print(f"wrote {atomic_to_csv(table.assign(**csv_columns(vars(args))), out)}")

@@ -136,6 +136,15 @@ def test_the_lab_extra_installs_what_the_lab_wings_check_for():
     assert {"mnist1d", "scikit-learn", "dask", "panel", "papermill"} <= lab
 
 
+def test_the_core_is_type_checked_in_the_readme_test_command():
+    """`make test` runs mypy over the core; the dev extra (and so environment.yml's `.[all]`) installs it."""
+    project = _pyproject()
+    assert project["tool"]["mypy"]["files"] == ["osa_lab/ops", "osa_lab/nn"]
+    assert "mypy" in {Requirement(r).name for r in project["project"]["optional-dependencies"]["dev"]}
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert ".venv/bin/mypy" in recipe and recipe.index(".venv/bin/mypy") < recipe.index("pytest"), recipe
+
+
 def test_ci_checks_the_lean_core_after_the_tests():
     ci = (ROOT / ".ci" / "run").read_text()
     lines = [line.strip() for line in ci.splitlines()]

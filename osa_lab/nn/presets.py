@@ -170,7 +170,7 @@ def get_preset(name: str, **overrides: object) -> ModelConfig:
         raise ConfigurationError(
             f"unknown override(s) {bad} for preset {name!r}; valid fields are: {', '.join(valid)}"
         )
-    return replace(_ALL[name].config, **overrides)
+    return replace(_ALL[name].config, **overrides)  # type: ignore[arg-type]  # each field checked by ModelConfig
 
 
 def describe(name: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
@@ -75,7 +75,7 @@ def _engine(name: str) -> Callable:
         j = expm.osa_skew_core(r, scale)
         return expm.blocked_action(q, k, j, v, name, osa_core=True, norms=norms)
 
-    run.gives_norms = True  # norms=True: (y, the output check's sums or None), see osa()
+    setattr(run, "gives_norms", True)  # noqa: B010 - norms=True: (y, the output check's sums or None), see osa()
     return run
 
 
@@ -154,6 +154,7 @@ def _alpha_tensor(alpha: float | torch.Tensor, q: torch.Tensor, batch: tuple[int
     value = check_alpha(alpha, finite=check_finite)
     if value is not None:
         return torch.tensor(value, dtype=wide, device=q.device)
+    alpha = cast(torch.Tensor, alpha)  # check_alpha returns None for tensors only
     shape = _alpha_view(tuple(alpha.shape), batch)
     if shape is None and alpha.dim() >= 2 and tuple(alpha.shape[-2:]) == (1, 1):
         shape = _alpha_view(tuple(alpha.shape[:-2]), batch)  # SDPA-style (..., H, 1, 1)
@@ -271,7 +272,8 @@ def osa(
         return out
     # one value per matrix, flat: an engine may give (B·H,) beside (B, H) (under vmap, torch.compile)
     sums = norms or output_check.squared_norms(y, v3)
-    drift = output_check.relative_drift(*(t if t is None else t.reshape(-1) for t in sums))
+    flat = [t if t is None else t.reshape(-1) for t in sums]  # Σ y², Σ v² (never None), then the delta or None
+    drift = output_check.relative_drift(*cast("list[torch.Tensor]", flat[:2]), *flat[2:])
     if out.dtype == torch.float16 and y.dtype != torch.float16:  # the cast may overflow float16
         drift = torch.where(torch.isfinite(out).all(), drift, math.inf)
     if expm.transformed(drift):  # a torch.func wrapper: decide on the whole vmapped batch's worst

@@ -161,7 +161,7 @@ def check_now(drift: torch.Tensor | float, out: torch.Tensor, inputs: tuple, con
     try:
         value = float(drift)
     except RuntimeError:  # under torch.func.vmap: the worst drift of every call of the vmapped batch
-        value = float(whole_batch(drift).amax())
+        value = float(whole_batch(torch.as_tensor(drift)).amax())
     _decide(value, context, inputs, out)
 
 

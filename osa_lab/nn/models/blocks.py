@@ -58,11 +58,11 @@ class HiddenStates:
 
 def activation_second_moment(act: nn.Module, points: int = 80) -> float:
     """``E[φ(z)²]`` for ``z ~ N(0, 1)`` by Gauss–Hermite quadrature (GELU: 0.4252, ReLU: 0.5)."""
-    return _second_moment(type(act), points)
+    return _second_moment(type(act), points)  # type: ignore[arg-type]  # classes hash by identity
 
 
 @functools.cache
-def _second_moment(act_type: type, points: int) -> float:
+def _second_moment(act_type: type[nn.Module], points: int) -> float:
     act = act_type()
     nodes, weights = np.polynomial.hermite_e.hermegauss(points)
     z = torch.as_tensor(nodes, dtype=torch.float64)
@@ -157,9 +157,10 @@ class Block(nn.Module):
 
     def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
         """Output of the MLP sub-layer (with its skip); identity when there is no MLP."""
-        if self.mlp is None:
+        mlp, norm2 = self.mlp, self.norm2
+        if mlp is None or norm2 is None:  # built together
             return h
-        y = self.mlp(self.norm2(h))
+        y = mlp(norm2(h))
         return h + y if self.skip else y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102

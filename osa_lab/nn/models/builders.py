@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from osa_lab.nn.attention import OrthogonalSelfAttention, SoftmaxAttention
 from osa_lab.nn.models.blocks import Block, HiddenStates, check_hidden_state_finite
 from osa_lab.nn.models.config import ACTIVATIONS, ModelConfig
 from osa_lab.nn.models.seeding import part_generator, random_draws_from
+from osa_lab.ops.functional import OSAMethod
 
 
 class Encoder(nn.Module):
@@ -64,7 +66,8 @@ class Encoder(nn.Module):
             check_hidden_state_finite(x, 0, "block")
         if hidden is not None:
             hidden.blocks.append(x)
-        for i, block in enumerate(self.blocks[:n_layers], start=1):
+        blocks = cast("list[Block]", list(self.blocks[:n_layers]))
+        for i, block in enumerate(blocks, start=1):
             try:
                 h = block.attention_part(x)
             except NonFiniteError as exc:
@@ -134,7 +137,7 @@ class ViTClassifier(nn.Module):
 
     def forward(
         self, images: torch.Tensor, return_hidden: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, HiddenStates]:
+    ) -> Any:  # logits, or (logits, HiddenStates) with return_hidden
         """Logits (B, num_classes), and the encoder's :class:`HiddenStates` if ``return_hidden``."""
         out = self.encoder(self.embed(images), return_hidden=return_hidden)
         tokens, hidden = out if return_hidden else (out, None)
@@ -250,7 +253,7 @@ def build_model(
 
 def build_classifier(
     config: ModelConfig, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
-) -> ViTClassifier:
+) -> nn.Module:
     """Classifier ``(B, C, H, W)`` or ``(B, C, L)`` → ``(B, num_classes)`` for ``config.backbone``.
 
     ``"transformer"``: :class:`ViTClassifier` (a ``input="tokens"`` config is switched to
@@ -271,7 +274,7 @@ def osa_layers(model: nn.Module) -> list[OrthogonalSelfAttention]:
 
 
 @contextlib.contextmanager
-def functional_mode(model: nn.Module, osa_method: str = "qr") -> Iterator[nn.Module]:
+def functional_mode(model: nn.Module, osa_method: OSAMethod = "qr") -> Iterator[nn.Module]:
     """Make ``model`` usable under ``torch.func`` transforms (jacrev, jvp, vmap) inside the block.
 
     OSA layers switch to ``osa_method`` (``"qr"`` or ``"dense"``: pure autograd, no custom
@@ -283,13 +286,13 @@ def functional_mode(model: nn.Module, osa_method: str = "qr") -> Iterator[nn.Mod
     saved_methods = [(m, m.method) for m in osa_layers(model)]
     softmax = [m for m in model.modules() if isinstance(m, SoftmaxAttention)]
     try:
-        for m, _ in saved_methods:
-            m.method = osa_method
-        for m in softmax:
-            m.explicit_softmax = True
+        for layer, _ in saved_methods:
+            layer.method = osa_method
+        for ssa in softmax:
+            ssa.explicit_softmax = True
         yield model
     finally:
-        for m, method in saved_methods:
-            m.method = method
-        for m in softmax:
-            m.explicit_softmax = False
+        for layer, method in saved_methods:
+            layer.method = method
+        for ssa in softmax:
+            ssa.explicit_softmax = False

@@ -15,6 +15,7 @@ from torch import nn
 
 from osa_lab.errors import ConfigurationError, heads_do_not_divide, unknown_name
 from osa_lab.nn.attention import check_alpha_init, derived_alpha_init
+from osa_lab.ops.functional import OSAMethod
 
 ATTENTIONS = ("osa", "ssa", "none")
 NORMS = ("none", "layernorm")
@@ -67,7 +68,7 @@ class ModelConfig:
     channels: int = 1
     num_classes: int = 10
     learn_alpha: bool = True
-    osa_method: str = "auto"
+    osa_method: OSAMethod = "auto"
     activation: str = "gelu"
     seed: int | None = None
     backbone: str = "transformer"

@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import nn
 
 from osa_lab.nn.attention import OrthogonalSelfAttention
+from osa_lab.nn.models.blocks import Block
 from osa_lab.nn.models.builders import Encoder, ViTClassifier, osa_layers
 
 
@@ -69,7 +71,7 @@ def mixing_table(model: nn.Module, x: torch.Tensor) -> list[tuple[int, int, str,
         with torch.no_grad():
             _, hidden = model(x, return_hidden=True)
             index = 0
-            for i, block in enumerate(encoder.blocks):
+            for i, block in enumerate(cast("list[Block]", list(encoder.blocks))):
                 if not isinstance(block.attn, OrthogonalSelfAttention):
                     continue
                 q, k, v = block.attn._split(block.norm1(hidden.blocks[i]))

@@ -38,8 +38,9 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from osa_lab.errors import ConfigurationError, MethodUnavailableError
+from osa_lab.errors import ConfigurationError, KernelFailedError, MethodUnavailableError
 from osa_lab.ops.cpu import cache
 
 log = logging.getLogger("osa_lab.ops.cpu")
@@ -114,11 +115,11 @@ def _flag_sets(march: str, extra: list[str] | None = None, openmp: bool = True) 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     i, f, p, n = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64
-    view = [p, p, n, n]  # base, per-matrix offsets, row stride, column stride
+    view: list[Any] = [p, p, n, n]  # base, per-matrix offsets, row stride, column stride
     lib.osa_cheb_prepare.argtypes = [i, i, i, *view, *view, p, p, p, ctypes.c_double, p, i]
     lib.osa_cheb_forward.argtypes = [i, i, i, i, p, *view, p, f, p, *view, p, p, i]
     lib.osa_cheb_backward.argtypes = [i, i, i, i, i, p, p, p, f, p, *(view * 6), p, i]
-    token = [p, p, n]  # base, per-matrix offsets, row stride (columns contiguous)
+    token: list[Any] = [p, p, n]  # base, per-matrix offsets, row stride (columns contiguous)
     lib.osa_gram_tn.argtypes = [i, i, i, p, *(token * 3), i, p, p, p, i]
     lib.osa_gram_nn.argtypes = [i, i, i, i, p, *(token * 4), p, *token, *token, p, i]
     lib.osa_gram_vector_floats.argtypes = []
@@ -342,6 +343,15 @@ def built_library() -> ctypes.CDLL | None:
     that follow a forward which used them); None where they cannot be built."""
     override = _override.get()
     return override if override is not None else _build()
+
+
+def loaded_library() -> ctypes.CDLL:
+    """:func:`built_library` for the calls that run only after :func:`library` said yes; raises
+    :class:`~osa_lab.errors.KernelFailedError` where there is none."""
+    lib = built_library()
+    if lib is None:
+        raise KernelFailedError(f"the CPU kernels were called but are not built ({status()})")
+    return lib
 
 
 def library() -> ctypes.CDLL | None:

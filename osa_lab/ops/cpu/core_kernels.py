@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from osa_lab.errors import KernelFailedError, OSAInputError
-from osa_lab.ops.cpu.build import built_library, library
+from osa_lab.ops.cpu.build import library, loaded_library
 
 #: Doubles per vector of the builds the products are used with: 8 (AVX-512) and 4 (AVX2 with FMA).
 VECTOR_DOUBLES = (4, 8)
@@ -52,7 +52,7 @@ def matmul(
         raise OSAInputError("core_kernels.matmul takes contiguous (b, n, n) float64 CPU tensors of one shape, n a multiple of 8")
     if out.data_ptr() in (a.data_ptr(), b.data_ptr()):
         raise OSAInputError("core_kernels.matmul: `out` must not be `a` or `b`")
-    code = built_library().osa_core_bmm(
+    code = loaded_library().osa_core_bmm(
         a.shape[0], a.shape[1], a.data_ptr(), b.data_ptr(), None if add is None else add.data_ptr(), out.data_ptr(),
         float(alpha), torch.get_num_threads(),
     )  # fmt: skip

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from osa_lab.errors import KernelFailedError, OSAInputError
-from osa_lab.ops.cpu.build import built_library, library
+from osa_lab.ops.cpu.build import library, loaded_library
 from osa_lab.ops.cpu.views import view_args
 
 _INT32_MAX = 2**31 - 1
@@ -103,7 +103,7 @@ def transposed_products(xs: Sequence[torch.Tensor], firsts: Sequence[int]) -> li
     outs = [torch.empty(*batch, widths[a], sum(widths[lo:]), dtype=torch.float32) for a, lo in enumerate(firsts)]
     keep: list = []
     views = [arg for i in range(3) for arg in _tokens(xs[i] if i < len(xs) else None, keep)]
-    code = built_library().osa_gram_tn(
+    code = loaded_library().osa_gram_tn(
         math.prod(batch), n, len(xs), _ints(widths), *views, len(firsts), _ints(list(firsts)),
         outs[0].data_ptr(), outs[1].data_ptr() if len(outs) > 1 else None, torch.get_num_threads(),
     )  # fmt: skip
@@ -141,7 +141,7 @@ def token_products(
         raise OSAInputError("`add_squares` takes one contiguous float64 value per matrix, and needs `add`")
     keep: list = []
     views = [arg for i in range(4) for arg in _tokens(terms[i][0] if i < len(terms) else None, keep)]
-    code = built_library().osa_gram_nn(
+    code = loaded_library().osa_gram_nn(
         math.prod(batch), n, d, len(terms), _ints([a.shape[-1] for a, _ in terms]), *views, stack.data_ptr(),
         *_tokens(add, keep), *_tokens(out, keep), add_squares.data_ptr() if add_squares is not None else None,
         torch.get_num_threads(),

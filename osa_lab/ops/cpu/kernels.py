@@ -19,7 +19,7 @@ import torch
 
 from osa_lab.errors import KernelFailedError, OSAInputError
 from osa_lab.ops.cpu import pool
-from osa_lab.ops.cpu.build import built_library, library
+from osa_lab.ops.cpu.build import library, loaded_library
 from osa_lab.ops.cpu.views import view_args
 
 _INT32_MAX = 2**31 - 1
@@ -111,7 +111,7 @@ def prepare(
     bound = torch.empty(b, dtype=torch.float64)
     squared = ctypes.c_int(0)
     keep: list = []
-    code = built_library().osa_cheb_prepare(
+    code = loaded_library().osa_cheb_prepare(
         b, n, r, *view_args(q, keep), *view_args(k, keep), c.data_ptr(), st.data_ptr(), bound.data_ptr(), small,
         ctypes.byref(squared), torch.get_num_threads(),
     )  # fmt: skip
@@ -139,7 +139,7 @@ def chebyshev_forward(
     v_sq = torch.empty(b, dtype=torch.float64)
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
-    code = built_library().osa_cheb_forward(
+    code = loaded_library().osa_cheb_forward(
         b, n, d, m, st.data_ptr(), *view_args(v, keep), a.data_ptr(), 1.0 / rho, zs.data_ptr(), *view_args(y, keep),
         y_sq.data_ptr(), v_sq.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -178,7 +178,7 @@ def chebyshev_backward(
     cc = (_per_matrix(c, b).double() / rho).float()
     a = torch.tensor(coef, dtype=torch.float64)
     keep: list = []
-    code = built_library().osa_cheb_backward(
+    code = loaded_library().osa_cheb_backward(
         b, n, d, r, m, st.data_ptr(), zs.data_ptr(), a.data_ptr(), 1.0 / rho, cc.data_ptr(),
         *view_args(g, keep), *view_args(q, keep), *view_args(k, keep), *view_args(gv, keep), *view_args(gq, keep), *view_args(gk, keep),
         gc.data_ptr() if gc is not None else None, torch.get_num_threads(),

@@ -173,7 +173,8 @@ def empty_like(x: torch.Tensor) -> torch.Tensor:  # float32 (the kernels' dtype)
     a dense ``x``; for a view with gaps, the dense layout with the same order of dimensions)."""
     if 0 in x.stride():  # an expanded view: contiguous, as torch.empty_like gives it
         return empty(tuple(x.shape))
-    order = sorted(range(x.dim()), key=lambda i: (-x.stride(i), -i))  # outermost first
+    strides = x.stride()
+    order = sorted(range(x.dim()), key=lambda i: (-strides[i], -i))  # outermost first
     out = empty(tuple(x.shape[i] for i in order))
     return out.permute(*sorted(range(x.dim()), key=order.__getitem__))
 

@@ -91,6 +91,8 @@ def concrete(t: torch.Tensor) -> torch.Tensor:
         return t
     sink = _Sink()
     _WholeBatch.apply(t.detach(), sink)
+    if sink.value is None:
+        raise RuntimeError("whole_batch: the batched call did not hand back its values")
     return sink.value
 
 

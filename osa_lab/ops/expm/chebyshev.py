@@ -388,6 +388,8 @@ def osa_chebyshev_action(
             return (y, (y_sq, v_sq)) if norms else y
         return osa_chebyshev_action_reference(q, k, c, v, norms=norms)
     c = c.reshape(-1)
+    action: type[torch.autograd.Function]
+    factors: tuple[torch.Tensor, ...]
     with torch.no_grad():
         if cpu_kernels.usable(q, k, v):  # float32 on the CPU: the fused C kernels
             n = q.shape[-2]

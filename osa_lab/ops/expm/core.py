@@ -41,7 +41,7 @@ def _ps_products(degree: int, block: int) -> int:
 def _skew_exp_plan(rho: float, unit: float, blocks: tuple[int, ...] = (2, 3, 4)) -> tuple[int, int, int]:
     """``(degree, block, squarings)`` with the fewest products for spectral radius bound ``rho``
     and truncation tolerance ``unit`` (ties: the higher degree, which needs fewer squarings)."""
-    best = None
+    best: tuple[tuple[int, int], int, int, int] | None = None
     for degree, block in _PS_SCHEMES:
         if block not in blocks:
             continue
@@ -50,6 +50,8 @@ def _skew_exp_plan(rho: float, unit: float, blocks: tuple[int, ...] = (2, 3, 4))
         key = (_ps_products(degree, block) + squarings, -degree)
         if best is None or key < best[0]:
             best = (key, degree, block, squarings)
+    if best is None:
+        raise ValueError(f"no Paterson–Stockmeyer scheme among the blocks {blocks}")
     return best[1:]
 
 
@@ -145,37 +147,44 @@ def taylor_ps(
     """Paterson–Stockmeyer value of the degree-``degree`` Taylor polynomial of ``X = h·M`` from the
     powers ``M, …, M^q`` (q = ``block``); ``h`` is a float, or a tensor ``(..., 1, 1)`` with one
     scaling per matrix. With ``bufs`` (float ``h`` only) the work goes into ``bufs[3:6]``."""
-    reuse = bufs is not None
     hq = h**block
+
+    def power(j: int) -> torch.Tensor:
+        x = powers[j]
+        if x is None:
+            raise ValueError(f"taylor_ps needs M^{j} among the powers")
+        return x
 
     def add_scaled(out: torch.Tensor, x: torch.Tensor, c: float | torch.Tensor) -> torch.Tensor:
         return out.addcmul_(x, c) if torch.is_tensor(c) else out.add_(x, alpha=c)
 
     def block_poly(first: int) -> torch.Tensor:
         """``B_i(X) = Σ_{0≤j<q, first+j≤m} X^j / (first+j)!`` with ``first = q·i``."""
-        out = None
+        out: torch.Tensor | None = None
         for j in range(1, block):
             if first + j <= degree:
                 c = h**j / math.factorial(first + j)
                 if out is None:
-                    out = torch.mul(powers[j], c, out=bufs[3]) if reuse else powers[j] * c
+                    out = torch.mul(power(j), c, out=bufs[3]) if bufs is not None else power(j) * c
                 else:
-                    add_scaled(out, powers[j], c)
+                    add_scaled(out, power(j), c)
+        if out is None:  # block ≥ 2 and first + 1 ≤ degree for every block the plan uses
+            raise ValueError(f"taylor_ps: no term for block {block} from {first} at degree {degree}")
         out.diagonal(dim1=-2, dim2=-1).add_(1 / math.factorial(first))
         return out
 
     # Horner in X^q: p = B_0 + X^q (B_1 + X^q (… + X^q B_top)); B_top = I/m! when q | m.
     top = degree // block
-    xq = powers[block]
+    xq = power(block)
     if degree % block == 0:
         top -= 1
         first = add_scaled(block_poly(block * top), xq, hq / math.factorial(degree))
     else:
         first = block_poly(block * top)
-    e, spare = (bufs[4].copy_(first), bufs[5]) if reuse else (first, None)
+    e, spare = (bufs[4].copy_(first), bufs[5]) if bufs is not None else (first, None)
     for i in range(top - 1, -1, -1):
-        if reuse:  # spare = B_i + h^q X^q e in one pass
-            e, spare = product_into(xq, e, spare, hq, add=block_poly(block * i)), e
+        if spare is not None:  # with bufs: spare = B_i + h^q X^q e in one pass
+            e, spare = product_into(xq, e, spare, float(hq), add=block_poly(block * i)), e
         else:
             e = (xq @ e).mul(hq).add(block_poly(block * i))
     return e
@@ -198,13 +207,14 @@ def skew_exp(m: torch.Tensor, unit: float, bufs: list[torch.Tensor] | None) -> t
     except RuntimeError:  # under torch.func.vmap a tensor has no single value
         return dense_exp(m)
     degree, block, squarings = _skew_exp_plan(rho, unit)
-    powers = [None, m, m2]
+    powers: list[torch.Tensor | None] = [None, m, m2]
     if block >= 3:
         powers.append(mm(m2, m, slot[1]))
     if block >= 4:
-        powers.append(mm(m2, m2, slot[2]))
+        m4 = mm(m2, m2, slot[2])
+        powers.append(m4)
         # ‖M⁴‖₁^{1/4} is usually the tighter bound: re-plan among the schemes that use M⁴.
-        rho_t = torch.minimum(rho_t, one_norm(powers[4], slot[3]) ** 0.25)
+        rho_t = torch.minimum(rho_t, one_norm(m4, slot[3]) ** 0.25)
         degree, block, squarings = _skew_exp_plan(_finite_max(rho_t), unit, blocks=(4,))
     if rho_t.numel() > 1 and squarings > SHARED_SCALING_SPREAD:
         # One scaling for all would square small-norm matrices 2^Δs times too often (error

@@ -32,7 +32,7 @@ def _alpha_wide(alpha: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor
     """α checked (:func:`~osa_lab.ops.guards.check_alpha`) as a float64 tensor on ``like``'s device."""
     wide = torch.float32 if like.device.type == "mps" else torch.float64
     value = check_alpha(alpha)
-    if value is None:
+    if isinstance(alpha, torch.Tensor):  # checked, value None
         return alpha.to(device=like.device, dtype=wide)
     return torch.tensor(value, dtype=wide, device=like.device)
 

@@ -7,6 +7,7 @@ Part of :mod:`osa_lab.ops.expm` (Zhang & Martens, arXiv 2602.05996; docs/design.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ def blocked_action(
     *,
     osa_core: bool = False,
     norms: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, tuple | None]:
+) -> Any:  # a tensor, or (tensor, sums) with norms=True
     """``exp(U J Uᵀ) V`` for ``U = [a b]`` given as 3-D blocks ``(batch, N, ·)`` (no broadcasting).
 
     The entry point of :func:`osa_lab.osa` (``a = q``, ``b = k``, ``osa_core=True``: ``j`` is

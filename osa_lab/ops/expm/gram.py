@@ -109,7 +109,7 @@ def gram_core_parts(
         m = core_matrix(chol, j, osa_core, m_out)
         fro = torch.linalg.matrix_norm(m.detach())
     s_norm_lower = fro / math.sqrt(width)
-    s_two = spectral_norm_bound(m, fro, norm_above, rows=big) if any_big else fro
+    s_two = spectral_norm_bound(m, fro, norm_above, rows=big) if any_big and norm_above is not None else fro
     e_minus_i = skew_exp(m, truncation_unit(g.dtype, tol), None if bufs is None else bufs[:6])
     if bufs is None:
         e_minus_i = e_minus_i - eye
@@ -321,6 +321,8 @@ class _GramAction(torch.autograd.Function):
         chol_inv, e_minus_i, ok, (s_norm, cond, s_two) = parts
         c = (chol_inv.mT @ (e_minus_i @ (chol_inv @ p.double()))).to(v.dtype)  # F P without forming F
         y, v_sq = output_and_value_squares(a, b, c, v)
+        if v_sq is None:  # asked for (squares=True)
+            raise RuntimeError("output_and_value_squares gave no ‖V‖² although asked")
         # The trust rule (estimate over the dtype's budget): > 1 means "use the QR engine".
         est = gram_trust_ratio(g, c, v_sq.sqrt(), ok, s_norm, cond, v.dtype)
         s_two = torch.where(ok, s_two, math.nan)  # an upper bound of ‖M‖₂ = ‖S‖₂

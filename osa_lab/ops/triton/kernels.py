@@ -43,7 +43,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -388,7 +390,7 @@ if HAVE_TRITON:
 #: When set, ``_launch`` hands every kernel launch to this callable
 #: ``hook(kernel, grid, args, kwargs)`` instead of launching it: the compile-only check
 #: (:mod:`osa_lab.ops.triton.compile_check`) compiles through it, the sync counter counts launches.
-LAUNCH_HOOK = None
+LAUNCH_HOOK: Callable[..., Any] | None = None
 
 
 def _launch(kernel, grid: tuple, *args, **kwargs) -> None:
@@ -919,7 +921,7 @@ def osa_triton(
     *,
     config: TritonConfig | None = None,
     norms: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, None]]:
+) -> Any:  # a tensor, or (tensor, (Σ y², Σ v², None)) with norms=True
     """``exp(S) v`` with ``S = scale·(q kᵀ − k qᵀ)`` per batch element, by the Triton kernels.
 
     Args:
