@@ -6,6 +6,8 @@ name                   architecture (depth 6, dim 64, N = 64; 4 heads, 1 for the
 vit                    skip + pre-LayerNorm + SSA + MLP, PyTorch default init (Dosovitskiy et al. 2021)
 skipless-ssa           no skip, no norm, SSA + MLP, orthogonal init (Ji et al. 2025, "Always Skip Attention")
 skipless-osa           no skip, no norm, OSA + MLP, derived OSA init + orthogonal MLP (Zhang & Martens 2026)
+skipless-osa-shaped    skipless-osa with TAT's leaky ReLU (slope from depth) and tied orthogonal MLPs
+skipless-ssa-shaped    no skip, no norm, Value-SkipInit SSA + TAT-shaped MLPs (He et al. 2023; TAT 2022)
 pure-ssa               attention-only SSA stack, no skip/norm/MLP, default init (Dong et al. 2021)
 pure-osa               attention-only OSA stack, no skip/norm/MLP, orthogonal W_V, W_O (Zhang & Martens 2026)
 ssa-cutting-skip       no skip, pre-LayerNorm, SSA + MLP, Cutting-the-Skip init (Ji et al. 2025)
@@ -73,6 +75,27 @@ PRESETS: dict[str, Preset] = {
             "skipless, normless transformer with orthogonal self-attention (derived α₀, orthogonal W_V, W_O "
             "and MLP): the paper's model",
             "Zhang & Martens 2026, Orthogonal Self-Attention (arXiv 2602.05996)",
+        ),
+        Preset(
+            "skipless-osa-shaped",
+            ModelConfig(
+                attention="osa", skip=False, norm="none", mlp_ratio=4.0, init="orthogonal", activation="tat-leaky-relu",
+            ),  # fmt: skip
+            "skipless-osa with TAT-shaped MLPs: the normalised leaky ReLU, its slope set from the depth, and a "
+            "tied orthogonal MLP init (fc2 fc1 = I), so the network is well conditioned end to end at init",
+            "Zhang & Martens 2026 (arXiv 2602.05996) with TAT, Zhang, Botev & Martens 2022 (arXiv 2203.08120, "
+            "eqs. 9–11)",
+        ),
+        Preset(
+            "skipless-ssa-shaped",
+            ModelConfig(
+                attention="ssa", skip=False, norm="none", mlp_ratio=4.0, init="value-skipinit",
+                activation="tat-leaky-relu",
+            ),  # fmt: skip
+            "skipless, normless SSA with Value-SkipInit attention (a I + b softmax, a = 1, b = 0 at init) and "
+            "TAT-shaped MLPs as in skipless-osa-shaped",
+            "He et al. 2023, Deep Transformers without Shortcuts (arXiv 2302.10322), Value-SkipInit, with TAT "
+            "(arXiv 2203.08120); not its E-SPA/U-SPA attention",
         ),
         Preset(
             "pure-ssa",

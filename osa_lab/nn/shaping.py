@@ -29,6 +29,8 @@ import math
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+from torch import nn
 
 from osa_lab.errors import ConfigurationError
 
@@ -131,6 +133,53 @@ def monte_carlo_c_map(c_in: float, negative_slope: float, samples: int = 200_000
     w = rng.standard_normal(samples)
     v = c_in * u + math.sqrt(max(0.0, 1.0 - c_in**2)) * w
     return float(np.mean(normalised_leaky_relu(u, negative_slope) * normalised_leaky_relu(v, negative_slope)))
+
+
+def shaped_slope(depth: int, c0_target: float = DEFAULT_C0_TARGET) -> float:
+    """The slope the shaped presets use for ``depth`` nonlinear layers: TAT's rule
+    (:func:`tat_leaky_relu_slope`), or 0 (the normalised ReLU) where the network is too shallow
+    for ``c0_target``. A ReLU network of that depth already keeps C(0) below the target
+    (C_0^{∘8}(0) = 0.834 < 0.9), so no slope can raise it further."""
+    _check_depth(depth)
+    if float(network_c_map(0.0, 0.0, depth)) <= c0_target:
+        return 0.0
+    return tat_leaky_relu_slope(depth, c0_target)
+
+
+def measured_c_map(
+    layers: list[nn.Module], c_in: float, dim: int, *, pairs: int = 64, seed: int = 0
+) -> float:
+    """The C-map of a built stack, measured as DKS reports it (arXiv 2110.01765, §3): the mean
+    cosine, after ``layers`` applied in turn, between ``pairs`` pairs of Gaussian vectors of width
+    ``dim`` whose cosine is ``c_in`` (in expectation), computed in float64 without gradients.
+    Compare with :func:`network_c_map`, the infinite-width prediction."""
+    if not -1.0 <= c_in <= 1.0:
+        raise ConfigurationError(f"c_in must lie in [-1, 1], got {c_in!r}")
+    g = torch.Generator().manual_seed(seed)
+    u, w = (torch.randn(pairs, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    x1, x2 = u, c_in * u + math.sqrt(max(0.0, 1.0 - c_in**2)) * w
+    with torch.no_grad():
+        for layer in layers:
+            x1, x2 = layer(x1), layer(x2)
+    return float(nn.functional.cosine_similarity(x1, x2, dim=-1).mean())
+
+
+class TATLeakyReLU(nn.Module):
+    """TAT's normalised leaky ReLU φ_α(x) = sqrt(2/(1+α²)) · (max(x, 0) + α min(x, 0))
+    (arXiv 2203.08120, eq. 9) as a layer: E[φ_α(z)²] = 1 for z ~ N(0, 1)."""
+
+    def __init__(self, negative_slope: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= negative_slope < 1.0:
+            raise ConfigurationError(f"negative_slope must lie in [0, 1), got {negative_slope!r}")
+        self.negative_slope = float(negative_slope)
+        self.scale = leaky_relu_scale(self.negative_slope)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return self.scale * nn.functional.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:  # noqa: D102
+        return f"negative_slope={self.negative_slope:.4g}"
 
 
 def _check_depth(depth: int) -> None:

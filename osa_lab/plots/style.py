@@ -78,6 +78,8 @@ PRESET_STYLES: dict[str, PresetStyle] = {
     "vit": PresetStyle("#000000", "solid", "o"),
     "skipless-ssa": PresetStyle("#D55E00", "solid", "s"),
     "skipless-osa": PresetStyle("#0072B2", "solid", "^"),
+    "skipless-osa-shaped": PresetStyle("#204C60", "solid", "d"),
+    "skipless-ssa-shaped": PresetStyle("#532060", "solid", "p"),
     "pure-ssa": PresetStyle("#E69F00", "solid", "D"),
     "pure-osa": PresetStyle("#56B4E9", "solid", "v"),
     "ssa-cutting-skip": PresetStyle("#CC79A7", "solid", "P"),
@@ -207,8 +209,16 @@ def with_clean_edges(layout: hv.Layout) -> hv.Layout:
     return layout
 
 
+#: Legend entries an overlay shows before HoloViews drops its legend (its default, 25, is less than
+#: every preset's curve and band together).
+LEGEND_LIMIT = 100
+
+
 def dual_options(obj, bokeh: dict, mpl: dict):
-    """Set options for the bokeh and the matplotlib backend on ``obj`` (returns the object)."""
+    """Set options for the bokeh and the matplotlib backend on ``obj`` (returns the object); an
+    overlay keeps its legend up to :data:`LEGEND_LIMIT` entries."""
+    if isinstance(obj, hv.Overlay):
+        bokeh, mpl = {"legend_limit": LEGEND_LIMIT, **bokeh}, {"legend_limit": LEGEND_LIMIT, **mpl}
     return obj.opts(backend="bokeh", **bokeh).opts(backend="matplotlib", **mpl)
 
 

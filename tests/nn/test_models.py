@@ -27,6 +27,8 @@ EXPECTED_PRESETS = [
     "vit",
     "skipless-ssa",
     "skipless-osa",
+    "skipless-osa-shaped",
+    "skipless-ssa-shaped",
     "pure-ssa",
     "pure-osa",
     "ssa-cutting-skip",
@@ -333,7 +335,7 @@ def test_a_float64_build_leaves_the_default_dtype_of_other_threads_alone(monkeyp
     assert seen == {"default": torch.float32, "zeros": torch.float32, "linear": torch.float32}
     model = built["model"]
     assert {p.dtype for p in model.parameters()} | {b.dtype for b in model.buffers()} == {torch.float64}
-    w = models.osa_layers(model)[0].to_v.weight
+    w = models.osa_layers(model)[0].to_v.weight.detach()
     assert float((w @ w.mT - torch.eye(16, dtype=torch.float64)).abs().max()) < 1e-13
     assert torch.get_default_dtype() == torch.float32
 

@@ -84,3 +84,69 @@ def test_c_map_table_is_tidy():
     assert float(table.query("depth == 8 and c_in == 0").c_out.iloc[0]) == pytest.approx(
         float(network_c_map(0.0, 0.3, 8))
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The shaped presets' MLPs: the slope from depth, the tied init, and the C-map they measure
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_layer_is_tats_normalised_leaky_relu_with_unit_second_moment():
+    import torch
+
+    from osa_lab.nn.shaping import TATLeakyReLU, normalised_leaky_relu
+
+    act = TATLeakyReLU(0.3)
+    x = torch.linspace(-3, 3, 13, dtype=torch.float64)
+    assert torch.allclose(act(x), torch.from_numpy(normalised_leaky_relu(x.numpy(), 0.3)))
+    z = torch.randn(400_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert float(act(z).square().mean()) == pytest.approx(1.0, abs=0.01)
+    with pytest.raises(ConfigurationError, match="negative_slope"):
+        TATLeakyReLU(1.0)
+
+
+def test_the_shaped_slope_is_tats_rule_or_relu_where_the_target_is_out_of_reach():
+    from osa_lab.nn.shaping import shaped_slope
+
+    assert shaped_slope(8) == 0.0  # a ReLU stack of 8 reaches C(0) = 0.834 < 0.9
+    assert shaped_slope(16) == pytest.approx(tat_leaky_relu_slope(16), abs=1e-15)
+    assert shaped_slope(32) == pytest.approx(0.3202, abs=1e-4)
+
+
+@pytest.mark.parametrize("depth", [8, 16, 32])
+def test_the_shaped_presets_build_their_mlps_with_the_slope_of_their_depth_and_tied_weights(depth):
+    import torch
+
+    from osa_lab import get_preset
+    from osa_lab.nn.models import build_model
+    from osa_lab.nn.shaping import TATLeakyReLU, shaped_slope
+
+    for preset in ("skipless-osa-shaped", "skipless-ssa-shaped"):
+        model = build_model(get_preset(preset, depth=depth, dim=8, heads=2, tokens=4, seed=0), dtype=torch.float64)
+        for block in model.blocks:
+            assert isinstance(block.mlp.act, TATLeakyReLU) and block.mlp.act.negative_slope == shaped_slope(depth)
+            product = block.mlp.fc2.weight @ block.mlp.fc1.weight
+            assert torch.allclose(product, torch.eye(8, dtype=torch.float64), atol=1e-12)
+
+
+def test_the_measured_c_map_follows_tats_prediction_with_independent_weights_not_with_tied_ones():
+    """Width 256, hidden 1024, MLP blocks only, seed 0. Independent orthogonal fc1, fc2: measured
+    C(0) 0.904 against 0.900 predicted at depth 16. Tied fc2 = fc1ᵀ (the shaped presets' init,
+    chosen for κ): 0.68, nearer a linear map; the prediction assumes fresh weights per layer."""
+    import torch
+
+    from osa_lab.nn.models import MLP
+    from osa_lab.nn.shaping import measured_c_map, shaped_slope
+
+    torch.manual_seed(0)
+    depth, slope = 16, shaped_slope(16)
+    stacks = {"independent": [], "tied": []}
+    for kind, stack in stacks.items():
+        for _ in range(depth):
+            mlp = MLP(256, 1024, "tat-leaky-relu", dtype=torch.float64, depth=depth)
+            mlp.init_tied_orthogonal() if kind == "tied" else mlp.init_orthogonal()
+            stack.append(mlp)
+    for c in (0.0, 0.5, 0.9):
+        predicted = float(network_c_map(c, slope, depth))
+        assert measured_c_map(stacks["independent"], c, 256) == pytest.approx(predicted, abs=0.03)
+    assert 0.5 < measured_c_map(stacks["tied"], 0.0, 256) < 0.8 < float(network_c_map(0.0, slope, depth))

@@ -174,7 +174,7 @@ def test_using_library_switches_the_kernels_for_the_block_and_thread_only(monkey
     other = build.compile_library(defines={"MR": 2})
     assert other is not default
     taken: list = []
-    for name in ("library", "built_library"):
+    for name in ("library", "loaded_library"):
         real = getattr(cpu_kernels, name)
         monkeypatch.setattr(cpu_kernels, name, lambda real=real: taken.append(real()) or taken[-1])
     g = torch.Generator().manual_seed(3)

@@ -23,6 +23,7 @@ from osa_lab.nn.attention import (
     init_cutting_skip,
 )
 from osa_lab.nn.models.config import ACTIVATIONS, CUTTING_SKIP_ABC, ModelConfig
+from osa_lab.nn.shaping import TATLeakyReLU, shaped_slope
 from osa_lab.ops.guards import all_finite, sum_is_finite, whole_batch
 
 
@@ -75,11 +76,12 @@ class MLP(nn.Module):
     """Two-layer MLP ``fc2(act(fc1(x)))`` of hidden width ``round(dim · mlp_ratio)``."""
 
     def __init__(
-        self, dim: int, hidden: int, activation: str = "gelu", dtype: torch.dtype | None = None
+        self, dim: int, hidden: int, activation: str = "gelu", dtype: torch.dtype | None = None, *, depth: int = 1
     ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, dtype=dtype)
-        self.act = ACTIVATIONS[activation]()
+        # TAT's leaky ReLU takes its slope from the network's number of MLPs (arXiv 2203.08120, eq. 11)
+        self.act = TATLeakyReLU(shaped_slope(depth)) if activation == "tat-leaky-relu" else ACTIVATIONS[activation]()
         self.fc2 = nn.Linear(hidden, dim, dtype=dtype)
 
     def init_orthogonal(self) -> None:
@@ -93,6 +95,21 @@ class MLP(nn.Module):
         hidden, dim = self.fc1.weight.shape
         nn.init.orthogonal_(self.fc1.weight, gain=math.sqrt(hidden / dim))
         nn.init.orthogonal_(self.fc2.weight, gain=1.0 / math.sqrt(activation_second_moment(self.act)))
+        nn.init.zeros_(self.fc1.bias)
+        nn.init.zeros_(self.fc2.bias)
+
+    def init_tied_orthogonal(self) -> None:
+        """TAT's tied orthogonal init (arXiv 2203.08120, §4; DKS arXiv 2110.01765, delta init):
+        ``fc1 = √(hidden/dim) Q`` and ``fc2 = √(dim/hidden) Qᵀ`` for one (semi-)orthogonal ``Q``
+        (hidden × dim), zero biases. Then ``fc2 fc1 = I``: with a near-linear φ the block is near
+        the identity, and with the normalised leaky ReLU its C-map is TAT's. Independent draws of
+        the two matrices (:meth:`init_orthogonal`) leave the product far from orthogonal."""
+        hidden, dim = self.fc1.weight.shape
+        q = torch.empty(hidden, dim, dtype=torch.float64)
+        nn.init.orthogonal_(q)  # draws from torch's generator, like the other inits
+        with torch.no_grad():
+            self.fc1.weight.copy_(math.sqrt(hidden / dim) * q)
+            self.fc2.weight.copy_(math.sqrt(dim / hidden) * q.mT)
         nn.init.zeros_(self.fc1.bias)
         nn.init.zeros_(self.fc2.bias)
 
@@ -144,9 +161,14 @@ class Block(nn.Module):
             self.norm2 = (
                 nn.LayerNorm(config.dim, dtype=dtype) if config.norm == "layernorm" else nn.Identity()
             )
-            self.mlp = MLP(config.dim, round(config.dim * config.mlp_ratio), config.activation, dtype=dtype)
+            self.mlp = MLP(
+                config.dim, round(config.dim * config.mlp_ratio), config.activation, dtype=dtype, depth=config.depth
+            )
             if config.init in ("orthogonal", "value-skipinit"):
-                self.mlp.init_orthogonal()
+                if config.activation == "tat-leaky-relu":
+                    self.mlp.init_tied_orthogonal()
+                else:
+                    self.mlp.init_orthogonal()
 
     def attention_part(self, x: torch.Tensor) -> torch.Tensor:
         """Output of the attention sub-layer (with its skip); ``x`` itself when attention is removed."""

@@ -15,6 +15,7 @@ from torch import nn
 
 from osa_lab.errors import ConfigurationError, heads_do_not_divide, unknown_name
 from osa_lab.nn.attention import check_alpha_init, derived_alpha_init
+from osa_lab.nn.shaping import TATLeakyReLU
 from osa_lab.ops.functional import OSAMethod
 
 ATTENTIONS = ("osa", "ssa", "none")
@@ -29,7 +30,10 @@ CUTTING_SKIP_ABC = (2.0, 0.6, 3.0)
 
 
 #: The MLP activations by name (``ModelConfig.activation``).
-ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+#: ``"tat-leaky-relu"``: TAT's normalised leaky ReLU, its slope set from the depth
+#: (:func:`osa_lab.nn.shaping.shaped_slope`); with init ``"orthogonal"`` or ``"value-skipinit"`` it
+#: comes with TAT's tied orthogonal MLP init (:meth:`osa_lab.nn.models.MLP.init_tied_orthogonal`).
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh, "tat-leaky-relu": TATLeakyReLU}
 
 
 def _check_name(kind: str, value: object, valid: tuple[str, ...]) -> None:

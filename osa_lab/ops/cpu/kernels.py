@@ -40,7 +40,11 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     indices, and the library built with hardware vectors (AVX-512 or AVX2 with FMA,
     :data:`osa_lab.ops.cpu.gram_kernels.VECTOR_FLOATS`; :func:`osa_lab.ops.cpu.build.status`).
     A build without them (``x86-64``, ``x86-64-v2``, generic flags, other architectures) keeps
-    the PyTorch path: there the kernel's emulated vectors ran 10–20× slower than torch."""
+    the PyTorch path: there the kernel's emulated vectors ran 10–20× slower than torch. False
+    while ``torch.compile`` traces (the compiled graph takes the PyTorch path, as the Gram
+    engine's passes do)."""
+    if torch.compiler.is_compiling():  # while Dynamo traces there are no real pointers: torch's ops
+        return False
     tensors = (q, k, v)
     if not all(
         type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 and t.layout == torch.strided
