@@ -33,6 +33,8 @@ __all__ = [
     "accuracy_vs_depth_data",
     "kappa_vs_trainability",
     "kappa_vs_trainability_data",
+    "sub_block_kappa",
+    "sub_block_kappa_data",
     "seed_accuracy_data",
     "loss_curves",
     "loss_curves_by_depth",
@@ -229,6 +231,44 @@ def kappa_vs_trainability(runs: pd.DataFrame, y: str = "steps_to_90") -> hv.Over
                         dict(logx=True, xlabel="Jacobian κ at initialisation", ylabel=label, fig_inches=(9, 4.2),
                              hooks=[_wide_axes], xticks=KAPPA_DECADES, legend_position="right",
                              title=f"κ at init against {label}", show_grid=True))  # fmt: skip
+
+
+#: the sub-blocks in the order a token meets them (the columns ``kappa_<part>_<when>`` of runs.csv)
+SUB_BLOCKS = ("embedding", "attention", "mlp", "readout")
+
+
+def sub_block_kappa_data(runs: pd.DataFrame, depth: int, when: str = "init") -> pd.DataFrame:
+    """``preset, position, part, mean, lo, hi, n`` at ``depth``: per preset and sub-block the median
+    over seeds (``mean``) and the seeds' range of the runs' κ (each run's median over layers and
+    inputs), at initialisation (``when="init"``) or after training (``"trained"``). κ beyond what
+    float64 resolves is kept at the float64 ceiling."""
+    columns = [f"kappa_{part}_{when}" for part in SUB_BLOCKS]
+    require_columns(runs, ["preset", "depth", "seed", *columns], "runs")
+    r = runs[runs["depth"] == depth]
+    rows = []
+    for preset, d in r.groupby("preset", sort=False):
+        for position, (part, column) in enumerate(zip(SUB_BLOCKS, columns, strict=True), start=1):
+            values = d[column].astype(float)
+            values = values[np.isfinite(values) | (values == np.inf)].clip(upper=LOG_CEILING)
+            if len(values):
+                rows.append(dict(preset=preset, position=position, part=part, mean=float(values.median()),
+                                 lo=float(values.min()), hi=float(values.max()), n=len(values)))  # fmt: skip
+    return pd.DataFrame(rows, columns=["preset", "position", "part", "mean", "lo", "hi", "n"])
+
+
+def sub_block_kappa(runs: pd.DataFrame, depth: int, when: str = "init") -> hv.Overlay:
+    """Where each preset loses its conditioning: κ of the embedding, attention, MLP and readout
+    (log y; a line per preset through the sub-blocks, the seeds' range shaded) at ``depth``."""
+    data = sub_block_kappa_data(runs, depth, when)
+    if data.empty:
+        raise OSAInputError(f"no run at depth {depth} records κ per sub-block ({when}); nothing to draw")
+    moment = "initialisation" if when == "init" else "after training"
+    overlay = curves_with_bands(data, "position", "κ (median over layers)", f"κ per sub-block at {moment}, depth {depth}",
+                                logy=True)  # fmt: skip
+    ticks = [(i, part) for i, part in enumerate(SUB_BLOCKS, start=1)]
+    return overlay.opts(xticks=ticks, xlabel="sub-block", backend="bokeh").opts(
+        xticks=ticks, xlabel="sub-block", backend="matplotlib"
+    )
 
 
 def _wide_axes(plot, element) -> None:

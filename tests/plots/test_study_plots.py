@@ -54,3 +54,31 @@ def test_kappa_figure_axes_are_wider_than_tall_beside_its_legend():
     assert width > 1.4 * height  # a numeric HoloViews aspect on this log axis gave 0.7
     assert ax.get_xscale() == "log"
     hv.render(fig, backend="bokeh")  # renders in the other backend too
+
+
+def test_sub_block_kappa_draws_a_line_per_preset_through_the_sub_blocks():
+    rows = []
+    for preset, mlp in (("skipless-osa", 1.6e3), ("skipless-osa-shaped", 5.8)):
+        for seed, factor in enumerate((1.0, 2.0)):
+            rows.append(dict(preset=preset, depth=16, seed=seed, **{
+                "kappa_embedding_init": 1.0, "kappa_attention_init": 1.1 * factor,
+                "kappa_mlp_init": mlp * factor, "kappa_readout_init": 6.5}))  # fmt: skip
+    rows.append(dict(preset="vit", depth=8, seed=0, kappa_embedding_init=1.0, kappa_attention_init=2.0,
+                     kappa_mlp_init=float("nan"), kappa_readout_init=3.0))  # fmt: skip
+    runs = pd.DataFrame(rows)
+    data = study.sub_block_kappa_data(runs, 16)
+    mlp = data[(data["preset"] == "skipless-osa") & (data["part"] == "mlp")].iloc[0]
+    assert (mlp["mean"], mlp["lo"], mlp["hi"], mlp["n"]) == (2.4e3, 1.6e3, 3.2e3, 2)
+    assert list(data.loc[data["preset"] == "skipless-osa-shaped", "part"]) == list(study.SUB_BLOCKS)
+    assert set(study.sub_block_kappa_data(runs, 8)["part"]) == {"embedding", "attention", "readout"}  # NaN left out
+    fig = study.sub_block_kappa(runs, 16)
+    ax = hv.render(fig, backend="matplotlib").axes[0]
+    assert ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == list(study.SUB_BLOCKS)
+    hv.render(fig, backend="bokeh")
+    import pytest
+
+    from osa_lab.errors import OSAInputError
+
+    with pytest.raises(OSAInputError, match="depth 32"):
+        study.sub_block_kappa(runs, 32)

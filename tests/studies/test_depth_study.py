@@ -362,6 +362,11 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
     assert sorted(runs["preset"]) == ["mlp", "mlp", "vit", "vit"] and runs["steps"].eq(36).all()
     assert runs.loc[runs["preset"] == "vit", "kappa_init"].gt(0).all()
     assert runs.loc[runs["preset"] == "mlp", "kappa_init"].isna().all()
+    # κ per sub-block, at initialisation and after training: numbers for the ViT, NaN for the MLP
+    for when in ("init", "trained"):
+        parts = [f"kappa_{part}_{when}" for part in ("embedding", "attention", "mlp", "readout")]
+        assert runs.loc[runs["preset"] == "vit", parts].gt(0).all().all(), runs[parts]
+        assert runs.loc[runs["preset"] == "mlp", parts].isna().all().all()
     searches = sorted(p.name for p in (out / "search").glob("*.json"))
     assert searches == ["mlp-d1.json", "vit-d1.json"]
     tuning = __import__("pandas").read_csv(out / "tuning.csv")

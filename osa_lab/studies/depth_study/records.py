@@ -182,6 +182,8 @@ RUN_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "steps_to_90": (False, _nonneg_or_missing, "a number ≥ 0, NaN or null"),
     "kappa_init": (False, _nonneg, "a number ≥ 0 or NaN"),
     "kappa_trained": (False, _nonneg, "a number ≥ 0 or NaN"),
+    "sub_block_kappa_init": (False, _rank, "a mapping of part → κ"),
+    "sub_block_kappa_trained": (False, _rank, "a mapping of part → κ"),
     "epoch_time_s": (False, _nonneg, "a number ≥ 0 or NaN"),
     "rank_init": (False, _rank, "a mapping of numbers"),
     "rank_trained": (False, _rank, "a mapping of numbers"),

@@ -34,6 +34,7 @@ from osa_lab.studies.depth_study.wording import (
     trainability_lines,
     unstable_neighbours,
 )
+from osa_lab.studies.jacobian.sub_blocks import PARTS as SUB_BLOCK_PARTS
 from osa_lab.studies.summaries import KAPPA_RESOLVED, number
 from osa_lab.studies.training.failures import (
     CHANCE_MARGIN,
@@ -49,6 +50,7 @@ DEFAULT_CLASSES = 10
 RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "status", "failure", "train_loss",
                *(f"train_loss_at_{s}" for s in LOSS_STEPS), "steps_to_threshold",
                "train_accuracy", "steps_to_90", "val_accuracy", "test_accuracy", "kappa_init", "kappa_trained",
+               *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS),
                "effective_rank_init", "effective_rank_trained", "relative_residual_init",
                "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
 
@@ -116,6 +118,8 @@ def run_table(results: Path | Records) -> pd.DataFrame:
                      "effective_rank_trained": rank_t.get("effective_rank", math.nan),
                      "relative_residual_init": rank_i.get("relative_residual", math.nan),
                      "relative_residual_trained": rank_t.get("relative_residual", math.nan),
+                     **{f"kappa_{part}_{when}": (r.get(f"sub_block_kappa_{when}") or {}).get(part, math.nan)
+                        for when in ("init", "trained") for part in SUB_BLOCK_PARTS},
                      "mixing_ratio_init": _mean(r.get("mixing_ratio_init")),
                      "mixing_ratio_trained": _mean(r.get("mixing_ratio_trained"))})  # fmt: skip
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)

@@ -25,6 +25,7 @@ import torch
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
 from osa_lab.studies.depth_study.weights import save_weights
+from osa_lab.studies.jacobian.sub_blocks import sub_block_medians
 from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
 from osa_lab.studies.training.loop import build_training_model
 from osa_lab.studies.training.tables import load_metrics
@@ -182,7 +183,9 @@ def study_group_run(
                                    "num_classes": data.num_classes}  # fmt: skip
         if kappa:
             torch.manual_seed(config.seed)
-            payload["kappa_init"] = encoder_kappa(build_training_model(model_config_for(config, data)), x_k)
+            initial = build_training_model(model_config_for(config, data))
+            payload["kappa_init"] = encoder_kappa(initial, x_k)
+            payload["sub_block_kappa_init"] = sub_block_medians(initial, x_k)
         payloads.append(payload)
     outcomes = train_group(configs, run_dirs, data=data, progress=progress)
     for (seed, out), run_dir, payload, outcome in zip(pending, run_dirs, payloads, outcomes, strict=True):
@@ -232,3 +235,5 @@ def _finish_payload(payload: dict, metrics, status: str, error: str, result, x_k
     )  # fmt: skip
     if kappa:
         payload["kappa_trained"] = encoder_kappa(result.model, x_k) if result is not None else math.nan
+        if result is not None:
+            payload["sub_block_kappa_trained"] = sub_block_medians(result.model, x_k)

@@ -80,6 +80,18 @@ def sub_block_kappas(model: torch.nn.Module, inputs: torch.Tensor) -> pd.DataFra
     return pd.DataFrame(rows, columns=SUB_BLOCK_COLUMNS)
 
 
+def sub_block_medians(model: torch.nn.Module, inputs: torch.Tensor) -> dict[str, float]:
+    """Median κ per part over ``inputs`` and layers (:func:`sub_block_kappas`): ``{part: κ}`` for
+    the parts the model has; NaN for every part of a model without them (the mlp and cnn1d
+    baselines). What a study run records at initialisation and after training."""
+    from osa_lab.nn.models import ViTClassifier
+
+    if not isinstance(model, ViTClassifier):
+        return {part: math.nan for part in PARTS}
+    summary = sub_block_summary(sub_block_kappas(model, inputs)).set_index("part")["kappa_median"]
+    return {part: float(summary.get(part, math.nan)) for part in PARTS}
+
+
 def sub_block_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Median κ over inputs and layers per part, and the largest per-layer median: one row per part
     present, in :data:`PARTS` order (columns ``part``, ``kappa_median``, ``kappa_worst_layer``)."""
