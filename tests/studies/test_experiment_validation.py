@@ -200,8 +200,13 @@ def test_yaml_1_2_numbers_and_the_study_file_itself(tmp_path):
     exp.write_bytes(edit("max_extensions: 1", "max_extensions: 1, lr_bounds: [1e-5, 3e-1]").replace(b"steps: 36\n", b"steps: 010\n"))
     spec = load_spec(exp)
     assert spec.tuning.lr_bounds == (1e-5, 0.3) and spec.steps == 10
-    for profile in (None, "quick"):
-        assert load_spec(ROOT / "experiments" / "mnist1d_depth.yaml", profile).cells
+    for name in ("mnist1d_depth.yaml", "mnist1d_large_depth.yaml"):
+        for profile in (None, "quick"):
+            assert load_spec(ROOT / "experiments" / name, profile).cells, (name, profile)
+    large = load_spec(ROOT / "experiments" / "mnist1d_large_depth.yaml")
+    assert large.data == "mnist1d-large" and large.tuning.steps == large.steps  # tuned at the full budget
+    assert len(large.tuning.seeds) >= 3 and min(large.seeds.values()) >= 8
+    assert {d for _, depths in large.cells for d in depths} == {8, 16, 32}
 
 
 def test_the_checks_run_on_plain_data_too():
