@@ -137,6 +137,19 @@ def test_a_noexec_cache_falls_back_to_a_private_directory_with_a_warning(counted
     assert len(warned) == 1 and "noexec" in warned[0] and "private temporary directory" in warned[0], warned
 
 
+def test_a_cache_that_cannot_be_written_falls_back_with_a_warning(counted, monkeypatch, caplog):
+    root, calls = counted
+
+    def read_only(_root):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(cache, "build_directory", read_only)
+    with caplog.at_level(logging.WARNING, logger="osa_lab.ops.cpu"):
+        assert build._build.__wrapped__() is not None
+    assert _libraries(root) == [] and len(calls) == 1
+    assert any("cannot be written" in r.getMessage() and "Read-only" in r.getMessage() for r in caplog.records)
+
+
 def test_the_cache_turned_off_builds_in_a_private_directory(counted, monkeypatch):
     root, calls = counted
     monkeypatch.setenv("OSA_LAB_CPU_CACHE", "0")

@@ -229,8 +229,9 @@ def _cached_load(compiler: list[str], flag_sets: list[list[str]]) -> tuple[ctype
                 return lib, hit[1], f"loaded from the cache {hit[0]}"
             why = f"the cached {hit[0]} cannot be loaded ({problem}); a noexec file system?"
         else:
-            workdir = cache.build_directory(root)
+            workdir = None
             try:
+                workdir = cache.build_directory(root)
                 built, said = _compile_into(workdir, compiler, flag_sets)
                 if built is None:
                     return None, said, "compiled for the cache"
@@ -238,13 +239,14 @@ def _cached_load(compiler: list[str], flag_sets: list[list[str]]) -> tuple[ctype
             except OSError as err:
                 installed, why = None, f"the cache {root} cannot be written ({err})"
             finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
             if installed is not None:
                 lib, problem = _load(installed)
                 if lib is not None:
                     return lib, said, f"compiled, cached as {installed}"
                 why = f"{installed} cannot be loaded ({problem}); a noexec file system?"
-    if compiler_id is not None:  # the cache was wanted and could not be used: a warning, as asked for
+    if compiler_id is not None:  # the cache was wanted and could not be used: a warning says why
         log.warning("CPU kernels not cached: %s; compiling into a private temporary directory", why)
     lib, said = _compile_and_load(compiler, flag_sets)
     return lib, said, f"compiled, not cached: {why}"
