@@ -248,8 +248,7 @@ def sub_block_kappa_data(runs: pd.DataFrame, depth: int, when: str = "init") -> 
     rows = []
     for preset, d in r.groupby("preset", sort=False):
         for position, (part, column) in enumerate(zip(SUB_BLOCKS, columns, strict=True), start=1):
-            values = d[column].astype(float)
-            values = values[np.isfinite(values) | (values == np.inf)].clip(upper=LOG_CEILING)
+            values = d[column].astype(float).dropna().clip(upper=LOG_CEILING)
             if len(values):
                 rows.append(dict(preset=preset, position=position, part=part, mean=float(values.median()),
                                  lo=float(values.min()), hi=float(values.max()), n=len(values)))  # fmt: skip
