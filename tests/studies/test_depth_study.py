@@ -14,7 +14,7 @@ import yaml
 from scipy import stats as sps
 
 from osa_lab.errors import ConfigurationError
-from osa_lab.studies.depth_study import bracket, report, stats
+from osa_lab.studies.depth_study import bracket, report, run, stats
 from osa_lab.studies.depth_study.spec import StudySpec, TuningSpec, load_spec, spec_from_dict
 
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "mnist1d_depth.yaml"
@@ -74,8 +74,8 @@ def test_unknown_keys_and_profiles_are_named(tmp_path):
 
 
 def search(score, start, *, axes=("lr",), starts=None, max_extensions=3):
-    state = bracket.BracketState(axes, starts or {"lr": start}, {"lr": (1e-6, 1.0), "alpha_lr_mult": (0.1, 1e3)},
-                                 max_extensions=max_extensions)  # fmt: skip
+    bounds = {"lr": (1e-6, 1.0), "alpha_lr_mult": (0.1, 1e3), "warmup_fraction": (0.005, 0.5)}
+    state = bracket.BracketState(axes, starts or {"lr": start}, bounds, max_extensions=max_extensions)
     points = state.initial_points()
     while points:
         for p in points:
@@ -111,6 +111,34 @@ def test_a_diverged_point_bounds_the_optimum_but_is_never_chosen():
 def test_when_everything_diverges_the_learning_rate_goes_down():
     state = search(lambda lr: math.nan if lr > 2e-4 else 1.0 - lr, [1e-3, 3e-3])
     assert min(p[0] for p in state.scores) < 2e-4 and state.best() is not None
+
+
+def test_the_tie_rule_takes_the_smallest_lr_then_multiplier_then_longest_warm_up():
+    """Scores within ``tie_margin`` of the top tie; the search still brackets the top point."""
+    axes = ("lr", "alpha_lr_mult", "warmup_fraction")
+    state = bracket.BracketState(axes, {"lr": [1e-3, 3e-3, 1e-2], "alpha_lr_mult": [1, 10], "warmup_fraction": [0.05, 0.15]},
+                                 {"lr": (1e-6, 1.0), "alpha_lr_mult": (0.1, 1e3), "warmup_fraction": (0.005, 0.5)},
+                                 tie_margin=0.005)  # fmt: skip
+    scores = {(1e-3, 1.0, 0.05): 0.800, (1e-3, 1.0, 0.15): 0.800, (3e-3, 1.0, 0.05): 0.804,
+              (3e-3, 10.0, 0.05): 0.806, (1e-2, 1.0, 0.05): 0.790}  # fmt: skip
+    state.scores.update({p: 0.5 for p in state.initial_points()} | scores)
+    assert state.top() == (3e-3, 10.0, 0.05)
+    # within 0.005 of 0.806: (3e-3, ×1, 0.05) and (3e-3, ×10, 0.05); the smaller lr ties first, then ×1
+    assert state.best() == (3e-3, 1.0, 0.05)
+    state.scores[(3e-3, 1.0, 0.15)] = 0.803  # same lr and multiplier, a longer warm-up: preferred
+    assert state.best() == (3e-3, 1.0, 0.15)
+    state.tie_margin = 0.0  # no margin: the chosen point is the top point
+    assert state.best() == state.top() == (3e-3, 10.0, 0.05)
+
+
+def test_the_warm_up_is_bracketed_like_the_other_axes():
+    def score(lr, warmup):
+        return -abs(math.log(lr / 3e-3)) - abs(math.log(warmup / 0.4))
+
+    state = search(score, None, axes=("lr", "warmup_fraction"),
+                   starts={"lr": [1e-3, 3e-3, 1e-2], "warmup_fraction": [0.05, 0.15]})  # fmt: skip
+    assert state.best() == (3e-3, 0.45)  # 0.15 × 3; the next step (1.35) lies past the bound 0.5
+    assert state.edge_after_limit() == ["warmup_fraction high"]
 
 
 def test_two_axes_extend_along_the_best_line_only():
@@ -414,9 +442,11 @@ def _fake_runs(monkeypatch, score, fail=lambda kw: False):
         calls.extend(runs)
         if any(fail(run) for run in runs):
             raise RuntimeError("worker lost")
-        acc = score(kw["lr"])
+        takes_warmup = score.__code__.co_argcount == 2
+        acc = score(kw["lr"], kw["warmup_fraction"]) if takes_warmup else score(kw["lr"])
         return [{"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": run["seed"],
-                 "lr": kw["lr"], "alpha_lr_mult": kw["alpha_lr_mult"], "status": "ok", "val_accuracy": acc}
+                 "lr": kw["lr"], "alpha_lr_mult": kw["alpha_lr_mult"], "warmup_fraction": kw["warmup_fraction"],
+                 "status": "ok", "val_accuracy": acc}
                 for run in runs]  # fmt: skip
 
     monkeypatch.setattr(runner, "study_group_run", fake)
@@ -429,9 +459,9 @@ def test_the_driver_extends_an_edge_optimum_and_records_the_search(tmp_path, mon
     calls = _fake_runs(monkeypatch, lambda lr: 1 - abs(math.log(lr / 0.05)) / 10)
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2})
     chosen = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False)).tune("vit", 2)
-    assert chosen == (0.03, 1.0)
+    assert chosen == (0.03, 1.0, 0.05)  # the warm-up is not tuned here: one value, the default
     record = json.loads((tmp_path / "search" / "vit-d2.json").read_text())
-    assert record["extension_points"] == [[0.03, 1.0], [0.09, 1.0]] and record["edge_after_limit"] == []
+    assert record["extension_points"] == [[0.03, 1.0, 0.05], [0.09, 1.0, 0.05]] and record["edge_after_limit"] == []
     assert {c["seed"] for c in calls} == {1000, 1001} and all(c["stage"] == "tune" for c in calls)
 
 
@@ -452,9 +482,9 @@ def test_a_task_is_a_seed_group_from_six_seeds_up_and_a_seed_alone_below(tmp_pat
 
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 6})
     study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
-    six = study._tasks("final", "vit", 2, [(0.01, 1.0)], list(range(6)), 5, True)
+    six = study._tasks("final", "vit", 2, [(0.01, 1.0, 0.05)], list(range(6)), 5, True)
     assert [t.kwargs["seeds"] for t in six] == [list(range(6))] and six[0].settings["seeds"] == "0,1,2,3,4,5"
-    two = study._tasks("tune", "vit", 2, [(0.01, 1.0), (0.03, 1.0)], [1000, 1001], 5, False)
+    two = study._tasks("tune", "vit", 2, [(0.01, 1.0, 0.05), (0.03, 1.0, 0.05)], [1000, 1001], 5, False)
     assert [(t.kwargs["lr"], t.kwargs["seeds"]) for t in two] == [(0.01, [1000]), (0.01, [1001]), (0.03, [1000]),
                                                                  (0.03, [1001])]  # fmt: skip
     assert len({t.key for t in two}) == 4
@@ -533,7 +563,7 @@ def test_a_cell_without_final_runs_says_how_far_its_tuning_got(tmp_path):
     out = report.summarise(tmp_path, _spec(), write=False)
     lines = {line.split(" depth 4: ")[0]: line.split(" depth 4: ")[1] for line in out["verdict"].splitlines()
              if line.startswith("* `") and " depth 4: " in line}  # fmt: skip
-    assert lines["* `skipless-ssa`"] == "tuned at lr 0.003, α-lr ×1 (3 tuning runs, grid extended); no final run yet"
+    assert lines["* `skipless-ssa`"] == "tuned at lr 0.003, α-lr ×1, warm-up 0.05 (3 tuning runs, grid extended); no final run yet"
     assert lines["* `skipless-osa`"] == "tuning (3 tuning runs so far); no final run yet"
     assert lines["* `mlp`"] == "not run yet"
     summary = out["summary"].set_index("preset")
@@ -607,6 +637,36 @@ def test_a_choice_beside_a_setting_that_broke_is_at_the_stability_edge():
     assert report.unstable_neighbours(t, 1e-3, 1.0) == ["lr 1e-4 (diverged)"]
 
 
+def test_a_warm_up_beside_one_that_broke_is_at_the_stability_edge():
+    rows = [(3e-3, 1.0, 0.05, "ok"), (3e-3, 1.0, 0.15, "ok"), (3e-3, 1.0, 0.017, "diverged"), (1e-2, 1.0, 0.15, "ok"),
+            (1e-3, 1.0, 0.15, "ok")]  # fmt: skip
+    t = pd.DataFrame([{"lr": lr, "alpha_lr_mult": am, "warmup_fraction": w, "status": st} for lr, am, w, st in rows])
+    assert report.unstable_neighbours(t, 3e-3, 1.0, 0.05) == ["warm-up 0.017 (diverged)"]
+    assert report.unstable_neighbours(t, 3e-3, 1.0, 0.15) == []  # its warm-up neighbour below (0.05) is fine
+
+
+def test_a_run_at_the_default_warm_up_keeps_the_name_of_a_study_that_did_not_tune_it():
+    assert run.result_name("tune", "vit", 8, 1000, 1e-3, 1.0) == "tune/vit-d8-lr0.001-am1-s1000.json"
+    assert run.result_name("tune", "vit", 8, 1000, 1e-3, 1.0, 0.05) == "tune/vit-d8-lr0.001-am1-s1000.json"
+    assert run.result_name("tune", "vit", 8, 1000, 1e-3, 1.0, 0.15) == "tune/vit-d8-lr0.001-am1-wu0.15-s1000.json"
+
+
+def test_the_driver_tunes_the_warm_up_and_names_its_runs(tmp_path, monkeypatch):
+    from osa_lab.studies.depth_study import runner
+    from osa_lab.studies.depth_study.records import read_records
+
+    calls = _fake_runs(monkeypatch, lambda lr, warmup: 0.9 - abs(math.log(lr / 3e-3)) / 10 - abs(math.log(warmup / 0.15)) / 10)
+    spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2},
+                     tuning=TuningSpec(lr=(1e-3, 3e-3, 1e-2), warmup_fraction=(0.05, 0.15)))  # fmt: skip
+    chosen = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False)).tune("vit", 2)
+    assert chosen == (3e-3, 1.0, 0.15)
+    record = json.loads((tmp_path / "search" / "vit-d2.json").read_text())
+    assert record["axes"] == ["lr", "warmup_fraction"] and record["chosen"] == [3e-3, 1.0, 0.15]
+    assert [3e-3, 1.0, 0.45] in record["extension_points"]  # 0.15 was the top edge: bracketed from above
+    assert {c["warmup_fraction"] for c in calls} == {0.05, 0.15, 0.45}
+    assert read_records(tmp_path).notices == []
+
+
 def test_a_learning_rate_is_written_with_three_significant_digits(tmp_path):
     """A tuned lr such as 1/3000 reads ``3.33e-4`` in the verdict, never ``0.000333333``."""
     for s in range(2):
@@ -615,5 +675,5 @@ def test_a_learning_rate_is_written_with_three_significant_digits(tmp_path):
     search.write_text(json.dumps({**json.loads(search.read_text()), "chosen": [1 / 3000, 1.0]}))
     text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
     vit = next(line for line in text.splitlines() if line.startswith("* `vit` depth 4"))
-    assert "lr 3.33e-4, α-lr ×1;" in vit
+    assert "lr 3.33e-4, α-lr ×1, warm-up 0.05;" in vit
     assert not re.search(r"0\.000\d", text)

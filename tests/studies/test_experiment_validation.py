@@ -275,7 +275,7 @@ BAD_RECORDS = [
     ("an empty file", "final/vit-d4-lr0.01-am1-s4.json", b"", r"empty"),
     ("not UTF-8", "final/vit-d4-lr0.01-am1-s4.json", b'{"stage": "\xff\xfe"}', r"not UTF-8 text"),
     ("a damaged search record", "search/skipless-ssa-d4.json", b'{"preset": "skipless-ssa", "depth": 4, "chosen": ["x"]}',
-     r"`chosen` must be null or \[lr, α-lr multiplier\]"),
+     r"`chosen` must be null or \[lr, α-lr multiplier, warm-up fraction\]"),
     ("a tuning run with a bad accuracy", "tune/vit-d4-lr0.01-am1-s1000.json",
      _with(stage="tune", seed=1000, val_accuracy=2.0), r"`val_accuracy` must be an accuracy"),
 ]
@@ -420,7 +420,7 @@ def test_a_grid_where_every_task_failed_says_so_first_and_exits_1(tmp_path, monk
     # two presets × one tuning round of 2 lr (vit) or 2 lr × 1 mult (osa) × 2 tuning seeds, each seed a task
     # of its own (seed groups only from six seeds up); the cells stop there
     assert lines[1] == ("osa-lab train: every one of the 8 grid tasks failed; first: stage=tune preset=vit depth=1 "
-                        "lr=0.003 alpha_lr_mult=1 seeds=1000: RuntimeError: worker lost")  # fmt: skip
+                        "lr=0.003 alpha_lr_mult=1 warmup_fraction=0.05 seeds=1000: RuntimeError: worker lost")  # fmt: skip
     assert lines[-1].startswith("osa-lab train: 8 of 8 grid tasks failed")
     assert "# Verdict: tiny" in out
 

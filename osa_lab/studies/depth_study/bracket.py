@@ -1,14 +1,20 @@
 """A tuning grid that brackets its optimum: an edge optimum extends the grid by one ×factor step.
 
-The grid is a set of points on named log-scale axes (``lr``, ``alpha_lr_mult``). After each
-round of evaluations the best point (highest mean validation accuracy over the tuning seeds;
-ties: the smaller learning rate) is looked at along each axis, through the points that share
-its other coordinates. If it is the smallest (largest) value evaluated on that line, the next
+The grid is a set of points on named log-scale axes (``lr``, ``alpha_lr_mult``,
+``warmup_fraction``). After each round of evaluations the top point (highest mean validation
+accuracy over the tuning seeds; exact ties: the smaller learning rate) is looked at along each
+axis, through the points that share its other coordinates. If it is the smallest (largest) value
+evaluated on that line, the next
 round adds the point one factor below (above) it, unless that edge was already extended
 ``max_extensions`` times or the value would leave the axis' bounds. The search ends when no
-edge needs extending; a best point still on an edge is reported as such. A point that
+edge needs extending; a top point still on an edge is reported as such. A point that
 diverged on any tuning seed scores NaN: it can bound an optimum but never be chosen. When every
 point diverged, the learning-rate axis is extended downwards.
+
+The chosen point (:meth:`BracketState.best`) follows the stated tie rule: every point whose score
+lies within ``tie_margin`` of the top score ties with it, and the tie goes to the smallest
+learning rate, then the smallest α-lr multiplier, then the longest warm-up (the setting farthest
+from the stability edge). With ``tie_margin`` 0 the chosen point is the top point.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 Point = tuple[float, ...]
+
+#: axes on which the tie rule prefers the larger value (a longer warm-up is the more cautious setting)
+PREFER_LARGER = frozenset({"warmup_fraction"})
 
 
 @dataclass
@@ -29,6 +38,7 @@ class BracketState:
     bounds: Mapping[str, tuple[float, float]]
     factor: float = 3.0
     max_extensions: int = 3
+    tie_margin: float = 0.0
     scores: dict[Point, float] = field(default_factory=dict)
     extensions: dict[tuple[str, str], int] = field(default_factory=dict)
     added_by_extension: set[Point] = field(default_factory=set)
@@ -40,19 +50,33 @@ class BracketState:
             points = [(*p, float(v)) for p in points for v in sorted(self.start[axis])]
         return points
 
-    def best(self) -> Point | None:
-        """The best evaluated point (None while every point diverged)."""
+    def top(self) -> Point | None:
+        """The evaluated point of the highest score (exact ties: the smaller learning rate; None while
+        every point diverged). The search brackets this point."""
         finite = [(s, p) for p, s in self.scores.items() if not math.isnan(s)]
         if not finite:
             return None
         return max(finite, key=lambda sp: (sp[0], -sp[1][0]))[1]
 
+    def best(self) -> Point | None:
+        """The chosen point: of the points within ``tie_margin`` of the top score, the one the tie
+        rule prefers (smallest lr, then smallest α-lr multiplier, then longest warm-up)."""
+        top = self.top()
+        if top is None:
+            return None
+        floor = self.scores[top] - self.tie_margin - 1e-12
+        tied = [p for p, s in self.scores.items() if not math.isnan(s) and s >= floor]
+        return min(tied, key=self._preference)
+
+    def _preference(self, point: Point) -> tuple[float, ...]:
+        return tuple(-v if axis in PREFER_LARGER else v for axis, v in zip(self.axes, point, strict=True))
+
     def _line(self, best: Point, i: int) -> list[float]:
         return sorted({p[i] for p in self.scores if all(p[j] == best[j] for j in range(len(best)) if j != i)})
 
     def edges(self) -> list[tuple[str, str]]:
-        """The (axis, "low"/"high") edges on which the best point sits now."""
-        best = self.best()
+        """The (axis, "low"/"high") edges on which the top point sits now."""
+        best = self.top()
         if best is None:
             return [("lr", "low")] if "lr" in self.axes else []
         out = []
@@ -68,7 +92,7 @@ class BracketState:
 
     def next_points(self) -> list[Point]:
         """Points of the next round (empty when the optimum is bracketed or the limits are reached)."""
-        best = self.best()
+        best = self.top()
         new: list[Point] = []
         for axis, side in self.edges():
             i = self.axes.index(axis)
@@ -95,5 +119,5 @@ class BracketState:
         return new
 
     def edge_after_limit(self) -> list[str]:
-        """Edges the best point still sits on (after the search): ``["lr low", …]``; empty when bracketed."""
+        """Edges the top point still sits on (after the search): ``["lr low", …]``; empty when bracketed."""
         return [f"{axis} {side}" for axis, side in self.edges()]

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from osa_lab.errors import MalformedResultError
+from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 
 #: the largest run or search record read (a final run's JSON with its curve is a few kB)
 MAX_RECORD_BYTES = 4 << 20
@@ -172,6 +173,7 @@ RUN_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "seed": (True, _int(0), "an int ≥ 0"),
     "lr": (True, _positive, "a positive number"),
     "alpha_lr_mult": (True, _positive, "a positive number"),
+    "warmup_fraction": (False, lambda v: _is_num(v) and 0 < v < 1, "a number in (0, 1)"),
     "status": (True, lambda v: v in STATUSES, f"one of {', '.join(STATUSES)}"),
     "steps": (False, _int(1), "an int ≥ 1"),
     "epochs": (False, _int(1), "an int ≥ 1"),
@@ -194,16 +196,33 @@ RUN_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
 }
 
 
-def _pair(v: Any) -> bool:
-    return isinstance(v, list) and len(v) == 2 and all(_positive(x) for x in v)
+def _setting(v: Any) -> bool:
+    """[lr, α-lr multiplier] or [lr, α-lr multiplier, warm-up fraction] (a search record of a study
+    that did not tune the warm-up has pairs)."""
+    return (isinstance(v, list) and len(v) in (2, 3) and all(_positive(x) for x in v)
+            and (len(v) == 2 or v[2] < 1))  # fmt: skip
+
+
+def setting_of(values: Sequence[float]) -> tuple[float, float, float]:
+    """(lr, α-lr multiplier, warm-up fraction) from a search record's list (a pair: the default warm-up)."""
+    lr, mult, *rest = (float(v) for v in values)
+    return lr, mult, rest[0] if rest else DEFAULT_WARMUP_FRACTION
+
+
+def run_setting(record: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(lr, α-lr multiplier, warm-up fraction) of a run record (one without a warm-up had the default)."""
+    return (float(record["lr"]), float(record["alpha_lr_mult"]),
+            float(record.get("warmup_fraction", DEFAULT_WARMUP_FRACTION)))  # fmt: skip
 
 
 #: the fields of a search record (:meth:`StudyRunner.tune` writes them)
 SEARCH_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "preset": (True, _preset, "a known preset"),
     "depth": (True, _int(1), "an int ≥ 1"),
-    "chosen": (True, lambda v: v is None or _pair(v), "null or [lr, α-lr multiplier]"),
-    "extension_points": (False, lambda v: isinstance(v, list) and all(_pair(p) for p in v), "a list of [lr, mult]"),
+    "chosen": (True, lambda v: v is None or _setting(v), "null or [lr, α-lr multiplier, warm-up fraction]"),
+    "top": (False, lambda v: v is None or _setting(v), "null or [lr, α-lr multiplier, warm-up fraction]"),
+    "extension_points": (False, lambda v: isinstance(v, list) and all(_setting(p) for p in v),
+                         "a list of [lr, mult, warm-up]"),
     "edge_after_limit": (False, lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of text"),
 }
 

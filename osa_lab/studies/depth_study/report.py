@@ -22,8 +22,8 @@ import pandas as pd
 
 from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats
-from osa_lab.studies.depth_study.records import Records, read_records
-from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.depth_study.records import Records, read_records, run_setting, setting_of
+from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.depth_study.wording import (
     CLAIMS,
     LOSS_STEPS,
@@ -47,7 +47,7 @@ from osa_lab.studies.training.failures import (
 #: classes of a run whose JSON does not record them (every data set of the study has ten)
 DEFAULT_CLASSES = 10
 
-RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "steps", "status", "failure", "train_loss",
+RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "warmup_fraction", "steps", "status", "failure", "train_loss",
                *(f"train_loss_at_{s}" for s in LOSS_STEPS), "steps_to_threshold",
                "train_accuracy", "steps_to_90", "val_accuracy", "test_accuracy", "kappa_init", "kappa_trained",
                *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS),
@@ -72,9 +72,9 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def _chosen(results: Path | Records) -> dict[tuple[str, int], tuple[float, float] | None]:
-    """(preset, depth) → the setting its search chose (from ``search/``)."""
-    return {(r["preset"], int(r["depth"])): tuple(r["chosen"]) if r.get("chosen") else None
+def _chosen(results: Path | Records) -> dict[tuple[str, int], tuple[float, float, float] | None]:
+    """(preset, depth) → the setting (lr, α-lr multiplier, warm-up) its search chose (from ``search/``)."""
+    return {(r["preset"], int(r["depth"])): setting_of(r["chosen"]) if r.get("chosen") else None
             for r in _records(results).search}  # fmt: skip
 
 
@@ -85,7 +85,7 @@ def _final_runs(results: Path | Records) -> list[dict]:
     keep = []
     for r in records.runs["final"]:
         setting = chosen.get((r["preset"], int(r["depth"])))
-        if setting is not None and np.isclose(r["lr"], setting[0]) and np.isclose(r["alpha_lr_mult"], setting[1]):
+        if setting is not None and np.allclose(run_setting(r), setting):
             keep.append(r)
     return keep
 
@@ -110,7 +110,7 @@ def run_table(results: Path | Records) -> pd.DataFrame:
         rank_i, rank_t = r.get("rank_init") or {}, r.get("rank_trained") or {}
         curve = r.get("curve") or []
         outcome, failure = _outcome(r)
-        rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS},
+        rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS}, "warmup_fraction": run_setting(r)[2],
                      "status": outcome, "failure": failure,
                      **{f"train_loss_at_{s}": loss_at_step(curve, s) for s in LOSS_STEPS},
                      "steps_to_threshold": steps_to_loss(curve, TRAIN_LOSS_THRESHOLD),
@@ -142,19 +142,22 @@ def tuning_table(results: Path | Records) -> pd.DataFrame:
     for r in records.runs["tune"]:
         outcome, _ = _outcome(r)
         rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy")},
-                     "status": outcome})  # fmt: skip
-    df = pd.DataFrame(rows, columns=["preset", "depth", "lr", "alpha_lr_mult", "seed", "status", "val_accuracy"])
+                     "warmup_fraction": run_setting(r)[2], "status": outcome})  # fmt: skip
+    df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy"])
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
+
+    def at(cell: pd.Series, setting: tuple[float, float, float]) -> pd.Series:
+        return cell & np.logical_and.reduce([np.isclose(df[a], v) for a, v in zip(AXES, setting, strict=True)])
+
     for rec in records.search:
         cell = (df["preset"] == rec["preset"]) & (df["depth"] == rec["depth"])
-        for lr, am in rec.get("extension_points", []):
-            df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "extended"] = True
+        for point in rec.get("extension_points", []):
+            df.loc[at(cell, setting_of(point)), "extended"] = True
         if rec.get("chosen"):
-            lr, am = rec["chosen"]
-            df.loc[cell & np.isclose(df["lr"], lr) & np.isclose(df["alpha_lr_mult"], am), "chosen"] = True
+            df.loc[at(cell, setting_of(rec["chosen"])), "chosen"] = True
         df.loc[cell, "edge_after_limit"] = ", ".join(rec.get("edge_after_limit", []))
-    return df.sort_values(["depth", "preset", "lr", "alpha_lr_mult", "tune_seed"], ignore_index=True)
+    return df.sort_values(["depth", "preset", *AXES, "tune_seed"], ignore_index=True)
 
 
 def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> pd.DataFrame:
@@ -180,9 +183,9 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             "complete": len(r) >= planned,
             "lr": float(setting["lr"].iloc[0]) if len(setting) else math.nan,
             "alpha_lr_mult": float(setting["alpha_lr_mult"].iloc[0]) if len(setting) else math.nan,
+            "warmup_fraction": float(setting["warmup_fraction"].iloc[0]) if len(setting) else math.nan,
             "tuning_runs": len(t),
-            "stability_edge": "; ".join(unstable_neighbours(t, float(setting["lr"].iloc[0]),
-                                                            float(setting["alpha_lr_mult"].iloc[0])))
+            "stability_edge": "; ".join(unstable_neighbours(t, *(float(setting[a].iloc[0]) for a in AXES)))
             if len(setting) and len(t) else "",
             "grid_extended": bool(t["extended"].any()) if len(t) else False,
             "edge_after_limit": t["edge_after_limit"].iloc[0] if len(t) else "",
@@ -314,7 +317,8 @@ def _not_final_words(r) -> str:
         return "not run yet"
     if math.isfinite(r.lr):
         extended = ", grid extended" if r.grid_extended else ""
-        return (f"tuned at lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)} ({r.tuning_runs} tuning runs{extended}); "
+        return (f"tuned at lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)}, warm-up {number(r.warmup_fraction)} "
+                f"({r.tuning_runs} tuning runs{extended}); "
                 "no final run yet")  # fmt: skip
     return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
 
@@ -383,7 +387,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
                      f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {failure_words(r)}; "
-                     f"lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)}; steps to 90 % train acc. "
+                     f"lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)}, warm-up {number(r.warmup_fraction)}; "
+                     "steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
                      + (f" (median of the {r.reached_90} of {ok} seeds that reached it)" if 0 < r.reached_90 < ok else "")
                      + "; κ at init " + _kappa_words(r.kappa_init_median) + ")")  # fmt: skip

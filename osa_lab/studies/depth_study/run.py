@@ -26,7 +26,12 @@ from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
 from osa_lab.studies.depth_study.weights import save_weights
 from osa_lab.studies.jacobian.sub_blocks import sub_block_medians
-from osa_lab.studies.training.config import TrainConfig, comparable_json, model_config_for
+from osa_lab.studies.training.config import (
+    DEFAULT_WARMUP_FRACTION,
+    TrainConfig,
+    comparable_json,
+    model_config_for,
+)
 from osa_lab.studies.training.loop import build_training_model
 from osa_lab.studies.training.tables import load_metrics
 
@@ -36,9 +41,12 @@ TRAIN_ACCURACY_THRESHOLD = 0.9
 _DATA: dict[tuple, Any] = {}
 
 
-def result_name(stage: str, preset: str, depth: int, seed: int, lr: float, alpha_lr_mult: float) -> str:
-    """The file of one run under the results folder: ``<stage>/<preset>-d<depth>-lr<lr>-am<mult>-s<seed>.json``."""
-    return f"{stage}/{preset}-d{depth}-lr{lr:g}-am{alpha_lr_mult:g}-s{seed}.json"
+def result_name(stage: str, preset: str, depth: int, seed: int, lr: float, alpha_lr_mult: float,
+                warmup_fraction: float = DEFAULT_WARMUP_FRACTION) -> str:  # fmt: skip
+    """The file of one run under the results folder: ``<stage>/<preset>-d<depth>-lr<lr>-am<mult>[-wu<warm-up>]-s<seed>.json``
+    (the warm-up only where it is not the default, so a study that does not tune it keeps its names)."""
+    warmup = "" if math.isclose(warmup_fraction, DEFAULT_WARMUP_FRACTION) else f"-wu{warmup_fraction:g}"
+    return f"{stage}/{preset}-d{depth}-lr{lr:g}-am{alpha_lr_mult:g}{warmup}-s{seed}.json"
 
 
 def study_data(name: str, val_fraction: float):
@@ -110,11 +118,13 @@ def study_run(
     scratch_dir: str,
     kappa: bool,
     progress: bool = False,
+    warmup_fraction: float = DEFAULT_WARMUP_FRACTION,
 ) -> dict:
     """Train one configuration (resuming its checkpoint in ``scratch_dir``) and write its JSON result."""
     return study_group_run(spec=spec, stage=stage, preset=preset, depth=depth, seeds=[seed], lr=lr,
                            alpha_lr_mult=alpha_lr_mult, steps=steps, results_dir=results_dir,
-                           scratch_dir=scratch_dir, kappa=kappa, progress=progress)[0]  # fmt: skip
+                           scratch_dir=scratch_dir, kappa=kappa, progress=progress,
+                           warmup_fraction=warmup_fraction)[0]  # fmt: skip
 
 
 def _finished_record(out: Path, stage: str, preset: str, depth: int, seed: int) -> dict | None:
@@ -145,6 +155,7 @@ def study_group_run(
     scratch_dir: str,
     kappa: bool,
     progress: bool = False,
+    warmup_fraction: float = DEFAULT_WARMUP_FRACTION,
 ) -> list[dict]:
     """Train the ``seeds`` of one configuration as one seed group
     (:func:`osa_lab.studies.training.group.train_group`; each seed resuming its own checkpoint in
@@ -152,7 +163,8 @@ def study_group_run(
     whose record exists are not trained again; a seed that diverges is a result of its own."""
     from osa_lab.studies.training.group import train_group
 
-    outs = [Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult) for seed in seeds]
+    outs = [Path(results_dir) / result_name(stage, preset, depth, seed, lr, alpha_lr_mult, warmup_fraction)
+            for seed in seeds]  # fmt: skip
     done = {}
     for seed, out in zip(seeds, outs, strict=True):
         record = _finished_record(out, stage, preset, depth, seed)
@@ -170,7 +182,8 @@ def study_group_run(
     for seed, out in pending:
         config = TrainConfig(
             preset=preset, data=spec["data"], epochs=epochs, batch_size=spec["batch_size"], lr=float(lr),
-            alpha_lr_mult=float(alpha_lr_mult), val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
+            alpha_lr_mult=float(alpha_lr_mult), warmup_fraction=float(warmup_fraction),
+            val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
             model={**spec["model"], "depth": int(depth)},
         )  # fmt: skip
         # checkpoints of a run are keyed by its whole configuration: another model or budget never meets them
@@ -178,7 +191,8 @@ def study_group_run(
         run_dirs.append(Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}")
         configs.append(config)
         payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
-                                   "alpha_lr_mult": alpha_lr_mult, "steps": epochs * per_epoch, "epochs": epochs,
+                                   "alpha_lr_mult": alpha_lr_mult, "warmup_fraction": float(warmup_fraction),
+                                   "steps": epochs * per_epoch, "epochs": epochs,
                                    "checkpoint": "final", "train_config": config.to_dict(),
                                    "num_classes": data.num_classes}  # fmt: skip
         if kappa:

@@ -31,7 +31,7 @@ from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_group_run
-from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
 from osa_lab.studies.grid.results import first_line
 from osa_lab.studies.summaries import number
@@ -65,15 +65,15 @@ class StudyRunner:
         """One task per seed group of each setting (:func:`study_group_run`): the setting's seeds in
         one group from six seeds up, each seed alone below (:func:`seed_groups`), in seed order."""
         tasks = []
-        for lr, mult in points:
+        for lr, mult, warmup in points:
             for group in seed_groups(seeds, None):
                 kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth,
-                          "seeds": group, "lr": lr, "alpha_lr_mult": mult, "steps": steps,
+                          "seeds": group, "lr": lr, "alpha_lr_mult": mult, "warmup_fraction": warmup, "steps": steps,
                           "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
-                key = result_name(stage, preset, depth, 0, lr, mult).replace("/", "-").removesuffix("-s0.json")
-                key += "-s" + "_".join(str(s) for s in group)
+                name = result_name(stage, preset, depth, 0, lr, mult, warmup)
+                key = name.replace("/", "-").removesuffix("-s0.json") + "-s" + "_".join(str(s) for s in group)
                 tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
-                                                            "alpha_lr_mult": mult,
+                                                            "alpha_lr_mult": mult, "warmup_fraction": warmup,
                                                             "seeds": ",".join(str(s) for s in group)},
                                   key=key, progress_kwarg="progress"))  # fmt: skip
         return tasks
@@ -93,17 +93,24 @@ class StudyRunner:
             values.extend(o.value if o.ok else [None] * len(o.task.kwargs["seeds"]))
         return values
 
-    def tune(self, preset: str, depth: int) -> tuple[float, float] | None:
-        """The bracketing search of one cell; returns the chosen (lr, α-lr multiplier), None if all diverged."""
+    def tune(self, preset: str, depth: int) -> tuple[float, float, float] | None:
+        """The bracketing search of one cell; returns the chosen (lr, α-lr multiplier, warm-up
+        fraction), None if all diverged. The α-lr multiplier is an axis for presets that learn α
+        (1 for the others), the warm-up for every preset."""
         t = self.spec.tuning
-        axes = ("lr", "alpha_lr_mult") if learns_alpha(preset) else ("lr",)
-        state = BracketState(axes, {"lr": t.lr, "alpha_lr_mult": t.alpha_lr_mult},
-                             {"lr": t.lr_bounds, "alpha_lr_mult": t.alpha_lr_mult_bounds},
-                             factor=t.extension_factor, max_extensions=t.max_extensions)  # fmt: skip
+        axes = tuple(a for a in AXES if a != "alpha_lr_mult" or learns_alpha(preset))
+        state = BracketState(axes, {a: getattr(t, a) for a in axes}, {a: getattr(t, f"{a}_bounds") for a in axes},
+                             factor=t.extension_factor, max_extensions=t.max_extensions,
+                             tie_margin=t.tie_margin)  # fmt: skip
+
+        def as_setting(p: tuple[float, ...]) -> list[float]:
+            named = dict(zip(axes, p, strict=True))
+            return [named["lr"], named.get("alpha_lr_mult", 1.0), named["warmup_fraction"]]
+
         points, rounds = state.initial_points(), 0
         while points:
-            pairs = [(p[0], p[1] if len(p) > 1 else 1.0) for p in points]
-            values = self._run(self._tasks("tune", preset, depth, pairs, t.seeds, t.steps, False),
+            settings = [tuple(as_setting(p)) for p in points]
+            values = self._run(self._tasks("tune", preset, depth, settings, t.seeds, t.steps, False),
                                f"tune {preset} d{depth} r{rounds}")  # fmt: skip
             n = len(t.seeds)
             if any(v is None for v in values):  # a run failed (not diverged): choosing now would be on missing data
@@ -118,12 +125,13 @@ class StudyRunner:
         best = state.best()
         if best is None:
             _say(f"{preset} depth {depth}: every tuning point diverged")
-        as_pair = (lambda p: [p[0], p[1] if len(p) > 1 else 1.0])  # noqa: E731
+        top = state.top()
         record = {"preset": preset, "depth": depth, "axes": list(axes), "rounds": rounds,
-                  "scores": [[*as_pair(p), s] for p, s in sorted(state.scores.items())],
-                  "extension_points": [as_pair(p) for p in sorted(state.added_by_extension)],
+                  "scores": [[*as_setting(p), s] for p, s in sorted(state.scores.items())],
+                  "extension_points": [as_setting(p) for p in sorted(state.added_by_extension)],
                   "extensions": {f"{a} {s}": n for (a, s), n in state.extensions.items()},
-                  "chosen": as_pair(best) if best is not None else None,
+                  "tie_margin": t.tie_margin, "top": as_setting(top) if top is not None else None,
+                  "chosen": as_setting(best) if best is not None else None,
                   "edge_after_limit": state.edge_after_limit()}  # fmt: skip
         atomic_write_text(self.results / "search" / f"{preset}-d{depth}.json", json.dumps(record, indent=1))
         return tuple(record["chosen"]) if best is not None else None
@@ -139,7 +147,8 @@ class StudyRunner:
                 _say(f"{preset} depth {depth}: no setting chosen; no final runs")
                 continue
             seeds = self.spec.final_seeds(depth)
-            _say(f"{preset} depth {depth}: lr {number(chosen[0])}, α-lr ×{number(chosen[1])}; {len(seeds)} final seeds")
+            _say(f"{preset} depth {depth}: lr {number(chosen[0])}, α-lr ×{number(chosen[1])}, warm-up "
+                 f"{number(chosen[2])}; {len(seeds)} final seeds")  # fmt: skip
             self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
                       f"final {preset} d{depth}")  # fmt: skip
             summarise(self.results, self.spec)

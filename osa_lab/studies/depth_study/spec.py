@@ -42,6 +42,7 @@ from osa_lab.studies.depth_study.schema import (
     setting,
     unknown_key,
 )
+from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 
 #: sizes above which a study needs ``--allow-large`` (beyond them a study runs for days on a CPU)
 MAX_STEPS = 100_000
@@ -75,6 +76,9 @@ def _osa_methods() -> list[str]:
 
 _SEED = Int(0)
 _POSITIVE = Real(0.0, 1e6, low_open=True)
+_FRACTION = Real(0.0, 1.0, low_open=True, high_open=True)
+#: the tuned axes, in the order of a setting ``(lr, alpha_lr_mult, warmup_fraction)``
+AXES = ("lr", "alpha_lr_mult", "warmup_fraction")
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,19 @@ class TuningSpec:
                                              "no extension goes past these learning rates")  # fmt: skip
     alpha_lr_mult_bounds: tuple[float, float] = setting((0.1, 1000.0), Bounds(_POSITIVE),
                                                         "no extension goes past these multipliers")  # fmt: skip
+    warmup_fraction: tuple[float, ...] = setting((DEFAULT_WARMUP_FRACTION,), ListOf(_FRACTION, 1, 32, distinct=True),
+                                                 "start grid of warm-up lengths (fraction of the steps), "
+                                                 "inside `warmup_fraction_bounds`")  # fmt: skip
+    warmup_fraction_bounds: tuple[float, float] = setting((0.005, 0.5), Bounds(_FRACTION),
+                                                          "no extension goes past these warm-up fractions")  # fmt: skip
+    tie_margin: float = setting(0.0, Real(0.0, 1.0, high_open=True),
+                                "settings whose mean validation accuracy is within this of the best tie; the tie "
+                                "goes to the smallest lr, then the smallest α-lr multiplier, then the longest warm-up")  # fmt: skip
 
     def __post_init__(self) -> None:
         if len(self.seeds) < 2 or len(set(self.seeds)) != len(self.seeds):
             raise ConfigurationError(f"tuning needs ≥ 2 distinct seeds, got {list(self.seeds)}")
-        for name in ("lr", "alpha_lr_mult"):
+        for name in AXES:
             vals = getattr(self, name)
             if not vals or any(not (v == v and 0 < v < float("inf")) for v in vals):
                 raise ConfigurationError(f"tuning `{name}` must be a non-empty list of positive numbers, got {vals}")
@@ -236,7 +248,7 @@ class StudySpec:
         t = self.tuning
         total = 0
         for preset, depth in self.run_order():
-            points = len(t.lr) * (len(t.alpha_lr_mult) if learns_alpha(preset) else 1)
+            points = len(t.lr) * (len(t.alpha_lr_mult) if learns_alpha(preset) else 1) * len(t.warmup_fraction)
             total += self.seeds[depth] + points * len(t.seeds)
         return total
 
@@ -273,7 +285,7 @@ def check_relations(spec: StudySpec, ctx: Context) -> None:
     if overlap:
         raise refuse("tuning.seeds", f"tuning seeds {overlap} are also final seeds (0 … {top - 1})",
                      f"choose tuning seeds ≥ {top} so the reported runs are not the ones the choice was made on")  # fmt: skip
-    for axis in ("lr", "alpha_lr_mult"):
+    for axis in AXES:
         low, high = getattr(spec.tuning, f"{axis}_bounds")
         outside = [v for v in getattr(spec.tuning, axis) if not low <= v <= high]
         if outside:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.summaries import number
+from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 
 #: steps at which a run's training loss is read (a primary endpoint of trainability) and the training
 #: loss whose first crossing is the other (the curve's losses are epoch means)
@@ -78,33 +79,37 @@ def _past(points: pd.DataFrame, axis: str, value: float, side: int) -> pd.Series
     return points[axis] > value * (1 + 1e-9) if side > 0 else points[axis] < value * (1 - 1e-9)
 
 
-def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float) -> list[str]:
+def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float,
+                        warmup_fraction: float = DEFAULT_WARMUP_FRACTION) -> list[str]:  # fmt: skip
     """The grid neighbours of a cell's chosen setting at which some tuning run failed or diverged.
 
-    Neighbours are the adjacent learning rates tried at the chosen α-lr multiplier and the adjacent
-    multipliers tried at the chosen learning rate. The search's grid need not be a full rectangle:
-    where the chosen multiplier has no learning rate on one side, the next learning rate tried on
-    that side at any multiplier stands in. A setting beside one that broke sits at the stability
-    edge: a small change of budget or seed may break it.
+    Neighbours are the adjacent values tried along each axis (learning rate, α-lr multiplier,
+    warm-up) with the other two at the chosen setting. The search's grid need not be a full
+    rectangle: where the chosen setting has no learning rate on one side, the next learning rate
+    tried on that side at any multiplier and warm-up stands in. A setting beside one that broke
+    sits at the stability edge: a small change of budget or seed may break it.
     """
     def broke(points: pd.DataFrame) -> list[str]:
         return sorted(set(points.loc[points["status"] != "ok", "status"]))
 
+    if "warmup_fraction" not in tuning:
+        tuning = tuning.assign(warmup_fraction=DEFAULT_WARMUP_FRACTION)
+    chosen = {"lr": lr, "alpha_lr_mult": alpha_lr_mult, "warmup_fraction": warmup_fraction}
+    labels = {"lr": "lr {}", "alpha_lr_mult": "α-lr ×{}", "warmup_fraction": "warm-up {}"}
     out = []
-    same_am = tuning[np.isclose(tuning["alpha_lr_mult"], alpha_lr_mult)]
-    same_lr = tuning[np.isclose(tuning["lr"], lr)]
-    for axis, line, value, fallback in (("lr", same_am, lr, tuning), ("alpha_lr_mult", same_lr, alpha_lr_mult, None)):
+    for axis in chosen:
+        line = tuning[np.logical_and.reduce([np.isclose(tuning[a], v) for a, v in chosen.items() if a != axis])]
+        fallback = tuning if axis == "lr" else None
         for side in (-1, 1):
-            beyond = _past(line, axis, value, side)
+            beyond = _past(line, axis, chosen[axis], side)
             pool = line if beyond.any() or fallback is None else fallback
-            beyond = _past(pool, axis, value, side)
+            beyond = _past(pool, axis, chosen[axis], side)
             if not beyond.any():
                 continue
             nearest = pool.loc[beyond, axis].min() if side > 0 else pool.loc[beyond, axis].max()
             bad = broke(pool[np.isclose(pool[axis], nearest)])
             if bad:
-                label = f"lr {number(nearest)}" if axis == "lr" else f"α-lr ×{number(nearest)}"
-                out.append(f"{label} ({' and '.join(bad)})")
+                out.append(f"{labels[axis].format(number(nearest))} ({' and '.join(bad)})")
     return out
 
 

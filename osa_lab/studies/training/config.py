@@ -54,6 +54,10 @@ _TRANSFORMER_ONLY = ("depth", "dim", "heads", "head_dim", "mlp_ratio", "osa_meth
                      "learn_alpha", "attention", "norm", "skip", "init")  # fmt: skip
 
 
+#: the warm-up fraction of a run that does not set one (a study's file names leave it out)
+DEFAULT_WARMUP_FRACTION = 0.05
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that determines a training run (and nothing that does not, such as the device).
@@ -86,7 +90,7 @@ class TrainConfig:
     batch_size: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.05
-    warmup_fraction: float = 0.05
+    warmup_fraction: float = DEFAULT_WARMUP_FRACTION
     grad_clip: float | None = 1.0
     seed: int = 0
     diag_every: int = 100
