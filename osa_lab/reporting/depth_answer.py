@@ -16,6 +16,7 @@ import pandas as pd
 from osa_lab.errors import OSAInputError
 from osa_lab.reporting.tables import Column, interval_text, kappa_text, percent_text, value_text
 from osa_lab.reporting.texts import code, listing, plural
+from osa_lab.studies.depth_study.claims import difference_words, interval_words
 from osa_lab.studies.training.failures import CHANCE_MARGIN
 
 __all__ = [
@@ -26,19 +27,21 @@ __all__ = [
     "claims_text",
     "failed_runs",
     "failures_text",
+    "require_study_columns",
 ]
 
-def _require(df: pd.DataFrame, columns: list[str], what: str) -> None:
+def require_study_columns(df: pd.DataFrame, columns: list[str], what: str) -> None:
+    """Raise :class:`~osa_lab.errors.OSAInputError` naming the columns a study table lacks (and the fix)."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise OSAInputError(f"the study's {what} table lacks column(s) {missing}; rerun `osa-lab train --summarise`")
+        raise OSAInputError(f"the study's {what} table lacks column(s) {missing}; regenerate the tables with `osa-lab train --experiment FILE --summary-only`")
 
 
 def failed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """``preset, depth, seed, test_accuracy, why`` of the final runs that did not finish ``ok``, as the
     study classified them (:func:`osa_lab.studies.training.failures.classify_run`: diverged, ended at
     chance, or a loss jump that never recovered); ``why`` is the study's own reason."""
-    _require(runs, ["preset", "depth", "seed", "status", "test_accuracy"], "runs")
+    require_study_columns(runs, ["preset", "depth", "seed", "status", "test_accuracy"], "runs")
     bad = runs["status"] != "ok"
     out = runs.loc[bad, ["preset", "depth", "seed", "test_accuracy"]].copy()
     reasons = runs.loc[bad, "failure"] if "failure" in runs.columns else runs.loc[bad, "status"]
@@ -50,7 +53,7 @@ def failed_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def answer_data(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``preset, depth, mean, ci_low, ci_high, seeds, failed`` per preset × depth with finished runs
     (fractions; ``failed``: runs that did not finish ``ok``, see :func:`failed_runs`)."""
-    _require(summary, ["preset", "depth", "finished", "test_accuracy_mean", "ci_low", "ci_high"], "summary")
+    require_study_columns(summary, ["preset", "depth", "finished", "test_accuracy_mean", "ci_low", "ci_high"], "summary")
     s = summary[summary["finished"] > 0]
     fails = failed_runs(runs).groupby(["preset", "depth"]).size()
     rows = []
@@ -73,7 +76,7 @@ def answer_table(data: pd.DataFrame) -> pd.DataFrame:
     """The answer as shown: one row per preset (in study order), one column per depth, each cell
     ``mean [95 % interval]`` in % and the failed runs; ``—`` where the preset was not run at that
     depth. An interval cut at 0 or 100 % is marked ``‡``."""
-    _require(data, ["preset", "depth", "mean", "ci_low", "ci_high", "seeds", "failed"], "answer")
+    require_study_columns(data, ["preset", "depth", "mean", "ci_low", "ci_high", "seeds", "failed"], "answer")
     presets = list(dict.fromkeys(data["preset"]))
     depths = sorted(data["depth"].unique())
     cells = {(r["preset"], r["depth"]): _cell(r) for _, r in data.iterrows()}
@@ -110,20 +113,21 @@ def failures_text(runs: pd.DataFrame) -> str:
 
 def claims_text(claims: pd.DataFrame) -> str:
     """One line per claim of the study, depth first: its verdict and the paired difference in points."""
-    _require(claims, ["claim", "depth", "n", "diff_mean", "ci_low", "ci_high", "ci_level", "verdict"], "claims")
+    require_study_columns(claims, ["claim", "depth", "n", "diff_mean", "ci_low", "ci_high", "ci_level", "verdict"], "claims")
     lines = []
     for r in claims.sort_values(["depth"], kind="stable").itertuples():
         if pd.isna(r.diff_mean):
             lines.append(f"- depth {int(r.depth)}: {r.claim}: **{r.verdict}**.")
             continue
         level = f"{100 * float(r.ci_level):.0f} %"
-        line = (f"- depth {int(r.depth)}: {r.claim}: **{r.verdict}** ({100 * r.diff_mean:+.1f} points, {level} CI "
-                f"[{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}], {plural(int(r.n), 'seed')})")  # fmt: skip
+        endpoint = getattr(r, "endpoint", "test_accuracy")
+        line = (f"- depth {int(r.depth)}: {r.claim}: **{r.verdict}** ({difference_words(endpoint, r.diff_mean)}, {level} CI "
+                f"[{interval_words(endpoint, r.ci_low, r.ci_high)}], {plural(int(r.n), 'seed')})")  # fmt: skip
         direction = getattr(r, "direction", None)
         if direction in ("worse", "better") and r.verdict != "shown":
             # the two-sided test (its own Holm family) says where the one-sided claim could not
             holm = getattr(r, "p_two_sided_holm", float("nan"))
-            line += f"; two-sided: skipless OSA is **{direction}** (Holm p = {holm:.2g})"
+            line += f"; two-sided: {code(getattr(r, 'preset', 'skipless-osa'))} is **{direction}** (Holm p = {holm:.2g})"
         lines.append(line)
     return "\n".join(lines)
 

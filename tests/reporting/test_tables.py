@@ -188,7 +188,7 @@ def test_claims_text_says_worse_where_the_two_sided_test_does():
     claims = pd.DataFrame({"claim": ["skipless OSA is comparable to the skip-connected ViT"], "depth": [4], "n": [10],
                            "diff_mean": [-0.0113], "ci_low": [-0.0175], "ci_high": [-0.0051], "ci_level": [0.9],
                            "verdict": ["inconclusive"], "direction": ["worse"], "p_two_sided_holm": [0.0341]})  # fmt: skip
-    assert depth_answer.claims_text(claims).endswith("; two-sided: skipless OSA is **worse** (Holm p = 0.034)")
+    assert depth_answer.claims_text(claims).endswith("; two-sided: `skipless-osa` is **worse** (Holm p = 0.034)")
 
 
 def test_readme_answer_table_agrees_with_the_committed_results():

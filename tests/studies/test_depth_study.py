@@ -234,7 +234,7 @@ def _spec(**kw) -> StudySpec:
 
 
 def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok", lr: float = 0.01,
-               kappa_init: float = 3.0) -> None:
+               kappa_init: float = 3.0, train_loss: float = 0.1) -> None:
     search = root / "search" / f"{preset}-d4.json"
     search.parent.mkdir(parents=True, exist_ok=True)
     search.write_text(json.dumps({"preset": preset, "depth": 4, "chosen": [0.01, 1.0], "edge_after_limit": []}))
@@ -245,7 +245,7 @@ def _write_run(root: Path, preset: str, seed: int, acc: float, status: str = "ok
     path.write_text(json.dumps({"stage": "final", "preset": preset, "depth": 4, "seed": seed, "lr": lr,
                                 "alpha_lr_mult": 1.0, "steps": 216, "status": status, "curve": curve,
                                 "test_accuracy": acc if status == "ok" else math.nan, "val_accuracy": acc,
-                                "train_accuracy": 1.0, "train_loss": 0.1, "steps_to_90": 180.0,
+                                "train_accuracy": 1.0, "train_loss": train_loss, "steps_to_90": 180.0,
                                 "kappa_init": kappa_init, "kappa_trained": 9.0,
                                 "rank_init": {"effective_rank": 10.0, "relative_residual": 0.9}}))  # fmt: skip
 
@@ -607,8 +607,34 @@ def test_the_verdict_names_the_holm_family_and_says_worse_where_the_data_do(tmp_
     assert "Holm's correction runs over 3 tests: the 2 claim test(s) and the 1 reverse one-sided test(s)" in text
     assert "a second Holm family of 2 test(s)" in text
     vit_claim = next(x for x in text.splitlines() if "comparable to the skip-connected ViT" in x and x.startswith("* depth"))
-    assert "two-sided: skipless OSA is **worse** than `vit` by 1.1 points" in vit_claim
-    assert "* Worse (two-sided): skipless OSA below `vit` at depth 4 by 1.1 points" in text
+    assert "two-sided: `skipless-osa` is **worse** than `vit` (-1.1 points;" in vit_claim
+    assert "* Worse (two-sided): `skipless-osa` below `vit` at depth 4 (-1.1 points)" in text
+
+
+def test_a_claim_on_the_training_loss_compares_decades_paired_by_seed(tmp_path):
+    """The study's own claims: `skipless-osa` reaches ≈ 10× lower final training loss than `vit` on every
+    seed, so "better in final training loss" is shown, with the difference in decades; and a claim on
+    test accuracy beside it is tested in the same Holm family."""
+    from osa_lab.studies.depth_study.claims import Claim
+
+    factors = [9.0, 11.0, 10.0, 10.5]
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85, train_loss=1e-3 * (1 + 0.01 * s))
+        _write_run(tmp_path, "vit", s, 0.86 + 0.001 * s, train_loss=1e-3 * (1 + 0.01 * s) * factors[s])
+        _write_run(tmp_path, "skipless-ssa", s, 0.70)
+        _write_run(tmp_path, "mlp", s, 0.70)
+    claims = (Claim("skipless-osa", "vit", "superiority", "train_loss"), Claim("vit", "skipless-ssa", "superiority"))
+    out = report.summarise(tmp_path, _spec(claims=claims), write=False)
+    table = out["claims"].set_index("endpoint")
+    loss = table.loc["train_loss"]
+    d = np.log10(factors)
+    assert loss["preset"] == "skipless-osa" and loss["diff_mean"] == pytest.approx(d.mean(), rel=1e-9)
+    assert loss["p"] == pytest.approx(sps.ttest_1samp(d, 0.0, alternative="greater").pvalue, rel=1e-6)
+    assert loss["verdict"] == "shown" and table.loc["test_accuracy", "preset"] == "vit"
+    text = out["verdict"]
+    assert "Holm's correction runs over 4 tests: the 2 claim test(s) and the 2 reverse" in text
+    line = next(x for x in text.splitlines() if x.startswith("* depth 4: `skipless-osa` is better than `vit`"))
+    assert f"{d.mean():+.2f} decades of training loss" in line and "**shown**" in line
 
 
 def test_the_trainability_endpoints_come_from_the_curves(tmp_path):

@@ -66,6 +66,14 @@ BAD_EXPERIMENTS = [
     ("depth 0", edit("depths: [1]", "depths: [0]"), r"`cells\[0\]\.depths\[0\]`: must lie in \[1, "),
     ("batch 0", edit("batch_size: 100", "batch_size: 0"), r"`batch_size`: must lie in \[1, "),
     ("an unknown model key", edit("heads: 2}", "heads: 2, widht: 4}"), r"unknown key 'widht' in `model`"),
+    ("a claim of an unknown kind", edit("kappa_samples: 1", "kappa_samples: 1\nclaims: [{preset: vit, other: skipless-osa, kind: better}]"),
+     r"`claims\[0\]\.kind`: unknown kind 'better'.*equivalence, superiority"),
+    ("a claim against itself", edit("kappa_samples: 1", "kappa_samples: 1\nclaims: [{preset: vit, other: vit, kind: superiority}]"),
+     r"`claims\[0\]`: compares `vit` with itself"),
+    ("a claim on an unknown endpoint", edit("kappa_samples: 1", "kappa_samples: 1\nclaims: [{preset: vit, other: skipless-osa, "
+                                        "kind: superiority, endpoint: val_loss}]"), r"`claims\[0\]\.endpoint`: unknown endpoint"),
+    ("a warm-up of a whole run", edit("max_extensions: 1}", "max_extensions: 1, warmup_fraction: [0.05, 1.0]}"),
+     r"`tuning\.warmup_fraction\[1\]`"),
     ("heads that do not divide dim", edit("heads: 2}", "heads: 3}"),
      r"`model` with preset 'vit' at depth 1: `dim`=8 is not divisible by `heads`=3"),
     ("data: /etc/shadow", edit("data: mnist1d", "data: /etc/shadow"), r"`data`: unknown data set '/etc/shadow'"),
@@ -352,7 +360,7 @@ def test_a_study_with_no_claim_to_test_says_so(tmp_path, seeds):
     out = report.summarise(tmp_path, spec)
     assert "verdict" in out["claims"].columns and out["claims"].empty
     assert "**Complete**" in out["verdict"]
-    assert "this study tests no claim: no depth runs `skipless-osa` beside one of" in out["verdict"]
+    assert "this study tests no claim: no depth runs both presets of a claim (`skipless-osa` with `vit`," in out["verdict"]
     assert "The study tests no claim of the paper, so it draws no conclusion about them." in out["verdict"]
     assert out["finding"].endswith("it tests no claim; no conclusion drawn.")
     assert (tmp_path / "claims.csv").exists() and (tmp_path / "runs.csv").exists()

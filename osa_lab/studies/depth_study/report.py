@@ -22,12 +22,11 @@ import pandas as pd
 
 from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats
+from osa_lab.studies.depth_study.claims import claims_table, difference_words, testable_claims
 from osa_lab.studies.depth_study.records import Records, read_records, run_setting, setting_of
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.depth_study.wording import (
-    CLAIMS,
     LOSS_STEPS,
-    REFERENCE,
     TRAIN_LOSS_THRESHOLD,
     claims_lines,
     failure_words,
@@ -53,13 +52,6 @@ RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "warmup_fractio
                *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS),
                "effective_rank_init", "effective_rank_trained", "relative_residual_init",
                "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
-
-
-CLAIM_COLUMNS = ["claim", "other", "kind", "depth", "n", "diff_mean", "diff_std", "ci_low", "ci_high", "ci_level",
-                 "p", "p_reverse", "p_two_sided", "p_rank", "planned", "p_holm", "p_reverse_holm", "p_two_sided_holm",
-                 "direction", "verdict", "seeds_needed"]  # fmt: skip
-#: the columns of a claim's row before the corrections (the rest are added by :func:`claims_table`)
-_TEST_COLUMNS = CLAIM_COLUMNS[: CLAIM_COLUMNS.index("planned") + 1]
 
 
 def _records(results: Path | Records) -> Records:
@@ -207,85 +199,6 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
     return pd.DataFrame(rows)
 
 
-def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd.DataFrame:
-    """Every claim × depth with ≥ 2 paired seeds: mean difference, interval, p, Holm-adjusted p, verdict.
-
-    A claim is tested only once both of its cells have all their planned final runs: until then
-    its row has the verdict ``"waiting"``, the paired difference so far and no p (a "shown" from
-    two of four seeds would be a look at the data before the planned sample is in). Holm runs
-    over the tested claims.
-    """
-    ok = runs[runs["status"] != "diverged"]  # failed runs are paired at the accuracy they reached
-    acc = ok.pivot_table(index=["depth", "seed"], columns="preset", values="test_accuracy")
-    finished = runs.groupby(["preset", "depth"]).size()
-    rows = []
-    depths = sorted({d for _, ds in spec.cells for d in ds})
-    for depth in depths:
-        if depth not in acc.index.get_level_values(0):
-            continue
-        at = acc.loc[depth]
-        planned = len(spec.final_seeds(depth))
-        for other, kind, text in CLAIMS:
-            if REFERENCE not in at or other not in at:
-                continue
-            d = (at[REFERENCE] - at[other]).dropna().to_numpy(dtype=float)
-            if len(d) < 2:
-                continue
-            m, s = float(d.mean()), float(d.std(ddof=1))
-            if min(finished.get((REFERENCE, depth), 0), finished.get((other, depth), 0)) < planned:
-                rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
-                             "diff_std": s, "ci_low": math.nan, "ci_high": math.nan, "ci_level": math.nan,
-                             "p": math.nan, "p_reverse": math.nan, "p_two_sided": math.nan, "p_rank": math.nan,
-                             "planned": planned})  # fmt: skip
-                continue
-            if kind == "equivalence":
-                p, p_rev = stats.tost(d, spec.equivalence_margin), math.nan
-                lo, hi = stats.mean_interval(d, 1 - 2 * alpha)
-            else:
-                p, p_rev = stats.one_sided_paired(d)
-                lo, hi = stats.mean_interval(d, 0.95)
-            rows.append({"claim": text, "other": other, "kind": kind, "depth": depth, "n": len(d), "diff_mean": m,
-                         "diff_std": s, "ci_low": lo, "ci_high": hi,
-                         "ci_level": 1 - 2 * alpha if kind == "equivalence" else 0.95, "p": p, "p_reverse": p_rev,
-                         "p_two_sided": stats.two_sided_paired(d),
-                         "p_rank": stats.signed_rank(d, "greater" if kind == "superiority" else "two-sided"),
-                         "planned": planned})  # fmt: skip
-    df = pd.DataFrame(rows, columns=_TEST_COLUMNS)
-    if df.empty:  # no claim has two paired seeds (or the study has no skipless-osa pair): the columns still exist
-        return pd.DataFrame(columns=CLAIM_COLUMNS)
-    tested = df["p"].notna()
-    adjusted = stats.holm(list(df.loc[tested, "p"]) + list(df.loc[tested, "p_reverse"].dropna()))
-    n_tested = int(tested.sum())
-    holm = iter(adjusted[:n_tested])
-    rev = iter(adjusted[n_tested:])
-    df["p_holm"] = [next(holm) if t else math.nan for t in tested]
-    df["p_reverse_holm"] = [next(rev) if t and not math.isnan(v) else math.nan for t, v in zip(tested, df["p_reverse"], strict=True)]
-    # the two-sided tests are a family of their own: a difference in either direction, whatever the claim
-    two_sided = iter(stats.holm(list(df.loc[tested, "p_two_sided"])))
-    df["p_two_sided_holm"] = [next(two_sided) if t else math.nan for t in tested]
-    df["direction"] = [
-        "waiting" if not t else ("better" if m > 0 else "worse") if p2 < alpha else "no difference shown"
-        for t, m, p2 in zip(tested, df["diff_mean"], df["p_two_sided_holm"], strict=True)
-    ]
-    verdicts, needed = [], []
-    margin = spec.equivalence_margin
-    for _, r in df.iterrows():
-        if math.isnan(r["p"]):
-            verdicts.append("waiting")
-        elif r["p_holm"] < alpha:
-            verdicts.append("shown")
-        elif r["kind"] == "equivalence" and (r["ci_low"] > margin or r["ci_high"] < -margin):
-            verdicts.append("refuted")
-        elif r["kind"] == "superiority" and r["p_reverse_holm"] < alpha:
-            verdicts.append("refuted")
-        else:
-            verdicts.append("inconclusive")
-        needed.append(stats.seeds_needed(r["diff_mean"], r["diff_std"], kind=r["kind"], margin=margin,
-                                         alpha=alpha / n_tested) if verdicts[-1] == "inconclusive" else math.nan)  # fmt: skip
-    df["verdict"], df["seeds_needed"] = verdicts, needed
-    return df
-
-
 def gate_status(summary: pd.DataFrame, spec: StudySpec) -> tuple[str, list[str]]:
     """(``"passed"`` / ``"failed"`` / ``"not measured"``, one line per baseline)."""
     lines, states = [], []
@@ -336,11 +249,16 @@ def training_hours(results: Path | Records) -> dict[str, tuple[int, float]]:
     return out
 
 
-def testable_claims(spec: StudySpec) -> list[tuple[str, int]]:
-    """(other preset, depth) of every claim the study's cells can test: skipless-osa and the
-    other preset both run at that depth."""
-    at = {(p, d) for p, d in spec.run_order()}
-    return [(other, d) for other, _, _ in CLAIMS for d in sorted({d for _, d in at}) if {(REFERENCE, d), (other, d)} <= at]
+def _warmup_words(spec: StudySpec) -> str:
+    w = spec.tuning.warmup_fraction
+    return ", and the warm-up length" if len(w) > 1 else f"; warm-up {w[0]:g} of the steps"
+
+
+def _tie_words(spec: StudySpec) -> str:
+    if spec.tuning.tie_margin <= 0:
+        return ""
+    return (f"; settings within {spec.tuning.tie_margin * 100:g} points of the best mean tie, and the tie goes to the "
+            "smallest learning rate, then the smallest α-lr multiplier, then the longest warm-up")
 
 
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
@@ -356,15 +274,17 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
                  + ".")  # fmt: skip
     lines += ["", f"Budget: {spec.steps} steps (rounded up to whole epochs) at batch {spec.batch_size}, AdamW with warm-up "
               f"and cosine decay, for every preset; test accuracy of the final checkpoint; learning rate (and OSA's "
-              f"α-lr multiplier) chosen per preset and depth on validation accuracy ({spec.val_fraction:g} of the training "
-              f"data) at {spec.tuning.steps} steps over tuning seeds {list(spec.tuning.seeds)}.", ""]  # fmt: skip
+              f"α-lr multiplier{_warmup_words(spec)}) chosen per preset and depth on validation accuracy "
+              f"({spec.val_fraction:g} of the training data) at {spec.tuning.steps} steps over tuning seeds "
+              f"{list(spec.tuning.seeds)}{_tie_words(spec)}.", ""]  # fmt: skip
     if hours:
         (n_final, h_final), (n_tune, h_tune) = hours["final"], hours["tune"]
         lines += [f"Compute: {h_final + h_tune:.1f} hours of training steps, {h_final:.1f} in {n_final} final runs and "
                   f"{h_tune:.1f} in {n_tune} tuning runs (each run's recorded time per epoch × its epochs; "
                   f"evaluation and diagnostics, κ included, are not counted).", ""]  # fmt: skip
     gate, gate_lines = gate_status(summary, spec)
-    lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
+    if spec.gate:
+        lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
     unstable = summary[summary["stability_edge"].astype(str) != ""]
     if len(unstable):
         lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
@@ -417,7 +337,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         worse = claims[claims["direction"] == "worse"]
         if len(worse):
             lines.append("* Worse (two-sided): " + "; ".join(
-                f"skipless OSA below `{r.other}` at depth {r.depth} by {-r.diff_mean * 100:.1f} points" for r in worse.itertuples()))
+                f"`{r.preset}` below `{r.other}` at depth {r.depth} ({difference_words(r.endpoint, r.diff_mean)})"
+                for r in worse.itertuples()))  # fmt: skip
     if notices:
         lines += ["", f"## Result files left out ({len(notices)})", "",
                   "Damaged or out-of-range files of the results folder; none of their numbers is used above, and "

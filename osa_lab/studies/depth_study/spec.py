@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from osa_lab.errors import ConfigurationError
+from osa_lab.studies.depth_study.claims import DEFAULT_CLAIMS, Claim, Claims
 from osa_lab.studies.depth_study.schema import (
     Bounds,
     Choice,
@@ -207,6 +208,10 @@ class StudySpec:
     gate: Mapping[str, float] = setting(None, Gate(), "baselines' accuracy floors", factory=dict)
     equivalence_margin: float = setting(0.02, Real(0.0, 1.0, low_open=True, high_open=True),
                                         "'comparable' means within ± this accuracy (TOST)")  # fmt: skip
+    claims: tuple[Claim, ...] = setting(DEFAULT_CLAIMS, Claims(),
+                                        "the claims tested (default: the depth study's four, on test accuracy)")  # fmt: skip
+    log_loss_margin: float = setting(0.3, Real(0.0, 10.0, low_open=True),
+                                     "'comparable' training loss means within ± this many decades (0.3: a factor 2)")  # fmt: skip
     kappa_samples: int = setting(4, Int(1, large=MAX_KAPPA_SAMPLES), "inputs of the Jacobian κ (median)")
     profile: str = setting("full", PlainName(), "the profile the settings come from (written by the study)")
 

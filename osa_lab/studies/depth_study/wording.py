@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from osa_lab.studies.depth_study.claims import Claim, difference_words, interval_words
 from osa_lab.studies.depth_study.spec import StudySpec
 from osa_lab.studies.summaries import number
 from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
@@ -16,15 +17,6 @@ from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 LOSS_STEPS: tuple[int, ...] = (1000, 3000, 6000)
 TRAIN_LOSS_THRESHOLD = 0.1
 
-REFERENCE = "skipless-osa"
-
-#: (other preset, kind, wording): the claims of Zhang & Martens (2026) that the study tests, at every depth
-CLAIMS: tuple[tuple[str, str, str], ...] = (
-    ("vit", "equivalence", "skipless OSA is comparable to the skip-connected ViT"),
-    ("skipless-ssa", "superiority", "skipless OSA is better than skipless softmax attention"),
-    ("ssa-cutting-skip", "superiority", "skipless OSA is better than Cutting-the-Skip softmax attention"),
-    ("skipless-osa-alpha0", "superiority", "learned token mixing helps skipless OSA (vs α ≡ 0)"),
-)
 
 
 def holm_family(claims: int, reverse: int) -> str:
@@ -46,9 +38,9 @@ def _direction_words(r) -> str:
     """The two-sided test of a claim's paired difference, in words ("worse" where the data say so)."""
     p = f"p = {r.p_two_sided:.3g}, Holm p = {r.p_two_sided_holm:.3g}"
     if r.direction == "worse":
-        return f"skipless OSA is **worse** than `{r.other}` by {-r.diff_mean * 100:.1f} points ({p})"
+        return f"`{r.preset}` is **worse** than `{r.other}` ({difference_words(r.endpoint, r.diff_mean)}; {p})"
     if r.direction == "better":
-        return f"skipless OSA is better than `{r.other}` by {r.diff_mean * 100:.1f} points ({p})"
+        return f"`{r.preset}` is better than `{r.other}` ({difference_words(r.endpoint, r.diff_mean)}; {p})"
     return f"no difference shown ({p})"
 
 
@@ -113,31 +105,39 @@ def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float,
     return out
 
 
-def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[str, int]]) -> list[str]:
+def _margin_words(spec: StudySpec, endpoint: str) -> str:
+    if endpoint == "train_loss":
+        return f"{spec.log_loss_margin:g} decades of training loss"
+    return f"{spec.equivalence_margin * 100:.0f} points"
+
+
+def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[Claim, int]]) -> list[str]:
     """The verdict's claims section: the Holm families named, then one line per claim with its tests."""
     lines: list[str] = []
     tested = claims[claims["verdict"] != "waiting"] if len(claims) else claims
     family = holm_family(len(tested), int(tested["p_reverse"].notna().sum()) if len(tested) else 0)
-    lines += ["", "## Claims (paired per-seed differences skipless OSA − other; a claim is tested once both its cells "
-              "are complete)", "", f"Holm's correction runs over {family}. The two-sided t-tests (a difference in "
+    lines += ["", "## Claims (paired per-seed differences, the claim's preset − the other, oriented so that positive "
+              "favours the claim's preset; a claim is tested once both its cells are complete)", "", f"Holm's correction runs over {family}. The two-sided t-tests (a difference in "
               f"either direction) are a second Holm family of {len(tested)} test(s); the Wilcoxon signed-rank p "
               "(one-sided like its claim, two-sided for equivalence) is given beside, unadjusted.", ""]  # fmt: skip
     if not testable:
-        lines.append(f"* this study tests no claim: no depth runs `{REFERENCE}` beside one of "
-                     + ", ".join(f"`{other}`" for other, _, _ in CLAIMS) + "; the tables above are descriptive only")  # fmt: skip
+        pairs = ", ".join(f"`{c.preset}` with `{c.other}`" for c in spec.claims)
+        lines.append(f"* this study tests no claim: no depth runs both presets of a claim ({pairs}); the tables "
+                     "above are descriptive only")  # fmt: skip
     elif claims.empty:
         lines.append("* no claim has two paired seeds yet")
     for r in claims.itertuples():
         if r.verdict == "waiting":
             lines.append(f"* depth {r.depth}: {r.claim}: **waiting** for its cells' {r.planned} planned seeds "
-                         f"(untested; paired difference so far {r.diff_mean * 100:+.1f} points over {r.n} seeds)")  # fmt: skip
+                         f"(untested; paired difference so far {difference_words(r.endpoint, r.diff_mean)} over {r.n} "
+                         "seeds)")  # fmt: skip
             continue
         extra = "" if not math.isfinite(r.seeds_needed) else f"; ≈ {r.seeds_needed:.0f} seeds would be needed"
         if r.verdict == "inconclusive" and math.isinf(r.seeds_needed):
             extra = "; no number of seeds would show it if the observed mean were the truth"
-        margin = f" (±{spec.equivalence_margin * 100:.0f} points)" if r.kind == "equivalence" else ""
-        lines.append(f"* depth {r.depth}: {r.claim}{margin}: **{r.verdict}** ({r.diff_mean * 100:+.1f} points, "
-                     f"{r.ci_level * 100:.0f} % CI [{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}], n = {r.n}, "
+        margin = f" (±{_margin_words(spec, r.endpoint)})" if r.kind == "equivalence" else ""
+        lines.append(f"* depth {r.depth}: {r.claim}{margin}: **{r.verdict}** ({difference_words(r.endpoint, r.diff_mean)}, "
+                     f"{r.ci_level * 100:.0f} % CI [{interval_words(r.endpoint, r.ci_low, r.ci_high)}], n = {r.n}, "
                      f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra}; signed-rank p = {r.p_rank:.3g}); "
                      f"two-sided: {_direction_words(r)}")  # fmt: skip
     return lines
