@@ -92,7 +92,7 @@ if tables is not None and tables["summary"]["finished"].sum():
 # %% [markdown]
 # ### The full verdict
 #
-# As written to `verdict.md` by `osa-lab train --summarise` (baselines' gate, every cell, every claim).
+# As written to `verdict.md` by `osa-lab train --experiment … --summary-only` (baselines' gate, every cell, every claim).
 
 # %%
 if tables is not None:  # its headings below this section's

@@ -158,11 +158,16 @@ def _wide(overlay: hv.Overlay) -> hv.Overlay:
 
 
 def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
-    """``setting, lr, mean, lo, hi, n``: validation accuracy (%) over tuning seeds per preset (× α-lr multiplier)."""
+    """``setting, lr, mean, lo, hi, n``: validation accuracy (%) over tuning seeds per preset (× α-lr
+    multiplier × warm-up, where the search tried several; a table without ``warmup_fraction`` had one)."""
     require_columns(tuning, ["preset", "depth", "lr", "alpha_lr_mult", "tune_seed", "val_accuracy"], "tuning")
     t = tuning[tuning["depth"] == depth].copy()
+    if "warmup_fraction" not in t:
+        t["warmup_fraction"] = float("nan")
     multi = t.groupby("preset")["alpha_lr_mult"].nunique()
-    t["setting"] = [p if multi.get(p, 1) == 1 else f"{p} α-lr ×{m:.3g}" for p, m in zip(t["preset"], t["alpha_lr_mult"], strict=True)]
+    warmups = t.groupby("preset")["warmup_fraction"].nunique()
+    t["setting"] = [p + (f" α-lr ×{m:.3g}" if multi.get(p, 1) > 1 else "") + (f" warm-up {w:.3g}" if warmups.get(p, 1) > 1 else "")
+                    for p, m, w in zip(t["preset"], t["alpha_lr_mult"], t["warmup_fraction"], strict=True)]  # fmt: skip
     t["val_accuracy"] = 100 * t["val_accuracy"]
     return band_over_seeds(t, "lr", "val_accuracy", by=("setting",)).rename(columns={"setting": "preset"})
 
@@ -171,7 +176,7 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
     """Validation accuracy (%) against learning rate (log axis) per preset at ``depth``; diverged points are gaps."""
     data = tuning_curves_data(tuning, depth)
     colours = {g: preset_colour(str(g).split(" ")[0]) for g in data["preset"].unique()}
-    # a preset searched over several α-lr multipliers: solid, dashed, dotted … in the order they appear
+    # a preset searched over several α-lr multipliers or warm-ups: solid, dashed, dotted … in the order they appear
     seen: dict[str, int] = {}
     dashes = {}
     for g in data["preset"].unique():

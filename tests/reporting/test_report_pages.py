@@ -139,3 +139,12 @@ def test_no_report_shows_a_warning_or_other_stderr_output(reports):
         shown = re.findall(r'<div class="[^"]*jp-OutputArea-output"[^>]*application/vnd\.jupyter\.stderr[^>]*>\s*<pre>(.{0,160})',
                            text, flags=re.S)  # fmt: skip
         assert shown == [], (page.name, shown)
+
+
+def test_the_large_depth_report_leads_with_how_far_the_study_got(reports):
+    """Report 06 opens with the study's state (PARTIAL until every planned run finished), before any table."""
+    text = visible_text((reports / "06_large_depth_study.html").read_text())
+    state = re.search(r"Finding of this run:\s*(PARTIAL|Complete): (\d+) of (\d+) final runs", text)
+    assert state, text[:2000]
+    assert (state.group(1) == "Complete") == (state.group(2) == state.group(3))
+    assert text.index("Finding of this run") < text.index("final training loss, median")
