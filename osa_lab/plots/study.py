@@ -186,6 +186,9 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
     overlay = curves_with_bands(data, "lr", "validation accuracy %",
                                 f"tuning at depth {depth}: validation accuracy against learning rate", logy=False,
                                 logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
+    lrs = data["lr"].dropna()
+    if lrs.nunique() == 1:  # one learning rate so far: a log axis needs a range around it, not one point
+        overlay = overlay.opts(xlim=(float(lrs.iloc[0]) / 3, float(lrs.iloc[0]) * 3))
     return _wide(overlay.redim.label(lr="learning rate"))
 
 

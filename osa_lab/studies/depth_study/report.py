@@ -249,6 +249,21 @@ def training_hours(results: Path | Records) -> dict[str, tuple[int, float]]:
     return out
 
 
+def _tuning_edge_lines(summary: pd.DataFrame) -> list[str]:
+    """The cells whose chosen setting sits at the stability edge, or whose optimum is still at a grid edge."""
+    lines = []
+    unstable = summary[summary["stability_edge"].astype(str) != ""]
+    if len(unstable):
+        lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} (beside {r.stability_edge})" for r in unstable.itertuples()),
+                  ""]  # fmt: skip
+    edges = summary[summary["edge_after_limit"].astype(str) != ""]
+    if len(edges):
+        lines += ["Tuning optimum still at a grid edge after the extension limit: "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} ({r.edge_after_limit})" for r in edges.itertuples()), ""]
+    return lines
+
+
 def _warmup_words(spec: StudySpec) -> str:
     w = spec.tuning.warmup_fraction
     return ", and the warm-up length" if len(w) > 1 else f"; warm-up {w[0]:g} of the steps"
@@ -285,15 +300,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
     gate, gate_lines = gate_status(summary, spec)
     if spec.gate:
         lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
-    unstable = summary[summary["stability_edge"].astype(str) != ""]
-    if len(unstable):
-        lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
-                  + "; ".join(f"`{r.preset}` depth {r.depth} (beside {r.stability_edge})" for r in unstable.itertuples()),
-                  ""]  # fmt: skip
-    edges = summary[summary["edge_after_limit"].astype(str) != ""]
-    if len(edges):
-        lines += ["Tuning optimum still at a grid edge after the extension limit: "
-                  + "; ".join(f"`{r.preset}` depth {r.depth} ({r.edge_after_limit})" for r in edges.itertuples()), ""]
+    lines += _tuning_edge_lines(summary)
     lines += [f"## Test accuracy (%), mean ± std over seeds [95 % t-interval], and each seed's where there are "
               f"{SEEDS_LISTED} or fewer", ""]  # fmt: skip
     for r in summary.itertuples():
