@@ -28,26 +28,13 @@ from osa_lab.reporting import kernel_setup as nb
 params = nb.opening("05_depth_study", globals())
 
 # %%
-from pathlib import Path
-
 from osa_lab.plots import study as plots
-from osa_lab.studies.depth_study import load_spec, summarise
+from osa_lab.reporting import depth_answer
 from osa_lab.studies.depth_study.report import kappa_correlation_sentence
 
-
-def in_repository(path: str) -> Path:
-    """``path`` as given, or relative to the repository when papermill runs elsewhere."""
-    p = Path(path)
-    return p if p.is_absolute() or p.exists() else Path(nb.__file__).resolve().parents[2] / path
-
-
-spec = load_spec(in_repository(experiment), profile)
-results = in_repository(results_dir)
-tables = summarise(results, spec, write=False) if (results / "experiment.yaml").exists() else None
+tables = depth_answer.load_study(experiment, profile, results_dir)
 
 # %%
-from osa_lab.reporting import depth_answer
-
 if tables is None:
     nb.finding(f"No study results under {results_dir} yet.")
     nb.say(f"No study results under `{results_dir}` yet: run `osa-lab train --experiment {experiment}` first.")

@@ -11,6 +11,9 @@ is one more entry in :data:`DETAIL_COLUMNS` or one more column of :func:`answer_
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
@@ -27,8 +30,26 @@ __all__ = [
     "claims_text",
     "failed_runs",
     "failures_text",
+    "in_repository",
+    "load_study",
     "require_study_columns",
 ]
+
+def in_repository(path: str | Path) -> Path:
+    """``path`` as given, or relative to the repository when papermill runs the notebook elsewhere."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else Path(__file__).resolve().parents[2] / p
+
+
+def load_study(experiment: str, profile: str, results_dir: str) -> dict[str, Any] | None:
+    """The tables of a study's results folder (:func:`osa_lab.studies.depth_study.summarise`, nothing
+    written), or None where the folder holds no study yet; the experiment file gives its plan."""
+    from osa_lab.studies.depth_study import load_spec, summarise
+
+    spec = load_spec(in_repository(experiment), profile)
+    results = in_repository(results_dir)
+    return summarise(results, spec, write=False) if (results / "experiment.yaml").exists() else None
+
 
 def require_study_columns(df: pd.DataFrame, columns: list[str], what: str) -> None:
     """Raise :class:`~osa_lab.errors.OSAInputError` naming the columns a study table lacks (and the fix)."""
