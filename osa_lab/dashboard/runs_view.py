@@ -27,6 +27,7 @@ from osa_lab.errors import MalformedResultError, MissingDataError, UserError
 from osa_lab.studies.depth_study import report
 from osa_lab.studies.depth_study.layer_profiles import PROFILE_SAMPLES, STATES, run_layer_profiles
 from osa_lab.studies.depth_study.weights import weights_path
+from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 
 #: the environment variable ``osa-lab dashboard --results DIR`` sets for the served page
 RESULTS_ENV = "OSA_LAB_RESULTS"
@@ -195,7 +196,9 @@ def curves_figure(curves: pd.DataFrame, value: str = "train_loss") -> Figure:
 
 def tuning_figure(tuning: pd.DataFrame) -> Figure:
     """Validation accuracy (%) against learning rate per preset, one panel per depth: each tuning seed a
-    point, the mean over seeds a line, the chosen setting circled."""
+    point, the mean over seeds a line per α-lr multiplier and warm-up, the chosen setting circled."""
+    if "warmup_fraction" not in tuning:  # a study that did not tune the warm-up ran at the default
+        tuning = tuning.assign(warmup_fraction=DEFAULT_WARMUP_FRACTION)
     depths = sorted(tuning["depth"].unique()) if len(tuning) else []
     fig = Figure(figsize=(4.2 * max(len(depths), 1) + 2.6, 3.6), layout="constrained")
     if not depths:
@@ -207,14 +210,14 @@ def tuning_figure(tuning: pd.DataFrame) -> Figure:
     seen = set()
     for ax, depth in zip(axes, depths, strict=True):
         at = tuning[tuning["depth"] == depth]
-        for (preset, am), runs in at.groupby(["preset", "alpha_lr_mult"]):
+        for (preset, am, warmup), runs in at.groupby(["preset", "alpha_lr_mult", "warmup_fraction"]):
             acc = 100 * runs["val_accuracy"].astype(float)
             ax.scatter(runs["lr"], acc, s=10, color=colours[preset], alpha=0.6)
             mean = acc.groupby(runs["lr"]).mean()
             label = preset if preset not in seen else None
             seen.add(preset)
             ax.plot(mean.index, mean.values, color=colours[preset], lw=1.2, label=label,
-                    ls="-" if am == 1 else ":")  # fmt: skip
+                    ls=":" if am != 1 else "--" if not math.isclose(warmup, DEFAULT_WARMUP_FRACTION) else "-")  # fmt: skip
             chosen = runs[runs["chosen"].astype(bool)]
             ax.scatter(chosen["lr"], 100 * chosen["val_accuracy"].astype(float), s=70, facecolors="none",
                        edgecolors=colours[preset], lw=1.5)  # fmt: skip
@@ -222,7 +225,7 @@ def tuning_figure(tuning: pd.DataFrame) -> Figure:
         ax.set_title(f"depth {depth}")
         ax.set_xlabel("learning rate")
     axes[0].set_ylabel("validation accuracy (%)")
-    fig.legend(loc="outside right upper", fontsize=8, title="○ chosen; dotted: α-lr ≠ 1", title_fontsize=7)
+    fig.legend(loc="outside right upper", fontsize=8, title=f"○ chosen; dotted: α-lr ≠ 1; dashed: warm-up ≠ {DEFAULT_WARMUP_FRACTION:g}", title_fontsize=7)
     return fig
 
 
