@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from osa_lab.fileio import atomic_to_csv, atomic_write_text
-from osa_lab.studies.depth_study import stats
+from osa_lab.studies.depth_study import stats, tuning_checks
 from osa_lab.studies.depth_study.claims import claims_table, difference_words, testable_claims
 from osa_lab.studies.depth_study.records import Records, read_records, run_setting, setting_of
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
@@ -128,14 +128,15 @@ def curve_table(results: Path | Records) -> pd.DataFrame:
 
 
 def tuning_table(results: Path | Records) -> pd.DataFrame:
-    """One row per tuning run, with the cell's search record (extended, chosen, edge after the limit)."""
+    """One row per tuning run (its validation accuracy, the score, and its final training loss), with
+    the cell's search record (extended, chosen, edge after the limit)."""
     records = _records(results)
     rows = []
     for r in records.runs["tune"]:
         outcome, _ = _outcome(r)
-        rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy")},
+        rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy", "train_loss")},
                      "warmup_fraction": run_setting(r)[2], "status": outcome})  # fmt: skip
-    df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy"])
+    df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy", "train_loss"])
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
 
@@ -181,6 +182,7 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             if len(setting) and len(t) else "",
             "grid_extended": bool(t["extended"].any()) if len(t) else False,
             "edge_after_limit": t["edge_after_limit"].iloc[0] if len(t) else "",
+            **_choice_checks(t, chosen),
             "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
             "test_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else math.nan,
             "ci_low": lo, "ci_high": hi,
@@ -197,6 +199,18 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             "kappa_trained_median": float(ok["kappa_trained"].median()) if len(ok) else math.nan,
         })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _choice_checks(tuning: pd.DataFrame, chosen: pd.DataFrame) -> dict[str, object]:
+    """The chosen setting's edges among the values tried, and the setting a score on the final training
+    loss would pick instead of validation accuracy (:mod:`.tuning_checks`); blank before tuning ends."""
+    if chosen.empty:
+        return {"chosen_grid_edge": "", "train_loss_choice": "", "train_loss_choice_agrees": pd.NA}
+    setting = tuple(float(chosen[a].iloc[0]) for a in AXES)
+    by_loss = tuning_checks.best_by_train_loss(tuning)
+    return {"chosen_grid_edge": ", ".join(tuning_checks.grid_edges(tuning, setting)),
+            "train_loss_choice": tuning_checks.setting_words(by_loss) if by_loss else "",
+            "train_loss_choice_agrees": pd.NA if by_loss is None else bool(np.allclose(by_loss, setting))}  # fmt: skip
 
 
 def gate_status(summary: pd.DataFrame, spec: StudySpec) -> tuple[str, list[str]]:
@@ -261,7 +275,28 @@ def _tuning_edge_lines(summary: pd.DataFrame) -> list[str]:
     if len(edges):
         lines += ["Tuning optimum still at a grid edge after the extension limit: "
                   + "; ".join(f"`{r.preset}` depth {r.depth} ({r.edge_after_limit})" for r in edges.itertuples()), ""]
-    return lines
+    chosen_edges = summary[summary["chosen_grid_edge"].astype(str) != ""]
+    if len(chosen_edges):
+        lines += ["Chosen setting at an edge of the values tried (the tie rule can choose a point the search did not "
+                  "bracket; a value beyond it was not tried): "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} ({r.chosen_grid_edge})" for r in chosen_edges.itertuples()),
+                  ""]  # fmt: skip
+    return lines + _train_loss_choice_lines(summary)
+
+
+def _train_loss_choice_lines(summary: pd.DataFrame) -> list[str]:
+    """Whether scoring the tuning runs on their final training loss would have chosen the same setting."""
+    scored = summary[summary["train_loss_choice"].astype(str) != ""]
+    if scored.empty:
+        return []
+    agree = scored["train_loss_choice_agrees"].astype(bool)
+    differ = scored[~agree]
+    line = (f"Scored on the mean log10 final training loss of its tuning runs instead of validation accuracy, "
+            f"tuning picks the same setting in {int(agree.sum())} of {len(scored)} tuned cells")
+    if len(differ):
+        line += "; it would pick another in " + "; ".join(
+            f"`{r.preset}` depth {r.depth} ({r.train_loss_choice})" for r in differ.itertuples())
+    return [line + ".", ""]
 
 
 def _warmup_words(spec: StudySpec) -> str:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from osa_lab.studies.depth_study.claims import Claim, difference_words, interval_words
 from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.depth_study.tuning_checks import AXIS_LABELS
 from osa_lab.studies.summaries import number
 from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 
@@ -87,7 +88,6 @@ def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float,
     if "warmup_fraction" not in tuning:
         tuning = tuning.assign(warmup_fraction=DEFAULT_WARMUP_FRACTION)
     chosen = {"lr": lr, "alpha_lr_mult": alpha_lr_mult, "warmup_fraction": warmup_fraction}
-    labels = {"lr": "lr {}", "alpha_lr_mult": "α-lr ×{}", "warmup_fraction": "warm-up {}"}
     out = []
     for axis in chosen:
         line = tuning[np.logical_and.reduce([np.isclose(tuning[a], v) for a, v in chosen.items() if a != axis])]
@@ -101,7 +101,7 @@ def unstable_neighbours(tuning: pd.DataFrame, lr: float, alpha_lr_mult: float,
             nearest = pool.loc[beyond, axis].min() if side > 0 else pool.loc[beyond, axis].max()
             bad = broke(pool[np.isclose(pool[axis], nearest)])
             if bad:
-                out.append(f"{labels[axis].format(number(nearest))} ({' and '.join(bad)})")
+                out.append(f"{AXIS_LABELS[axis].format(number(nearest))} ({' and '.join(bad)})")
     return out
 
 
