@@ -31,6 +31,7 @@ import panel as pn
 import param
 
 from osa_lab.dashboard import jobs
+from osa_lab.dashboard.address import keep_address_on_view
 from osa_lab.dashboard.caches import CHECKS, FIGURES, JACOBIANS, SWEEPS
 from osa_lab.dashboard.check_view import OSACheckView
 from osa_lab.dashboard.figure_view import message_pane, prepared, throttled
@@ -146,27 +147,9 @@ class Dashboard(pn.viewable.Viewer):
                                "shown"]
 
     def link_url(self, location) -> None:
-        """Keep ``location.search`` equal to the view on screen (replacing any bad value at once).
-
-        The browser's own address can reach the server after the view's was written (on a
-        loaded machine); a ``search`` that differs from the view's is written over again, so
-        the address bar never keeps a link's unusable values."""
-        from urllib.parse import quote, urlencode
-
-        def view_query() -> str:
-            return "?" + urlencode(self.controls.to_query(), quote_via=quote, safe=",")
-
-        def write(*_events) -> None:
-            location.search = view_query()
-
-        def restore(event) -> None:
-            wanted = view_query()
-            if event.new != wanted:
-                location.search = wanted
-
-        self.controls.param.watch(write, list(URL_PARAMETERS))
-        location.param.watch(restore, "search")
-        write()
+        """Keep ``location.search`` equal to the view on screen (replacing any bad value at once;
+        :func:`~osa_lab.dashboard.address.keep_address_on_view`)."""
+        keep_address_on_view(location, self.controls, URL_PARAMETERS, self.controls.to_query)
 
     def _url_message(self, errors: list[str]) -> str:
         """The page's message about unusable link values: each one as literal text (a link's keys

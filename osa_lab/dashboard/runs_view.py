@@ -22,6 +22,7 @@ import panel as pn
 import param
 from matplotlib.figure import Figure
 
+from osa_lab.dashboard.address import keep_address_on_view
 from osa_lab.dashboard.state import ACCENT, markdown_literal, quoted
 from osa_lab.errors import MalformedResultError, MissingDataError, UserError
 from osa_lab.studies.depth_study import report
@@ -370,14 +371,9 @@ class RunsView(pn.viewable.Viewer):
         return errors
 
     def link_url(self, location) -> None:
-        """Keep ``location.search`` (the page's address bar) on the filters shown."""
-        from urllib.parse import quote, urlencode
-
-        def write(*_events) -> None:
-            location.search = "?" + urlencode(self.to_query(), quote_via=quote, safe=",")
-
-        self.param.watch(write, list(self.URL_FILTERS))
-        write()
+        """Keep ``location.search`` (the page's address bar) on the filters shown, also when the
+        browser's own address arrives late (:func:`~osa_lab.dashboard.address.keep_address_on_view`)."""
+        keep_address_on_view(location, self, self.URL_FILTERS, self.to_query)
 
     def _load(self) -> None:
         path = Path(self.folder)

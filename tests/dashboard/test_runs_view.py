@@ -218,3 +218,20 @@ def test_the_filters_are_in_the_url_and_an_unusable_item_keeps_the_others():
     assert third.presets == ["vit"] and third.depths == [4] and third.curve == "train_loss"
     assert len(errors) == 3 and "nope" in errors[0] and "99" in errors[1]
     assert "could not be used" in third.notices() and "<b>" not in third.notices()  # shown as text
+
+
+def test_the_address_bar_keeps_the_filters_shown_even_when_the_browsers_address_arrives_late():
+    """The link's own address (with its unusable preset) reaching the server after the view wrote its
+    filters is written over again; a filter change moves the address with it."""
+    from panel.io.location import Location
+
+    view = RunsView(COMMITTED)
+    view.apply_url({"presets": "vit,nope", "depths": "4"})
+    location = Location()
+    view.link_url(location)
+    first = location.search
+    assert "presets=vit&depths=4&" in first and "nope" not in first
+    location.search = "?view=runs&presets=vit,nope&depths=4"  # the browser's, arriving late
+    assert location.search == first
+    view.depths = [16]
+    assert "depths=16" in location.search and location.search != first
