@@ -77,6 +77,9 @@ BAD_EXPERIMENTS = [
     ("heads that do not divide dim", edit("heads: 2}", "heads: 3}"),
      r"`model` with preset 'vit' at depth 1: `dim`=8 is not divisible by `heads`=3"),
     ("data: /etc/shadow", edit("data: mnist1d", "data: /etc/shadow"), r"`data`: unknown data set '/etc/shadow'"),
+    ("a negative seed-group size", edit("kappa_samples: 1", "kappa_samples: 1\ngroup_size: -1"), r"`group_size`: must lie in \[0, "),
+    ("a fractional seed-group size", edit("kappa_samples: 1", "kappa_samples: 1\ngroup_size: 0.5"),
+     r"`group_size`: must be a whole number.*a float"),
     ("negative tuning seeds", edit("seeds: [1000, 1001]", "seeds: [-1, 1000]"), r"`tuning\.seeds\[0\]`: must lie in \[0, "),
     # late refusal before
     ("an unknown preset in a later cell", edit("depths: [1]}", "depths: [1]}\n  - {presets: [mlp, skipless-osx], depths: [1]}"),

@@ -79,3 +79,22 @@ def test_the_verdict_names_a_chosen_setting_at_an_edge_and_a_training_loss_choic
     assert "Chosen setting at an edge of the values tried" in verdict and "`vit` depth 2 (lr low)" in verdict
     assert ("tuning picks the same setting in 0 of 1 tuned cells; it would pick another in `vit` depth 2 "
             "(lr 0.003, α-lr ×1, warm-up 0.05)") in verdict
+
+
+def test_the_study_file_sets_how_many_seeds_train_together(tmp_path, monkeypatch):
+    """``group_size`` 0 keeps the default rule (eight final seeds in one task); 1 gives a task per seed,
+    so a cell's final seeds spread over the workers."""
+    from osa_lab.studies.depth_study import runner
+
+    spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 8})
+    default = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
+    tasks = default._tasks("final", "vit", 2, [(1e-3, 1.0, 0.05)], spec.final_seeds(2), 10, True)
+    assert [t.kwargs["seeds"] for t in tasks] == [list(range(8))]
+    alone = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 8}, group_size=1)
+    study = runner.StudyRunner(alone, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
+    tasks = study._tasks("final", "vit", 2, [(1e-3, 1.0, 0.05)], alone.final_seeds(2), 10, True)
+    assert [t.kwargs["seeds"] for t in tasks] == [[s] for s in range(8)]
+    pairs = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 5}, group_size=2)
+    tasks = runner.StudyRunner(pairs, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))._tasks(
+        "final", "vit", 2, [(1e-3, 1.0, 0.05)], pairs.final_seeds(2), 10, True)
+    assert [t.kwargs["seeds"] for t in tasks] == [[0, 1], [2, 3], [4]]

@@ -62,11 +62,12 @@ class StudyRunner:
                           "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
 
     def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int, kappa: bool) -> list[Task]:
-        """One task per seed group of each setting (:func:`study_group_run`): the setting's seeds in
-        one group from six seeds up, each seed alone below (:func:`seed_groups`), in seed order."""
+        """One task per seed group of each setting (:func:`study_group_run`), in seed order: groups of
+        the study's ``group_size``, or by :func:`seed_groups`' default rule when it is 0 (the setting's
+        seeds in one group from six seeds up, each seed alone below)."""
         tasks = []
         for lr, mult, warmup in points:
-            for group in seed_groups(seeds, None):
+            for group in seed_groups(seeds, self.spec.group_size or None):
                 kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth,
                           "seeds": group, "lr": lr, "alpha_lr_mult": mult, "warmup_fraction": warmup, "steps": steps,
                           "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip

@@ -54,6 +54,7 @@ MAX_SEEDS = 100  # final seeds per depth
 HARD_MAX_SEEDS = 100_000  # final seeds per depth even with --allow-large (their list is built in memory)
 MAX_RUNS = 5_000  # training runs of the whole study, tuning included (first round of each grid)
 MAX_KAPPA_SAMPLES = 64
+MAX_GROUP_SIZE = 100  # a group holds every member's model, activations and AdamW state at once
 MAX_EXTENSIONS = 10
 
 
@@ -213,6 +214,10 @@ class StudySpec:
     log_loss_margin: float = setting(0.3, Real(0.0, 10.0, low_open=True),
                                      "'comparable' training loss means within ± this many decades (0.3: a factor 2)")  # fmt: skip
     kappa_samples: int = setting(4, Int(1, large=MAX_KAPPA_SAMPLES), "inputs of the Jacobian κ (median)")
+    group_size: int = setting(0, Int(0, large=MAX_GROUP_SIZE),
+                              "seeds of one setting trained together in one task (0: the default rule, one group "
+                              "from six seeds up, each seed alone below; 1: every seed alone, so a cell's final "
+                              "seeds spread over the workers)")  # fmt: skip
     profile: str = setting("full", PlainName(), "the profile the settings come from (written by the study)")
 
     def __post_init__(self) -> None:
