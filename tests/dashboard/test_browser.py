@@ -270,13 +270,26 @@ def _wait_title(page, needle: str, timeout: float = 120) -> list[str]:
     raise AssertionError(f"no figure title containing {needle!r} within {timeout}s; titles: {titles}")
 
 
+#: the page's Bokeh documents as the address bar depends on them: Panel's Location model pushes a new
+#: address only once its document is idle, so a failure says whether the server's address arrived
+JS_LOCATION_STATE = """() => (window.Bokeh ? window.Bokeh.documents : []).map(doc => {
+  const location = doc.roots().find(root => root.type === "panel.models.location.Location");
+  return {is_idle: doc.is_idle, idle_notified: doc._notified_idle, roots: doc.roots().length,
+          location_search: location ? location.search : null};
+})"""
+
+
 def _wait_url(page, needle: str, timeout: float = 60) -> str:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if needle in page.url:
             return page.url
         time.sleep(0.2)
-    raise AssertionError(f"the address bar never contained {needle!r}: {page.url}")
+    try:
+        state = page.evaluate(JS_LOCATION_STATE)
+    except Exception as exc:  # noqa: BLE001 - the diagnosis must not hide the failure
+        state = f"unreadable ({type(exc).__name__}: {exc})"
+    raise AssertionError(f"the address bar never contained {needle!r}: {page.url}; documents: {state}")
 
 
 def _chips(page) -> list[str]:
