@@ -244,7 +244,7 @@ def _not_final_words(r) -> str:
         return "not run yet"
     if math.isfinite(r.lr):
         extended = ", grid extended" if r.grid_extended else ""
-        return (f"tuned at lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)}, warm-up {number(r.warmup_fraction)} "
+        return (f"tuned at {tuning_checks.setting_words((r.lr, r.alpha_lr_mult, r.warmup_fraction))} "
                 f"({r.tuning_runs} tuning runs{extended}); "
                 "no final run yet")  # fmt: skip
     return f"tuning ({r.tuning_runs} tuning runs so far); no final run yet"
@@ -349,7 +349,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         by_seed = f", seeds {r.test_accuracy_by_seed}" if 0 < ok <= SEEDS_LISTED else ""
         lines.append(f"* `{r.preset}` depth {r.depth}: {_pct(r.test_accuracy_mean)}{std} [{_pct(r.ci_low)}, "
                      f"{_pct(r.ci_high)}]{beyond}{by_seed} ({ok} of {r.planned} seeds, {failure_words(r)}; "
-                     f"lr {number(r.lr)}, α-lr ×{number(r.alpha_lr_mult)}, warm-up {number(r.warmup_fraction)}; "
+                     f"{tuning_checks.setting_words((r.lr, r.alpha_lr_mult, r.warmup_fraction))}; "
                      "steps to 90 % train acc. "
                      + (f"{r.steps_to_90_median:.0f}" if math.isfinite(r.steps_to_90_median) else "not reached")
                      + (f" (median of the {r.reached_90} of {ok} seeds that reached it)" if 0 < r.reached_90 < ok else "")

@@ -32,9 +32,9 @@ from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_group_run
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
+from osa_lab.studies.depth_study.tuning_checks import setting_words
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
 from osa_lab.studies.grid.results import first_line
-from osa_lab.studies.summaries import number
 from osa_lab.studies.training.compare import seed_groups, user_error_from_name
 from osa_lab.studies.training.config import learns_alpha
 
@@ -148,8 +148,7 @@ class StudyRunner:
                 _say(f"{preset} depth {depth}: no setting chosen; no final runs")
                 continue
             seeds = self.spec.final_seeds(depth)
-            _say(f"{preset} depth {depth}: lr {number(chosen[0])}, α-lr ×{number(chosen[1])}, warm-up "
-                 f"{number(chosen[2])}; {len(seeds)} final seeds")  # fmt: skip
+            _say(f"{preset} depth {depth}: {setting_words(chosen)}; {len(seeds)} final seeds")
             self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
                       f"final {preset} d{depth}")  # fmt: skip
             summarise(self.results, self.spec)
