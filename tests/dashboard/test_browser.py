@@ -869,7 +869,8 @@ def results_with_weights(tmp_path_factory):
     root = tmp_path_factory.mktemp("served_runs")
     (root / "tiny.yaml").write_text(TINY_EXPERIMENT)
     out = root / "results"
-    assert cli_main(["train", "--experiment", str(root / "tiny.yaml"), "--output", str(out), "--serial", "--quiet"]) == 0
+    assert cli_main(["train", "--experiment", str(root / "tiny.yaml"), "--output", str(out),
+                     "--checkpoints", str(root / "checkpoints"), "--serial", "--quiet"]) == 0  # fmt: skip
     return out
 
 

@@ -38,7 +38,8 @@ def tiny_results(tmp_path_factory):
     exp = root / "tiny.yaml"
     exp.write_text(TINY_EXPERIMENT)
     out = root / "results"
-    assert cli_main(["train", "--experiment", str(exp), "--output", str(out), "--serial", "--quiet"]) == 0
+    assert cli_main(["train", "--experiment", str(exp), "--output", str(out), "--checkpoints", str(root / "checkpoints"),
+                     "--serial", "--quiet"]) == 0  # fmt: skip
     return out
 
 

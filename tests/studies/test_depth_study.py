@@ -383,9 +383,15 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
 
     exp = tmp_path / "tiny.yaml"
     exp.write_text(TINY_EXPERIMENT)
-    out = tmp_path / "results"
-    args = ["train", "--experiment", str(exp), "--output", str(out), "--serial", "--quiet"]
+    out, checkpoints = tmp_path / "results", tmp_path / "checkpoints"
+    args = ["train", "--experiment", str(exp), "--output", str(out), "--checkpoints", str(checkpoints),
+            "--serial", "--quiet"]  # fmt: skip
     assert cli_main(args) == 0
+    # every run's checkpoint folder lies under --checkpoints, and the study gave its lock back
+    trained = sorted(p.relative_to(out).with_suffix("") for p in out.glob("*/*.json") if p.parent.name != "search")
+    saved = sorted(p.parent.relative_to(checkpoints) for p in checkpoints.glob("*/*/checkpoint.pt"))
+    assert len(trained) >= 12 and [str(p).rsplit("-", 1)[0] for p in saved] == [str(p) for p in trained]
+    assert not (checkpoints / "study.lock").exists()
     runs = __import__("pandas").read_csv(out / "runs.csv")
     assert sorted(runs["preset"]) == ["mlp", "mlp", "vit", "vit"] and runs["steps"].eq(36).all()
     assert runs.loc[runs["preset"] == "vit", "kappa_init"].gt(0).all()
@@ -411,6 +417,25 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
         (out / name).unlink()
     assert cli_main([*args, "--summary-only"]) == 0
     assert (out / "verdict.md").read_text() == first
+
+
+def test_a_checkpoint_folder_in_use_by_another_study_is_refused_before_any_work(tmp_path, capsys):
+    """Two studies of one file with different --output share the default checkpoint folder; the
+    second is refused with one line naming the owner and --checkpoints, and trains nothing."""
+    from osa_lab.cli import main as cli_main
+    from osa_lab.fileio import OutputLock
+
+    exp = tmp_path / "tiny.yaml"
+    exp.write_text(TINY_EXPERIMENT)
+    checkpoints = tmp_path / "checkpoints"
+    with OutputLock(checkpoints / "study.lock"):  # the first study, still running
+        code = cli_main(["train", "--experiment", str(exp), "--output", str(tmp_path / "second"),
+                         "--checkpoints", str(checkpoints), "--serial", "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 2, err  # the paths line, then the error
+    assert err[1].startswith(f"osa-lab train: error: checkpoint folder {checkpoints} is in use by process ")
+    assert err[1].endswith("wait for it to finish or choose another checkpoint folder (--checkpoints)")
+    assert not list((tmp_path / "second").rglob("*.json")) and not list(checkpoints.rglob("checkpoint.pt"))
 
 
 def test_a_bad_experiment_file_is_one_line_and_exit_2(tmp_path, capsys):

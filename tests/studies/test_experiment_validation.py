@@ -202,6 +202,17 @@ def test_allow_large_lifts_the_size_bounds_and_the_paths_are_printed_first(tmp_p
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (f"osa-lab train: study tiny (full profile, at least {spec.planned_runs()} runs): results under "
                       f"{out}/, checkpoints under runs/experiments/tiny-full-checkpoints/")  # fmt: skip
+    # --checkpoints puts the checkpoint folder anywhere writable, and the first line says where
+    assert cli_main(["train", "--experiment", str(exp), "--output", str(out), "--checkpoints", str(tmp_path / "c"),
+                     "--serial", "--allow-large"]) == 0  # fmt: skip
+    assert calls[-1][2] == tmp_path / "c"
+    assert capsys.readouterr().err.splitlines()[0].endswith(f"checkpoints under {tmp_path / 'c'}/")
+    # a --checkpoints that is a file is one line and exit 2, before the study starts
+    (tmp_path / "f").write_text("")
+    assert cli_main(["train", "--experiment", str(exp), "--checkpoints", str(tmp_path / "f"), "--serial",
+                     "--allow-large"]) == 2  # fmt: skip
+    assert capsys.readouterr().err.strip() == f"osa-lab train: error: --checkpoints {tmp_path / 'f'} is a file, not a directory; give a folder path"
+    assert len(calls) == 2
 
 
 def test_yaml_1_2_numbers_and_the_study_file_itself(tmp_path):

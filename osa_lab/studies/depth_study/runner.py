@@ -12,8 +12,9 @@ read-only folder, missing data) stops the study with that error's one line. Any 
 task (an exception inside a run, not a diverged loss) is counted; :func:`run_study`
 returns the count (``"failed_tasks"`` of ``"tasks"``, with the first failure's line) so the
 command line exits with status 1 and says how many. The checkpoint scratch folder is
-``runs/experiments/<name>-<profile>-checkpoints`` unless given; a study name is a plain name
-(:mod:`.spec`), and a scratch folder outside ``runs/experiments/`` is refused all the same.
+``runs/experiments/<name>-<profile>-checkpoints`` unless given (``--checkpoints``); a study name is
+a plain name (:mod:`.spec`), so the default folder stays inside ``runs/experiments/``. One study at
+a time owns a checkpoint folder (its ``study.lock``): a second one is refused before any work.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from osa_lab.errors import ConfigurationError
-from osa_lab.fileio import atomic_write_text
+from osa_lab.fileio import OutputLock, atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import summarise
 from osa_lab.studies.depth_study.run import result_name, study_group_run
@@ -160,6 +161,9 @@ class StudyRunner:
 
 SCRATCH_ROOT = Path("runs") / "experiments"
 
+#: the lock file by which one study owns its checkpoint folder
+STUDY_LOCK_NAME = "study.lock"
+
 
 def scratch_folder(spec: StudySpec) -> Path:
     """The checkpoint scratch folder of ``spec``: ``runs/experiments/<name>-<profile>-checkpoints``,
@@ -175,9 +179,14 @@ def scratch_folder(spec: StudySpec) -> Path:
 def run_study(spec: StudySpec, results: str | Path | None = None, scratch: str | Path | None = None,
               options: GridOptions | None = None) -> dict:  # fmt: skip
     """Run (or resume) the study; returns the tables of :func:`osa_lab.studies.depth_study.report.summarise`
-    and ``"tasks"``, ``"failed_tasks"`` and ``"failures"`` (one line per failed grid task)."""
+    and ``"tasks"``, ``"failed_tasks"`` and ``"failures"`` (one line per failed grid task).
+
+    The study owns ``scratch`` while it runs: a second study given the same checkpoint folder gets
+    :class:`~osa_lab.errors.RunLockedError` naming the first before it trains anything."""
     results = Path(results or spec.results)
     scratch = Path(scratch) if scratch is not None else scratch_folder(spec)
     options = options or GridOptions.in_process(progress=False)
-    with shared_cluster(options) as shared:
+    lock = OutputLock(scratch / STUDY_LOCK_NAME, f"checkpoint folder {scratch}",
+                      instead="another checkpoint folder (--checkpoints)")  # fmt: skip
+    with lock, shared_cluster(options) as shared:
         return StudyRunner(spec, results, scratch, shared or options).run()

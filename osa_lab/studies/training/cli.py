@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from osa_lab.arguments import check_output_dir as check_folder
 from osa_lab.errors import (
     ConfigurationError,
     RunLockedError,
@@ -65,6 +66,9 @@ def _add_study_arguments(group: argparse._ArgumentGroup) -> None:
                        help="--experiment: use the file's `quick` profile (a few minutes; what CI runs)")  # fmt: skip
     group.add_argument("--summary-only", action="store_true",
                        help="--experiment: regenerate the tables and verdict from the results folder, train nothing")  # fmt: skip
+    group.add_argument("--checkpoints", default=None, metavar="DIR",
+                       help="--experiment: the checkpoint folder (default runs/experiments/<name>-<profile>-checkpoints); "
+                       "a study resumes from it, and one study at a time owns it")  # fmt: skip
     group.add_argument("--allow-large", action="store_true",
                        help="--experiment: run a study beyond the sanity bounds of the experiment file "
                        "(steps, depth, width, seeds, runs; docs/training.md lists them)")  # fmt: skip
@@ -314,7 +318,7 @@ def run_experiment(args: argparse.Namespace) -> int:
                     raise ConfigurationError(f"--threads must be a positive int, got {args.threads}")
                 torch.set_num_threads(args.threads)
             options = options_from_args(args, progress=not args.quiet)
-            scratch = scratch_folder(spec)
+            scratch = check_folder(args.checkpoints, "--checkpoints") if args.checkpoints else scratch_folder(spec)
             print(f"osa-lab train: study {spec.name} ({spec.profile} profile, at least {spec.planned_runs()} runs): "
                   f"results under {results}/, checkpoints under {scratch}/", file=sys.stderr, flush=True)  # fmt: skip
             with RunLock(results):
