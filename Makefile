@@ -14,7 +14,7 @@ test: setup
 	@bash scripts/install_browser.sh
 	.venv/bin/ruff check .
 	.venv/bin/mypy
-	.venv/bin/python -m pytest -q -n 2
+	.venv/bin/python -m pytest -q -n 2 --durations=15
 
 bench: setup
 	.venv/bin/osa-lab bench
