@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from osa_lab.arguments import check_output_dir as check_folder
 from osa_lab.errors import (
     ConfigurationError,
     RunLockedError,
@@ -318,7 +317,7 @@ def run_experiment(args: argparse.Namespace) -> int:
                     raise ConfigurationError(f"--threads must be a positive int, got {args.threads}")
                 torch.set_num_threads(args.threads)
             options = options_from_args(args, progress=not args.quiet)
-            scratch = check_folder(args.checkpoints, "--checkpoints") if args.checkpoints else scratch_folder(spec)
+            scratch = check_output_dir(args.checkpoints, "--checkpoints") if args.checkpoints else scratch_folder(spec)
             print(f"osa-lab train: study {spec.name} ({spec.profile} profile, at least {spec.planned_runs()} runs): "
                   f"results under {results}/, checkpoints under {scratch}/", file=sys.stderr, flush=True)  # fmt: skip
             with RunLock(results):

@@ -37,7 +37,7 @@ class RunLock(OutputLock):
         return self
 
 
-def check_output_dir(path: str | os.PathLike) -> Path:
+def check_output_dir(path: str | os.PathLike, flag: str = "--output") -> Path:
     """``path`` as a ``Path`` after checking a run folder can be made there, before any work starts.
 
     Raises :class:`~osa_lab.errors.OutputPathError` when ``path`` is a file, when an existing
@@ -47,4 +47,4 @@ def check_output_dir(path: str | os.PathLike) -> Path:
     """
     from osa_lab.arguments import check_output_dir as _check_dir
 
-    return _check_dir(path, "--output")
+    return _check_dir(path, flag)
