@@ -148,7 +148,27 @@ def test_two_axes_extend_along_the_best_line_only():
     state = search(score, None, axes=("lr", "alpha_lr_mult"),
                    starts={"lr": [1e-3, 3e-3, 1e-2], "alpha_lr_mult": [1, 10]})  # fmt: skip
     assert state.best() == (3e-3, 90.0)
-    assert {p for p in state.added_by_extension} == {(3e-3, 30.0), (3e-3, 90.0), (3e-3, 270.0)}
+    extended = {(3e-3, 30.0), (3e-3, 90.0), (3e-3, 270.0)}
+    # each new top (×30, then ×90) is also tried at the learning rates beside it: its lr line is bracketed
+    filled = {(lr, m) for lr in (1e-3, 1e-2) for m in (30.0, 90.0)}
+    assert state.added_by_extension == extended | filled
+    assert state.extensions == {("alpha_lr_mult", "high"): 3}  # fill points are not extensions
+    assert state.edge_after_limit() == []
+
+
+def test_a_top_found_along_one_axis_is_bracketed_along_the_others():
+    """The top found by extending the learning rate (at one warm-up) is also tried at the warm-ups beside
+    it; a warm-up there can become the top. An axis with one start value is not tuned at all."""
+    def score(lr, warmup):
+        return -abs(math.log(lr / 9e-3)) - abs(math.log(warmup / 0.45)) / 4
+
+    state = search(score, None, axes=("lr", "warmup_fraction"),
+                   starts={"lr": [3e-4, 1e-3, 3e-3], "warmup_fraction": [0.05, 0.15]}, max_extensions=2)  # fmt: skip
+    assert (9e-3, 0.05) in state.scores and (9e-3, 0.45) in state.scores
+    assert state.best() == (9e-3, 0.45) and state.edge_after_limit() == ["warmup_fraction high"]
+    untuned = search(lambda lr, warmup: -abs(math.log(lr / 9e-3)), None, axes=("lr", "warmup_fraction"),
+                     starts={"lr": [1e-3, 3e-3], "warmup_fraction": [0.05]})  # fmt: skip
+    assert {w for _, w in untuned.scores} == {0.05}
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -215,6 +235,18 @@ def test_two_sided_and_rank_tests_match_scipy():
     assert stats.signed_rank(d) == pytest.approx(sps.wilcoxon(d).pvalue, rel=1e-12)
     assert stats.signed_rank(d, "greater") == pytest.approx(sps.wilcoxon(d, alternative="greater").pvalue, rel=1e-12)
     assert math.isnan(stats.signed_rank([0.0, 0.0, 0.01]))
+
+
+def test_differences_without_spread_take_the_t_tests_limit():
+    """Every seed's difference equal: t is ±∞ (or 0/0), and p is the limit of a vanishing spread."""
+    assert stats.one_sided_paired([0.1] * 4) == (0.0, 1.0)
+    assert stats.one_sided_paired([-0.1] * 4) == (1.0, 0.0)
+    assert stats.one_sided_paired([0.0] * 4) == (1.0, 1.0)
+    assert stats.tost([0.01] * 4, 0.02) == 0.0 and stats.tost([0.03] * 4, 0.02) == 1.0
+    assert stats.two_sided_paired([0.1] * 4) == 0.0 and stats.two_sided_paired([0.0] * 4) == 1.0
+    nearly = 0.1 + 1e-9 * np.array([1.0, -1.0, 0.5, -0.5])  # the limit it stands for
+    assert stats.one_sided_paired(nearly)[0] < 1e-6 and stats.tost(nearly - 0.09, 0.02) < 1e-6
+    assert math.isnan(stats.one_sided_paired([0.1])[0]) and math.isnan(stats.tost([0.1], 0.2))
 
 
 def test_clopper_pearson_matches_the_beta_quantiles():
@@ -456,8 +488,9 @@ def test_final_runs_of_a_superseded_choice_are_left_out(tmp_path):
     assert len(runs) == 2 and runs["test_accuracy"].eq(0.80).all()
 
 
-def _fake_runs(monkeypatch, score, fail=lambda kw: False):
-    """Replace training by ``score(lr)`` so the driver's logic runs in milliseconds."""
+def _fake_runs(monkeypatch, score, fail=lambda kw: False, extra=lambda kw: {}):
+    """Replace training by ``score(lr)`` so the driver's logic runs in milliseconds (``extra(run)``: more
+    fields of a run's record, such as its curve)."""
     from osa_lab.studies.depth_study import runner
 
     calls = []
@@ -471,7 +504,7 @@ def _fake_runs(monkeypatch, score, fail=lambda kw: False):
         acc = score(kw["lr"], kw["warmup_fraction"]) if takes_warmup else score(kw["lr"])
         return [{"stage": kw["stage"], "preset": kw["preset"], "depth": kw["depth"], "seed": run["seed"],
                  "lr": kw["lr"], "alpha_lr_mult": kw["alpha_lr_mult"], "warmup_fraction": kw["warmup_fraction"],
-                 "status": "ok", "val_accuracy": acc}
+                 "status": "ok", "val_accuracy": acc, **extra(run)}
                 for run in runs]  # fmt: skip
 
     monkeypatch.setattr(runner, "study_group_run", fake)
@@ -500,6 +533,25 @@ def test_a_failed_tuning_run_is_not_scored_as_a_divergence(tmp_path, monkeypatch
     # two tuning seeds train each alone (groups start at six seeds): only the lost one failed
     assert "1 tuning run(s) failed; the cell is skipped" in capsys.readouterr().err
     assert not (tmp_path / "search" / "vit-d2.json").exists()  # a rerun searches again
+
+
+def test_a_tuning_run_that_collapsed_to_chance_rules_its_setting_out(tmp_path, monkeypatch):
+    """A run that ended at chance is a failure even though its JSON says "ok": its setting scores NaN,
+    like a divergence, and the next learning rate down is chosen."""
+    from osa_lab.studies.depth_study import runner
+
+    def collapsed(run):
+        if run["lr"] >= 0.01 and run["seed"] == 1001:
+            return {"num_classes": 10, "curve": [{"step": 1, "train_loss": 1.2, "train_accuracy": 0.6},
+                                                 {"step": 2, "train_loss": 2.3, "train_accuracy": 0.11}]}  # fmt: skip
+        return {}
+
+    _fake_runs(monkeypatch, lambda lr: lr, extra=collapsed)
+    spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 2})
+    study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
+    assert study.tune("vit", 2) == (3e-3, 1.0, 0.05)
+    record = json.loads((tmp_path / "search" / "vit-d2.json").read_text())
+    assert math.isnan(dict(((lr, w), s) for lr, _, w, s in record["scores"])[(0.01, 0.05)])
 
 
 def test_a_task_is_a_seed_group_from_six_seeds_up_and_a_seed_alone_below(tmp_path):
@@ -610,6 +662,39 @@ def test_the_verdict_counts_the_training_time_the_runs_recorded(tmp_path):
     assert report.training_hours(tmp_path) == {"final": (2, pytest.approx(1.0)), "tune": (1, pytest.approx(0.5))}
     text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
     assert "Compute: 1.5 hours of training steps, 1.0 in 2 final runs and 0.5 in 1 tuning runs" in text
+
+
+def test_a_finished_claim_whose_seeds_diverged_stays_in_the_holm_family_as_untestable(tmp_path):
+    """`skipless-ssa` diverges on 3 of 4 seeds: its claim has one paired seed. It is listed as untestable and
+    counted at p = 1, so the family stays 3 tests (2 claims and 1 reverse) and the other claim's Holm p is
+    taken over all three."""
+    noise = [0.001, -0.002, 0.002, -0.001]
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85 + noise[s])
+        _write_run(tmp_path, "vit", s, 0.85 - noise[s] / 2)
+        _write_run(tmp_path, "skipless-ssa", s, 0.70, status="ok" if s == 0 else "diverged")
+        _write_run(tmp_path, "mlp", s, 0.66 + noise[s])
+    out = report.summarise(tmp_path, _spec(), write=False)
+    claims = out["claims"].set_index("other")
+    ssa = claims.loc["skipless-ssa"]
+    assert ssa["verdict"] == "untestable" and ssa["n"] == 1 and ssa["p"] == 1.0 and ssa["direction"] == "untestable"
+    vit = claims.loc["vit"]
+    assert vit["p_holm"] == pytest.approx(stats.holm([vit["p"], 1.0, 1.0])[0])
+    text = out["verdict"]
+    assert "Holm's correction runs over 3 tests: the 2 claim test(s) and the 1 reverse" in text
+    assert "**untestable** (1 of 4 seeds paired: the others diverged in one preset or both" in text
+
+
+def test_a_finished_claim_without_spread_is_tested_not_left_waiting(tmp_path):
+    """Identical per-seed differences (p is the t-test's limit) are a test result, never "waiting"."""
+    for s in range(4):
+        _write_run(tmp_path, "skipless-osa", s, 0.85)
+        _write_run(tmp_path, "vit", s, 0.85)
+        _write_run(tmp_path, "skipless-ssa", s, 0.70)
+        _write_run(tmp_path, "mlp", s, 0.66)
+    claims = report.summarise(tmp_path, _spec(), write=False)["claims"].set_index("other")
+    assert claims.loc["vit", "verdict"] == "shown" and claims.loc["vit", "diff_std"] == 0  # comparable: d ≡ 0
+    assert claims.loc["skipless-ssa", "verdict"] == "shown" and claims.loc["skipless-ssa", "direction"] == "better"
 
 
 def test_the_verdict_names_the_holm_family_and_says_worse_where_the_data_do(tmp_path):

@@ -20,6 +20,7 @@ from osa_lab.errors import ConfigurationError, UnknownNameError
 from osa_lab.nn.models import osa_layers
 from osa_lab.studies.data import load_synthetic
 from osa_lab.studies.training import TrainConfig, TrainingDivergedError, compare, summarize_runs, train
+from osa_lab.studies.training.statistics import finished_run_metrics
 
 TINY = {"depth": 2, "dim": 16, "heads": 2}
 
@@ -538,6 +539,24 @@ def test_paired_differences_golden_values():
     )  # fmt: skip
     assert "comparable to the skip-connected ViT" in text and "inconclusive" in text
     assert "MNIST-1D, a different task" in text and "≥ 5" in text and "97.2" in text
+
+
+def test_a_run_that_broke_is_never_paired_at_the_value_it_reached():
+    """vit seed 2 stopped at epoch 1 of 3 (it diverged there): pairing it at its last accuracy would move
+    the difference; by epochs or by the runs table, only finished runs are paired."""
+    rows = []
+    for preset, accs, last in (("skipless-osa", [0.90, 0.92, 0.91], [3, 3, 3]), ("vit", [0.95, 0.96, 0.10], [3, 3, 1])):
+        for seed, (a, e) in enumerate(zip(accs, last, strict=True)):
+            rows.append({"preset": preset, "data": "x", "seed": seed, "epoch": e, "step": e, "kind": "eval",
+                         "metric": "test_accuracy", "layer": None, "head": None, "value": a})  # fmt: skip
+    metrics = T.metrics_frame(rows)
+    assert T.paired_differences(metrics).set_index("preset").loc["vit", "n"] == 3  # what tune paired before
+    by_epochs = T.paired_differences(finished_run_metrics(metrics, None, 3)).set_index("preset").loc["vit"]
+    assert by_epochs["n"] == 2 and by_epochs["diff_mean"] == pytest.approx((-0.05 - 0.04) / 2)
+    runs = pd.DataFrame({"preset": ["skipless-osa"] * 3 + ["vit"] * 3, "seed": [0, 1, 2] * 2,
+                         "status": ["ok", "ok", "ok", "ok", "failed", "diverged"]})  # fmt: skip
+    by_status = T.paired_differences(finished_run_metrics(metrics, runs, 3)).set_index("preset").loc["vit"]
+    assert by_status["n"] == 1 and by_status["diff_mean"] == pytest.approx(-0.05)
 
 
 def test_tune_chooses_on_validation_and_reports_test_of_the_choice_only(tmp_path, data):

@@ -3,13 +3,17 @@
 The grid is a set of points on named log-scale axes (``lr``, ``alpha_lr_mult``,
 ``warmup_fraction``). After each round of evaluations the top point (highest mean validation
 accuracy over the tuning seeds; exact ties: the smaller learning rate) is looked at along each
-axis, through the points that share its other coordinates. If it is the smallest (largest) value
-evaluated on that line, the next
-round adds the point one factor below (above) it, unless that edge was already extended
-``max_extensions`` times or the value would leave the axis' bounds. The search ends when no
-edge needs extending; a top point still on an edge is reported as such. A point that
-diverged on any tuning seed scores NaN: it can bound an optimum but never be chosen. When every
-point diverged, the learning-rate axis is extended downwards.
+axis, through the points that share its other coordinates (its line). Where it is the smallest
+(largest) value on its line, the next round tries it at the nearest value below (above) it that
+was tried elsewhere on that axis (a fill point: a top found by extending one axis is bracketed
+along the others too, within the range already explored), or, where no such value was tried, at
+one factor below (above) it: an extension, unless that edge was already extended
+``max_extensions`` times or the value would leave the axis' bounds. An axis with one start value
+is not tuned. The search ends when no line needs a fill or an extension; a top point still on an
+edge is reported as such. A point that diverged or failed
+(:func:`~osa_lab.studies.training.failures.classify_run`) on any tuning seed scores NaN: it can
+bound an optimum but never be chosen. When every point diverged, the learning-rate axis is
+extended downwards.
 
 The chosen point (:meth:`BracketState.best`) follows the stated tie rule: every point whose score
 lies within ``tie_margin`` of the top score ties with it, and the tie goes to the smallest
@@ -74,26 +78,49 @@ class BracketState:
     def _line(self, best: Point, i: int) -> list[float]:
         return sorted({p[i] for p in self.scores if all(p[j] == best[j] for j in range(len(best)) if j != i)})
 
+    def _open_sides(self, top: Point) -> list[tuple[int, str, float | None]]:
+        """``(axis index, "low"/"high", value)`` for each side of each tuned axis (more than one start
+        value) where the top's line has no value beyond the top: ``value`` is the nearest one tried
+        beyond it elsewhere on that axis (a fill), or None when none was (an edge)."""
+        out: list[tuple[int, str, float | None]] = []
+        for i, axis in enumerate(self.axes):
+            if len(set(self.start[axis])) < 2:
+                continue  # one start value: the axis is not tuned
+            line, tried = self._line(top, i), sorted({p[i] for p in self.scores})
+            if top[i] == line[0]:
+                below = [v for v in tried if v < top[i]]
+                out.append((i, "low", below[-1] if below else None))
+            if top[i] == line[-1]:
+                above = [v for v in tried if v > top[i]]
+                out.append((i, "high", above[0] if above else None))
+        return out
+
     def edges(self) -> list[tuple[str, str]]:
-        """The (axis, "low"/"high") edges on which the top point sits now."""
+        """The (axis, "low"/"high") edges on which the top point sits now: no value beyond it was tried on
+        that axis anywhere."""
         best = self.top()
         if best is None:
             return [("lr", "low")] if "lr" in self.axes else []
-        out = []
-        for i, axis in enumerate(self.axes):
-            line = self._line(best, i)
-            if len(line) == 1:
-                continue  # a single value on this axis: nothing to bracket against
-            if best[i] == line[0]:
-                out.append((axis, "low"))
-            if best[i] == line[-1]:
-                out.append((axis, "high"))
-        return out
+        return [(self.axes[i], side) for i, side, value in self._open_sides(best) if value is None]
+
+    def fill_points(self) -> list[Point]:
+        """The top point at the nearest values tried elsewhere beyond it, on each side of each tuned axis
+        where its own line has none: a top found along one axis is bracketed along the others."""
+        top = self.top()
+        if top is None:
+            return []
+        new: list[Point] = []
+        for i, _, value in self._open_sides(top):
+            point = top[:i] + (value,) + top[i + 1 :] if value is not None else None
+            if point is not None and point not in self.scores and point not in new:
+                new.append(point)
+        return new
 
     def next_points(self) -> list[Point]:
-        """Points of the next round (empty when the optimum is bracketed or the limits are reached)."""
+        """Points of the next round (empty when the optimum is bracketed or the limits are reached):
+        the fill points of :meth:`fill_points`, then one ×factor step past each edge the top sits on."""
         best = self.top()
-        new: list[Point] = []
+        new: list[Point] = self.fill_points()
         for axis, side in self.edges():
             i = self.axes.index(axis)
             if self.extensions.get((axis, side), 0) >= self.max_extensions:

@@ -153,12 +153,17 @@ def testable_claims(spec: StudySpec) -> list[tuple[Claim, int]]:
 
 
 def _test_row(claim: Claim, depth: int, d: np.ndarray, planned: int, waiting: bool, margin: float, alpha: float) -> dict:
-    m, s = float(d.mean()), float(d.std(ddof=1))
+    m = float(d.mean()) if len(d) else math.nan
+    s = float(d.std(ddof=1)) if len(d) > 1 else math.nan
     row = {"claim": claim.statement, "preset": claim.preset, "other": claim.other, "endpoint": claim.endpoint,
            "kind": claim.kind, "depth": depth, "n": len(d), "diff_mean": m, "diff_std": s, "planned": planned}  # fmt: skip
     if waiting:
         return {**row, "ci_low": math.nan, "ci_high": math.nan, "ci_level": math.nan, "p": math.nan,
                 "p_reverse": math.nan, "p_two_sided": math.nan, "p_rank": math.nan}  # fmt: skip
+    if len(d) < 2:  # untestable: it stays in the Holm families at p = 1 rather than shrinking them
+        return {**row, "ci_low": math.nan, "ci_high": math.nan, "ci_level": math.nan, "p": 1.0,
+                "p_reverse": 1.0 if claim.kind == "superiority" else math.nan, "p_two_sided": 1.0,
+                "p_rank": math.nan}  # fmt: skip
     if claim.kind == "equivalence":
         p, p_rev = stats.tost(d, margin), math.nan
         (lo, hi), level = stats.mean_interval(d, 1 - 2 * alpha), 1 - 2 * alpha
@@ -171,12 +176,15 @@ def _test_row(claim: Claim, depth: int, d: np.ndarray, planned: int, waiting: bo
 
 
 def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd.DataFrame:
-    """Every claim × depth with ≥ 2 paired seeds: mean difference, interval, p, Holm-adjusted p, verdict.
+    """Every claim × depth both of whose cells ran: mean difference, interval, p, Holm-adjusted p, verdict.
 
     A claim is tested only once both of its cells have all their planned final runs: until then
-    its row has the verdict ``"waiting"``, the paired difference so far and no p (a "shown" from
-    two of four seeds would be a look at the data before the planned sample is in). Holm runs
-    over the tested claims and their reverse one-sided tests.
+    its row has the verdict ``"waiting"`` (listed once it has ≥ 2 paired seeds), the paired
+    difference so far and no p (a "shown" from two of four seeds would be a look at the data
+    before the planned sample is in). Holm runs over the tested claims and their reverse
+    one-sided tests. A finished claim with fewer than 2 seeds that did not diverge in both
+    presets is ``"untestable"`` and stays in both Holm families at p = 1, so that divergences
+    never shrink a family and make the other claims easier to show.
     """
     finished = runs.groupby(["preset", "depth"]).size()
     values = {e: endpoint_values(runs, e) for e in {c.endpoint for c in spec.claims}}
@@ -191,9 +199,9 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
             if claim.preset not in at or claim.other not in at:
                 continue
             d = (at[claim.preset] - at[claim.other]).dropna().to_numpy(dtype=float)
-            if len(d) < 2:
-                continue
             waiting = min(finished.get((claim.preset, depth), 0), finished.get((claim.other, depth), 0)) < planned
+            if waiting and len(d) < 2:
+                continue
             rows.append(_test_row(claim, depth, d, planned, waiting, margin_of(spec, claim), alpha))
     df = pd.DataFrame(rows, columns=TEST_COLUMNS)
     if df.empty:  # no claim has two paired seeds (or the study's cells test none): the columns still exist
@@ -213,15 +221,18 @@ def _corrected(df: pd.DataFrame, spec: StudySpec, alpha: float) -> pd.DataFrame:
     two_sided = iter(stats.holm(list(df.loc[tested, "p_two_sided"])))
     df["p_two_sided_holm"] = [next(two_sided) if t else math.nan for t in tested]
     df["direction"] = [
-        "waiting" if not t else ("better" if m > 0 else "worse") if p2 < alpha else "no difference shown"
-        for t, m, p2 in zip(tested, df["diff_mean"], df["p_two_sided_holm"], strict=True)
-    ]
+        "waiting" if not t else "untestable" if n < 2 else ("better" if m > 0 else "worse") if p2 < alpha
+        else "no difference shown"
+        for t, n, m, p2 in zip(tested, df["n"], df["diff_mean"], df["p_two_sided_holm"], strict=True)
+    ]  # fmt: skip
     margins = {c.endpoint: margin_of(spec, c) for c in spec.claims}
     verdicts, needed = [], []
     for _, r in df.iterrows():
         margin = margins[r["endpoint"]]
         if math.isnan(r["p"]):
             verdicts.append("waiting")
+        elif r["n"] < 2:
+            verdicts.append("untestable")
         elif r["p_holm"] < alpha:
             verdicts.append("shown")
         elif r["kind"] == "equivalence" and (r["ci_low"] > margin or r["ci_high"] < -margin):

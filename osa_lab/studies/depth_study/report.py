@@ -82,8 +82,9 @@ def _final_runs(results: Path | Records) -> list[dict]:
     return keep
 
 
-def _outcome(r: dict) -> tuple[str, str]:
-    """A run record's outcome and the failure rule it broke (:func:`classify_run` on its curve and accuracies)."""
+def run_outcome(r: dict) -> tuple[str, str]:
+    """A run record's outcome (``ok``, ``diverged`` or ``failed``) and the failure rule it broke
+    (:func:`classify_run` on its curve and accuracies)."""
     return classify_run(
         r.get("curve") or [], num_classes=int(r.get("num_classes", DEFAULT_CLASSES)), status=r.get("status", "ok"),
         train_accuracy=float(r.get("train_accuracy", math.nan)), test_accuracy=float(r.get("test_accuracy", math.nan)),
@@ -101,7 +102,7 @@ def run_table(results: Path | Records) -> pd.DataFrame:
     for r in _final_runs(results):
         rank_i, rank_t = r.get("rank_init") or {}, r.get("rank_trained") or {}
         curve = r.get("curve") or []
-        outcome, failure = _outcome(r)
+        outcome, failure = run_outcome(r)
         rows.append({**{k: r.get(k, math.nan) for k in RUN_COLUMNS}, "warmup_fraction": run_setting(r)[2],
                      "status": outcome, "failure": failure,
                      **{f"train_loss_at_{s}": loss_at_step(curve, s) for s in LOSS_STEPS},
@@ -133,7 +134,7 @@ def tuning_table(results: Path | Records) -> pd.DataFrame:
     records = _records(results)
     rows = []
     for r in records.runs["tune"]:
-        outcome, _ = _outcome(r)
+        outcome, _ = run_outcome(r)
         rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy", "train_loss")},
                      "warmup_fraction": run_setting(r)[2], "status": outcome})  # fmt: skip
     df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy", "train_loss"])
@@ -372,7 +373,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
     elif not complete:
         lines.append("The study is partial: the claims above are provisional and no conclusion is drawn yet.")
     else:
-        for word in ("shown", "refuted", "inconclusive"):
+        for word in ("shown", "refuted", "inconclusive", "untestable"):
             rows = claims[claims["verdict"] == word]
             if len(rows):
                 lines.append(f"* {word.capitalize()}: " + "; ".join(f"{r.claim} (depth {r.depth})" for r in rows.itertuples()))

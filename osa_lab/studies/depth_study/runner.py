@@ -30,7 +30,7 @@ import yaml
 from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import OutputLock, atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
-from osa_lab.studies.depth_study.report import summarise
+from osa_lab.studies.depth_study.report import run_outcome, summarise
 from osa_lab.studies.depth_study.run import result_name, study_group_run
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.depth_study.tuning_checks import setting_words
@@ -121,7 +121,8 @@ class StudyRunner:
                 return None
             for i, point in enumerate(points):
                 runs = values[i * n : (i + 1) * n]
-                ok = all(r.get("status") == "ok" for r in runs)
+                # a run that collapsed or never recovered from a loss jump is a failure, like a divergence
+                ok = all(run_outcome(r)[0] == "ok" for r in runs)
                 state.scores[point] = sum(r["val_accuracy"] for r in runs) / n if ok else math.nan
             points, rounds = state.next_points(), rounds + 1
         best = state.best()

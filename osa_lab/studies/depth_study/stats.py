@@ -43,21 +43,35 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
+def _no_spread(d: np.ndarray) -> bool:
+    """Every per-seed difference is the same: the t statistic is ±∞ (or 0/0 at a zero mean)."""
+    return bool(np.std(d, ddof=1) == 0)
+
+
 def one_sided_paired(d: Sequence[float]) -> tuple[float, float]:
-    """(p of H0: mean ≤ 0, p of H0: mean ≥ 0) for per-seed differences ``d`` (NaN with < 2 values)."""
+    """(p of H0: mean ≤ 0, p of H0: mean ≥ 0) for per-seed differences ``d`` (NaN with < 2 values).
+
+    With no spread (every difference equal) each p is the t-test's limit: 0 where the mean lies
+    strictly on the alternative's side, else 1."""
     d = np.asarray(d, dtype=float)
-    if len(d) < 2 or np.std(d, ddof=1) == 0:
+    if len(d) < 2:
         return math.nan, math.nan
+    if _no_spread(d):
+        m = float(d.mean())
+        return (0.0 if m > 0 else 1.0), (0.0 if m < 0 else 1.0)
     greater = stats.ttest_1samp(d, 0.0, alternative="greater").pvalue
     less = stats.ttest_1samp(d, 0.0, alternative="less").pvalue
     return float(greater), float(less)
 
 
 def tost(d: Sequence[float], margin: float) -> float:
-    """TOST p-value for |mean d| < ``margin`` (the larger of the two one-sided p-values)."""
+    """TOST p-value for |mean d| < ``margin`` (the larger of the two one-sided p-values; NaN with
+    < 2 values; with no spread the limit: 0 if |mean| < margin, else 1)."""
     d = np.asarray(d, dtype=float)
-    if len(d) < 2 or np.std(d, ddof=1) == 0:
+    if len(d) < 2:
         return math.nan
+    if _no_spread(d):
+        return 0.0 if abs(float(d.mean())) < margin else 1.0
     p_low = stats.ttest_1samp(d, -margin, alternative="greater").pvalue
     p_high = stats.ttest_1samp(d, margin, alternative="less").pvalue
     return float(max(p_low, p_high))
@@ -73,10 +87,13 @@ def mean_interval(d: Sequence[float], level: float) -> tuple[float, float]:
 
 
 def two_sided_paired(d: Sequence[float]) -> float:
-    """Two-sided paired t-test p of H0: mean d = 0 (NaN with < 2 values or no spread)."""
+    """Two-sided paired t-test p of H0: mean d = 0 (NaN with < 2 values; with no spread the limit:
+    0 for a non-zero mean, else 1)."""
     d = np.asarray(d, dtype=float)
-    if len(d) < 2 or np.std(d, ddof=1) == 0:
+    if len(d) < 2:
         return math.nan
+    if _no_spread(d):
+        return 0.0 if float(d.mean()) != 0 else 1.0
     return float(stats.ttest_1samp(d, 0.0).pvalue)
 
 

@@ -132,6 +132,11 @@ def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[Cla
                          f"(untested; paired difference so far {difference_words(r.endpoint, r.diff_mean)} over {r.n} "
                          "seeds)")  # fmt: skip
             continue
+        if r.verdict == "untestable":
+            lines.append(f"* depth {r.depth}: {r.claim}: **untestable** ({r.n} of {r.planned} seeds paired: the others "
+                         "diverged in one preset or both; it stays in both Holm families at p = 1, and the cells' "
+                         "failure rates above compare them)")  # fmt: skip
+            continue
         extra = "" if not math.isfinite(r.seeds_needed) else f"; ≈ {r.seeds_needed:.0f} seeds would be needed"
         if r.verdict == "inconclusive" and math.isinf(r.seeds_needed):
             extra = "; no number of seeds would show it if the observed mean were the truth"

@@ -15,6 +15,21 @@ def final_metric(metrics: pd.DataFrame, metric: str) -> pd.DataFrame:
     return sel.groupby(["preset", "seed"], as_index=False).last()[["preset", "seed", "value"]]
 
 
+def finished_run_metrics(metrics: pd.DataFrame, runs: pd.DataFrame | None, epochs: int) -> pd.DataFrame:
+    """The rows of ``metrics`` from runs that finished: those ``runs`` (as :func:`compare` writes them)
+    marks ``ok``, or without ``runs`` those that reached epoch ``epochs`` (a run that diverged or
+    failed stops before it). Paired differences must not pair a run at the value it reached before
+    it broke."""
+    if runs is not None and len(runs):
+        good = runs[runs["status"] == "ok"]
+        ok = set(zip(good["preset"], good["seed"].astype(int), strict=True))
+    else:
+        last = metrics.groupby(["preset", "seed"])["epoch"].max()
+        ok = {(p, int(s)) for (p, s), e in last.items() if e >= epochs}
+    keep = [(p, int(s)) in ok for p, s in zip(metrics["preset"], metrics["seed"], strict=True)]
+    return metrics[keep]
+
+
 def paired_differences(
     metrics: pd.DataFrame, reference: str = REFERENCE_PRESET, metric: str = "test_accuracy", level: float = 0.95
 ) -> pd.DataFrame:

@@ -24,7 +24,7 @@ from osa_lab.studies.grid import (
 from osa_lab.studies.training.compare import compare, summarize_runs
 from osa_lab.studies.training.config import TrainConfig, check_names, learns_alpha
 from osa_lab.studies.training.lock import RunLock, check_output_dir
-from osa_lab.studies.training.statistics import final_metric, paired_differences
+from osa_lab.studies.training.statistics import final_metric, finished_run_metrics, paired_differences
 from osa_lab.studies.training.verdict import verdict
 
 
@@ -150,22 +150,9 @@ def tune(
             chosen_rows.append({"preset": p, "lr": float(best["lr"]), "alpha_lr_mult": float(best["alpha_lr_mult"]),
                                 "val_accuracy": float(best["val_accuracy"])})  # fmt: skip
         chosen = pd.DataFrame(chosen_rows)
-        frames, run_tables = [], []
-        for (lr, mult), sel in chosen.groupby(["lr", "alpha_lr_mult"], sort=False):
-            group = sel["preset"].tolist()
-            cfg = dataclasses.replace(base, lr=float(lr), alpha_lr_mult=float(mult))
-            where = folder("final", float(lr), float(mult))
-            metrics, _ = compare(group, seeds, cfg, where, resume=resume, device=device, progress=progress,
-                                 data_dir=data_dir, grid_options=grid_options, group_size=group_size)  # fmt: skip
-            frames.append(metrics)
-            if where is not None and (where / "runs.csv").exists():
-                run_tables.append(pd.read_csv(where / "runs.csv"))
-        metrics = pd.concat(frames, ignore_index=True)
-        runs = pd.concat(run_tables, ignore_index=True) if run_tables else None
-        summary = summarize_runs(metrics, runs, order=list(presets)).merge(
-            chosen[["preset", "lr", "alpha_lr_mult"]], on="preset", how="left"
-        )
-        paired = paired_differences(metrics)
+        metrics, runs, summary, paired = _final_runs(chosen, presets, seeds, base, folder, dict(
+            resume=resume, device=device, progress=progress, data_dir=data_dir, grid_options=grid_options,
+            group_size=group_size))  # fmt: skip
         budget = (f"{base.epochs} epochs, batch {base.batch_size}, {len(list(seeds))} final seed(s), "
                   f"lr grid {list(grid.lrs)}, α-lr grid {list(grid.alpha_lr_mults)}, "
                   f"validation {base.val_fraction:g} of the training data")  # fmt: skip
@@ -182,6 +169,30 @@ def tune(
             atomic_write_text(out / "verdict.md", text + f"\nWall time of this command: {wall:.0f} s.\n")
             _write_summary_figure(summary, paired, out / "summary.png")
     return TuneResult(tuning, chosen, metrics, summary, paired, text, wall)
+
+
+def _final_runs(chosen: pd.DataFrame, presets: Sequence[str], seeds: Sequence[int], base: TrainConfig,
+                folder, options: dict) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Train the final seeds at each preset's chosen setting; returns (metrics, runs or None in memory,
+    summary with the chosen setting, paired differences of the runs that finished)."""
+    frames, run_tables, summaries = [], [], []
+    for (lr, mult), sel in chosen.groupby(["lr", "alpha_lr_mult"], sort=False):
+        cfg = dataclasses.replace(base, lr=float(lr), alpha_lr_mult=float(mult))
+        where = folder("final", float(lr), float(mult))
+        metrics, final_summary = compare(sel["preset"].tolist(), seeds, cfg, where, **options)
+        frames.append(metrics)
+        summaries.append(final_summary)
+        if where is not None and (where / "runs.csv").exists():
+            run_tables.append(pd.read_csv(where / "runs.csv"))
+    metrics = pd.concat(frames, ignore_index=True)
+    runs = pd.concat(run_tables, ignore_index=True) if run_tables else None
+    finished = finished_run_metrics(metrics, runs, base.epochs)  # a run that broke is never paired
+    summary = summarize_runs(metrics if runs is not None else finished, runs, order=list(presets))
+    if runs is None:  # in memory: the counts of broken runs come from each comparison's own summary
+        counts = pd.concat(summaries).groupby("preset")[["diverged", "failed"]].sum()
+        summary[["diverged", "failed"]] = counts.reindex(summary["preset"]).to_numpy()
+    summary = summary.merge(chosen[["preset", "lr", "alpha_lr_mult"]], on="preset", how="left")
+    return metrics, runs, summary, paired_differences(finished)
 
 
 def _write_summary_figure(summary: pd.DataFrame, paired: pd.DataFrame, path: Path) -> Path | None:
