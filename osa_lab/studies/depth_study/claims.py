@@ -200,7 +200,7 @@ def claims_table(runs: pd.DataFrame, spec: StudySpec, alpha: float = 0.05) -> pd
                 continue
             d = (at[claim.preset] - at[claim.other]).dropna().to_numpy(dtype=float)
             waiting = min(finished.get((claim.preset, depth), 0), finished.get((claim.other, depth), 0)) < planned
-            if waiting and len(d) < 2:
+            if len(d) < 2 and (waiting or planned < 2):  # untestable by the plan itself: not listed
                 continue
             rows.append(_test_row(claim, depth, d, planned, waiting, margin_of(spec, claim), alpha))
     df = pd.DataFrame(rows, columns=TEST_COLUMNS)
@@ -214,6 +214,7 @@ def _corrected(df: pd.DataFrame, spec: StudySpec, alpha: float) -> pd.DataFrame:
     tested = df["p"].notna()
     adjusted = stats.holm(list(df.loc[tested, "p"]) + list(df.loc[tested, "p_reverse"].dropna()))
     n_tested = int(tested.sum())
+    family = len(adjusted)  # the claim tests and their reverse tests: Holm's first step is at alpha / family
     holm, rev = iter(adjusted[:n_tested]), iter(adjusted[n_tested:])
     df["p_holm"] = [next(holm) if t else math.nan for t in tested]
     df["p_reverse_holm"] = [next(rev) if t and not math.isnan(v) else math.nan for t, v in zip(tested, df["p_reverse"], strict=True)]
@@ -242,6 +243,6 @@ def _corrected(df: pd.DataFrame, spec: StudySpec, alpha: float) -> pd.DataFrame:
         else:
             verdicts.append("inconclusive")
         needed.append(stats.seeds_needed(r["diff_mean"], r["diff_std"], kind=r["kind"], margin=margin,
-                                         alpha=alpha / n_tested) if verdicts[-1] == "inconclusive" else math.nan)  # fmt: skip
+                                         alpha=alpha / family) if verdicts[-1] == "inconclusive" else math.nan)  # fmt: skip
     df["verdict"], df["seeds_needed"] = verdicts, needed
     return df
