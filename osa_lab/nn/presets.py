@@ -82,7 +82,8 @@ PRESETS: dict[str, Preset] = {
                 attention="osa", skip=False, norm="none", mlp_ratio=4.0, init="orthogonal", activation="tat-leaky-relu",
             ),  # fmt: skip
             "skipless-osa with TAT-shaped MLPs: the normalised leaky ReLU, its slope set from the depth, and a "
-            "tied orthogonal MLP init (fc2 fc1 = I), so the network is well conditioned end to end at init",
+            "tied orthogonal MLP init (fc2 fc1 = g I, g keeping the signal's scale), so each MLP is well "
+            "conditioned at init (end to end the network is not: docs/shaping.md)",
             "Zhang & Martens 2026 (arXiv 2602.05996) with TAT, Zhang, Botev & Martens 2022 (arXiv 2203.08120, "
             "eqs. 9–11)",
         ),

@@ -164,6 +164,33 @@ def measured_c_map(
     return float(nn.functional.cosine_similarity(x1, x2, dim=-1).mean())
 
 
+def tied_mlp_gain(q: torch.Tensor, negative_slope: float) -> float:
+    """The gain g for which the tied MLP ``g √(d/h) Qᵀ φ_α(√(h/d) Q x)`` keeps the mean square of its
+    input: E‖out‖² = E‖x‖² for x ~ N(0, I_d), i.e. its q-map fixes q (DKS, arXiv 2110.01765, §4.2).
+
+    ``q`` is the (h × d) semi-orthogonal matrix (QᵀQ = I). Without the gain the block shrinks the
+    signal: ``Qᵀ`` keeps all of φ's linear part but only part of its ``|u|`` part, e.g. ≈ 0.67 of the
+    mean square per block at α = 0, h = 4d. Exactly (φ_α is positively homogeneous, so every input
+    scale gives the same g): with φ_α(u) = s (a u + b |u|), s² = 2 / (1 + α²), a = (1 + α)/2,
+    b = (1 − α)/2 and u = Q x ~ N(0, P), P = Q Qᵀ, E⟨u, |u|⟩ = 0 and
+
+        E‖Qᵀ φ_α(u)‖² = s² (a² d + b² Σ_jk P_jk E|u_j||u_k|),
+        E|u_j||u_k| = (2/π) σ_j σ_k (√(1 − ρ²) + ρ arcsin ρ),
+
+    σ_j² = P_jj, ρ = P_jk / (σ_j σ_k) (the absolute moment of a bivariate normal); g² = d / that.
+    """
+    q = q.detach().to(torch.float64)
+    d = q.shape[1]
+    p = q @ q.mT
+    sigma = p.diagonal().clamp_min(0.0).sqrt()
+    outer = sigma[:, None] * sigma[None, :]
+    rho = torch.where(outer > 0, p / outer.clamp_min(1e-300), torch.zeros_like(p)).clamp(-1.0, 1.0)
+    abs_moment = (2.0 / math.pi) * outer * ((1.0 - rho**2).sqrt() + rho * torch.asin(rho))
+    a, b = (1.0 + negative_slope) / 2.0, (1.0 - negative_slope) / 2.0
+    kept = leaky_relu_scale(negative_slope) ** 2 * (a**2 * d + b**2 * float((p * abs_moment).sum()))
+    return math.sqrt(d / kept)
+
+
 class TATLeakyReLU(nn.Module):
     """TAT's normalised leaky ReLU φ_α(x) = sqrt(2/(1+α²)) · (max(x, 0) + α min(x, 0))
     (arXiv 2203.08120, eq. 9) as a layer: E[φ_α(z)²] = 1 for z ~ N(0, 1)."""

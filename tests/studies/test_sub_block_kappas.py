@@ -53,16 +53,34 @@ def test_a_model_without_sub_blocks_is_refused_with_the_reason():
 
 
 @pytest.mark.parametrize("depth", [8, 16, 32])
-def test_the_shaped_osa_preset_is_conditioned_in_every_sub_block(depth):
-    """Measured (seed 0): attention κ median 1.02, worst layer ≤ 1.09; MLP κ median 18.5 / 5.8 /
-    2.7 and worst layer 59 / 8.4 / 2.9 at depth 8 / 16 / 32; end to end 7.4e4 / 4.9e4 / 2.0e3."""
-    model = _classifier("skipless-osa-shaped", depth)
+@pytest.mark.parametrize("preset", ["skipless-osa-shaped", "skipless-ssa-shaped"])
+def test_the_shaped_presets_are_conditioned_in_every_sub_block(preset, depth):
+    """Measured (seed 0), depth 8 / 16 / 32. OSA: attention κ median 1.10 / 1.25 / 1.09, worst layer
+    1.16 / 1.72 / 1.41. Value-SkipInit attention is the identity (κ 1). MLP κ median 18 / 5.8 / 2.7 and
+    worst layer 59 / 8.4 / 2.9; readout 6.49; end to end 7.6e4 / 4.2e4 / 2.6e3 (OSA) and 7.7e4 / 3.9e4 /
+    2.6e3 (softmax). κ near 1 keeps a 3× margin on κ − 1."""
+    model = _classifier(preset, depth)
     summary = sub_block_summary(sub_block_kappas(model, _inputs())).set_index("part")
-    assert summary.loc["attention", "kappa_median"] < 1.5 and summary.loc["attention", "kappa_worst_layer"] < 3
+    attention_median, attention_worst = (2.0, 4.0) if preset == "skipless-osa-shaped" else (1.001, 1.001)
+    assert summary.loc["attention", "kappa_median"] < attention_median
+    assert summary.loc["attention", "kappa_worst_layer"] < attention_worst
     mlp_median, mlp_worst = {8: (60, 200), 16: (20, 30), 32: (10, 10)}[depth]
     assert summary.loc["mlp", "kappa_median"] < mlp_median and summary.loc["mlp", "kappa_worst_layer"] < mlp_worst
-    assert summary.loc["embedding", "kappa_median"] < 3
-    assert encoder_kappa(model, _inputs()) < 3e5
+    assert summary.loc["embedding", "kappa_median"] < 3 and summary.loc["readout", "kappa_median"] < 20
+    assert encoder_kappa(model, _inputs()) < {8: 3e5, 16: 1.5e5, 32: 1e4}[depth]
+
+
+@pytest.mark.parametrize("depth", [8, 16, 32])
+def test_the_shaped_presets_keep_the_signal_s_scale_through_depth(depth):
+    """The last block's mean square over the first's (seed 0): 3.3 / 2.7 / 0.53 (OSA) and 3.3 / 2.7 /
+    0.49 (softmax) at depth 8 / 16 / 32. Without the tied MLP's gain each MLP kept ≈ 0.67–0.84 of it:
+    0.12 / 0.018 / 0.003 of it, and OSA's α₀ (set for unit-scale tokens) mixed less and less."""
+    for preset in ("skipless-osa-shaped", "skipless-ssa-shaped"):
+        model = _classifier(preset, depth).double()
+        with torch.no_grad():
+            _, hidden = model(_inputs().double(), return_hidden=True)
+        ratio = float(hidden.blocks[-1].square().mean() / hidden.blocks[0].square().mean())
+        assert 0.1 < ratio < 10, (preset, ratio)
 
 
 @pytest.mark.parametrize("depth", [8, 16])

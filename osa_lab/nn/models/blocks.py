@@ -23,7 +23,7 @@ from osa_lab.nn.attention import (
     init_cutting_skip,
 )
 from osa_lab.nn.models.config import ACTIVATIONS, CUTTING_SKIP_ABC, ModelConfig
-from osa_lab.nn.shaping import TATLeakyReLU, shaped_slope
+from osa_lab.nn.shaping import TATLeakyReLU, shaped_slope, tied_mlp_gain
 from osa_lab.ops.guards import all_finite, sum_is_finite, whole_batch
 
 
@@ -99,17 +99,22 @@ class MLP(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def init_tied_orthogonal(self) -> None:
-        """TAT's tied orthogonal init (arXiv 2203.08120, §4; DKS arXiv 2110.01765, delta init):
-        ``fc1 = √(hidden/dim) Q`` and ``fc2 = √(dim/hidden) Qᵀ`` for one (semi-)orthogonal ``Q``
-        (hidden × dim), zero biases. Then ``fc2 fc1 = I``: with a near-linear φ the block is near
-        the identity, and with the normalised leaky ReLU its C-map is TAT's. Independent draws of
-        the two matrices (:meth:`init_orthogonal`) leave the product far from orthogonal."""
+        """A tied orthogonal init for TAT's leaky ReLU (orthogonal "delta" weights as in TAT,
+        arXiv 2203.08120, §4, and DKS, arXiv 2110.01765; the tie is this project's): ``fc1 = √(hidden/dim) Q``
+        and ``fc2 = g √(dim/hidden) Qᵀ`` for one (semi-)orthogonal ``Q`` (hidden × dim), zero biases.
+        Then ``fc2 fc1 = g I``: with a near-linear φ the block is near a multiple of the identity.
+        ``g`` (:func:`~osa_lab.nn.shaping.tied_mlp_gain`) makes the block keep the mean square of
+        its input, as :meth:`init_orthogonal` does, so a deep stack neither shrinks nor grows the
+        signal (without it, ≈ ×0.67 per block at slope 0). The C-map is not TAT's: the tie moves
+        it towards the identity (docs/shaping.md). Independent draws of the two matrices
+        (:meth:`init_orthogonal`) leave the product far from orthogonal."""
         hidden, dim = self.fc1.weight.shape
         q = torch.empty(hidden, dim, dtype=torch.float64)
         nn.init.orthogonal_(q)  # draws from torch's generator, like the other inits
+        gain = tied_mlp_gain(q, self.act.negative_slope) if isinstance(self.act, TATLeakyReLU) else 1.0
         with torch.no_grad():
             self.fc1.weight.copy_(math.sqrt(hidden / dim) * q)
-            self.fc2.weight.copy_(math.sqrt(dim / hidden) * q.mT)
+            self.fc2.weight.copy_(gain * math.sqrt(dim / hidden) * q.mT)
         nn.init.zeros_(self.fc1.bias)
         nn.init.zeros_(self.fc2.bias)
 
