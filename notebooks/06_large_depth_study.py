@@ -75,6 +75,21 @@ elif tables is not None:
     nb.say("No final run yet: no κ per sub-block to show.")
 
 # %% [markdown]
+# The same κ layer by layer, in the order a token meets the sub-blocks (embedding, attention 1,
+# MLP 1, …, readout): where along the network the conditioning is lost.
+
+# %%
+if tables is not None and len(tables["sub_block_layers"]):
+    layers = tables["sub_block_layers"]
+    for depth in sorted(layers["depth"].unique()):
+        for when in ("init", "trained"):
+            if len(plots.sub_block_layer_data(layers, depth, when)):
+                nb.show(plots.sub_block_kappa_by_layer(layers, depth, when))
+elif tables is not None:
+    nb.say("No final run records κ per sub-block and layer yet (runs recorded before the study kept it have "
+           "only the medians above).")
+
+# %% [markdown]
 # ## Training loss per depth
 #
 # Training loss against step, mean and min–max band over the final seeds.

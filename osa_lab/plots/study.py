@@ -34,7 +34,9 @@ __all__ = [
     "kappa_vs_trainability",
     "kappa_vs_trainability_data",
     "sub_block_kappa",
+    "sub_block_kappa_by_layer",
     "sub_block_kappa_data",
+    "sub_block_layer_data",
     "seed_accuracy_data",
     "loss_curves",
     "loss_curves_by_depth",
@@ -276,6 +278,43 @@ def sub_block_kappa(runs: pd.DataFrame, depth: int, when: str = "init") -> hv.Ov
     return overlay.opts(xticks=ticks, xlabel="sub-block", backend="bokeh").opts(
         xticks=ticks, xlabel="sub-block", backend="matplotlib"
     )
+
+
+def sub_block_layer_data(layers: pd.DataFrame, depth: int, when: str = "init") -> pd.DataFrame:
+    """``preset, position, part, layer, mean, lo, hi, n`` at ``depth`` from the study's
+    ``sub_block_layers`` table: per preset, each sub-block in the order a token meets it (position 0
+    the embedding, 2l − 1 and 2l layer l's attention and MLP, 2L + 1 the readout), the median over
+    seeds (``mean``) and the seeds' range of κ, at initialisation or after training. κ beyond what
+    float64 resolves is kept at the float64 ceiling."""
+    require_columns(layers, ["preset", "depth", "seed", "when", "part", "layer", "kappa"], "sub_block_layers")
+    r = layers[(layers["depth"] == depth) & (layers["when"] == when)].copy()
+    columns = ["preset", "position", "part", "layer", "mean", "lo", "hi", "n"]
+    if r.empty:
+        return pd.DataFrame(columns=columns)
+    def position(part: str, layer: int) -> int:
+        return {"embedding": 0, "attention": 2 * layer - 1, "mlp": 2 * layer}.get(part, 2 * depth + 1)
+
+    r["position"] = [position(part, int(layer)) for part, layer in zip(r["part"], r["layer"], strict=True)]
+    r["kappa"] = r["kappa"].astype(float).clip(upper=LOG_CEILING)
+    out = (r.groupby(["preset", "position", "part", "layer"], sort=False)["kappa"]
+           .agg(mean="median", lo="min", hi="max", n="count").reset_index())  # fmt: skip
+    return out.sort_values(["preset", "position"], kind="stable", ignore_index=True)[columns]
+
+
+def sub_block_kappa_by_layer(layers: pd.DataFrame, depth: int, when: str = "init") -> hv.Overlay:
+    """Where along the network each preset loses its conditioning: κ of every sub-block in the order a
+    token meets it (embedding, attention 1, MLP 1, …, readout; log y), a line per preset through the
+    medians over seeds, the seeds' range shaded, at ``depth``."""
+    data = sub_block_layer_data(layers, depth, when)
+    if data.empty:
+        raise OSAInputError(f"no run at depth {depth} records κ per sub-block and layer ({when}); nothing to draw")
+    moment = "initialisation" if when == "init" else "after training"
+    overlay = curves_with_bands(data.drop(columns=["part", "layer"]), "position", "κ",
+                                f"κ of each sub-block along the network at {moment}, depth {depth}", logy=True)  # fmt: skip
+    step = max(1, depth // 4)
+    ticks = [(0, "embed")] + [(2 * l - 1, f"attn {l}") for l in range(1, depth + 1, step)] + [(2 * depth + 1, "readout")]
+    label = "sub-block (attention l, then MLP l)"
+    return overlay.opts(xticks=ticks, xlabel=label, backend="bokeh").opts(xticks=ticks, xlabel=label, backend="matplotlib")
 
 
 def _wide_axes(plot, element) -> None:

@@ -82,3 +82,34 @@ def test_sub_block_kappa_draws_a_line_per_preset_through_the_sub_blocks():
 
     with pytest.raises(OSAInputError, match="depth 32"):
         study.sub_block_kappa(runs, 32)
+
+
+def test_sub_block_kappa_by_layer_walks_the_sub_blocks_in_the_order_a_token_meets_them():
+    rows = []
+    for seed in (0, 1):
+        rows.append(dict(preset="skipless-osa", depth=2, seed=seed, when="init", part="embedding", layer=0, kappa=1.0))
+        for layer in (1, 2):
+            rows.append(dict(preset="skipless-osa", depth=2, seed=seed, when="init", part="attention", layer=layer,
+                             kappa=1.1 + seed))  # fmt: skip
+            rows.append(dict(preset="skipless-osa", depth=2, seed=seed, when="init", part="mlp", layer=layer,
+                             kappa=1e3 * layer))  # fmt: skip
+        rows.append(dict(preset="skipless-osa", depth=2, seed=seed, when="init", part="readout", layer=3, kappa=6.5))
+    rows.append(dict(preset="skipless-osa", depth=2, seed=0, when="trained", part="mlp", layer=1, kappa=float("inf")))
+    layers = pd.DataFrame(rows)
+    data = study.sub_block_layer_data(layers, 2)
+    assert data[["position", "part", "layer"]].values.tolist() == [
+        [0, "embedding", 0], [1, "attention", 1], [2, "mlp", 1], [3, "attention", 2], [4, "mlp", 2], [5, "readout", 3]]
+    attention = data[data["part"] == "attention"].iloc[0]
+    assert (attention["mean"], attention["lo"], attention["hi"], attention["n"]) == (1.6, 1.1, 2.1, 2)
+    assert study.sub_block_layer_data(layers, 2, "trained")["mean"].iloc[0] == study.LOG_CEILING  # inf kept drawable
+    fig = study.sub_block_kappa_by_layer(layers, 2)
+    ax = hv.render(fig, backend="matplotlib").axes[0]
+    assert ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["embed", "attn 1", "attn 2", "readout"]
+    hv.render(fig, backend="bokeh")
+    import pytest
+
+    from osa_lab.errors import OSAInputError
+
+    with pytest.raises(OSAInputError, match="depth 8"):
+        study.sub_block_kappa_by_layer(layers, 8)

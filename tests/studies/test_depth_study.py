@@ -433,6 +433,11 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
         parts = [f"kappa_{part}_{when}" for part in ("embedding", "attention", "mlp", "readout")]
         assert runs.loc[runs["preset"] == "vit", parts].gt(0).all().all(), runs[parts]
         assert runs.loc[runs["preset"] == "mlp", parts].isna().all().all()
+    # and layer by layer: the embedding, attention 1, MLP 1 and the readout of each depth-1 ViT run
+    layers = __import__("pandas").read_csv(out / "sub_block_layers.csv")
+    vit_layers = layers[layers["preset"] == "vit"]
+    assert len(vit_layers) == 2 * 2 * 4 and set(layers["preset"]) == {"vit"}  # 2 runs × init/trained × 4 sub-blocks
+    assert sorted(vit_layers["layer"].unique()) == [0, 1, 2] and vit_layers["kappa"].gt(0).all()
     searches = sorted(p.name for p in (out / "search").glob("*.json"))
     assert searches == ["mlp-d1.json", "vit-d1.json"]
     tuning = __import__("pandas").read_csv(out / "tuning.csv")

@@ -285,6 +285,8 @@ BAD_RECORDS = [
      _with(curve=[{"epoch": 1, "step": 36, "train_loss": 1.0, "train_accuracy": 7}]), r"`curve` must be"),
     ("a depth that is text", "final/vit-d4-lr0.01-am1-s4.json", _with(depth="four"), r"`depth` must be an int ≥ 1, got 'four'"),
     ("a float seed", "final/vit-d4-lr0.01-am1-s4.json", _with(seed=1.5), r"`seed` must be an int ≥ 0"),
+    ("a negative κ per layer", "final/vit-d4-lr0.01-am1-s4.json", _with(sub_block_kappa_layers_init={"mlp": [2.0, -1.0]}),
+     r"`sub_block_kappa_layers_init` must be a mapping of part → a list of κ per layer"),
     ("an unknown preset", "final/vit-d4-lr0.01-am1-s4.json", _with(preset="vit; rm -rf"), r"`preset` must be a known preset"),
     ("an unknown status", "final/vit-d4-lr0.01-am1-s4.json", _with(status="great"), r"`status` must be one of ok, diverged"),
     ("a missing field", "final/vit-d4-lr0.01-am1-s4.json", _with(preset=_DROP), r"has no `preset`"),

@@ -47,6 +47,20 @@ def test_the_table_has_every_part_and_layer_and_matches_a_direct_jacobian():
     assert row["kappa"] == pytest.approx(float(s[0] / s[-1]), rel=1e-8)
 
 
+def test_a_run_records_the_medians_and_each_layer_from_one_table():
+    from osa_lab.studies.jacobian.sub_blocks import sub_block_record
+
+    model = _classifier("skipless-osa", 3)
+    table = sub_block_kappas(model, _inputs())
+    medians, layers = sub_block_record(model, _inputs())
+    per_layer = table.groupby(["part", "layer"])["kappa"].median()
+    assert layers["attention"] == pytest.approx(list(per_layer.loc["attention"])) and len(layers["mlp"]) == 3
+    assert len(layers["embedding"]) == len(layers["readout"]) == 1
+    summary = sub_block_summary(table).set_index("part")["kappa_median"]
+    assert medians == pytest.approx({part: summary[part] for part in PARTS})
+    assert sub_block_record(build_model(get_preset("skipless-osa", depth=2, dim=8, tokens=4)), torch.randn(1, 4, 8))[1] == {}
+
+
 def test_a_model_without_sub_blocks_is_refused_with_the_reason():
     with pytest.raises(ConfigurationError, match="ViTClassifier"):
         sub_block_kappas(build_model(get_preset("skipless-osa", depth=2, dim=8, tokens=4)), torch.randn(1, 4, 8))

@@ -128,6 +128,25 @@ def curve_table(results: Path | Records) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: the columns of :func:`sub_block_layer_table`
+SUB_BLOCK_LAYER_COLUMNS = ["preset", "depth", "seed", "when", "part", "layer", "kappa"]
+
+
+def sub_block_layer_table(results: Path | Records) -> pd.DataFrame:
+    """κ of each sub-block at each layer of the final runs (the median over the run's κ inputs), at
+    initialisation and after training: one row per run, moment, part and layer (``layer`` 0 for the
+    embedding, depth + 1 for the readout; columns :data:`SUB_BLOCK_LAYER_COLUMNS`). Runs recorded
+    before the study kept κ per layer have no rows."""
+    rows = []
+    for r in _final_runs(results):
+        for when in ("init", "trained"):
+            for part, values in (r.get(f"sub_block_kappa_layers_{when}") or {}).items():
+                first = {"embedding": 0, "readout": int(r["depth"]) + 1}.get(part, 1)
+                rows += [{"preset": r["preset"], "depth": r["depth"], "seed": r["seed"], "when": when, "part": part,
+                          "layer": first + i, "kappa": v} for i, v in enumerate(values)]  # fmt: skip
+    return pd.DataFrame(rows, columns=SUB_BLOCK_LAYER_COLUMNS)
+
+
 def tuning_table(results: Path | Records) -> pd.DataFrame:
     """One row per tuning run (its validation accuracy, the score, and its final training loss), with
     the cell's search record (extended, chosen, edge after the limit)."""
@@ -452,7 +471,7 @@ def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], w
 def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
     """Regenerate every table and the verdict from the run results under ``results``.
 
-    Returns ``{"runs", "curves", "tuning", "summary", "claims": DataFrame, "verdict", "finding": str,
+    Returns ``{"runs", "curves", "sub_block_layers", "tuning", "summary", "claims": DataFrame, "verdict", "finding": str,
     "notices": list}``; with
     ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``
     (each written atomically: a full disk keeps the earlier file and raises
@@ -466,7 +485,8 @@ def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> di
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
     text = verdict_text(summary, claims, spec, training_hours(records), records.notices)
-    tables = {"runs": runs, "curves": curve_table(records), "tuning": tuning, "summary": summary, "claims": claims}
+    tables = {"runs": runs, "curves": curve_table(records), "sub_block_layers": sub_block_layer_table(records),
+              "tuning": tuning, "summary": summary, "claims": claims}  # fmt: skip
     if write:
         for name, df in tables.items():
             df = df.copy()

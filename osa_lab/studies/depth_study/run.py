@@ -25,7 +25,7 @@ import torch
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
 from osa_lab.studies.depth_study.weights import save_weights
-from osa_lab.studies.jacobian.sub_blocks import sub_block_medians
+from osa_lab.studies.jacobian.sub_blocks import sub_block_record
 from osa_lab.studies.training.config import (
     DEFAULT_WARMUP_FRACTION,
     TrainConfig,
@@ -199,7 +199,7 @@ def study_group_run(
             torch.manual_seed(config.seed)
             initial = build_training_model(model_config_for(config, data))
             payload["kappa_init"] = encoder_kappa(initial, x_k)
-            payload["sub_block_kappa_init"] = sub_block_medians(initial, x_k)
+            payload["sub_block_kappa_init"], payload["sub_block_kappa_layers_init"] = sub_block_record(initial, x_k)
         payloads.append(payload)
     outcomes = train_group(configs, run_dirs, data=data, progress=progress)
     for (seed, out), run_dir, payload, outcome in zip(pending, run_dirs, payloads, outcomes, strict=True):
@@ -250,4 +250,5 @@ def _finish_payload(payload: dict, metrics, status: str, error: str, result, x_k
     if kappa:
         payload["kappa_trained"] = encoder_kappa(result.model, x_k) if result is not None else math.nan
         if result is not None:
-            payload["sub_block_kappa_trained"] = sub_block_medians(result.model, x_k)
+            medians, layers = sub_block_record(result.model, x_k)
+            payload["sub_block_kappa_trained"], payload["sub_block_kappa_layers_trained"] = medians, layers

@@ -83,13 +83,25 @@ def sub_block_kappas(model: torch.nn.Module, inputs: torch.Tensor) -> pd.DataFra
 def sub_block_medians(model: torch.nn.Module, inputs: torch.Tensor) -> dict[str, float]:
     """Median κ per part over ``inputs`` and layers (:func:`sub_block_kappas`): ``{part: κ}`` for
     the parts the model has; NaN for every part of a model without them (the mlp and cnn1d
-    baselines). What a study run records at initialisation and after training."""
+    baselines)."""
+    return sub_block_record(model, inputs)[0]
+
+
+def sub_block_record(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """What a study run records at initialisation and after training, from one :func:`sub_block_kappas`:
+    the median κ per part over ``inputs`` and layers (as :func:`sub_block_medians`), and per part the
+    median over ``inputs`` at each layer in order (``{part: [κ at its first layer, …]}``; one value for
+    the embedding and the readout). A model without sub-blocks gives NaN medians and no layers."""
     from osa_lab.nn.models import ViTClassifier
 
     if not isinstance(model, ViTClassifier):
-        return {part: math.nan for part in PARTS}
-    summary = sub_block_summary(sub_block_kappas(model, inputs)).set_index("part")["kappa_median"]
-    return {part: float(summary.get(part, math.nan)) for part in PARTS}
+        return {part: math.nan for part in PARTS}, {}
+    table = sub_block_kappas(model, inputs)
+    summary = sub_block_summary(table).set_index("part")["kappa_median"]
+    per_layer = table.groupby(["part", "layer"])["kappa"].median()
+    layers = {part: [float(v) for v in per_layer.loc[part].sort_index()] for part in PARTS
+              if part in per_layer.index.get_level_values(0)}  # fmt: skip
+    return {part: float(summary.get(part, math.nan)) for part in PARTS}, layers
 
 
 def sub_block_summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -331,7 +331,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     for notice in out["notices"]:
         print(f"osa-lab train: notice: {notice}", file=sys.stderr)
     print(out["verdict"])
-    print(f"wrote runs.csv, curves.csv, tuning.csv, summary.csv, claims.csv and verdict.md under {results}/")
+    print(f"wrote runs.csv, curves.csv, sub_block_layers.csv, tuning.csv, summary.csv, claims.csv and verdict.md under {results}/")
     if failed:
         print(f"osa-lab train: {failed} of {tasks} grid tasks failed (their lines are above); the tables leave "
               "them out and a rerun retries them", file=sys.stderr)  # fmt: skip
