@@ -41,6 +41,10 @@ def test_the_training_loss_score_is_a_mean_of_decades_and_skips_settings_that_di
     assert math.isnan(scores[(1e-2, 1.0, 0.05)])  # one seed diverged: not a candidate, however low the other
     assert tuning_checks.best_by_train_loss(t) == (3e-3, 1.0, 0.05)
     assert tuning_checks.best_by_train_loss(t.assign(train_loss=math.nan)) is None
+    # a run that failed (collapsed, however low its loss) rules its setting out like a divergence
+    failed = t.assign(status=["ok", "ok", "ok", "failed", "ok", "ok"])
+    assert math.isnan(tuning_checks.train_loss_scores(failed)[(3e-3, 1.0, 0.05)])
+    assert tuning_checks.best_by_train_loss(failed) == (1e-3, 1.0, 0.05)
     assert tuning_checks.setting_words((3e-3, 1.0, 0.05)) == "lr 0.003, α-lr ×1, warm-up 0.05"
 
 

@@ -51,9 +51,12 @@ def grid_edges(tuning: pd.DataFrame, setting: tuple[float, ...]) -> list[str]:
 
 def train_loss_scores(tuning: pd.DataFrame) -> pd.Series:
     """Mean ``log10`` final training loss per setting over its tuning seeds; a setting with a run
-    that has no finite training loss (it diverged) scores NaN, as it would not be chosen."""
+    that has no finite training loss (it diverged) or that failed (``status``, where the table has
+    it) scores NaN, as the search would not choose it either."""
     loss = pd.to_numeric(tuning["train_loss"], errors="coerce").to_numpy(dtype=float)
     finite = np.isfinite(loss) & (loss > 0)
+    if "status" in tuning:
+        finite &= (tuning["status"] == "ok").to_numpy()
     logs = pd.Series(np.where(finite, np.log10(np.where(finite, loss, 1.0)), np.nan), index=tuning.index)
     grouped = logs.groupby([tuning[a] for a in AXES])
     return grouped.mean().where(grouped.count() == grouped.size())
