@@ -92,3 +92,36 @@ def test_weights_path_needs_a_json_result():
     assert weights_path("a/vit-d4-lr0.01-am1-s0.json").name == "vit-d4-lr0.01-am1-s0.weights.pt"
     with pytest.raises(MalformedResultError, match=r"\.json"):
         weights_path("a/run.csv")
+
+
+def test_per_layer_kappa_is_added_from_the_rebuilt_models_and_checked_against_the_medians(tiny_results, tmp_path):
+    """A run recorded before runs kept κ per layer gets it from its rebuilt models, the same values the
+    study itself records; a run whose rebuilt models do not reproduce its medians is refused unchanged."""
+    import shutil
+
+    from osa_lab.studies.depth_study import load_spec
+    from osa_lab.studies.depth_study.layer_kappas import add_layer_kappas
+    from tests.studies.test_depth_study import TINY_EXPERIMENT
+
+    exp = tmp_path / "tiny.yaml"
+    exp.write_text(TINY_EXPERIMENT)
+    spec = load_spec(exp, "full")
+    results = tmp_path / "results"
+    shutil.copytree(tiny_results, results)
+    vit = sorted(results.glob("final/vit-*.json"))[0]
+    payload = json.loads(vit.read_text())
+    recorded = {when: payload.pop(f"sub_block_kappa_layers_{when}") for when in ("init", "trained")}
+    assert set(recorded["init"]) == {"embedding", "attention", "mlp", "readout"}
+    vit.write_text(json.dumps(payload, indent=1))
+    assert add_layer_kappas(results, spec) == [vit]  # every other run has them already
+    restored = json.loads(vit.read_text())
+    for when in ("init", "trained"):
+        for part, values in recorded[when].items():
+            assert restored[f"sub_block_kappa_layers_{when}"][part] == pytest.approx(values, rel=1e-9)
+    assert add_layer_kappas(results, spec) == []
+    payload["sub_block_kappa_init"]["mlp"] *= 2  # a median the rebuilt model does not give
+    vit.write_text(json.dumps(payload, indent=1))
+    before = vit.read_text()
+    with pytest.raises(MalformedResultError, match="do not reproduce the recorded"):
+        add_layer_kappas(results, spec)
+    assert vit.read_text() == before
