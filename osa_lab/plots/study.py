@@ -21,6 +21,7 @@ from osa_lab.plots.style import (
     curves_with_bands,
     dual_options,
     mpl_wide_axes,
+    named_xticks,
     preset_colour,
     preset_style,
     require_columns,
@@ -271,8 +272,8 @@ def sub_block_kappa(runs: pd.DataFrame, depth: int, when: str = "init") -> hv.Ov
     data = sub_block_kappa_data(runs, depth, when)
     if data.empty:
         raise OSAInputError(f"no run at depth {depth} records κ per sub-block ({when}); nothing to draw")
-    moment = "initialisation" if when == "init" else "after training"
-    overlay = curves_with_bands(data, "position", "κ (median over layers)", f"κ per sub-block at {moment}, depth {depth}",
+    moment = "at initialisation" if when == "init" else "after training"
+    overlay = curves_with_bands(data, "position", "κ (median over layers)", f"κ per sub-block {moment}, depth {depth}",
                                 logy=True)  # fmt: skip
     ticks = [(i, part) for i, part in enumerate(SUB_BLOCKS, start=1)]
     return overlay.opts(xticks=ticks, xlabel="sub-block", backend="bokeh").opts(
@@ -308,13 +309,12 @@ def sub_block_kappa_by_layer(layers: pd.DataFrame, depth: int, when: str = "init
     data = sub_block_layer_data(layers, depth, when)
     if data.empty:
         raise OSAInputError(f"no run at depth {depth} records κ per sub-block and layer ({when}); nothing to draw")
-    moment = "initialisation" if when == "init" else "after training"
+    moment = "at initialisation" if when == "init" else "after training"
     overlay = curves_with_bands(data.drop(columns=["part", "layer"]), "position", "κ",
-                                f"κ of each sub-block along the network at {moment}, depth {depth}", logy=True)  # fmt: skip
-    step = max(1, depth // 4)
-    ticks = [(0, "embed")] + [(2 * l - 1, f"attn {l}") for l in range(1, depth + 1, step)] + [(2 * depth + 1, "readout")]
-    label = "sub-block (attention l, then MLP l)"
-    return overlay.opts(xticks=ticks, xlabel=label, backend="bokeh").opts(xticks=ticks, xlabel=label, backend="matplotlib")
+                                f"κ of each sub-block along the network {moment}, depth {depth}", logy=True)  # fmt: skip
+    step = max(1, depth // 4)  # about four named layers; "attn 1" would crowd "embed" beside it
+    ticks = [(0, "embed")] + [(2 * l - 1, f"attn {l}") for l in range(step, depth + 1, step)] + [(2 * depth + 1, "readout")]
+    return named_xticks(overlay, ticks, "sub-block (attention l, then MLP l)")
 
 
 def _wide_axes(plot, element) -> None:

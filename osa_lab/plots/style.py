@@ -314,6 +314,20 @@ def integer_xticks(obj):
     return obj
 
 
+def named_xticks(obj, ticks: list[tuple[int, str]], xlabel: str):
+    """Named ticks at fixed x positions in both backends (returns ``obj``), for an x axis of categories
+    drawn at whole numbers (sub-blocks along a network): :func:`integer_xticks`' hooks, which
+    :func:`curves_with_bands` installs, are taken off, since their locator would move the ticks away
+    from their names."""
+    targets = list(obj) if isinstance(obj, hv.Overlay) else [obj]
+    for el in targets:
+        hooks = list(hv.Store.lookup_options("bokeh", el, "plot").kwargs.get("hooks", []) or [])
+        el.opts(hooks=[h for h in hooks if h is not _bokeh_integer_xticks], backend="bokeh")
+    hooks = list(hv.Store.lookup_options("matplotlib", obj, "plot").kwargs.get("hooks", []) or [])
+    obj.opts(hooks=[h for h in hooks if h is not _mpl_integer_xticks], backend="matplotlib")
+    return obj.opts(xticks=ticks, xlabel=xlabel, backend="bokeh").opts(xticks=ticks, xlabel=xlabel, backend="matplotlib")
+
+
 def _mpl_colour_bars(plot, element) -> None:
     """Matplotlib hook of :func:`bars_by_preset`: colour each bar by its preset.
 
