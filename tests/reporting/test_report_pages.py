@@ -39,6 +39,9 @@ def reports(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("reports")
     names = report.discover(report.NOTEBOOK_DIR)
     params = report.load_params(report.NOTEBOOK_DIR / report.QUICK_PARAMS)
+    # report 04 trains into `runs_dir` (reports/train_runs by default): under pytest -n 2 both workers may
+    # run this fixture at once, and the second then met the first's run lock there; each gets its own
+    params["04_skipless_training"] = {**params.get("04_skipless_training", {}), "runs_dir": str(out / "train_runs")}
     results = report.run_reports(names, params, out, cell_timeout=report.QUICK_CELL_TIMEOUT,
                                  cwd=report.NOTEBOOK_DIR.parent, progress=False)  # fmt: skip
     failed = [r.name for r in results if not r.ok]
