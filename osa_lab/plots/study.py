@@ -292,6 +292,7 @@ def sub_block_layer_data(layers: pd.DataFrame, depth: int, when: str = "init") -
     columns = ["preset", "position", "part", "layer", "mean", "lo", "hi", "n"]
     if r.empty:
         return pd.DataFrame(columns=columns)
+
     def position(part: str, layer: int) -> int:
         return {"embedding": 0, "attention": 2 * layer - 1, "mlp": 2 * layer}.get(part, 2 * depth + 1)
 

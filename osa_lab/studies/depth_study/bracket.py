@@ -111,8 +111,10 @@ class BracketState:
             return []
         new: list[Point] = []
         for i, _, value in self._open_sides(top):
-            point = top[:i] + (value,) + top[i + 1 :] if value is not None else None
-            if point is not None and point not in self.scores and point not in new:
+            if value is None:
+                continue  # an edge: next_points extends it
+            point = top[:i] + (value,) + top[i + 1 :]
+            if point not in self.scores and point not in new:
                 new.append(point)
         return new
 
