@@ -78,7 +78,20 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make report" in readme
-    assert re.search(r"^make test$", ci, flags=re.M)
+    # the README's command, with at most environment settings before it
+    assert re.search(r"^(?:[A-Z_]+=\S+ )*make test$", ci, flags=re.M)
+
+
+def test_ci_lets_the_tests_check_the_reports_it_made_first():
+    """CI executes the quick reports once, then the report-page tests read those (``OSA_LAB_REPORTS``)."""
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    test_line = next(i for i, line in enumerate(lines) if line.endswith("make test"))
+    assert lines[test_line].startswith('OSA_LAB_REPORTS="$PWD/reports" ')
+    assert lines.index("make report-quick") < test_line
+    fixture = (ROOT / "tests" / "reporting" / "test_report_pages.py").read_text()
+    assert 'os.environ.get("OSA_LAB_REPORTS")' in fixture
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^report-quick: setup\n\t\.venv/bin/osa-lab report --quick$", makefile, flags=re.M)
 
 
 def _readme_python_blocks() -> list[str]:
@@ -149,7 +162,8 @@ def test_ci_checks_the_lean_core_after_the_tests():
     ci = (ROOT / ".ci" / "run").read_text()
     lines = [line.strip() for line in ci.splitlines()]
     assert "bash scripts/check_lean_core.sh" in lines
-    assert lines.index("bash scripts/check_lean_core.sh") > lines.index("make test")
+    test_line = next(i for i, line in enumerate(lines) if line.endswith("make test"))
+    assert lines.index("bash scripts/check_lean_core.sh") > test_line
     script = (ROOT / "scripts" / "check_lean_core.sh").read_text()
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     (pin,) = re.findall(r"TORCH_SPEC:-(torch==[\d.]+)", setup)

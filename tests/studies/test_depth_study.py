@@ -102,6 +102,19 @@ def test_an_interior_optimum_is_not_extended():
     assert state.added_by_extension == set() and state.best() == (3e-3,)
 
 
+def test_where_no_point_trained_on_every_seed_the_least_failed_is_named():
+    state = bracket.BracketState(("lr", "warmup_fraction"), {"lr": [1e-3, 3e-3], "warmup_fraction": [0.05, 0.15]},
+                                 {"lr": (1e-5, 1.0), "warmup_fraction": (0.005, 0.5)})  # fmt: skip
+    assert state.least_failed() is None  # nothing evaluated yet
+    for point, failed, score in [((1e-3, 0.05), 2, 0.9), ((1e-3, 0.15), 1, 0.5), ((3e-3, 0.05), 1, 0.7),
+                                 ((3e-3, 0.15), 3, math.nan)]:  # fmt: skip
+        state.scores[point], state.failures[point], state.finished_scores[point] = math.nan, failed, score
+    assert state.best() is None
+    assert state.least_failed() == (3e-3, 0.05)  # fewest failures, then the higher mean of the finished seeds
+    state.finished_scores[(3e-3, 0.05)] = 0.5  # an exact tie: the tie rule's order (smallest lr first)
+    assert state.least_failed() == (1e-3, 0.15)
+
+
 def test_a_diverged_point_bounds_the_optimum_but_is_never_chosen():
     state = search(lambda lr: math.nan if lr > 0.02 else lr, [1e-3, 3e-3, 1e-2])
     assert state.best() == (0.01,) and state.edge_after_limit() == []
@@ -454,6 +467,14 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
         (out / name).unlink()
     assert cli_main([*args, "--summary-only"]) == 0
     assert (out / "verdict.md").read_text() == first
+    # the same folder under a changed budget: refused in one line, its runs neither reused nor retrained
+    exp.write_text(TINY_EXPERIMENT.replace("steps: 36", "steps: 72"))
+    capsys.readouterr()
+    assert cli_main(args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith("osa-lab train: error: ") and "tune/" in errors[0], errors
+    assert "`epochs` 1 (the study asks for 2)" in errors[0] and "--output" in errors[0], errors
+    assert {p: p.stat().st_mtime_ns for p in (out / "final").glob("*.json")} == before
 
 
 def test_a_checkpoint_folder_in_use_by_another_study_is_refused_before_any_work(tmp_path, capsys):
@@ -654,19 +675,26 @@ def test_a_cell_without_final_runs_says_how_far_its_tuning_got(tmp_path):
 
 
 def test_the_verdict_counts_the_training_time_the_runs_recorded(tmp_path):
-    """Σ epoch_time_s × epochs per stage, from the run files: 2 final runs of 100 epochs at 18 s and
-    1 tuning run of 50 epochs at 36 s are 1.0 + 0.5 hours."""
+    """Σ epoch_time_s × epochs trained per stage, from the run files: 2 final runs of 6 epochs (their
+    curves) at 300 s, 1 tuning run of 50 epochs (no curve) at 36 s, and 1 final run planned for 6 epochs
+    that diverged after 2 at 900 s are 1.0 + 0.5 + 0.5 hours."""
     for s in range(2):
         _write_run(tmp_path, "vit", s, 0.85)
         path = tmp_path / "final" / f"vit-d4-lr0.01-am1-s{s}.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": 100, "epoch_time_s": 18.0}))
+        assert len(json.loads(path.read_text())["curve"]) == 6
+        path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": 6, "epoch_time_s": 300.0}))
     (tmp_path / "tune").mkdir()
     (tmp_path / "tune" / "vit-d4-lr0.01-am1-s1000.json").write_text(json.dumps(
         {"stage": "tune", "preset": "vit", "depth": 4, "seed": 1000, "lr": 0.01, "alpha_lr_mult": 1.0,
          "status": "ok", "val_accuracy": 0.8, "epochs": 50, "epoch_time_s": 36.0}))  # fmt: skip
     assert report.training_hours(tmp_path) == {"final": (2, pytest.approx(1.0)), "tune": (1, pytest.approx(0.5))}
+    _write_run(tmp_path, "vit", 2, 0.85, status="diverged")
+    path = tmp_path / "final" / "vit-d4-lr0.01-am1-s2.json"
+    diverged = json.loads(path.read_text())
+    path.write_text(json.dumps({**diverged, "curve": diverged["curve"][:2], "epochs": 6, "epoch_time_s": 900.0}))
+    assert report.training_hours(tmp_path) == {"final": (3, pytest.approx(1.5)), "tune": (1, pytest.approx(0.5))}
     text = report.summarise(tmp_path, _spec(), write=False)["verdict"]
-    assert "Compute: 1.5 hours of training steps, 1.0 in 2 final runs and 0.5 in 1 tuning runs" in text
+    assert "Compute: 2.0 hours of training steps, 1.5 in 3 final runs and 0.5 in 1 tuning runs" in text
 
 
 def test_a_finished_claim_whose_seeds_diverged_stays_in_the_holm_family_as_untestable(tmp_path):

@@ -13,7 +13,9 @@ is not tuned. The search ends when no line needs a fill or an extension; a top p
 edge is reported as such. A point that diverged or failed
 (:func:`~osa_lab.studies.training.failures.classify_run`) on any tuning seed scores NaN: it can
 bound an optimum but never be chosen. When every point diverged, the learning-rate axis is
-extended downwards.
+extended downwards. Where the search ends with no point that trained on every tuning seed,
+:meth:`BracketState.least_failed` names the point that failed on the fewest: the cell's final
+seeds run there, so that its failure rate is measured on them rather than left unmeasured.
 
 The chosen point (:meth:`BracketState.best`) follows the stated tie rule: every point whose score
 lies within ``tie_margin`` of the top score ties with it, and the tie goes to the smallest
@@ -46,6 +48,9 @@ class BracketState:
     scores: dict[Point, float] = field(default_factory=dict)
     extensions: dict[tuple[str, str], int] = field(default_factory=dict)
     added_by_extension: set[Point] = field(default_factory=set)
+    #: per evaluated point: the tuning seeds on which it failed or diverged, and the mean score of the others
+    failures: dict[Point, int] = field(default_factory=dict)
+    finished_scores: dict[Point, float] = field(default_factory=dict)
 
     def initial_points(self) -> list[Point]:
         """The full product of the start values."""
@@ -71,6 +76,19 @@ class BracketState:
         floor = self.scores[top] - self.tie_margin - 1e-12
         tied = [p for p, s in self.scores.items() if not math.isnan(s) and s >= floor]
         return min(tied, key=self._preference)
+
+    def least_failed(self) -> Point | None:
+        """Where :meth:`best` is None (no point trained on every tuning seed): the point that failed on the
+        fewest seeds, then the one of the highest mean score over its finished seeds, then the one the tie
+        rule prefers; None before any point was evaluated."""
+        if not self.failures:
+            return None
+
+        def key(point: Point) -> tuple[float, ...]:
+            score = self.finished_scores.get(point, math.nan)
+            return (self.failures[point], math.inf if math.isnan(score) else -score, *self._preference(point))
+
+        return min(self.failures, key=key)
 
     def _preference(self, point: Point) -> tuple[float, ...]:
         return tuple(-v if axis in PREFER_LARGER else v for axis, v in zip(self.axes, point, strict=True))

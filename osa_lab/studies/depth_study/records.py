@@ -222,6 +222,10 @@ def run_setting(record: Mapping[str, Any]) -> tuple[float, float, float]:
             float(record.get("warmup_fraction", DEFAULT_WARMUP_FRACTION)))  # fmt: skip
 
 
+#: how a search chose its setting: the tie rule among points that trained on every tuning seed, or (none did)
+#: the point that failed on the fewest tuning seeds
+CHOSEN_BY = ("tie rule", "fewest failures")
+
 #: the fields of a search record (:meth:`StudyRunner.tune` writes them)
 SEARCH_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "preset": (True, _preset, "a known preset"),
@@ -231,6 +235,8 @@ SEARCH_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "extension_points": (False, lambda v: isinstance(v, list) and all(_setting(p) for p in v),
                          "a list of [lr, mult, warm-up]"),
     "edge_after_limit": (False, lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of text"),
+    "chosen_by": (False, lambda v: v in CHOSEN_BY, " or ".join(f"{w!r}" for w in CHOSEN_BY)),
+    "chosen_failures": (False, _int(0), "an int ≥ 0"),
 }
 
 

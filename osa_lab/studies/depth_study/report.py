@@ -159,6 +159,7 @@ def tuning_table(results: Path | Records) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy", "train_loss"])
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
+    df["chosen_by"], df["chosen_failures"] = "", 0
 
     def at(cell: pd.Series, setting: tuple[float, float, float]) -> pd.Series:
         return cell & np.logical_and.reduce([np.isclose(df[a], v) for a, v in zip(AXES, setting, strict=True)])
@@ -170,6 +171,8 @@ def tuning_table(results: Path | Records) -> pd.DataFrame:
         if rec.get("chosen"):
             df.loc[at(cell, setting_of(rec["chosen"])), "chosen"] = True
         df.loc[cell, "edge_after_limit"] = ", ".join(rec.get("edge_after_limit", []))
+        df.loc[cell, "chosen_by"] = rec.get("chosen_by", "tie rule") if rec.get("chosen") else ""
+        df.loc[cell, "chosen_failures"] = int(rec.get("chosen_failures", 0))
     return df.sort_values(["depth", "preset", *AXES, "tune_seed"], ignore_index=True)
 
 
@@ -202,6 +205,8 @@ def summary_table(runs: pd.DataFrame, tuning: pd.DataFrame, spec: StudySpec) -> 
             if len(setting) and len(t) else "",
             "grid_extended": bool(t["extended"].any()) if len(t) else False,
             "edge_after_limit": t["edge_after_limit"].iloc[0] if len(t) else "",
+            "chosen_by": t["chosen_by"].iloc[0] if len(t) else "",
+            "chosen_failures": int(t["chosen_failures"].iloc[0]) if len(t) else 0,
             **_choice_checks(t, chosen),
             "test_accuracy_mean": float(acc.mean()) if len(acc) else math.nan,
             "test_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else math.nan,
@@ -272,20 +277,35 @@ def _not_final_words(r) -> str:
 
 def training_hours(results: Path | Records) -> dict[str, tuple[int, float]]:
     """Per stage (``"tune"``, ``"final"``): the runs recorded and their training time in hours,
-    ``Σ epoch_time_s × epochs`` from each run's JSON (training steps only: the loop's epoch time
-    leaves out evaluation and diagnostics, κ included). Runs of a superseded choice count: they ran."""
+    ``Σ epoch_time_s × epochs trained`` from each run's JSON (training steps only: the loop's epoch
+    time leaves out evaluation and diagnostics, κ included). A run that diverged counts the epochs of
+    its curve, not its planned ones (its ``epoch_time_s`` is the mean over those). Runs of a
+    superseded choice count: they ran."""
     out = {}
     records = _records(results)
     for stage in ("tune", "final"):
         recs = records.runs[stage]
-        seconds = [r.get("epoch_time_s", math.nan) * r.get("epochs", math.nan) for r in recs]
+        seconds = [r.get("epoch_time_s", math.nan) * _epochs_trained(r) for r in recs]
         out[stage] = (len(recs), float(np.nansum(seconds)) / 3600)
     return out
+
+
+def _epochs_trained(record: dict) -> float:
+    """The epochs a run trained: its curve's rows (one per finished epoch), or ``epochs`` for a record
+    without a curve."""
+    curve = record.get("curve")
+    return float(len(curve)) if isinstance(curve, list) else float(record.get("epochs", math.nan))
 
 
 def _tuning_edge_lines(summary: pd.DataFrame) -> list[str]:
     """The cells whose chosen setting sits at the stability edge, or whose optimum is still at a grid edge."""
     lines = []
+    least = summary[summary["chosen_by"] == "fewest failures"]
+    if len(least):
+        lines += ["No tuning setting trained on every tuning seed; the final seeds ran at the one that failed on the "
+                  "fewest, to measure the failure rate (it is not a tuned optimum): "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} (failed on {r.chosen_failures} tuning seed"
+                              f"{'' if r.chosen_failures == 1 else 's'})" for r in least.itertuples()), ""]  # fmt: skip
     unstable = summary[summary["stability_edge"].astype(str) != ""]
     if len(unstable):
         lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
@@ -293,7 +313,8 @@ def _tuning_edge_lines(summary: pd.DataFrame) -> list[str]:
                   ""]  # fmt: skip
     edges = summary[summary["edge_after_limit"].astype(str) != ""]
     if len(edges):
-        lines += ["Tuning optimum still at a grid edge after the extension limit: "
+        lines += ["Tuning optimum still at a grid edge (extended as often as allowed, or the next step lies past "
+                  "the axis' bounds): "
                   + "; ".join(f"`{r.preset}` depth {r.depth} ({r.edge_after_limit})" for r in edges.itertuples()), ""]
     chosen_edges = summary[summary["chosen_grid_edge"].astype(str) != ""]
     if len(chosen_edges):
@@ -350,7 +371,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
     if hours:
         (n_final, h_final), (n_tune, h_tune) = hours["final"], hours["tune"]
         lines += [f"Compute: {h_final + h_tune:.1f} hours of training steps, {h_final:.1f} in {n_final} final runs and "
-                  f"{h_tune:.1f} in {n_tune} tuning runs (each run's recorded time per epoch × its epochs; "
+                  f"{h_tune:.1f} in {n_tune} tuning runs (each run's recorded time per epoch × the epochs it trained; "
                   f"evaluation and diagnostics, κ included, are not counted).", ""]  # fmt: skip
     gate, gate_lines = gate_status(summary, spec)
     if spec.gate:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
 from osa_lab.studies.depth_study.weights import save_weights
@@ -141,6 +142,28 @@ def _finished_record(out: Path, stage: str, preset: str, depth: int, seed: int) 
     return record if (record["preset"], record["depth"], record["seed"]) == (preset, depth, seed) else None
 
 
+def budget_mismatch(record: dict, spec: dict, depth: int, steps: int) -> str:
+    """How a finished run's record differs from the run the study asks for now ("" where it does not):
+    its data, batch size, validation fraction, model or number of epochs. A study whose file changed
+    under a results folder must not reuse runs trained on another budget. Records written before
+    ``train_config`` was recorded are checked on their epochs alone, and those without ``steps`` and
+    ``epochs`` (hand-made ones) on nothing."""
+    wanted: dict[str, Any] = {}
+    recorded: dict[str, Any] = {}
+    if isinstance(record.get("steps"), int) and isinstance(record.get("epochs"), int) and record["epochs"] > 0:
+        per_epoch = max(1, record["steps"] // record["epochs"])
+        wanted["epochs"], recorded["epochs"] = max(1, math.ceil(steps / per_epoch)), record["epochs"]
+    config = record.get("train_config")
+    if isinstance(config, dict):
+        wanted |= {"data": spec.get("data"), "batch_size": spec.get("batch_size"),
+                   "val_fraction": spec.get("val_fraction"), "model": {**spec.get("model", {}), "depth": int(depth)}}  # fmt: skip
+        recorded |= {k: config.get(k) for k in ("data", "batch_size", "val_fraction", "model")}
+    for key, value in wanted.items():
+        if comparable_json(recorded[key]) != comparable_json(value):
+            return f"`{key}` {recorded[key]!r} (the study asks for {value!r})"
+    return ""
+
+
 def study_group_run(
     *,
     spec: dict,
@@ -169,6 +192,11 @@ def study_group_run(
     for seed, out in zip(seeds, outs, strict=True):
         record = _finished_record(out, stage, preset, depth, seed)
         if record is not None:
+            differs = budget_mismatch(record, spec, depth, steps)
+            if differs:
+                raise ConfigurationError(
+                    f"{out} was trained with {differs}: the results folder holds another study's runs; give this "
+                    "study its own `results` folder (--output), or remove the runs it must not reuse")  # fmt: skip
             done[seed] = record
     pending = [(seed, out) for seed, out in zip(seeds, outs, strict=True) if seed not in done]
     if not pending:

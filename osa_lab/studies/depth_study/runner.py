@@ -97,8 +97,10 @@ class StudyRunner:
 
     def tune(self, preset: str, depth: int) -> tuple[float, float, float] | None:
         """The bracketing search of one cell; returns the chosen (lr, α-lr multiplier, warm-up
-        fraction), None if all diverged. The α-lr multiplier is an axis for presets that learn α
-        (1 for the others), the warm-up for every preset."""
+        fraction), None if a tuning task failed to run. Where no point trained on every tuning seed, the
+        point that failed on the fewest is chosen (``chosen_by`` "fewest failures" in the search record),
+        so that the final seeds measure the cell's failure rate. The α-lr multiplier is an axis for
+        presets that learn α (1 for the others), the warm-up for every preset."""
         t = self.spec.tuning
         axes = tuple(a for a in AXES if a != "alpha_lr_mult" or learns_alpha(preset))
         state = BracketState(axes, {a: getattr(t, a) for a in axes}, {a: getattr(t, f"{a}_bounds") for a in axes},
@@ -122,19 +124,24 @@ class StudyRunner:
             for i, point in enumerate(points):
                 runs = values[i * n : (i + 1) * n]
                 # a run that collapsed or never recovered from a loss jump is a failure, like a divergence
-                ok = all(run_outcome(r)[0] == "ok" for r in runs)
-                state.scores[point] = sum(r["val_accuracy"] for r in runs) / n if ok else math.nan
+                finished = [r["val_accuracy"] for r in runs if run_outcome(r)[0] == "ok"]
+                state.failures[point] = n - len(finished)
+                state.finished_scores[point] = sum(finished) / len(finished) if finished else math.nan
+                state.scores[point] = state.finished_scores[point] if len(finished) == n else math.nan
             points, rounds = state.next_points(), rounds + 1
-        best = state.best()
+        best, chosen_by = state.best(), "tie rule"
         if best is None:
-            _say(f"{preset} depth {depth}: every tuning point diverged")
+            best, chosen_by = state.least_failed(), "fewest failures"
+            _say(f"{preset} depth {depth}: no tuning point trained on every tuning seed; the final seeds run at "
+                 "the one that failed on the fewest, to measure the failure rate")  # fmt: skip
         top = state.top()
         record = {"preset": preset, "depth": depth, "axes": list(axes), "rounds": rounds,
                   "scores": [[*as_setting(p), s] for p, s in sorted(state.scores.items())],
                   "extension_points": [as_setting(p) for p in sorted(state.added_by_extension)],
                   "extensions": {f"{a} {s}": n for (a, s), n in state.extensions.items()},
                   "tie_margin": t.tie_margin, "top": as_setting(top) if top is not None else None,
-                  "chosen": as_setting(best) if best is not None else None,
+                  "chosen": as_setting(best) if best is not None else None, "chosen_by": chosen_by,
+                  "chosen_failures": state.failures.get(best, 0) if best is not None else 0,
                   "edge_after_limit": state.edge_after_limit()}  # fmt: skip
         atomic_write_text(self.results / "search" / f"{preset}-d{depth}.json", json.dumps(record, indent=1))
         return tuple(record["chosen"]) if best is not None else None
