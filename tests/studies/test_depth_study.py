@@ -102,6 +102,32 @@ def test_an_interior_optimum_is_not_extended():
     assert state.added_by_extension == set() and state.best() == (3e-3,)
 
 
+def test_a_results_folder_of_another_profile_is_refused_naming_the_field(tmp_path):
+    """The large-depth study's quick profile given the full profile's folder (or the other way round)."""
+    from osa_lab.studies.depth_study.runner import check_results_budget
+
+    root = Path(__file__).resolve().parents[2]
+    full = load_spec(root / "experiments" / "mnist1d_large_depth.yaml")
+    quick = load_spec(root / "experiments" / "mnist1d_large_depth.yaml", "quick")
+
+    def as_dict(spec: StudySpec) -> dict:
+        return {"data": spec.data, "val_fraction": spec.val_fraction, "batch_size": spec.batch_size,
+                "model": dict(spec.model)}  # fmt: skip
+
+    (tmp_path / "experiment.yaml").write_text(yaml.safe_dump(full.to_dict(), sort_keys=False))
+    check_results_budget(full, tmp_path, as_dict(full))  # its own folder resumes
+    with pytest.raises(ConfigurationError, match=r"records `data` 'mnist1d-large', but this study has 'mnist1d'"):
+        check_results_budget(quick, tmp_path, as_dict(quick))
+    # a committed run of the full profile, in a folder without its experiment.yaml
+    (tmp_path / "experiment.yaml").unlink()
+    committed = sorted((root / "docs" / "results" / "mnist1d-large-depth" / "final").glob("vit-d8-*.json"))[0]
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / committed.name).write_text(committed.read_text())
+    check_results_budget(full, tmp_path, as_dict(full))
+    with pytest.raises(ConfigurationError, match=r"was trained with `data` 'mnist1d-large' \(the study asks for 'mnist1d'\)"):
+        check_results_budget(quick, tmp_path, as_dict(quick))
+
+
 def test_where_no_point_trained_on_every_seed_the_least_failed_is_named():
     state = bracket.BracketState(("lr", "warmup_fraction"), {"lr": [1e-3, 3e-3], "warmup_fraction": [0.05, 0.15]},
                                  {"lr": (1e-5, 1.0), "warmup_fraction": (0.005, 0.5)})  # fmt: skip
@@ -113,6 +139,9 @@ def test_where_no_point_trained_on_every_seed_the_least_failed_is_named():
     assert state.least_failed() == (3e-3, 0.05)  # fewest failures, then the higher mean of the finished seeds
     state.finished_scores[(3e-3, 0.05)] = 0.5  # an exact tie: the tie rule's order (smallest lr first)
     assert state.least_failed() == (1e-3, 0.15)
+    for point in state.failures:  # every point failed on every seed: the tie rule's order alone
+        state.failures[point], state.finished_scores[point] = 3, math.nan
+    assert state.least_failed() == (1e-3, 0.15)  # smallest lr, then the longest warm-up
 
 
 def test_a_diverged_point_bounds_the_optimum_but_is_never_chosen():
@@ -467,14 +496,21 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
         (out / name).unlink()
     assert cli_main([*args, "--summary-only"]) == 0
     assert (out / "verdict.md").read_text() == first
-    # the same folder under a changed budget: refused in one line, its runs neither reused nor retrained
+    # the same folder under a changed budget: refused in one line before anything in it changes
+    every_file = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     exp.write_text(TINY_EXPERIMENT.replace("steps: 36", "steps: 72"))
     capsys.readouterr()
     assert cli_main(args) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert len(errors) == 1 and errors[0].startswith("osa-lab train: error: ") and "tune/" in errors[0], errors
-    assert "`epochs` 1 (the study asks for 2)" in errors[0] and "--output" in errors[0], errors
-    assert {p: p.stat().st_mtime_ns for p in (out / "final").glob("*.json")} == before
+    err = capsys.readouterr().err.strip().splitlines()  # the study's opening line, then the error
+    assert [line for line in err if "error" in line] == err[-1:] and err[-1].startswith("osa-lab train: error: "), err
+    assert "records `steps` 36, but this study has 72" in err[-1] and "--output" in err[-1], err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == every_file
+    # without the recorded experiment, the runs themselves are checked (the first one named)
+    (out / "experiment.yaml").unlink()
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "/tune/" in err and "was trained with `epochs` 1 (the study asks for 2)" in err, err
+    assert not (out / "experiment.yaml").exists()
 
 
 def test_a_checkpoint_folder_in_use_by_another_study_is_refused_before_any_work(tmp_path, capsys):

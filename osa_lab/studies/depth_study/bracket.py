@@ -12,8 +12,8 @@ one factor below (above) it: an extension, unless that edge was already extended
 is not tuned. The search ends when no line needs a fill or an extension; a top point still on an
 edge is reported as such. A point that diverged or failed
 (:func:`~osa_lab.studies.training.failures.classify_run`) on any tuning seed scores NaN: it can
-bound an optimum but never be chosen. When every point diverged, the learning-rate axis is
-extended downwards. Where the search ends with no point that trained on every tuning seed,
+bound an optimum but never be chosen. When no point trained on every tuning seed (each failed or
+diverged on some seed), the learning-rate axis is extended downwards. Where the search ends with no point that trained on every tuning seed,
 :meth:`BracketState.least_failed` names the point that failed on the fewest: the cell's final
 seeds run there, so that its failure rate is measured on them rather than left unmeasured.
 

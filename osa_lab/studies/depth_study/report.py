@@ -32,6 +32,7 @@ from osa_lab.studies.depth_study.wording import (
     failure_words,
     trainability_lines,
     unstable_neighbours,
+    untuned_words,
 )
 from osa_lab.studies.jacobian.sub_blocks import PARTS as SUB_BLOCK_PARTS
 from osa_lab.studies.summaries import KAPPA_RESOLVED, number
@@ -297,15 +298,21 @@ def _epochs_trained(record: dict) -> float:
     return float(len(curve)) if isinstance(curve, list) else float(record.get("epochs", math.nan))
 
 
-def _tuning_edge_lines(summary: pd.DataFrame) -> list[str]:
-    """The cells whose chosen setting sits at the stability edge, or whose optimum is still at a grid edge."""
+def _tuning_edge_lines(summary: pd.DataFrame, tuning_seeds: int) -> list[str]:
+    """The cells whose chosen setting sits at the stability edge, or whose optimum is still at a grid edge.
+    A cell where no setting trained on every tuning seed has no optimum: it gets its own line instead."""
     lines = []
     least = summary[summary["chosen_by"] == "fewest failures"]
     if len(least):
-        lines += ["No tuning setting trained on every tuning seed; the final seeds ran at the one that failed on the "
-                  "fewest, to measure the failure rate (it is not a tuned optimum): "
-                  + "; ".join(f"`{r.preset}` depth {r.depth} (failed on {r.chosen_failures} tuning seed"
-                              f"{'' if r.chosen_failures == 1 else 's'})" for r in least.itertuples()), ""]  # fmt: skip
+        def failed(n: int) -> str:
+            return (f"every setting failed on all {n} tuning seeds: none trained" if n >= tuning_seeds
+                    else f"failed on {n} of {tuning_seeds} tuning seeds")  # fmt: skip
+
+        lines += ["No tuning setting trained on every tuning seed; the final seeds run at the one that failed on the "
+                  "fewest, to measure the failure rate (it is not a tuned optimum, and the claims on it say so): "
+                  + "; ".join(f"`{r.preset}` depth {r.depth} ({failed(r.chosen_failures)})" for r in least.itertuples()),
+                  ""]  # fmt: skip
+    summary = summary[summary["chosen_by"] != "fewest failures"]
     unstable = summary[summary["stability_edge"].astype(str) != ""]
     if len(unstable):
         lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
@@ -376,7 +383,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
     gate, gate_lines = gate_status(summary, spec)
     if spec.gate:
         lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
-    lines += _tuning_edge_lines(summary)
+    lines += _tuning_edge_lines(summary, len(spec.tuning.seeds))
     lines += [f"## Test accuracy (%), mean ± std over seeds [95 % t-interval], and each seed's where there are "
               f"{SEEDS_LISTED} or fewer", ""]  # fmt: skip
     for r in summary.itertuples():
@@ -403,7 +410,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
               "Clopper–Pearson 95 % interval.", ""]  # fmt: skip
     lines += trainability_lines(summary)
     testable = testable_claims(spec)
-    lines += claims_lines(claims, spec, testable)
+    untuned = {(r.preset, r.depth) for r in summary.itertuples() if r.chosen_by == "fewest failures"}
+    lines += claims_lines(claims, spec, testable, untuned)
     lines += ["", "## Conclusion", ""]
     if not testable:
         lines.append("The study tests no claim of the paper, so it draws no conclusion about them.")
@@ -416,7 +424,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         for word in ("shown", "refuted", "inconclusive", "untestable"):
             rows = claims[claims["verdict"] == word]
             if len(rows):
-                lines.append(f"* {word.capitalize()}: " + "; ".join(f"{r.claim} (depth {r.depth})" for r in rows.itertuples()))
+                lines.append(f"* {word.capitalize()}: " + "; ".join(f"{r.claim} (depth {r.depth}{untuned_words(r, untuned)})"
+                                                                   for r in rows.itertuples()))  # fmt: skip
         worse = claims[claims["direction"] == "worse"]
         if len(worse):
             lines.append("* Worse (two-sided): " + "; ".join(

@@ -150,14 +150,14 @@ def budget_mismatch(record: dict, spec: dict, depth: int, steps: int) -> str:
     ``epochs`` (hand-made ones) on nothing."""
     wanted: dict[str, Any] = {}
     recorded: dict[str, Any] = {}
-    if isinstance(record.get("steps"), int) and isinstance(record.get("epochs"), int) and record["epochs"] > 0:
-        per_epoch = max(1, record["steps"] // record["epochs"])
-        wanted["epochs"], recorded["epochs"] = max(1, math.ceil(steps / per_epoch)), record["epochs"]
     config = record.get("train_config")
     if isinstance(config, dict):
         wanted |= {"data": spec.get("data"), "batch_size": spec.get("batch_size"),
                    "val_fraction": spec.get("val_fraction"), "model": {**spec.get("model", {}), "depth": int(depth)}}  # fmt: skip
         recorded |= {k: config.get(k) for k in ("data", "batch_size", "val_fraction", "model")}
+    if isinstance(record.get("steps"), int) and isinstance(record.get("epochs"), int) and record["epochs"] > 0:
+        per_epoch = max(1, record["steps"] // record["epochs"])
+        wanted["epochs"], recorded["epochs"] = max(1, math.ceil(steps / per_epoch)), record["epochs"]
     for key, value in wanted.items():
         if comparable_json(recorded[key]) != comparable_json(value):
             return f"`{key}` {recorded[key]!r} (the study asks for {value!r})"

@@ -31,13 +31,13 @@ from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import OutputLock, atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
 from osa_lab.studies.depth_study.report import run_outcome, summarise
-from osa_lab.studies.depth_study.run import result_name, study_group_run
+from osa_lab.studies.depth_study.run import budget_mismatch, result_name, study_group_run
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.depth_study.tuning_checks import setting_words
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
 from osa_lab.studies.grid.results import first_line
 from osa_lab.studies.training.compare import seed_groups, user_error_from_name
-from osa_lab.studies.training.config import learns_alpha
+from osa_lab.studies.training.config import comparable_json, learns_alpha
 
 
 def is_user_error_name(name: str) -> bool:
@@ -147,7 +147,9 @@ class StudyRunner:
         return tuple(record["chosen"]) if best is not None else None
 
     def run(self) -> dict:
-        """Every cell in order; the tables are regenerated after each."""
+        """Every cell in order; the tables are regenerated after each. A results folder of another budget is
+        refused first (:func:`check_results_budget`), before anything in it changes."""
+        check_results_budget(self.spec, self.results, self.spec_dict)
         atomic_write_text(self.results / "experiment.yaml", yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
         t0 = time.perf_counter()
         for preset, depth in self.spec.run_order():
@@ -165,6 +167,46 @@ class StudyRunner:
         failed = f"; {len(self.failures)} of {self.tasks} tasks failed" if self.failures else ""
         _say(f"done in {time.perf_counter() - t0:.0f} s{failed}; tables and verdict under {self.results}/")
         return {**out, "tasks": self.tasks, "failed_tasks": len(self.failures), "failures": list(self.failures)}
+
+
+#: the fields of a recorded ``experiment.yaml`` that fix a run's budget (``tuning.steps`` for the tuning runs)
+BUDGET_FIELDS = ("data", "batch_size", "val_fraction", "model", "steps", "tuning.steps")
+
+
+def check_results_budget(spec: StudySpec, results: Path, spec_dict: dict) -> None:
+    """Refuse (:class:`ConfigurationError`, one line) a results folder whose ``experiment.yaml`` or finished
+    runs have another budget than ``spec``: another profile's folder, or the same one after ``steps``,
+    the data or the model changed. The runs would otherwise be reused, or joined by runs of the new
+    budget in the same tables. Damaged records are left to the run that trains them again."""
+    from osa_lab.studies.depth_study.records import RecordProblem, read_run
+
+    recorded = results / "experiment.yaml"
+    try:
+        old = yaml.safe_load(recorded.read_text(encoding="utf-8")) if recorded.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        old = None  # unreadable: it is rewritten; the runs below are still checked
+    if isinstance(old, dict):
+        new = spec.to_dict()
+        for field in BUDGET_FIELDS:
+            head, _, tail = field.partition(".")
+            was, now = old.get(head), new.get(head)
+            if tail:
+                was, now = (was or {}).get(tail) if isinstance(was, dict) else None, (now or {}).get(tail)
+            if comparable_json(was) != comparable_json(now):
+                raise ConfigurationError(
+                    f"{recorded} records `{field}` {was!r}, but this study has {now!r}: the results folder holds "
+                    "another study's runs; give this study its own `results` folder (--output)")  # fmt: skip
+    for stage, steps in (("tune", spec.tuning.steps), ("final", spec.steps)):
+        for path in sorted((results / stage).glob("*.json")):
+            try:
+                record = read_run(path, stage)
+            except RecordProblem:
+                continue
+            differs = budget_mismatch(record, spec_dict, int(record["depth"]), steps)
+            if differs:
+                raise ConfigurationError(
+                    f"{path} was trained with {differs}: the results folder holds another study's runs; give this "
+                    "study its own `results` folder (--output), or remove the runs it must not reuse")  # fmt: skip
 
 
 SCRATCH_ROOT = Path("runs") / "experiments"

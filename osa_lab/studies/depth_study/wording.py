@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -111,8 +113,17 @@ def _margin_words(spec: StudySpec, endpoint: str) -> str:
     return f"{spec.equivalence_margin * 100:.0f} points"
 
 
-def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[Claim, int]]) -> list[str]:
-    """The verdict's claims section: the Holm families named, then one line per claim with its tests."""
+def untuned_words(claim_row: Any, untuned: Collection[tuple[str, int]]) -> str:
+    """"; `P` at an untuned setting" for each preset of a claim whose cell chose its setting by fewest
+    failures (no setting trained on every tuning seed); "" otherwise."""
+    names = [p for p in (claim_row.preset, claim_row.other) if (p, int(claim_row.depth)) in untuned]
+    return "".join(f"; `{p}` at an untuned setting (no setting trained on every tuning seed)" for p in names)
+
+
+def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[Claim, int]],
+                 untuned: Collection[tuple[str, int]] = ()) -> list[str]:  # fmt: skip
+    """The verdict's claims section: the Holm families named, then one line per claim with its tests
+    (and, where a cell ran at an untuned setting, :func:`untuned_words`)."""
     lines: list[str] = []
     tested = claims[claims["verdict"] != "waiting"] if len(claims) else claims
     family = holm_family(len(tested), int(tested["p_reverse"].notna().sum()) if len(tested) else 0)
@@ -126,6 +137,7 @@ def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[Cla
                      "above are descriptive only")  # fmt: skip
     elif claims.empty:
         lines.append("* no claim has two paired seeds yet")
+    start = len(lines)
     for r in claims.itertuples():
         if r.verdict == "waiting":
             lines.append(f"* depth {r.depth}: {r.claim}: **waiting** for its cells' {r.planned} planned seeds "
@@ -145,4 +157,6 @@ def claims_lines(claims: pd.DataFrame, spec: StudySpec, testable: list[tuple[Cla
                      f"{r.ci_level * 100:.0f} % CI [{interval_words(r.endpoint, r.ci_low, r.ci_high)}], n = {r.n}, "
                      f"p = {r.p:.3g}, Holm p = {r.p_holm:.3g}{extra}; signed-rank p = {r.p_rank:.3g}); "
                      f"two-sided: {_direction_words(r)}")  # fmt: skip
+    # the loop wrote one line per claim row, in order
+    lines[start:] = [line + untuned_words(r, untuned) for line, r in zip(lines[start:], claims.itertuples(), strict=True)]
     return lines
