@@ -27,6 +27,7 @@ from osa_lab.dashboard.state import ACCENT, markdown_literal, quoted
 from osa_lab.errors import MalformedResultError, MissingDataError, UserError
 from osa_lab.studies.depth_study import report
 from osa_lab.studies.depth_study.layer_profiles import PROFILE_SAMPLES, STATES, run_layer_profiles
+from osa_lab.studies.depth_study.records import FEWEST_FAILURES
 from osa_lab.studies.depth_study.weights import weights_path
 from osa_lab.studies.training.config import DEFAULT_WARMUP_FRACTION
 
@@ -220,13 +221,18 @@ def tuning_figure(tuning: pd.DataFrame) -> Figure:
             ax.plot(mean.index, mean.values, color=colours[preset], lw=1.2, label=label,
                     ls=":" if am != 1 else "--" if not math.isclose(warmup, DEFAULT_WARMUP_FRACTION) else "-")  # fmt: skip
             chosen = runs[runs["chosen"].astype(bool)]
+            # a setting chosen by fewest failures (no setting trained on every tuning seed) is not an optimum
+            fallback = chosen["chosen_by"].eq(FEWEST_FAILURES).any() if "chosen_by" in chosen else False
             ax.scatter(chosen["lr"], 100 * chosen["val_accuracy"].astype(float), s=70, facecolors="none",
-                       edgecolors=colours[preset], lw=1.5)  # fmt: skip
+                       edgecolors=colours[preset], lw=1.5, marker="s" if fallback else "o")  # fmt: skip
         ax.set_xscale("log")
         ax.set_title(f"depth {depth}")
         ax.set_xlabel("learning rate")
     axes[0].set_ylabel("validation accuracy (%)")
-    fig.legend(loc="outside right upper", fontsize=8, title=f"○ chosen; dotted: α-lr ≠ 1; dashed: warm-up ≠ {DEFAULT_WARMUP_FRACTION:g}", title_fontsize=7)
+    any_fallback = "chosen_by" in tuning and bool(tuning["chosen_by"].eq(FEWEST_FAILURES).any())
+    marks = "○ chosen; □ chosen by fewest failures (no setting trained)" if any_fallback else "○ chosen"
+    fig.legend(loc="outside right upper", fontsize=8, title_fontsize=7,
+               title=f"{marks}; dotted: α-lr ≠ 1; dashed: warm-up ≠ {DEFAULT_WARMUP_FRACTION:g}")  # fmt: skip
     return fig
 
 

@@ -93,6 +93,23 @@ def test_figures_have_one_panel_per_depth_and_a_line_per_seed():
     assert [ax.get_xscale() for ax in tfig.axes] == ["log"] * len(tfig.axes)
 
 
+def test_a_setting_chosen_by_fewest_failures_is_marked_apart_from_an_optimum():
+    tuning = load_study(COMMITTED).tuning
+    vit = tuning[(tuning["preset"] == "vit") & (tuning["depth"] == 8)]
+    assert set(vit["chosen_by"]) == {"tie rule"}  # the committed search records predate the field: the tie rule
+
+    def chosen_marks(frame):
+        fig = tuning_figure(frame)
+        circled = [c for c in fig.axes[0].collections if len(c.get_facecolors()) == 0]  # the open markers
+        return fig.legends[0].get_title().get_text(), {len(c.get_paths()[0].vertices) for c in circled}
+
+    title, optimum = chosen_marks(vit)
+    assert title.startswith("○ chosen;") and "fewest failures" not in title
+    title, fallback = chosen_marks(vit.assign(chosen_by="fewest failures"))
+    assert title.startswith("○ chosen; □ chosen by fewest failures (no setting trained)")
+    assert len(optimum) == len(fallback) == 1 and optimum != fallback  # a square, not a circle
+
+
 def test_damaged_files_are_named_and_left_out(tmp_path):
     folder = tmp_path / "study"
     shutil.copytree(COMMITTED, folder)

@@ -23,7 +23,13 @@ import pandas as pd
 from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats, tuning_checks
 from osa_lab.studies.depth_study.claims import claims_table, difference_words, testable_claims
-from osa_lab.studies.depth_study.records import Records, read_records, run_setting, setting_of
+from osa_lab.studies.depth_study.records import (
+    FEWEST_FAILURES,
+    Records,
+    read_records,
+    run_setting,
+    setting_of,
+)
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.depth_study.wording import (
     LOSS_STEPS,
@@ -302,7 +308,7 @@ def _tuning_edge_lines(summary: pd.DataFrame, tuning_seeds: int) -> list[str]:
     """The cells whose chosen setting sits at the stability edge, or whose optimum is still at a grid edge.
     A cell where no setting trained on every tuning seed has no optimum: it gets its own line instead."""
     lines = []
-    least = summary[summary["chosen_by"] == "fewest failures"]
+    least = summary[summary["chosen_by"] == FEWEST_FAILURES]
     if len(least):
         def failed(n: int) -> str:
             return (f"every setting failed on all {n} tuning seeds: none trained" if n >= tuning_seeds
@@ -312,7 +318,7 @@ def _tuning_edge_lines(summary: pd.DataFrame, tuning_seeds: int) -> list[str]:
                   "fewest, to measure the failure rate (it is not a tuned optimum, and the claims on it say so): "
                   + "; ".join(f"`{r.preset}` depth {r.depth} ({failed(r.chosen_failures)})" for r in least.itertuples()),
                   ""]  # fmt: skip
-    summary = summary[summary["chosen_by"] != "fewest failures"]
+    summary = summary[summary["chosen_by"] != FEWEST_FAILURES]
     unstable = summary[summary["stability_edge"].astype(str) != ""]
     if len(unstable):
         lines += ["At the stability edge (a grid neighbour of the chosen setting failed or diverged in tuning): "
@@ -410,7 +416,7 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
               "Clopper–Pearson 95 % interval.", ""]  # fmt: skip
     lines += trainability_lines(summary)
     testable = testable_claims(spec)
-    untuned = {(r.preset, r.depth) for r in summary.itertuples() if r.chosen_by == "fewest failures"}
+    untuned = {(r.preset, r.depth) for r in summary.itertuples() if r.chosen_by == FEWEST_FAILURES}
     lines += claims_lines(claims, spec, testable, untuned)
     lines += ["", "## Conclusion", ""]
     if not testable:

@@ -30,6 +30,7 @@ import yaml
 from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import OutputLock, atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
+from osa_lab.studies.depth_study.records import FEWEST_FAILURES
 from osa_lab.studies.depth_study.report import run_outcome, summarise
 from osa_lab.studies.depth_study.run import budget_mismatch, result_name, study_group_run
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
@@ -131,7 +132,7 @@ class StudyRunner:
             points, rounds = state.next_points(), rounds + 1
         best, chosen_by = state.best(), "tie rule"
         if best is None:
-            best, chosen_by = state.least_failed(), "fewest failures"
+            best, chosen_by = state.least_failed(), FEWEST_FAILURES
             _say(f"{preset} depth {depth}: no tuning point trained on every tuning seed; the final seeds run at "
                  "the one that failed on the fewest, to measure the failure rate")  # fmt: skip
         top = state.top()
