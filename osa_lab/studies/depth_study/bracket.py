@@ -13,7 +13,7 @@ is not tuned. The search ends when no line needs a fill or an extension; a top p
 edge is reported as such. A point that diverged or failed
 (:func:`~osa_lab.studies.training.failures.classify_run`) on any tuning seed scores NaN: it can
 bound an optimum but never be chosen. When no point trained on every tuning seed (each failed or
-diverged on some seed), the learning-rate axis is extended downwards. Where the search ends with no point that trained on every tuning seed,
+diverged on some seed), the learning-rate axis is extended downwards. Where the search ends so,
 :meth:`BracketState.least_failed` names the point that failed on the fewest: the cell's final
 seeds run there, so that its failure rate is measured on them rather than left unmeasured.
 

@@ -224,8 +224,8 @@ def run_setting(record: Mapping[str, Any]) -> tuple[float, float, float]:
 
 #: how a search chose its setting: the tie rule among points that trained on every tuning seed, or (none did)
 #: the point that failed on the fewest tuning seeds
-FEWEST_FAILURES = "fewest failures"
-CHOSEN_BY = ("tie rule", FEWEST_FAILURES)
+TIE_RULE, FEWEST_FAILURES = "tie rule", "fewest failures"
+CHOSEN_BY = (TIE_RULE, FEWEST_FAILURES)
 
 #: the fields of a search record (:meth:`StudyRunner.tune` writes them)
 SEARCH_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {

@@ -25,6 +25,7 @@ from osa_lab.studies.depth_study import stats, tuning_checks
 from osa_lab.studies.depth_study.claims import claims_table, difference_words, testable_claims
 from osa_lab.studies.depth_study.records import (
     FEWEST_FAILURES,
+    TIE_RULE,
     Records,
     read_records,
     run_setting,
@@ -178,7 +179,7 @@ def tuning_table(results: Path | Records) -> pd.DataFrame:
         if rec.get("chosen"):
             df.loc[at(cell, setting_of(rec["chosen"])), "chosen"] = True
         df.loc[cell, "edge_after_limit"] = ", ".join(rec.get("edge_after_limit", []))
-        df.loc[cell, "chosen_by"] = rec.get("chosen_by", "tie rule") if rec.get("chosen") else ""
+        df.loc[cell, "chosen_by"] = rec.get("chosen_by", TIE_RULE) if rec.get("chosen") else ""
         df.loc[cell, "chosen_failures"] = int(rec.get("chosen_failures", 0))
     return df.sort_values(["depth", "preset", *AXES, "tune_seed"], ignore_index=True)
 

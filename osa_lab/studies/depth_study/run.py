@@ -142,6 +142,13 @@ def _finished_record(out: Path, stage: str, preset: str, depth: int, seed: int) 
     return record if (record["preset"], record["depth"], record["seed"]) == (preset, depth, seed) else None
 
 
+def budget_error(path: Path, differs: str) -> ConfigurationError:
+    """The one-line refusal of a run at ``path`` trained on another budget (``differs``: :func:`budget_mismatch`)."""
+    return ConfigurationError(
+        f"{path} was trained with {differs}: the results folder holds another study's runs; give this study its "
+        "own `results` folder (--output), or remove the runs it must not reuse")  # fmt: skip
+
+
 def budget_mismatch(record: dict, spec: dict, depth: int, steps: int) -> str:
     """How a finished run's record differs from the run the study asks for now ("" where it does not):
     its data, batch size, validation fraction, model or number of epochs. A study whose file changed
@@ -194,9 +201,7 @@ def study_group_run(
         if record is not None:
             differs = budget_mismatch(record, spec, depth, steps)
             if differs:
-                raise ConfigurationError(
-                    f"{out} was trained with {differs}: the results folder holds another study's runs; give this "
-                    "study its own `results` folder (--output), or remove the runs it must not reuse")  # fmt: skip
+                raise budget_error(out, differs)
             done[seed] = record
     pending = [(seed, out) for seed, out in zip(seeds, outs, strict=True) if seed not in done]
     if not pending:

@@ -30,9 +30,9 @@ import yaml
 from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import OutputLock, atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
-from osa_lab.studies.depth_study.records import FEWEST_FAILURES
+from osa_lab.studies.depth_study.records import FEWEST_FAILURES, TIE_RULE
 from osa_lab.studies.depth_study.report import run_outcome, summarise
-from osa_lab.studies.depth_study.run import budget_mismatch, result_name, study_group_run
+from osa_lab.studies.depth_study.run import budget_error, budget_mismatch, result_name, study_group_run
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
 from osa_lab.studies.depth_study.tuning_checks import setting_words
 from osa_lab.studies.grid import GridOptions, Task, run_grid, shared_cluster
@@ -130,7 +130,7 @@ class StudyRunner:
                 state.finished_scores[point] = sum(finished) / len(finished) if finished else math.nan
                 state.scores[point] = state.finished_scores[point] if len(finished) == n else math.nan
             points, rounds = state.next_points(), rounds + 1
-        best, chosen_by = state.best(), "tie rule"
+        best, chosen_by = state.best(), TIE_RULE
         if best is None:
             best, chosen_by = state.least_failed(), FEWEST_FAILURES
             _say(f"{preset} depth {depth}: no tuning point trained on every tuning seed; the final seeds run at "
@@ -205,9 +205,7 @@ def check_results_budget(spec: StudySpec, results: Path, spec_dict: dict) -> Non
                 continue
             differs = budget_mismatch(record, spec_dict, int(record["depth"]), steps)
             if differs:
-                raise ConfigurationError(
-                    f"{path} was trained with {differs}: the results folder holds another study's runs; give this "
-                    "study its own `results` folder (--output), or remove the runs it must not reuse")  # fmt: skip
+                raise budget_error(path, differs)
 
 
 SCRATCH_ROOT = Path("runs") / "experiments"
