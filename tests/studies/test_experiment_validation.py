@@ -17,6 +17,7 @@ import pytest
 
 from osa_lab.cli import main as cli_main
 from osa_lab.errors import ConfigurationError, OutputWriteError
+from osa_lab.studies.depth_study import records as records_module
 from osa_lab.studies.depth_study import report
 from osa_lab.studies.depth_study.spec import StudySpec, load_spec, schema_table, spec_from_dict
 from tests.helpers import assert_cli_user_error
@@ -325,6 +326,48 @@ def test_a_bad_run_record_is_named_and_left_out(case, name, contents, match, tmp
         assert head.rstrip() == clean["verdict"].split("\nNot shown by this study")[0].rstrip()
         assert str(path) in tail
     assert "50000000022" not in out["verdict"]
+
+
+def test_a_record_cache_reads_only_changed_files_again_and_gives_the_uncached_tables(tmp_path, monkeypatch):
+    """A study summarises after every cell with one :class:`RecordCache`: unchanged records are not parsed
+    again, and a replaced, damaged or removed file gives exactly the tables of a fresh read."""
+    _complete_study(tmp_path)
+    parsed: list[Path] = []
+    real_parse = records_module._parse
+    monkeypatch.setattr(records_module, "_parse", lambda path: parsed.append(path) or real_parse(path))
+    cache, spec = records_module.RecordCache(), _spec()
+
+    def same_as_uncached() -> tuple[dict, list[str]]:
+        """The cached summary (checked against a fresh one) and the run files it parsed."""
+        parsed.clear()
+        cached = report.summarise(tmp_path, spec, write=False, cache=cache)
+        runs_parsed = [p.name for p in parsed if p.parent.name in ("final", "tune")]
+        fresh = report.summarise(tmp_path, spec, write=False)
+        for name in ("runs", "curves", "tuning", "summary", "claims"):
+            assert cached[name].equals(fresh[name]), name
+        assert cached["verdict"] == fresh["verdict"] and cached["notices"] == fresh["notices"]
+        return cached, runs_parsed
+
+    first, runs_parsed = same_as_uncached()
+    assert len(runs_parsed) == 16
+    assert same_as_uncached()[1] == []  # nothing changed: no run parsed again
+    vit = tmp_path / "final" / "vit-d4-lr0.01-am1-s0.json"
+    record = json.loads(vit.read_text())
+    record["test_accuracy"] = 0.25
+    (tmp_path / "new.json").write_text(json.dumps(record))
+    os.replace(tmp_path / "new.json", vit)  # as the study writes: a new file under the old name
+    out, runs_parsed = same_as_uncached()
+    assert runs_parsed == [vit.name]
+    row = out["runs"].query("preset == 'vit' and seed == 0")
+    assert row["test_accuracy"].tolist() == [0.25] and not out["runs"].equals(first["runs"])
+    with vit.open("r+b") as fh:  # damaged in place: same file, another size
+        fh.truncate(40)
+    out, runs_parsed = same_as_uncached()
+    assert [n.path for n in out["notices"]] == [vit] and len(out["runs"]) == 15 and runs_parsed == [vit.name]
+    assert same_as_uncached()[1] == [vit.name]  # a damaged file is never kept: read (and named) every time
+    vit.unlink()
+    out, runs_parsed = same_as_uncached()
+    assert out["notices"] == [] and len(out["runs"]) == 15 and runs_parsed == []
 
 
 def test_a_200_mb_record_is_refused_by_its_size_without_being_read(tmp_path):

@@ -262,16 +262,55 @@ def read_run(path: str | Path, stage: str | None = None) -> dict:
     return record
 
 
-def read_records(results: str | Path) -> Records:
-    """Every record under ``results`` (``tune/``, ``final/``, ``search/``), checked; the others named in notices."""
+class RecordCache:
+    """Checked run records kept between reads of one results folder, keyed by each file's identity.
+
+    A study regenerates its tables after every cell, so without it every record would be parsed and
+    checked again each time. A file that is replaced (records are written atomically, as a new file),
+    grows or is touched has another key and is read again; one that fails its checks is never kept.
+    The records are shared between reads: read them, never change them.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[Path, str], tuple[tuple[int, int, int], dict]] = {}
+        self._seen: set[tuple[Path, str]] = set()
+
+    def read_run(self, path: Path, stage: str) -> dict:
+        """:func:`read_run` of ``path``, from the cache while the file is unchanged."""
+        try:
+            info = path.stat()  # before reading: a file replaced after this is read again next time
+        except OSError:
+            return read_run(path, stage)  # names the problem
+        key, identity = (path, stage), (info.st_ino, info.st_mtime_ns, info.st_size)
+        self._seen.add(key)
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] == identity:
+            return kept[1]
+        self._kept.pop(key, None)
+        record = read_run(path, stage)
+        self._kept[key] = (identity, record)
+        return record
+
+    def forget_unseen(self) -> None:
+        """Drop the records of files not read since the last call (removed from the folder)."""
+        self._kept = {k: v for k, v in self._kept.items() if k in self._seen}
+        self._seen = set()
+
+
+def read_records(results: str | Path, cache: RecordCache | None = None) -> Records:
+    """Every record under ``results`` (``tune/``, ``final/``, ``search/``), checked; the others named in notices.
+
+    With ``cache``, run records unchanged since the cache last read them are not parsed again."""
     results = Path(results)
     out = Records()
     for stage in STAGES:
         for path in sorted((results / stage).glob("*.json")):
             try:
-                out.runs[stage].append(read_run(path, stage))
+                out.runs[stage].append(cache.read_run(path, stage) if cache is not None else read_run(path, stage))
             except RecordProblem as err:
                 out.notices.append(Notice(path, str(err)))
+    if cache is not None:
+        cache.forget_unseen()
     for path in sorted((results / "search").glob("*.json")):
         try:
             out.search.append(check_record(_parse(path), SEARCH_FIELDS))

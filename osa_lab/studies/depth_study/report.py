@@ -26,6 +26,7 @@ from osa_lab.studies.depth_study.claims import claims_table, difference_words, t
 from osa_lab.studies.depth_study.records import (
     FEWEST_FAILURES,
     TIE_RULE,
+    RecordCache,
     Records,
     read_records,
     run_setting,
@@ -505,7 +506,8 @@ def kappa_correlation_sentence(kappa: Sequence[float], value: Sequence[float], w
                    f"alone, ρ = {rho_r:+.2f} (p = {p_r:.2g}).")
 
 
-def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> dict[str, pd.DataFrame | str]:
+def summarise(results: str | Path, spec: StudySpec, *, write: bool = True,
+              cache: RecordCache | None = None) -> dict[str, pd.DataFrame | str]:  # fmt: skip
     """Regenerate every table and the verdict from the run results under ``results``.
 
     Returns ``{"runs", "curves", "sub_block_layers", "tuning", "summary", "claims": DataFrame, "verdict", "finding": str,
@@ -513,10 +515,12 @@ def summarise(results: str | Path, spec: StudySpec, *, write: bool = True) -> di
     ``write`` the tables go to ``results/<name>.csv`` and the verdict to ``results/verdict.md``
     (each written atomically: a full disk keeps the earlier file and raises
     :class:`~osa_lab.errors.OutputWriteError`). ``"notices"`` lists the result files left out
-    (:class:`~osa_lab.studies.depth_study.records.Notice`).
+    (:class:`~osa_lab.studies.depth_study.records.Notice`). A study that summarises after every cell
+    passes one ``cache`` (:class:`~osa_lab.studies.depth_study.records.RecordCache`) so that the
+    records already read are not parsed again.
     """
     results = Path(results)
-    records = read_records(results)
+    records = read_records(results, cache)
     runs, tuning = run_table(records), tuning_table(records)
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)

@@ -30,7 +30,7 @@ import yaml
 from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import OutputLock, atomic_write_text
 from osa_lab.studies.depth_study.bracket import BracketState
-from osa_lab.studies.depth_study.records import FEWEST_FAILURES, TIE_RULE
+from osa_lab.studies.depth_study.records import FEWEST_FAILURES, TIE_RULE, RecordCache
 from osa_lab.studies.depth_study.report import run_outcome, summarise
 from osa_lab.studies.depth_study.run import budget_error, budget_mismatch, result_name, study_group_run
 from osa_lab.studies.depth_study.spec import AXES, StudySpec
@@ -60,6 +60,7 @@ class StudyRunner:
         self.spec, self.results, self.scratch, self.options = spec, results, scratch, options
         self.tasks = 0  # grid tasks run (cached ones included)
         self.failures: list[str] = []  # one line per failed task
+        self.records = RecordCache()  # the tables are regenerated after every cell; each record is parsed once
         self.spec_dict = {"data": spec.data, "val_fraction": spec.val_fraction, "batch_size": spec.batch_size,
                           "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
 
@@ -158,13 +159,12 @@ class StudyRunner:
             chosen = self.tune(preset, depth)
             if chosen is None:
                 _say(f"{preset} depth {depth}: no setting chosen; no final runs")
-                continue
-            seeds = self.spec.final_seeds(depth)
-            _say(f"{preset} depth {depth}: {setting_words(chosen)}; {len(seeds)} final seeds")
-            self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
-                      f"final {preset} d{depth}")  # fmt: skip
-            summarise(self.results, self.spec)
-        out = summarise(self.results, self.spec)
+            else:
+                seeds = self.spec.final_seeds(depth)
+                _say(f"{preset} depth {depth}: {setting_words(chosen)}; {len(seeds)} final seeds")
+                self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
+                          f"final {preset} d{depth}")  # fmt: skip
+            out = summarise(self.results, self.spec, cache=self.records)  # the last cell's are the study's tables
         failed = f"; {len(self.failures)} of {self.tasks} tasks failed" if self.failures else ""
         _say(f"done in {time.perf_counter() - t0:.0f} s{failed}; tables and verdict under {self.results}/")
         return {**out, "tasks": self.tasks, "failed_tasks": len(self.failures), "failures": list(self.failures)}
