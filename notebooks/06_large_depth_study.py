@@ -44,7 +44,9 @@ else:
     nb.show_table(trainability_answer.trainability_table(trainability_answer.trainability_data(tables["summary"])),
                   columns=None)
     nb.say("Table: median final training loss of the final runs that did not diverge, with the seeds finished of "
-           "those planned and the runs that failed; a cell without final runs says how far its tuning got. "
+           "those planned and the runs that failed; a cell without final runs says how far its tuning got, and "
+           "a cell where no tuning setting trained on every tuning seed says its final seeds ran at an untuned "
+           "setting, the one with the fewest tuning failures. "
            + (depth_answer.failures_text(tables["runs"]) if len(tables["runs"]) else "No final run has finished yet."))
 
 # %% [markdown]

@@ -165,6 +165,7 @@ DETAIL_COLUMNS: dict[str, Column] = {
     "steps_to_90_median": Column("steps to 90 % train acc. (median)"),
     "lr": Column("learning rate"),
     "alpha_lr_mult": Column("α-lr ×"),
+    "chosen_by": Column("setting chosen by", "text"),  # the tie rule, or fewest failures where none trained
     "kappa_init_median": Column("κ at init (median)", kappa_text),
     "kappa_trained_median": Column("κ trained (median)", kappa_text),
     "grid_extended": Column("grid extended", value_text),

@@ -5,7 +5,8 @@ per preset × depth the median final training loss of the final runs that did no
 runs that failed (diverged, ended at chance, or jumped in loss and never recovered: counted,
 never "ok") and how many of the planned seeds finished. A study that is not finished says
 PARTIAL in the line and in every cell (``n of planned``), so no number reads as the answer before
-its sample is in.
+its sample is in. A cell where no tuning setting trained on every tuning seed ran its final seeds
+at the setting that failed least (``chosen_by`` "fewest failures"); its cell says it is untuned.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 
 from osa_lab.reporting.depth_answer import require_study_columns
 from osa_lab.reporting.texts import plural
+from osa_lab.studies.depth_study.records import FEWEST_FAILURES
 
 __all__ = ["progress_line", "trainability_data", "trainability_table"]
 
@@ -24,14 +26,17 @@ _SUMMARY_COLUMNS = ["preset", "depth", "planned", "finished", "failed", "diverge
 
 
 def trainability_data(summary: pd.DataFrame) -> pd.DataFrame:
-    """``preset, depth, planned, finished, failed, loss, steps_to_threshold, reached, tuning_runs`` per
-    preset × depth (every cell of the study, run or not; ``failed`` counts diverged runs too)."""
+    """``preset, depth, planned, finished, failed, loss, steps_to_threshold, reached, tuning_runs, untuned``
+    per preset × depth (every cell of the study, run or not; ``failed`` counts diverged runs too;
+    ``untuned``: the final seeds ran at the setting that failed on the fewest tuning seeds, because
+    none trained on all of them; False for a summary written before the study recorded ``chosen_by``)."""
     require_study_columns(summary, _SUMMARY_COLUMNS, "summary")
     out = summary[["preset", "depth", "planned", "finished", "tuning_runs"]].copy()
     out["failed"] = summary["failed"] + summary["diverged"]
     out["loss"] = summary["train_loss_final_median"]
     out["steps_to_threshold"] = summary["steps_to_threshold_median"]
     out["reached"] = summary["reached_threshold"]
+    out["untuned"] = summary["chosen_by"].eq(FEWEST_FAILURES) if "chosen_by" in summary else False
     return out.reset_index(drop=True)
 
 
@@ -40,13 +45,15 @@ def _cell(row: pd.Series) -> str:
         return f"tuning ({plural(int(row['tuning_runs']), 'run')})" if row["tuning_runs"] else "not run yet"
     loss = f"{row['loss']:.3g}" if math.isfinite(row["loss"]) else "—"
     text = f"{loss} ({int(row['finished'])} of {int(row['planned'])} seeds"
-    return text + (f", {int(row['failed'])} failed)" if row["failed"] else ")")
+    text += f", {int(row['failed'])} failed" if row["failed"] else ""
+    # no setting trained on every tuning seed: the final seeds ran where it failed least
+    return text + ("; untuned: setting with fewest tuning failures)" if row.get("untuned", False) else ")")
 
 
 def trainability_table(data: pd.DataFrame) -> pd.DataFrame:
     """One row per preset (in study order), one column per depth: the median final training loss with
     the seeds finished of those planned and the failed runs; a cell without final runs says how far
-    its tuning got."""
+    its tuning got, and one whose final seeds ran at an untuned setting says so."""
     require_study_columns(data, ["preset", "depth", "planned", "finished", "failed", "loss", "tuning_runs"], "trainability")
     presets = list(dict.fromkeys(data["preset"]))
     cells = {(r["preset"], r["depth"]): _cell(r) for _, r in data.iterrows()}

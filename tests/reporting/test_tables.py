@@ -168,6 +168,15 @@ def test_answer_table_is_preset_by_depth_in_percent_with_intervals_and_failures(
     assert finding == "test accuracy % at depth 4 / 8: vit 88.0 / 88.3; skipless-osa 86.9 / 66.3 (1 failed)."
 
 
+def test_the_detail_table_says_how_each_cells_setting_was_chosen():
+    """The committed depth study chose every setting by the tie rule; a fallback reads as such."""
+    summary = pd.read_csv(ROOT / "docs" / "results" / "mnist1d-depth" / "summary.csv")
+    summary.loc[0, "chosen_by"] = "fewest failures"
+    shown = format_table(summary, {c: v for c, v in depth_answer.DETAIL_COLUMNS.items() if c in summary})
+    assert shown["setting chosen by"].iloc[0] == "fewest failures"
+    assert set(shown["setting chosen by"].iloc[1:]) == {"tie rule"}
+
+
 def test_answer_of_the_committed_study_names_the_seed_at_chance():
     folder = ROOT / "docs" / "results" / "mnist1d-depth"
     runs = pd.read_csv(folder / "runs.csv")

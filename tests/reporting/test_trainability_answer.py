@@ -32,6 +32,17 @@ def test_each_cell_gives_the_median_loss_with_its_seeds_and_failures():
     assert table.loc["vit", "depth 16: final training loss, median"] == "—"  # not a cell of the study
 
 
+def test_a_cell_run_at_the_setting_that_failed_least_says_it_is_untuned():
+    summary = _summary().assign(chosen_by=["tie rule", "fewest failures", ""])
+    table = ta.trainability_table(ta.trainability_data(summary)).set_index("preset")
+    assert table.loc["skipless-osa-shaped", "depth 8: final training loss, median"] == (
+        "0.456 (3 of 8 seeds, 2 failed; untuned: setting with fewest tuning failures)")
+    assert table.loc["vit", "depth 8: final training loss, median"] == "0.0123 (8 of 8 seeds)"
+    # a summary written before the study recorded how its setting was chosen reads as before
+    assert ta.trainability_table(ta.trainability_data(_summary())).equals(
+        ta.trainability_table(ta.trainability_data(_summary().assign(chosen_by="tie rule"))))
+
+
 def test_the_line_says_partial_until_every_planned_run_finished():
     claims = pd.DataFrame(columns=["claim", "depth", "verdict"])
     line = ta.progress_line(_summary(), claims)
