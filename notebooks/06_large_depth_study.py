@@ -15,9 +15,10 @@
 # # 6 · The large-depth study: do shaped skipless networks train as easily as a ViT?
 #
 # Trainability apart from generalisation: the final training loss per preset and depth on
-# MNIST-1D with 50,000 training examples, each preset tuned at the full budget and trained over
-# several seeds; generated from the committed results (method and detail below). A study that is
-# not finished says PARTIAL here and in every table.
+# MNIST-1D with 45,000 training examples (50,000 less the validation split), each preset tuned
+# at the full budget and trained over several seeds; generated from the committed results (method
+# and detail below). A study that is not finished says PARTIAL here, in every table and above
+# every section of figures.
 
 # %% tags=["parameters"]
 experiment: str = "experiments/mnist1d_large_depth.yaml"
@@ -34,6 +35,8 @@ from osa_lab.plots import study as plots
 from osa_lab.reporting import depth_answer, trainability_answer
 
 tables = depth_answer.load_study(experiment, profile, results_dir)
+# said above each section of figures while the study is unfinished
+partial = trainability_answer.partial_note(tables["summary"]) if tables is not None else ""
 
 # %%
 if tables is None:
@@ -68,6 +71,8 @@ if tables is not None:
 # and after training, from exact float64 Jacobians of every final run.
 
 # %%
+if partial:
+    nb.say(partial)
 if tables is not None and len(tables["runs"]):
     for depth in sorted(tables["runs"]["depth"].unique()):
         for when in ("init", "trained"):
@@ -97,6 +102,8 @@ elif tables is not None:
 # Training loss against step, mean and min–max band over the final seeds.
 
 # %%
+if partial:
+    nb.say(partial)
 if tables is not None and len(tables["curves"]):
     for depth in sorted(tables["curves"]["depth"].unique()):
         nb.show(plots.loss_curves(tables["curves"], depth))
@@ -109,6 +116,8 @@ if tables is not None and len(tables["curves"]):
 # sat at its edge (column `extended` of `tuning.csv`).
 
 # %%
+if partial:
+    nb.say(partial)
 if tables is not None and len(tables["tuning"]):
     for depth in sorted(tables["tuning"]["depth"].unique()):
         nb.show(plots.tuning_curves(tables["tuning"], depth))

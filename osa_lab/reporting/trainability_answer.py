@@ -19,7 +19,7 @@ from osa_lab.reporting.depth_answer import require_study_columns
 from osa_lab.reporting.texts import plural
 from osa_lab.studies.depth_study.records import FEWEST_FAILURES
 
-__all__ = ["progress_line", "trainability_data", "trainability_table"]
+__all__ = ["partial_note", "progress_line", "trainability_data", "trainability_table"]
 
 _SUMMARY_COLUMNS = ["preset", "depth", "planned", "finished", "failed", "diverged", "train_loss_final_median",
                     "steps_to_threshold_median", "reached_threshold", "tuning_runs"]  # fmt: skip
@@ -53,14 +53,28 @@ def _cell(row: pd.Series) -> str:
 def trainability_table(data: pd.DataFrame) -> pd.DataFrame:
     """One row per preset (in study order), one column per depth: the median final training loss with
     the seeds finished of those planned and the failed runs; a cell without final runs says how far
-    its tuning got, and one whose final seeds ran at an untuned setting says so."""
+    its tuning got, and one whose final seeds ran at an untuned setting says so. A depth where some
+    cell has not finished all its planned seeds says PARTIAL in its header."""
     require_study_columns(data, ["preset", "depth", "planned", "finished", "failed", "loss", "tuning_runs"], "trainability")
     presets = list(dict.fromkeys(data["preset"]))
     cells = {(r["preset"], r["depth"]): _cell(r) for _, r in data.iterrows()}
     out: dict[str, list[str]] = {"preset": presets}
     for d in sorted(data["depth"].unique()):
-        out[f"depth {d}: final training loss, median"] = [cells.get((p, d), "—") for p in presets]
+        at_depth = data[data["depth"] == d]
+        partial = " (PARTIAL)" if bool((at_depth["finished"] < at_depth["planned"]).any()) else ""
+        out[f"depth {d}: final training loss, median{partial}"] = [cells.get((p, d), "—") for p in presets]
     return pd.DataFrame(out)
+
+
+def partial_note(summary: pd.DataFrame) -> str:
+    """For the figures of an unfinished study: "**PARTIAL**: …" with the final runs finished of those
+    planned, saying that the figures show only those; empty once every planned run has finished."""
+    require_study_columns(summary, ["planned", "finished"], "summary")
+    planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
+    if finished >= planned:
+        return ""
+    return (f"**PARTIAL**: {finished} of {planned} final runs have finished; the figures below show only "
+            "those (and the tuning runs so far), not the study's answer.")
 
 
 def progress_line(summary: pd.DataFrame, claims: pd.DataFrame) -> str:

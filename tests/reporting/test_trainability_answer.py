@@ -25,19 +25,29 @@ def _summary(finished: tuple[int, int, int] = (8, 3, 0)) -> pd.DataFrame:
 
 def test_each_cell_gives_the_median_loss_with_its_seeds_and_failures():
     table = ta.trainability_table(ta.trainability_data(_summary())).set_index("preset")
-    assert table.loc["vit", "depth 8: final training loss, median"] == "0.0123 (8 of 8 seeds)"
+    assert table.loc["vit", "depth 8: final training loss, median (PARTIAL)"] == "0.0123 (8 of 8 seeds)"
     # failed and diverged runs are both failures of training
-    assert table.loc["skipless-osa-shaped", "depth 8: final training loss, median"] == "0.456 (3 of 8 seeds, 2 failed)"
-    assert table.loc["skipless-osa-shaped", "depth 16: final training loss, median"] == "tuning (5 runs)"
-    assert table.loc["vit", "depth 16: final training loss, median"] == "—"  # not a cell of the study
+    assert table.loc["skipless-osa-shaped", "depth 8: final training loss, median (PARTIAL)"] == "0.456 (3 of 8 seeds, 2 failed)"
+    assert table.loc["skipless-osa-shaped", "depth 16: final training loss, median (PARTIAL)"] == "tuning (5 runs)"
+    assert table.loc["vit", "depth 16: final training loss, median (PARTIAL)"] == "—"  # not a cell of the study
+
+
+def test_a_depth_says_partial_until_each_of_its_cells_has_its_planned_seeds():
+    headers = list(ta.trainability_table(ta.trainability_data(_summary((8, 8, 3)))).columns)
+    assert headers == ["preset", "depth 8: final training loss, median", "depth 16: final training loss, median (PARTIAL)"]
+    assert ta.partial_note(_summary((8, 8, 3))) == ("**PARTIAL**: 19 of 24 final runs have finished; the figures below "
+                                                    "show only those (and the tuning runs so far), not the study's answer.")
+    done = _summary((8, 8, 8))
+    assert ta.partial_note(done) == ""
+    assert not any("PARTIAL" in h for h in ta.trainability_table(ta.trainability_data(done)).columns)
 
 
 def test_a_cell_run_at_the_setting_that_failed_least_says_it_is_untuned():
     summary = _summary().assign(chosen_by=["tie rule", "fewest failures", ""])
     table = ta.trainability_table(ta.trainability_data(summary)).set_index("preset")
-    assert table.loc["skipless-osa-shaped", "depth 8: final training loss, median"] == (
+    assert table.loc["skipless-osa-shaped", "depth 8: final training loss, median (PARTIAL)"] == (
         "0.456 (3 of 8 seeds, 2 failed; untuned: setting with fewest tuning failures)")
-    assert table.loc["vit", "depth 8: final training loss, median"] == "0.0123 (8 of 8 seeds)"
+    assert table.loc["vit", "depth 8: final training loss, median (PARTIAL)"] == "0.0123 (8 of 8 seeds)"
     # a summary written before the study recorded how its setting was chosen reads as before
     assert ta.trainability_table(ta.trainability_data(_summary())).equals(
         ta.trainability_table(ta.trainability_data(_summary().assign(chosen_by="tie rule"))))

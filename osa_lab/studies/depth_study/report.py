@@ -334,7 +334,8 @@ def _tuning_edge_lines(summary: pd.DataFrame, tuning_seeds: int) -> list[str]:
     chosen_edges = summary[summary["chosen_grid_edge"].astype(str) != ""]
     if len(chosen_edges):
         lines += ["Chosen setting at an edge of the values tried (the tie rule can choose a point the search did not "
-                  "bracket; a value beyond it was not tried, or lies past the axis' bounds): "
+                  "bracket; along its own line, the other axes at the chosen values, no value beyond it was tried, or it "
+                  "lies past the axis' bounds): "
                   + "; ".join(f"`{r.preset}` depth {r.depth} ({r.chosen_grid_edge})" for r in chosen_edges.itertuples()),
                   ""]  # fmt: skip
     return lines + _train_loss_choice_lines(summary)

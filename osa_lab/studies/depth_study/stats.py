@@ -1,10 +1,11 @@
 """Tests of the study's claims: paired one-sided t-tests, TOST equivalence, Holm's correction.
 
-Every claim compares skipless OSA with another preset on the same final seeds (runs of one seed
+Every claim compares its preset with another preset on the same final seeds (runs of one seed
 share the batch order and the data split), so each test is on the per-seed differences
-``d = acc(skipless-osa) − acc(other)``:
+``d = value(preset) − value(other)`` of the claim's endpoint, oriented so that larger is better
+(test accuracy; or −log10 of the final training loss, in decades):
 
-* **superiority** ("OSA is better"): one-sided paired t-test of H0: mean d ≤ 0;
+* **superiority** ("the preset is better"): one-sided paired t-test of H0: mean d ≤ 0;
 * **equivalence** ("comparable", margin m): TOST (Schuirmann 1987) — two one-sided tests of
   H0: mean d ≤ −m and H0: mean d ≥ m, p = the larger of the two.
 

@@ -55,7 +55,9 @@ def trainability_lines(summary: pd.DataFrame) -> list[str]:
 
     steps = ", ".join(f"{s:,}" for s in LOSS_STEPS)
     lines = [f"## Trainability: median training loss of the runs that did not diverge, at steps {steps} and at the end; "
-             f"steps to a training loss of {TRAIN_LOSS_THRESHOLD:g}", ""]  # fmt: skip
+             f"steps to a training loss of {TRAIN_LOSS_THRESHOLD:g}", "",
+             "Losses are epoch means: \"at step s\" is the mean over the first epoch whose end reaches s, "
+             "and the steps to the threshold end the first epoch whose mean reached it.", ""]  # fmt: skip
     for r in summary.itertuples():
         if r.finished == 0:
             continue
