@@ -42,6 +42,7 @@ CLI::
 """
 
 from osa_lab.studies.depth.cli import MAX_MATRIX_FREE_INPUTS, add_arguments, run
+from osa_lab.studies.depth.kernel import KERNEL_COLUMNS, encoder_c_map
 from osa_lab.studies.depth.profiles import (
     DTYPES,
     KEY_COLUMNS,
@@ -74,9 +75,9 @@ from osa_lab.studies.depth.sweeps import (
 from osa_lab.studies.settings import StudyPoint, config_for
 
 __all__ = [
-    "DTYPES", "KEY_COLUMNS", "MAX_BATCH", "MAX_DEPTH", "MAX_HIDDEN_BYTES", "MAX_MATRIX_FREE_INPUTS", "MAX_MODELS",
+    "DTYPES", "KERNEL_COLUMNS", "KEY_COLUMNS", "MAX_BATCH", "MAX_DEPTH", "MAX_HIDDEN_BYTES", "MAX_MATRIX_FREE_INPUTS", "MAX_MODELS",
     "MAX_WIDTH", "METRIC_COLUMNS", "MIN_TOKENS", "SITES", "SPECTRA_COLUMNS", "DepthProfile", "StudyPoint",
     "SweepResult", "add_arguments", "check_jacobian_result", "check_profile_result", "check_sweep_size", "config_for",
-    "depth_profile", "hidden_states", "profile_tables", "resolve_sites", "run", "summarize_over_seeds", "sweep",
+    "depth_profile", "encoder_c_map", "hidden_states", "profile_tables", "resolve_sites", "run", "summarize_over_seeds", "sweep",
     "token_count", "torch_threads", "write_tables",
 ]  # fmt: skip
