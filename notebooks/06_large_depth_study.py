@@ -86,6 +86,8 @@ elif tables is not None:
 # MLP 1, …, readout): where along the network the conditioning is lost.
 
 # %%
+if partial:
+    nb.say(partial)
 if tables is not None and len(tables["sub_block_layers"]):
     layers = tables["sub_block_layers"]
     for depth in sorted(layers["depth"].unique()):

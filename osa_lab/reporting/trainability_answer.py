@@ -73,8 +73,8 @@ def partial_note(summary: pd.DataFrame) -> str:
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
     if finished >= planned:
         return ""
-    return (f"**PARTIAL**: {finished} of {planned} final runs have finished; the figures below show only "
-            "those (and the tuning runs so far), not the study's answer.")
+    return (f"**PARTIAL**: {finished} of {planned} final runs have finished; the figures below show the runs "
+            "so far, not the study's answer.")
 
 
 def progress_line(summary: pd.DataFrame, claims: pd.DataFrame) -> str:

@@ -185,7 +185,8 @@ def test_the_measured_c_map_follows_tats_prediction_with_independent_weights_not
     """Width 256, hidden 1024, MLP blocks only, depth 16, seed 0. Independent orthogonal fc1, fc2:
     measured C(0) 0.917 against 0.900 predicted (C(0.5) 0.934 against 0.919; docs/shaping.md gives
     5 seeds: mean 0.888, range 0.856–0.917). Tied fc2 ∝ fc1ᵀ (the shaped presets' init, chosen for
-    κ): 0.675, nearer a linear map; the prediction assumes fresh weights per layer."""
+    κ; built after the independent stack, from the same random stream): 0.618, nearer a linear map;
+    the prediction assumes fresh weights per layer."""
     import torch
 
     from osa_lab.nn.models import MLP

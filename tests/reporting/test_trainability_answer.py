@@ -36,7 +36,7 @@ def test_a_depth_says_partial_until_each_of_its_cells_has_its_planned_seeds():
     headers = list(ta.trainability_table(ta.trainability_data(_summary((8, 8, 3)))).columns)
     assert headers == ["preset", "depth 8: final training loss, median", "depth 16: final training loss, median (PARTIAL)"]
     assert ta.partial_note(_summary((8, 8, 3))) == ("**PARTIAL**: 19 of 24 final runs have finished; the figures below "
-                                                    "show only those (and the tuning runs so far), not the study's answer.")
+                                                    "show the runs so far, not the study's answer.")
     done = _summary((8, 8, 8))
     assert ta.partial_note(done) == ""
     assert not any("PARTIAL" in h for h in ta.trainability_table(ta.trainability_data(done)).columns)

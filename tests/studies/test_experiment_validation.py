@@ -343,7 +343,7 @@ def test_a_record_cache_reads_only_changed_files_again_and_gives_the_uncached_ta
         cached = report.summarise(tmp_path, spec, write=False, cache=cache)
         runs_parsed = [p.name for p in parsed if p.parent.name in ("final", "tune")]
         fresh = report.summarise(tmp_path, spec, write=False)
-        for name in ("runs", "curves", "tuning", "summary", "claims"):
+        for name in ("runs", "curves", "sub_block_layers", "tuning", "summary", "claims"):
             assert cached[name].equals(fresh[name]), name
         assert cached["verdict"] == fresh["verdict"] and cached["notices"] == fresh["notices"]
         return cached, runs_parsed
@@ -353,21 +353,34 @@ def test_a_record_cache_reads_only_changed_files_again_and_gives_the_uncached_ta
     assert same_as_uncached()[1] == []  # nothing changed: no run parsed again
     vit = tmp_path / "final" / "vit-d4-lr0.01-am1-s0.json"
     record = json.loads(vit.read_text())
-    record["test_accuracy"] = 0.25
-    (tmp_path / "new.json").write_text(json.dumps(record))
+    assert record["test_accuracy"] == 0.8495  # replaced below by values of the same length
+    (tmp_path / "new.json").write_text(json.dumps({**record, "test_accuracy": 0.2500}))
     os.replace(tmp_path / "new.json", vit)  # as the study writes: a new file under the old name
     out, runs_parsed = same_as_uncached()
     assert runs_parsed == [vit.name]
     row = out["runs"].query("preset == 'vit' and seed == 0")
     assert row["test_accuracy"].tolist() == [0.25] and not out["runs"].equals(first["runs"])
+    # rewritten in place at the same size with its times put back (as `cp -p` would): still read again
+    before = vit.stat()
+    vit.write_text(json.dumps({**record, "test_accuracy": 0.3500}))
+    os.utime(vit, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = vit.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    out, runs_parsed = same_as_uncached()
+    assert runs_parsed == [vit.name]
+    assert out["runs"].query("preset == 'vit' and seed == 0")["test_accuracy"].tolist() == [0.35]
     with vit.open("r+b") as fh:  # damaged in place: same file, another size
         fh.truncate(40)
     out, runs_parsed = same_as_uncached()
     assert [n.path for n in out["notices"]] == [vit] and len(out["runs"]) == 15 and runs_parsed == [vit.name]
     assert same_as_uncached()[1] == [vit.name]  # a damaged file is never kept: read (and named) every time
+    assert len(cache) == 15  # the damaged file is not kept
     vit.unlink()
     out, runs_parsed = same_as_uncached()
-    assert out["notices"] == [] and len(out["runs"]) == 15 and runs_parsed == []
+    assert out["notices"] == [] and len(out["runs"]) == 15 and runs_parsed == [] and len(cache) == 15
+    other = tmp_path / "final" / "mlp-d4-lr0.01-am1-s0.json"
+    other.unlink()  # a removed record is forgotten, not kept for ever
+    assert len(same_as_uncached()[0]["runs"]) == 14 and len(cache) == 14
 
 
 def test_a_200_mb_record_is_refused_by_its_size_without_being_read(tmp_path):

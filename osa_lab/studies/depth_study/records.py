@@ -266,14 +266,22 @@ class RecordCache:
     """Checked run records kept between reads of one results folder, keyed by each file's identity.
 
     A study regenerates its tables after every cell, so without it every record would be parsed and
-    checked again each time. A file that is replaced (records are written atomically, as a new file),
-    grows or is touched has another key and is read again; one that fails its checks is never kept.
-    The records are shared between reads: read them, never change them.
+    checked again each time. The key is the file's device, inode, size, modification time and
+    status-change time: a file replaced (records are written atomically, as a new file) or
+    rewritten in place, even at the same size with its modification time put back (``cp -p``), has
+    another key and is read again, since every write sets the status-change time and nothing can put
+    it back (only an in-place rewrite at the same size within one tick of the file system's clock
+    after the last read would go unseen; the study writes atomically). A file that fails its checks
+    is never kept. The records are shared between reads: read them, never change them.
     """
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[Path, str], tuple[tuple[int, int, int], dict]] = {}
+        self._kept: dict[tuple[Path, str], tuple[tuple[int, ...], dict]] = {}
         self._seen: set[tuple[Path, str]] = set()
+
+    def __len__(self) -> int:
+        """The number of records kept."""
+        return len(self._kept)
 
     def read_run(self, path: Path, stage: str) -> dict:
         """:func:`read_run` of ``path``, from the cache while the file is unchanged."""
@@ -281,7 +289,8 @@ class RecordCache:
             info = path.stat()  # before reading: a file replaced after this is read again next time
         except OSError:
             return read_run(path, stage)  # names the problem
-        key, identity = (path, stage), (info.st_ino, info.st_mtime_ns, info.st_size)
+        key = (path, stage)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         self._seen.add(key)
         kept = self._kept.get(key)
         if kept is not None and kept[0] == identity:

@@ -154,6 +154,7 @@ class StudyRunner:
         check_results_budget(self.spec, self.results, self.spec_dict)
         atomic_write_text(self.results / "experiment.yaml", yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
         t0 = time.perf_counter()
+        out = None
         for preset, depth in self.spec.run_order():
             _say(f"{preset} depth {depth}: tuning")
             chosen = self.tune(preset, depth)
@@ -165,6 +166,8 @@ class StudyRunner:
                 self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
                           f"final {preset} d{depth}")  # fmt: skip
             out = summarise(self.results, self.spec, cache=self.records)  # the last cell's are the study's tables
+        if out is None:  # a study without cells still gets its (empty) tables
+            out = summarise(self.results, self.spec, cache=self.records)
         failed = f"; {len(self.failures)} of {self.tasks} tasks failed" if self.failures else ""
         _say(f"done in {time.perf_counter() - t0:.0f} s{failed}; tables and verdict under {self.results}/")
         return {**out, "tasks": self.tasks, "failed_tasks": len(self.failures), "failures": list(self.failures)}
