@@ -66,11 +66,16 @@ def trainability_table(data: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _final_runs(summary: pd.DataFrame) -> tuple[int, int]:
+    """(finished, planned) final runs of the study (a cell's extra runs beyond its plan not counted)."""
+    require_study_columns(summary, ["planned", "finished"], "summary")
+    return int(summary["finished"].clip(upper=summary["planned"]).sum()), int(summary["planned"].sum())
+
+
 def partial_note(summary: pd.DataFrame) -> str:
     """For the figures of an unfinished study: "**PARTIAL**: …" with the final runs finished of those
     planned, saying that the figures show only those; empty once every planned run has finished."""
-    require_study_columns(summary, ["planned", "finished"], "summary")
-    planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
+    finished, planned = _final_runs(summary)
     if finished >= planned:
         return ""
     return (f"**PARTIAL**: {finished} of {planned} final runs have finished; the figures below show the runs "
@@ -80,7 +85,7 @@ def partial_note(summary: pd.DataFrame) -> str:
 def progress_line(summary: pd.DataFrame, claims: pd.DataFrame) -> str:
     """The study in one line: complete or PARTIAL (final and tuning runs so far), and the claims' verdicts."""
     require_study_columns(summary, ["planned", "finished", "tuning_runs"], "summary")
-    planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
+    finished, planned = _final_runs(summary)
     tuning = int(summary["tuning_runs"].sum())
     state = ("Complete" if finished >= planned else "PARTIAL") + f": {finished} of {planned} final runs, {tuning} tuning runs"
     if finished < planned:

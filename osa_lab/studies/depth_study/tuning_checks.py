@@ -35,9 +35,10 @@ def grid_edges(tuning: pd.DataFrame, setting: tuple[float, ...]) -> list[str]:
 
     Along each axis the line is the tuning runs with the other two axes at ``setting``; an axis
     with one value on that line has no edge (nothing was tried beside it). Values tried only at
-    other values of the other axes do not count: unlike :meth:`~osa_lab.studies.depth_study.bracket.BracketState.edges`, which asks
-    whether the search's top point is bracketed anywhere on the axis, this asks whether the chosen
-    setting itself was compared with its neighbours.
+    other values of the other axes do not count: unlike
+    :meth:`~osa_lab.studies.depth_study.bracket.BracketState.edges`, which asks whether the
+    search's top point is bracketed anywhere on the axis, this asks whether the chosen setting
+    itself was compared with its neighbours.
     """
     out = []
     for i, axis in enumerate(AXES):
