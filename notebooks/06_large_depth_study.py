@@ -125,6 +125,26 @@ if tables is not None and len(tables["tuning"]):
         nb.show(plots.tuning_curves(tables["tuning"], depth))
 
 # %% [markdown]
+# ## Tuning: κ after training against learning rate
+#
+# κ of the attention and the MLP sub-blocks (median over layers) of every tuning run after
+# training, against its learning rate: the median and range over the tuning seeds, one line per
+# setting. A tuning run that diverged has no κ after training.
+
+# %%
+if partial:
+    nb.say(partial)
+if tables is not None and len(tables["tuning"]):
+    drawn = 0
+    for depth in sorted(tables["tuning"]["depth"].unique()):
+        for part in ("attention", "mlp"):
+            if len(plots.tuning_kappa_data(tables["tuning"], depth, part)):
+                nb.show(plots.tuning_kappa(tables["tuning"], depth, part))
+                drawn += 1
+    if not drawn:
+        nb.say("No tuning run records κ after training yet.")
+
+# %% [markdown]
 # ## Method and the full verdict
 #
 # The study of `experiments/mnist1d_large_depth.yaml` (`osa-lab train --experiment …`,

@@ -44,6 +44,8 @@ __all__ = [
     "loss_curves_data",
     "tuning_curves",
     "tuning_curves_data",
+    "tuning_kappa",
+    "tuning_kappa_data",
 ]
 
 
@@ -160,10 +162,10 @@ def _wide(overlay: hv.Overlay) -> hv.Overlay:
     return wide_figure(overlay)
 
 
-def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
-    """``setting, lr, mean, lo, hi, n``: validation accuracy (%) over tuning seeds per preset (× α-lr
-    multiplier × warm-up, where the search tried several; a table without ``warmup_fraction`` had one)."""
-    require_columns(tuning, ["preset", "depth", "lr", "alpha_lr_mult", "tune_seed", "val_accuracy"], "tuning")
+def _tuning_at_depth(tuning: pd.DataFrame, depth: int, columns: list[str]) -> pd.DataFrame:
+    """The tuning runs at ``depth`` with a ``setting`` label: the preset, and its α-lr multiplier and
+    warm-up where its search tried several (a table without ``warmup_fraction`` had one)."""
+    require_columns(tuning, ["preset", "depth", "lr", "alpha_lr_mult", "tune_seed", *columns], "tuning")
     t = tuning[tuning["depth"] == depth].copy()
     if "warmup_fraction" not in t:
         t["warmup_fraction"] = float("nan")
@@ -171,28 +173,75 @@ def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
     warmups = t.groupby("preset")["warmup_fraction"].nunique()
     t["setting"] = [p + (f" α-lr ×{m:.3g}" if multi.get(p, 1) > 1 else "") + (f" warm-up {w:.3g}" if warmups.get(p, 1) > 1 else "")
                     for p, m, w in zip(t["preset"], t["alpha_lr_mult"], t["warmup_fraction"], strict=True)]  # fmt: skip
+    return t
+
+
+def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
+    """``setting, lr, mean, lo, hi, n``: validation accuracy (%) over tuning seeds per preset (× α-lr
+    multiplier × warm-up, where the search tried several; a table without ``warmup_fraction`` had one)."""
+    t = _tuning_at_depth(tuning, depth, ["val_accuracy"])
     t["val_accuracy"] = 100 * t["val_accuracy"]
     return band_over_seeds(t, "lr", "val_accuracy", by=("setting",)).rename(columns={"setting": "preset"})
 
 
-def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
-    """Validation accuracy (%) against learning rate (log axis) per preset at ``depth``; diverged points are gaps."""
-    data = tuning_curves_data(tuning, depth)
+def tuning_kappa_data(tuning: pd.DataFrame, depth: int, part: str = "attention") -> pd.DataFrame:
+    """``preset, lr, mean, lo, hi, n``: κ of sub-block ``part`` after training (each tuning run's median
+    over layers and inputs, ``kappa_<part>_trained`` of ``tuning.csv``), the median over tuning seeds
+    (``mean``) and their range, per setting as :func:`tuning_curves_data` labels it, at ``depth``. Runs
+    without a trained κ (diverged, or recorded before tuning runs kept κ and without a checkpoint) are
+    left out; κ beyond what float64 resolves is kept at the float64 ceiling."""
+    if part not in SUB_BLOCKS:
+        raise OSAInputError(f"part must be one of {', '.join(SUB_BLOCKS)}; got {part!r}")
+    column = f"kappa_{part}_trained"
+    t = _tuning_at_depth(tuning, depth, [column])
+    t = t[np.isfinite(t[column].astype(float)) | np.isposinf(t[column].astype(float))]
+    t[column] = t[column].astype(float).clip(upper=LOG_CEILING)
+    out = (t.groupby(["setting", "lr"], sort=False)[column].agg(mean="median", lo="min", hi="max", n="count")
+           .reset_index().rename(columns={"setting": "preset"}))  # fmt: skip
+    return out.sort_values(["preset", "lr"], kind="stable", ignore_index=True)[["preset", "lr", "mean", "lo", "hi", "n"]]
+
+
+def _setting_styles(data: pd.DataFrame) -> tuple[dict[object, str], dict[object, str]]:
+    """Colours by preset, and for a preset searched over several α-lr multipliers or warm-ups: solid,
+    dashed, dotted … in the order its settings appear."""
     colours = {g: preset_colour(str(g).split(" ")[0]) for g in data["preset"].unique()}
-    # a preset searched over several α-lr multipliers or warm-ups: solid, dashed, dotted … in the order they appear
     seen: dict[str, int] = {}
     dashes = {}
     for g in data["preset"].unique():
         preset = str(g).split(" ")[0]
         dashes[g] = ("solid", "dashed", "dotted", "dashdot")[min(seen.get(preset, 0), 3)]
         seen[preset] = seen.get(preset, 0) + 1
-    overlay = curves_with_bands(data, "lr", "validation accuracy %",
-                                f"tuning at depth {depth}: validation accuracy against learning rate", logy=False,
-                                logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
+    return colours, dashes
+
+
+def _learning_rate_axis(overlay: hv.Overlay, data: pd.DataFrame) -> hv.Overlay:
     lrs = data["lr"].dropna()
     if lrs.nunique() == 1:  # one learning rate so far: a log axis needs a range around it, not one point
         overlay = overlay.opts(xlim=(float(lrs.iloc[0]) / 3, float(lrs.iloc[0]) * 3))
     return _wide(overlay.redim.label(lr="learning rate"))
+
+
+def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
+    """Validation accuracy (%) against learning rate (log axis) per preset at ``depth``; diverged points are gaps."""
+    data = tuning_curves_data(tuning, depth)
+    colours, dashes = _setting_styles(data)
+    overlay = curves_with_bands(data, "lr", "validation accuracy %",
+                                f"tuning at depth {depth}: validation accuracy against learning rate", logy=False,
+                                logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
+    return _learning_rate_axis(overlay, data)
+
+
+def tuning_kappa(tuning: pd.DataFrame, depth: int, part: str = "attention") -> hv.Overlay:
+    """κ of sub-block ``part`` after training against learning rate (both axes log) over the tuning runs at
+    ``depth``: a line per setting through the medians over tuning seeds, their range shaded."""
+    data = tuning_kappa_data(tuning, depth, part)
+    if data.empty:
+        raise OSAInputError(f"no tuning run at depth {depth} records κ of the {part} after training; nothing to draw")
+    colours, dashes = _setting_styles(data)
+    overlay = curves_with_bands(data, "lr", f"κ of the {part} (median over layers)",
+                                f"tuning at depth {depth}: κ of the {part} after training against learning rate",
+                                logy=True, logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
+    return _learning_rate_axis(overlay, data)
 
 
 #: how the κ figures name the float64 ceiling (1/ε of float64)

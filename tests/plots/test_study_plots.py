@@ -113,3 +113,39 @@ def test_sub_block_kappa_by_layer_walks_the_sub_blocks_in_the_order_a_token_meet
 
     with pytest.raises(OSAInputError, match="depth 8"):
         study.sub_block_kappa_by_layer(layers, 8)
+
+
+def test_tuning_kappa_draws_kappa_after_training_against_learning_rate_per_setting():
+    """The median over tuning seeds and their range per setting and learning rate; runs without a trained
+    κ (diverged, or recorded before tuning runs kept it) are left out, and ∞ is kept drawable."""
+    rows = []
+    for mult in (1.0, 10.0):
+        for lr, base in ((3e-4, 30.0), (1e-3, 60.0), (3e-3, 600.0)):
+            for seed, factor in zip((1000, 1001, 1002), (1.0, 2.0, 4.0), strict=True):
+                rows.append(dict(preset="skipless-osa", depth=8, lr=lr, alpha_lr_mult=mult, warmup_fraction=0.05,
+                                 tune_seed=seed, kappa_attention_trained=base * factor * mult,
+                                 kappa_mlp_trained=5e3))  # fmt: skip
+    rows[-1]["kappa_attention_trained"] = float("nan")  # diverged
+    rows[-2]["kappa_attention_trained"] = float("inf")  # singular
+    rows.append(dict(preset="vit", depth=8, lr=1e-3, alpha_lr_mult=1.0, warmup_fraction=0.05, tune_seed=1000,
+                     kappa_attention_trained=float("nan"), kappa_mlp_trained=float("nan")))  # fmt: skip
+    tuning = pd.DataFrame(rows)
+    data = study.tuning_kappa_data(tuning, 8)
+    assert set(data["preset"]) == {"skipless-osa α-lr ×1", "skipless-osa α-lr ×10"}  # the ViT recorded none
+    low = data[(data["preset"] == "skipless-osa α-lr ×1") & np.isclose(data["lr"], 3e-4)].iloc[0]
+    assert (low["mean"], low["lo"], low["hi"], low["n"]) == (60.0, 30.0, 120.0, 3)
+    edge = data[(data["preset"] == "skipless-osa α-lr ×10") & np.isclose(data["lr"], 3e-3)].iloc[0]
+    assert edge["n"] == 2 and edge["hi"] == study.LOG_CEILING and edge["lo"] == 6000.0
+    assert study.tuning_kappa_data(tuning, 8, "mlp")["mean"].eq(5e3).all()
+    fig = study.tuning_kappa(tuning, 8)
+    ax = hv.render(fig, backend="matplotlib").axes[0]
+    assert ax.get_yscale() == "log" and ax.get_xscale() == "log"
+    hv.render(fig, backend="bokeh")
+    import pytest
+
+    from osa_lab.errors import OSAInputError
+
+    with pytest.raises(OSAInputError, match="depth 16"):
+        study.tuning_kappa(tuning, 16)
+    with pytest.raises(OSAInputError, match="part must be one of"):
+        study.tuning_kappa_data(tuning, 8, "attn")

@@ -484,6 +484,12 @@ def test_an_experiment_runs_resumes_and_regenerates_from_its_results(tmp_path, c
     assert searches == ["mlp-d1.json", "vit-d1.json"]
     tuning = __import__("pandas").read_csv(out / "tuning.csv")
     assert tuning["chosen"].sum() == 4  # one chosen point per cell, two tuning seeds each
+    # tuning runs record κ too: end to end and per sub-block, before and after training
+    kappas = ["kappa_init", "kappa_trained", *(f"kappa_{part}_{when}" for when in ("init", "trained")
+                                               for part in ("embedding", "attention", "mlp", "readout"))]
+    vit_tuning = tuning[(tuning["preset"] == "vit") & (tuning["status"] == "ok")]
+    assert len(vit_tuning) >= 4 and vit_tuning[kappas].gt(0).all().all(), vit_tuning[kappas]
+    assert tuning.loc[tuning["preset"] == "mlp", kappas].isna().all().all()
     first = (out / "verdict.md").read_text()
     capsys.readouterr()
     # a rerun trains nothing (every run's JSON is there) and gives the same tables
@@ -621,12 +627,13 @@ def test_a_task_is_a_seed_group_from_six_seeds_up_and_a_seed_alone_below(tmp_pat
 
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 6})
     study = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
-    six = study._tasks("final", "vit", 2, [(0.01, 1.0, 0.05)], list(range(6)), 5, True)
+    six = study._tasks("final", "vit", 2, [(0.01, 1.0, 0.05)], list(range(6)), 5)
     assert [t.kwargs["seeds"] for t in six] == [list(range(6))] and six[0].settings["seeds"] == "0,1,2,3,4,5"
-    two = study._tasks("tune", "vit", 2, [(0.01, 1.0, 0.05), (0.03, 1.0, 0.05)], [1000, 1001], 5, False)
+    two = study._tasks("tune", "vit", 2, [(0.01, 1.0, 0.05), (0.03, 1.0, 0.05)], [1000, 1001], 5)
     assert [(t.kwargs["lr"], t.kwargs["seeds"]) for t in two] == [(0.01, [1000]), (0.01, [1001]), (0.03, [1000]),
                                                                  (0.03, [1001])]  # fmt: skip
     assert len({t.key for t in two}) == 4
+    assert all(t.kwargs["kappa"] for t in six + two)  # every run records κ, tuning runs too
 
 
 def test_the_kappa_sentence_follows_the_sign_and_the_test():

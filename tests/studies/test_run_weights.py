@@ -125,3 +125,67 @@ def test_per_layer_kappa_is_added_from_the_rebuilt_models_and_checked_against_th
     with pytest.raises(MalformedResultError, match="do not reproduce the recorded"):
         add_layer_kappas(results, spec)
     assert vit.read_text() == before
+
+
+def test_kappa_of_tuning_runs_is_added_from_the_seed_and_the_checkpoint_and_checked_against_the_run(
+    tiny_results, tmp_path
+):
+    """A tuning run recorded before tuning runs kept κ gets the values the study itself records: at
+    initialisation from the rebuilt model, after training from its last checkpoint, which must be the
+    run's end (its model reproduces the recorded validation accuracy). Without a checkpoint, κ at
+    initialisation only, and the run is named; a checkpoint that disagrees is refused unchanged."""
+    import math
+    import shutil
+
+    from osa_lab.studies.depth_study import load_spec
+    from osa_lab.studies.depth_study.runner import scratch_folder
+    from osa_lab.studies.depth_study.tuning_kappas import add_tuning_kappas
+
+    exp = tmp_path / "tiny.yaml"
+    exp.write_text(TINY_EXPERIMENT)
+    spec = load_spec(exp, "full")
+    checkpoints = tiny_results.parent / scratch_folder(spec)
+    results = tmp_path / "results"
+    shutil.copytree(tiny_results, results)
+    fields = ["kappa_init", "kappa_trained", *(f"sub_block_kappa{layers}_{when}" for layers in ("", "_layers")
+                                               for when in ("init", "trained"))]  # fmt: skip
+    vit, mlp = sorted(results.glob("tune/vit-*.json"))[0], sorted(results.glob("tune/mlp-*.json"))[0]
+    recorded = {}
+    for path in (vit, mlp):
+        payload = json.loads(path.read_text())
+        assert payload["status"] == "ok"
+        recorded[path] = {k: payload.pop(k) for k in fields if k in payload}
+        path.write_text(json.dumps(payload, indent=1))
+    assert set(recorded[vit]) == set(fields)  # the study records every field for a ViT tuning run
+    assert add_tuning_kappas(results, spec, checkpoints).changed == [mlp, vit]  # every other run has them
+    for path in (vit, mlp):
+        restored = json.loads(path.read_text())
+        for key, value in recorded[path].items():
+            if isinstance(value, float) and math.isnan(value):
+                assert math.isnan(restored[key]), key
+            elif key.startswith("sub_block_kappa_layers"):
+                for part, values in value.items():
+                    assert restored[key][part] == pytest.approx(values, rel=1e-9)
+            elif key.startswith("sub_block_kappa"):
+                assert restored[key] == pytest.approx(value, rel=1e-9, nan_ok=True)
+            else:
+                assert restored[key] == pytest.approx(value, rel=1e-9), key
+    assert add_tuning_kappas(results, spec, checkpoints).changed == []
+    # without its checkpoint: κ at initialisation only, and the run named
+    payload = json.loads(vit.read_text())
+    for key in fields:
+        payload.pop(key)
+    vit.write_text(json.dumps(payload, indent=1))
+    elsewhere = tmp_path / "no-checkpoints"
+    done = add_tuning_kappas(results, spec, elsewhere)
+    assert done.changed == done.without_checkpoint == [vit]
+    restored = json.loads(vit.read_text())
+    assert restored["kappa_init"] == pytest.approx(recorded[vit]["kappa_init"], rel=1e-9)
+    assert "kappa_trained" not in restored and "sub_block_kappa_trained" not in restored
+    # a checkpoint whose model does not give the recorded validation accuracy is refused, the run unchanged
+    payload["val_accuracy"] = payload["val_accuracy"] - 0.25
+    vit.write_text(json.dumps(payload, indent=1))
+    before = vit.read_text()
+    with pytest.raises(MalformedResultError, match="gives validation accuracy"):
+        add_tuning_kappas(results, spec, checkpoints)
+    assert vit.read_text() == before

@@ -92,13 +92,13 @@ def test_the_study_file_sets_how_many_seeds_train_together(tmp_path, monkeypatch
 
     spec = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 8})
     default = runner.StudyRunner(spec, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
-    tasks = default._tasks("final", "vit", 2, [(1e-3, 1.0, 0.05)], spec.final_seeds(2), 10, True)
+    tasks = default._tasks("final", "vit", 2, [(1e-3, 1.0, 0.05)], spec.final_seeds(2), 10)
     assert [t.kwargs["seeds"] for t in tasks] == [list(range(8))]
     alone = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 8}, group_size=1)
     study = runner.StudyRunner(alone, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))
-    tasks = study._tasks("final", "vit", 2, [(1e-3, 1.0, 0.05)], alone.final_seeds(2), 10, True)
+    tasks = study._tasks("final", "vit", 2, [(1e-3, 1.0, 0.05)], alone.final_seeds(2), 10)
     assert [t.kwargs["seeds"] for t in tasks] == [[s] for s in range(8)]
     pairs = StudySpec(name="t", cells=((("vit",), (2,)),), seeds={2: 5}, group_size=2)
     tasks = runner.StudyRunner(pairs, tmp_path, tmp_path / "ck", runner.GridOptions.in_process(progress=False))._tasks(
-        "final", "vit", 2, [(1e-3, 1.0, 0.05)], pairs.final_seeds(2), 10, True)
+        "final", "vit", 2, [(1e-3, 1.0, 0.05)], pairs.final_seeds(2), 10)
     assert [t.kwargs["seeds"] for t in tasks] == [[0, 1], [2, 3], [4]]

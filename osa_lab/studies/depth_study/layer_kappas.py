@@ -1,6 +1,7 @@
 """κ of each sub-block at each layer for final runs recorded before runs kept it.
 
-A final run records κ per sub-block at initialisation and after training (:mod:`.run`): the median
+A final run records κ per sub-block at initialisation and after training (:mod:`.run`; tuning runs
+too since later, and :mod:`.tuning_kappas` adds theirs to those recorded before): the median
 over layers (``sub_block_kappa_<when>``) and, since later, each layer's value
 (``sub_block_kappa_layers_<when>``). :func:`add_layer_kappas` adds the per-layer values to a run that
 has only the medians, from the same models: the initial one rebuilt under the run's seed, the

@@ -55,10 +55,13 @@ from osa_lab.studies.training.failures import (
 #: classes of a run whose JSON does not record them (every data set of the study has ten)
 DEFAULT_CLASSES = 10
 
+#: κ end to end and per sub-block at initialisation and after training, as runs.csv and tuning.csv name them
+KAPPA_COLUMNS = ["kappa_init", "kappa_trained",
+                 *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS)]  # fmt: skip
+
 RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "warmup_fraction", "steps", "status", "failure", "train_loss",
                *(f"train_loss_at_{s}" for s in LOSS_STEPS), "steps_to_threshold",
-               "train_accuracy", "steps_to_90", "val_accuracy", "test_accuracy", "kappa_init", "kappa_trained",
-               *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS),
+               "train_accuracy", "steps_to_90", "val_accuracy", "test_accuracy", *KAPPA_COLUMNS,
                "effective_rank_init", "effective_rank_trained", "relative_residual_init",
                "relative_residual_trained", "mixing_ratio_init", "mixing_ratio_trained", "epoch_time_s"]  # fmt: skip
 
@@ -100,6 +103,17 @@ def run_outcome(r: dict) -> tuple[str, str]:
     )  # fmt: skip
 
 
+def _kappa_columns(r: dict) -> dict[str, float]:
+    """A run record's :data:`KAPPA_COLUMNS` (NaN where it records none)."""
+
+    def number(value) -> float:
+        return math.nan if value is None else float(value)
+
+    return {"kappa_init": number(r.get("kappa_init")), "kappa_trained": number(r.get("kappa_trained")),
+            **{f"kappa_{part}_{when}": number((r.get(f"sub_block_kappa_{when}") or {}).get(part))
+               for when in ("init", "trained") for part in SUB_BLOCK_PARTS}}  # fmt: skip
+
+
 def run_table(results: Path | Records) -> pd.DataFrame:
     """One row per finished final run (:data:`RUN_COLUMNS`).
 
@@ -120,9 +134,7 @@ def run_table(results: Path | Records) -> pd.DataFrame:
                      "effective_rank_trained": rank_t.get("effective_rank", math.nan),
                      "relative_residual_init": rank_i.get("relative_residual", math.nan),
                      "relative_residual_trained": rank_t.get("relative_residual", math.nan),
-                     **{f"kappa_{part}_{when}": (r.get(f"sub_block_kappa_{when}") or {}).get(part, math.nan)
-                        for when in ("init", "trained") for part in SUB_BLOCK_PARTS},
-                     "mixing_ratio_init": _mean(r.get("mixing_ratio_init")),
+                     **_kappa_columns(r), "mixing_ratio_init": _mean(r.get("mixing_ratio_init")),
                      "mixing_ratio_trained": _mean(r.get("mixing_ratio_trained"))})  # fmt: skip
     df = pd.DataFrame(rows, columns=RUN_COLUMNS)
     return df.sort_values(["depth", "preset", "seed"], ignore_index=True)
@@ -157,15 +169,17 @@ def sub_block_layer_table(results: Path | Records) -> pd.DataFrame:
 
 
 def tuning_table(results: Path | Records) -> pd.DataFrame:
-    """One row per tuning run (its validation accuracy, the score, and its final training loss), with
-    the cell's search record (extended, chosen, edge after the limit)."""
+    """One row per tuning run (its validation accuracy, the score, its final training loss, and κ end to
+    end and per sub-block at initialisation and after training: NaN where the run did not record it),
+    with the cell's search record (extended, chosen, edge after the limit)."""
     records = _records(results)
     rows = []
     for r in records.runs["tune"]:
         outcome, _ = run_outcome(r)
         rows.append({**{k: r.get(k) for k in ("preset", "depth", "lr", "alpha_lr_mult", "seed", "val_accuracy", "train_loss")},
-                     "warmup_fraction": run_setting(r)[2], "status": outcome})  # fmt: skip
-    df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy", "train_loss"])
+                     "warmup_fraction": run_setting(r)[2], "status": outcome, **_kappa_columns(r)})  # fmt: skip
+    df = pd.DataFrame(rows, columns=["preset", "depth", *AXES, "seed", "status", "val_accuracy", "train_loss",
+                                     *KAPPA_COLUMNS])  # fmt: skip
     df = df.rename(columns={"seed": "tune_seed"})
     df["extended"], df["chosen"], df["edge_after_limit"] = False, False, ""
     df["chosen_by"], df["chosen_failures"] = "", 0

@@ -105,6 +105,14 @@ def _write_json(path: Path, payload: dict) -> None:
     atomic_write_text(path, json.dumps(payload, indent=1, allow_nan=True))
 
 
+def run_checkpoint_dir(scratch_dir: str | Path, results_dir: str | Path, result_json: Path, config: Any) -> Path:
+    """The folder of a study run's checkpoints under ``scratch_dir``: the result's path below ``results_dir``
+    (``tune/<run>``) and a digest of its whole :class:`~osa_lab.studies.training.TrainConfig`, so that
+    another model or budget never meets them."""
+    digest = hashlib.sha1(comparable_json(config.to_dict()).encode()).hexdigest()[:10]
+    return Path(scratch_dir) / f"{Path(result_json).with_suffix('').relative_to(results_dir)}-{digest}"
+
+
 def study_run(
     *,
     spec: dict,
@@ -219,9 +227,7 @@ def study_group_run(
             val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
             model={**spec["model"], "depth": int(depth)},
         )  # fmt: skip
-        # checkpoints of a run are keyed by its whole configuration: another model or budget never meets them
-        digest = hashlib.sha1(comparable_json(config.to_dict()).encode()).hexdigest()[:10]
-        run_dirs.append(Path(scratch_dir) / f"{out.with_suffix('').relative_to(results_dir)}-{digest}")
+        run_dirs.append(run_checkpoint_dir(scratch_dir, results_dir, out, config))
         configs.append(config)
         payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
                                    "alpha_lr_mult": alpha_lr_mult, "warmup_fraction": float(warmup_fraction),

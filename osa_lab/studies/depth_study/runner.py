@@ -64,16 +64,17 @@ class StudyRunner:
         self.spec_dict = {"data": spec.data, "val_fraction": spec.val_fraction, "batch_size": spec.batch_size,
                           "model": dict(spec.model), "kappa_samples": spec.kappa_samples}  # fmt: skip
 
-    def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int, kappa: bool) -> list[Task]:
+    def _tasks(self, stage: str, preset: str, depth: int, points, seeds, steps: int) -> list[Task]:
         """One task per seed group of each setting (:func:`study_group_run`), in seed order: groups of
         the study's ``group_size``, or by :func:`seed_groups`' default rule when it is 0 (the setting's
-        seeds in one group from six seeds up, each seed alone below)."""
+        seeds in one group from six seeds up, each seed alone below). Every run, tuning runs included,
+        records κ end to end and per sub-block at initialisation and after training."""
         tasks = []
         for lr, mult, warmup in points:
             for group in seed_groups(seeds, self.spec.group_size or None):
                 kwargs = {"spec": self.spec_dict, "stage": stage, "preset": preset, "depth": depth,
                           "seeds": group, "lr": lr, "alpha_lr_mult": mult, "warmup_fraction": warmup, "steps": steps,
-                          "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": kappa}  # fmt: skip
+                          "results_dir": str(self.results), "scratch_dir": str(self.scratch), "kappa": True}  # fmt: skip
                 name = result_name(stage, preset, depth, 0, lr, mult, warmup)
                 key = name.replace("/", "-").removesuffix("-s0.json") + "-s" + "_".join(str(s) for s in group)
                 tasks.append(Task(study_group_run, kwargs, {"stage": stage, "preset": preset, "depth": depth, "lr": lr,
@@ -116,7 +117,7 @@ class StudyRunner:
         points, rounds = state.initial_points(), 0
         while points:
             settings = [tuple(as_setting(p)) for p in points]
-            values = self._run(self._tasks("tune", preset, depth, settings, t.seeds, t.steps, False),
+            values = self._run(self._tasks("tune", preset, depth, settings, t.seeds, t.steps),
                                f"tune {preset} d{depth} r{rounds}")  # fmt: skip
             n = len(t.seeds)
             if any(v is None for v in values):  # a run failed (not diverged): choosing now would be on missing data
@@ -163,7 +164,7 @@ class StudyRunner:
             else:
                 seeds = self.spec.final_seeds(depth)
                 _say(f"{preset} depth {depth}: {setting_words(chosen)}; {len(seeds)} final seeds")
-                self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps, True),
+                self._run(self._tasks("final", preset, depth, [chosen], seeds, self.spec.steps),
                           f"final {preset} d{depth}")  # fmt: skip
             out = summarise(self.results, self.spec, cache=self.records)  # the last cell's are the study's tables
         if out is None:  # a study without cells still gets its (empty) tables
