@@ -129,7 +129,8 @@ if tables is not None and len(tables["tuning"]):
 #
 # κ of the attention and the MLP sub-blocks (median over layers) of every tuning run after
 # training, against its learning rate: the median and range over the tuning seeds, one line per
-# setting. A tuning run that diverged has no κ after training.
+# setting. Only runs that did not fail count: a run that diverged, collapsed to chance or never
+# recovered from a loss jump is left out.
 
 # %%
 if partial:

@@ -19,6 +19,22 @@ def run_benchmark(name: str, *args: str, timeout: float = 900) -> subprocess.Com
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def small_classifier(preset: str, depth: int, *, dim: int = 16, heads: int = 2, side: int = 4):
+    """A preset built as a token classifier of ``side``² one-pixel patches (tokens) of a 1-channel image,
+    seed 0: small enough for exact Jacobians."""
+    from osa_lab import get_preset
+    from osa_lab.nn.models import build_classifier
+
+    cfg = get_preset(preset, depth=depth, dim=dim, heads=heads, tokens=side * side, seed=0, input="patches",
+                     image_size=side, patch_size=1, channels=1)  # fmt: skip
+    return build_classifier(cfg)
+
+
+def small_images(count: int = 2, side: int = 4) -> torch.Tensor:
+    """``count`` seeded Gaussian 1-channel images of ``side`` × ``side`` pixels (inputs of :func:`small_classifier`)."""
+    return torch.randn(count, 1, side, side, generator=torch.Generator().manual_seed(1))
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative Frobenius error ‖a − b‖ / ‖b‖ computed in float64 (0 when both are 0)."""
     a, b = a.detach().double(), b.detach().double()

@@ -187,13 +187,15 @@ def tuning_curves_data(tuning: pd.DataFrame, depth: int) -> pd.DataFrame:
 def tuning_kappa_data(tuning: pd.DataFrame, depth: int, part: str = "attention") -> pd.DataFrame:
     """``preset, lr, mean, lo, hi, n``: κ of sub-block ``part`` after training (each tuning run's median
     over layers and inputs, ``kappa_<part>_trained`` of ``tuning.csv``), the median over tuning seeds
-    (``mean``) and their range, per setting as :func:`tuning_curves_data` labels it, at ``depth``. Runs
-    without a trained κ (diverged, or recorded before tuning runs kept κ and without a checkpoint) are
-    left out; κ beyond what float64 resolves is kept at the float64 ceiling."""
+    (``mean``) and their range, per setting as :func:`tuning_curves_data` labels it, at ``depth``. Only
+    runs whose ``status`` is ``ok`` count: a run that failed (collapsed to chance, or a loss jump it did
+    not recover from) or diverged is left out, as are runs without a trained κ (recorded before tuning
+    runs kept κ, and without a checkpoint); κ beyond what float64 resolves is kept at the float64 ceiling."""
     if part not in SUB_BLOCKS:
         raise OSAInputError(f"part must be one of {', '.join(SUB_BLOCKS)}; got {part!r}")
     column = f"kappa_{part}_trained"
-    t = _tuning_at_depth(tuning, depth, [column])
+    t = _tuning_at_depth(tuning, depth, [column, "status"])
+    t = t[t["status"] == "ok"]
     t = t[np.isfinite(t[column].astype(float)) | np.isposinf(t[column].astype(float))]
     t[column] = t[column].astype(float).clip(upper=LOG_CEILING)
     out = (t.groupby(["setting", "lr"], sort=False)[column].agg(mean="median", lo="min", hi="max", n="count")
@@ -233,12 +235,12 @@ def tuning_curves(tuning: pd.DataFrame, depth: int) -> hv.Overlay:
 
 def tuning_kappa(tuning: pd.DataFrame, depth: int, part: str = "attention") -> hv.Overlay:
     """κ of sub-block ``part`` after training against learning rate (both axes log) over the tuning runs at
-    ``depth``: a line per setting through the medians over tuning seeds, their range shaded."""
+    ``depth`` that did not fail: a line per setting through the medians over tuning seeds, their range shaded."""
     data = tuning_kappa_data(tuning, depth, part)
     if data.empty:
         raise OSAInputError(f"no tuning run at depth {depth} records κ of the {part} after training; nothing to draw")
     colours, dashes = _setting_styles(data)
-    overlay = curves_with_bands(data, "lr", f"κ of the {part} (median over layers)",
+    overlay = curves_with_bands(data, "lr", f"κ of the {part} (median over layers and inputs)",
                                 f"tuning at depth {depth}: κ of the {part} after training against learning rate",
                                 logy=True, logx=True, colours=colours, dashes=dashes, width=760, height=360)  # fmt: skip
     return _learning_rate_axis(overlay, data)

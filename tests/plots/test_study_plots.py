@@ -123,12 +123,15 @@ def test_tuning_kappa_draws_kappa_after_training_against_learning_rate_per_setti
         for lr, base in ((3e-4, 30.0), (1e-3, 60.0), (3e-3, 600.0)):
             for seed, factor in zip((1000, 1001, 1002), (1.0, 2.0, 4.0), strict=True):
                 rows.append(dict(preset="skipless-osa", depth=8, lr=lr, alpha_lr_mult=mult, warmup_fraction=0.05,
-                                 tune_seed=seed, kappa_attention_trained=base * factor * mult,
+                                 tune_seed=seed, status="ok", kappa_attention_trained=base * factor * mult,
                                  kappa_mlp_trained=5e3))  # fmt: skip
     rows[-1]["kappa_attention_trained"] = float("nan")  # diverged
     rows[-2]["kappa_attention_trained"] = float("inf")  # singular
     rows.append(dict(preset="vit", depth=8, lr=1e-3, alpha_lr_mult=1.0, warmup_fraction=0.05, tune_seed=1000,
-                     kappa_attention_trained=float("nan"), kappa_mlp_trained=float("nan")))  # fmt: skip
+                     status="ok", kappa_attention_trained=float("nan"), kappa_mlp_trained=float("nan")))  # fmt: skip
+    # a run that collapsed to chance has a trained κ, but is a failure: left out
+    rows.append(dict(preset="skipless-osa", depth=8, lr=3e-4, alpha_lr_mult=1.0, warmup_fraction=0.05,
+                     tune_seed=1003, status="failed", kappa_attention_trained=1e6, kappa_mlp_trained=5e3))  # fmt: skip
     tuning = pd.DataFrame(rows)
     data = study.tuning_kappa_data(tuning, 8)
     assert set(data["preset"]) == {"skipless-osa α-lr ×1", "skipless-osa α-lr ×10"}  # the ViT recorded none

@@ -147,8 +147,8 @@ def test_kappa_of_tuning_runs_is_added_from_the_seed_and_the_checkpoint_and_chec
     checkpoints = tiny_results.parent / scratch_folder(spec)
     results = tmp_path / "results"
     shutil.copytree(tiny_results, results)
-    fields = ["kappa_init", "kappa_trained", *(f"sub_block_kappa{layers}_{when}" for layers in ("", "_layers")
-                                               for when in ("init", "trained"))]  # fmt: skip
+    fields = ["kappa_init", "kappa_trained", "osa_split_init", "osa_split_trained",
+              *(f"sub_block_kappa{layers}_{when}" for layers in ("", "_layers") for when in ("init", "trained"))]
     vit, mlp = sorted(results.glob("tune/vit-*.json"))[0], sorted(results.glob("tune/mlp-*.json"))[0]
     recorded = {}
     for path in (vit, mlp):
@@ -166,11 +166,21 @@ def test_kappa_of_tuning_runs_is_added_from_the_seed_and_the_checkpoint_and_chec
             elif key.startswith("sub_block_kappa_layers"):
                 for part, values in value.items():
                     assert restored[key][part] == pytest.approx(values, rel=1e-9)
-            elif key.startswith("sub_block_kappa"):
+            elif key.startswith(("sub_block_kappa", "osa_split")):
                 assert restored[key] == pytest.approx(value, rel=1e-9, nan_ok=True)
             else:
                 assert restored[key] == pytest.approx(value, rel=1e-9), key
     assert add_tuning_kappas(results, spec, checkpoints).changed == []
+    # a run with κ but not the OSA split gets the split alone; κ is left as it was
+    payload = json.loads(vit.read_text())
+    kept = {k: payload[k] for k in fields if not k.startswith("osa_split")}
+    for when in ("init", "trained"):
+        payload.pop(f"osa_split_{when}")
+    vit.write_text(json.dumps(payload, indent=1))
+    assert add_tuning_kappas(results, spec, checkpoints).changed == [vit]
+    restored = json.loads(vit.read_text())
+    assert restored["osa_split_init"] == restored["osa_split_trained"] == {}  # a ViT has no OSA layer
+    assert {k: restored[k] for k in kept} == kept
     # without its checkpoint: κ at initialisation only, and the run named
     payload = json.loads(vit.read_text())
     for key in fields:
@@ -182,10 +192,37 @@ def test_kappa_of_tuning_runs_is_added_from_the_seed_and_the_checkpoint_and_chec
     restored = json.loads(vit.read_text())
     assert restored["kappa_init"] == pytest.approx(recorded[vit]["kappa_init"], rel=1e-9)
     assert "kappa_trained" not in restored and "sub_block_kappa_trained" not in restored
-    # a checkpoint whose model does not give the recorded validation accuracy is refused, the run unchanged
-    payload["val_accuracy"] = payload["val_accuracy"] - 0.25
-    vit.write_text(json.dumps(payload, indent=1))
-    before = vit.read_text()
-    with pytest.raises(MalformedResultError, match="gives validation accuracy"):
-        add_tuning_kappas(results, spec, checkpoints)
-    assert vit.read_text() == before
+    assert add_tuning_kappas(results, spec, elsewhere).changed == []  # still nothing it can add
+    # the checkpoint back: the trained κ is added on a later call
+    assert add_tuning_kappas(results, spec, checkpoints).changed == [vit]
+    assert json.loads(vit.read_text())["kappa_trained"] == pytest.approx(recorded[vit]["kappa_trained"], rel=1e-9)
+    # a checkpoint that is not the run's end, or is another configuration's, or whose model does not give
+    # the recorded validation accuracy (NaN included) is refused, the run unchanged
+    import torch
+
+    from osa_lab.studies.depth_study.run import run_checkpoint_dir
+
+    folder = run_checkpoint_dir(checkpoints, tiny_results, tiny_results / "tune" / vit.name, payload["train_config"])
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    for change, message in (({"epoch": state["epoch"] - 1}, "not its end"),
+                            ({"train_config": {**state["train_config"], "lr": 1.0}}, "another configuration's")):
+        moved = tmp_path / "moved"
+        shutil.copytree(checkpoints, moved, dirs_exist_ok=True)
+        torch.save({**state, **change}, run_checkpoint_dir(moved, results, vit, payload["train_config"]) / "checkpoint.pt")
+        vit.write_text(json.dumps(payload, indent=1))
+        with pytest.raises(MalformedResultError, match=message):
+            add_tuning_kappas(results, spec, moved)
+        assert vit.read_text() == json.dumps(payload, indent=1)
+    for accuracy in (payload["val_accuracy"] - 0.25, float("nan")):
+        vit.write_text(json.dumps({**payload, "val_accuracy": accuracy}, indent=1))
+        before = vit.read_text()
+        with pytest.raises(MalformedResultError, match="gives validation accuracy"):
+            add_tuning_kappas(results, spec, checkpoints)
+        assert vit.read_text() == before
+    # a run that diverged: κ at initialisation, NaN after training, no checkpoint looked for
+    vit.write_text(json.dumps({**payload, "status": "diverged"}, indent=1))
+    done = add_tuning_kappas(results, spec, elsewhere)
+    assert done.changed == [vit] and done.without_checkpoint == []
+    restored = json.loads(vit.read_text())
+    assert math.isnan(restored["kappa_trained"]) and "sub_block_kappa_trained" not in restored
+    assert restored["kappa_init"] == pytest.approx(recorded[vit]["kappa_init"], rel=1e-9)

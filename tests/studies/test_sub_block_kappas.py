@@ -11,21 +11,20 @@ import torch
 
 from osa_lab import get_preset
 from osa_lab.errors import ConfigurationError
-from osa_lab.nn.models import build_classifier, build_model
+from osa_lab.nn.models import build_model
 from osa_lab.studies.depth_study.run import encoder_kappa
 from osa_lab.studies.jacobian.sub_blocks import PARTS, SUB_BLOCK_COLUMNS, sub_block_kappas, sub_block_summary
+from tests.helpers import small_classifier, small_images
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _classifier(preset: str, depth: int):
-    cfg = get_preset(preset, depth=depth, dim=16, heads=2, tokens=16, seed=0, input="patches", image_size=4,
-                     patch_size=1, channels=1)  # fmt: skip
-    return build_classifier(cfg)
+    return small_classifier(preset, depth)
 
 
 def _inputs() -> torch.Tensor:
-    return torch.randn(2, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    return small_images()
 
 
 def test_the_table_has_every_part_and_layer_and_matches_a_direct_jacobian():

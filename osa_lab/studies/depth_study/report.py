@@ -42,6 +42,7 @@ from osa_lab.studies.depth_study.wording import (
     unstable_neighbours,
     untuned_words,
 )
+from osa_lab.studies.jacobian.mixing_split import SPLIT_RECORD
 from osa_lab.studies.jacobian.sub_blocks import PARTS as SUB_BLOCK_PARTS
 from osa_lab.studies.summaries import KAPPA_RESOLVED, number
 from osa_lab.studies.training.failures import (
@@ -57,7 +58,8 @@ DEFAULT_CLASSES = 10
 
 #: κ end to end and per sub-block at initialisation and after training, as runs.csv and tuning.csv name them
 KAPPA_COLUMNS = ["kappa_init", "kappa_trained",
-                 *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS)]  # fmt: skip
+                 *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS),
+                 *(f"{column}_{when}" for when in ("init", "trained") for column in SPLIT_RECORD.values())]  # fmt: skip
 
 RUN_COLUMNS = ["preset", "depth", "seed", "lr", "alpha_lr_mult", "warmup_fraction", "steps", "status", "failure", "train_loss",
                *(f"train_loss_at_{s}" for s in LOSS_STEPS), "steps_to_threshold",
@@ -106,12 +108,14 @@ def run_outcome(r: dict) -> tuple[str, str]:
 def _kappa_columns(r: dict) -> dict[str, float]:
     """A run record's :data:`KAPPA_COLUMNS` (NaN where it records none)."""
 
-    def number(value) -> float:
+    def as_float(value) -> float:
         return math.nan if value is None else float(value)
 
-    return {"kappa_init": number(r.get("kappa_init")), "kappa_trained": number(r.get("kappa_trained")),
-            **{f"kappa_{part}_{when}": number((r.get(f"sub_block_kappa_{when}") or {}).get(part))
-               for when in ("init", "trained") for part in SUB_BLOCK_PARTS}}  # fmt: skip
+    return {"kappa_init": as_float(r.get("kappa_init")), "kappa_trained": as_float(r.get("kappa_trained")),
+            **{f"kappa_{part}_{when}": as_float((r.get(f"sub_block_kappa_{when}") or {}).get(part))
+               for when in ("init", "trained") for part in SUB_BLOCK_PARTS},
+            **{f"{column}_{when}": as_float((r.get(f"osa_split_{when}") or {}).get(name))
+               for when in ("init", "trained") for name, column in SPLIT_RECORD.items()}}  # fmt: skip
 
 
 def run_table(results: Path | Records) -> pd.DataFrame:

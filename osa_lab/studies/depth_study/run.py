@@ -2,8 +2,9 @@
 
 The JSON (no checkpoint, a few kB) holds the run's settings, its final validation and test
 accuracy (of the **final** checkpoint), the per-epoch training curve, steps to 90 % training
-accuracy, and — for final runs — the end-to-end Jacobian condition number κ of the encoder
-(embedded tokens → last block, exact, float64) at initialisation and after training, the last
+accuracy, the end-to-end Jacobian condition number κ of the encoder (embedded tokens → last
+block, exact, float64), κ per sub-block and the split of the OSA layers at initialisation and
+after training (every run, tuning runs too), the last
 layer's effective rank and relative residual, OSA's per-layer mixing ratio and the whole training
 configuration (``train_config``). A final run also keeps its trained weights beside its JSON
 (:mod:`.weights`, tensor-only). A run whose JSON exists (and passes the checks of
@@ -26,6 +27,7 @@ from osa_lab.errors import ConfigurationError
 from osa_lab.fileio import atomic_write_text
 from osa_lab.studies.data import load_data, split_validation
 from osa_lab.studies.depth_study.weights import save_weights
+from osa_lab.studies.jacobian.mixing_split import osa_split_record
 from osa_lab.studies.jacobian.sub_blocks import sub_block_record
 from osa_lab.studies.training.config import (
     DEFAULT_WARMUP_FRACTION,
@@ -105,11 +107,12 @@ def _write_json(path: Path, payload: dict) -> None:
     atomic_write_text(path, json.dumps(payload, indent=1, allow_nan=True))
 
 
-def run_checkpoint_dir(scratch_dir: str | Path, results_dir: str | Path, result_json: Path, config: Any) -> Path:
+def run_checkpoint_dir(scratch_dir: str | Path, results_dir: str | Path, result_json: Path,
+                       train_config: dict[str, Any]) -> Path:
     """The folder of a study run's checkpoints under ``scratch_dir``: the result's path below ``results_dir``
-    (``tune/<run>``) and a digest of its whole :class:`~osa_lab.studies.training.TrainConfig`, so that
-    another model or budget never meets them."""
-    digest = hashlib.sha1(comparable_json(config.to_dict()).encode()).hexdigest()[:10]
+    (``tune/<run>``) and a digest of its whole training configuration (``TrainConfig.to_dict()``, as the
+    run JSON records it in ``train_config``), so that another model or budget never meets them."""
+    digest = hashlib.sha1(comparable_json(train_config).encode()).hexdigest()[:10]
     return Path(scratch_dir) / f"{Path(result_json).with_suffix('').relative_to(results_dir)}-{digest}"
 
 
@@ -227,7 +230,7 @@ def study_group_run(
             val_fraction=spec["val_fraction"], seed=int(seed), diag_every=0,
             model={**spec["model"], "depth": int(depth)},
         )  # fmt: skip
-        run_dirs.append(run_checkpoint_dir(scratch_dir, results_dir, out, config))
+        run_dirs.append(run_checkpoint_dir(scratch_dir, results_dir, out, config.to_dict()))
         configs.append(config)
         payload: dict[str, Any] = {"stage": stage, "preset": preset, "depth": depth, "seed": seed, "lr": lr,
                                    "alpha_lr_mult": alpha_lr_mult, "warmup_fraction": float(warmup_fraction),
@@ -239,6 +242,7 @@ def study_group_run(
             initial = build_training_model(model_config_for(config, data))
             payload["kappa_init"] = encoder_kappa(initial, x_k)
             payload["sub_block_kappa_init"], payload["sub_block_kappa_layers_init"] = sub_block_record(initial, x_k)
+            payload["osa_split_init"] = osa_split_record(initial, x_k)
         payloads.append(payload)
     outcomes = train_group(configs, run_dirs, data=data, progress=progress)
     for (seed, out), run_dir, payload, outcome in zip(pending, run_dirs, payloads, outcomes, strict=True):
@@ -291,3 +295,4 @@ def _finish_payload(payload: dict, metrics, status: str, error: str, result, x_k
         if result is not None:
             medians, layers = sub_block_record(result.model, x_k)
             payload["sub_block_kappa_trained"], payload["sub_block_kappa_layers_trained"] = medians, layers
+            payload["osa_split_trained"] = osa_split_record(result.model, x_k)
