@@ -90,6 +90,7 @@ def test_a_study_run_of_an_osa_preset_records_the_split_before_and_after_trainin
     orthogonal (κ 1), and the values :func:`osa_split_record` gives on the model rebuilt from the run's
     seed and on its last checkpoint."""
     import copy
+    import json
 
     from osa_lab.studies.depth_study.run import run_checkpoint_dir, study_data, study_run
     from osa_lab.studies.depth_study.weights import run_models
@@ -113,3 +114,27 @@ def test_a_study_run_of_an_osa_preset_records_the_split_before_and_after_trainin
     trained.load_state_dict(state["model"])
     assert osa_split_record(trained, data.x_val[:1]) == pytest.approx(payload["osa_split_trained"], rel=1e-9)
     assert payload["osa_split_trained"]["value"] > 1 + 1e-4  # training moved W_V off orthogonal
+    # a run recorded without the split gets it back from its seed and its checkpoint
+    from types import SimpleNamespace
+
+    from osa_lab.studies.depth_study.tuning_kappas import add_tuning_kappas
+
+    recorded = json.loads(result.read_text())
+    stripped = {k: v for k, v in recorded.items() if not k.startswith("osa_split")}
+    result.write_text(json.dumps(stripped, indent=1))
+    study = SimpleNamespace(data="mnist1d", val_fraction=0.1, kappa_samples=1)
+    assert add_tuning_kappas(tmp_path / "results", study, tmp_path / "ck").changed == [result]
+    restored = json.loads(result.read_text())
+    for when in ("init", "trained"):
+        assert restored[f"osa_split_{when}"] == pytest.approx(recorded[f"osa_split_{when}"], rel=1e-9)
+    assert {k: restored[k] for k in stripped} == stripped
+
+
+@pytest.mark.parametrize("preset", ["pure-osa", "skipless-osa-alpha0", "skipless-osa-shaped"])
+def test_every_osa_preset_splits_with_an_orthogonal_fixed_mixing_map_at_initialisation(preset):
+    model = _classifier(preset, 2)
+    table = osa_mixing_split(model, _inputs())
+    assert len(table) == 2 * 2 and table["kappa_fixed_mixing"].sub(1).abs().max() < 1e-5
+    sub = sub_block_kappas(model, _inputs())
+    sub = sub[sub["part"] == "attention"].sort_values(["input", "layer"])["kappa"].to_numpy()
+    assert table.sort_values(["input", "layer"])["kappa_attention"].to_numpy() == pytest.approx(sub, rel=1e-8)

@@ -173,6 +173,7 @@ def test_kappa_of_tuning_runs_is_added_from_the_seed_and_the_checkpoint_and_chec
     assert add_tuning_kappas(results, spec, checkpoints).changed == []
     # a run with κ but not the OSA split gets the split alone; κ is left as it was
     payload = json.loads(vit.read_text())
+    payload["kappa_init"] = 123.0  # a sentinel: recomputing κ would replace it
     kept = {k: payload[k] for k in fields if not k.startswith("osa_split")}
     for when in ("init", "trained"):
         payload.pop(f"osa_split_{when}")
@@ -192,7 +193,9 @@ def test_kappa_of_tuning_runs_is_added_from_the_seed_and_the_checkpoint_and_chec
     restored = json.loads(vit.read_text())
     assert restored["kappa_init"] == pytest.approx(recorded[vit]["kappa_init"], rel=1e-9)
     assert "kappa_trained" not in restored and "sub_block_kappa_trained" not in restored
-    assert add_tuning_kappas(results, spec, elsewhere).changed == []  # still nothing it can add
+    before = vit.read_text()
+    done = add_tuning_kappas(results, spec, elsewhere)  # still nothing it can add: the run is only named
+    assert done.changed == [] and done.without_checkpoint == [vit] and vit.read_text() == before
     # the checkpoint back: the trained κ is added on a later call
     assert add_tuning_kappas(results, spec, checkpoints).changed == [vit]
     assert json.loads(vit.read_text())["kappa_trained"] == pytest.approx(recorded[vit]["kappa_trained"], rel=1e-9)

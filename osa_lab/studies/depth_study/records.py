@@ -151,6 +151,10 @@ def _rank(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(k, str) and _nonneg(x) for k, x in v.items())
 
 
+def _split(v: Any) -> bool:
+    return _rank(v) and set(v) <= {"fixed_mixing", "value", "output"}
+
+
 def _layer_kappas(v: Any) -> bool:
     return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, list) and 0 < len(x) <= 10_000
                                        and all(_nonneg(y) for y in x) for k, x in v.items())  # fmt: skip
@@ -191,8 +195,8 @@ RUN_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     "kappa_trained": (False, _nonneg, "a number ≥ 0 or NaN"),
     "sub_block_kappa_init": (False, _rank, "a mapping of part → κ"),
     "sub_block_kappa_trained": (False, _rank, "a mapping of part → κ"),
-    "osa_split_init": (False, _rank, "a mapping of fixed_mixing, value, output → κ"),
-    "osa_split_trained": (False, _rank, "a mapping of fixed_mixing, value, output → κ"),
+    "osa_split_init": (False, _split, "a mapping of fixed_mixing, value, output → κ"),
+    "osa_split_trained": (False, _split, "a mapping of fixed_mixing, value, output → κ"),
     "sub_block_kappa_layers_init": (False, _layer_kappas, "a mapping of part → a list of κ per layer"),
     "sub_block_kappa_layers_trained": (False, _layer_kappas, "a mapping of part → a list of κ per layer"),
     "epoch_time_s": (False, _nonneg, "a number ≥ 0 or NaN"),

@@ -56,7 +56,8 @@ from osa_lab.studies.training.failures import (
 #: classes of a run whose JSON does not record them (every data set of the study has ten)
 DEFAULT_CLASSES = 10
 
-#: κ end to end and per sub-block at initialisation and after training, as runs.csv and tuning.csv name them
+#: κ end to end, per sub-block and of the OSA split at initialisation and after training, as runs.csv and
+#: tuning.csv name them
 KAPPA_COLUMNS = ["kappa_init", "kappa_trained",
                  *(f"kappa_{part}_{when}" for when in ("init", "trained") for part in SUB_BLOCK_PARTS),
                  *(f"{column}_{when}" for when in ("init", "trained") for column in SPLIT_RECORD.values())]  # fmt: skip

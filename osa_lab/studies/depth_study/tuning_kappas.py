@@ -37,8 +37,9 @@ from osa_lab.studies.training.loop import evaluate
 
 @dataclass
 class TuningKappas:
-    """What :func:`add_tuning_kappas` did: the files it changed, and those among them whose trained κ
-    could not be measured because the run's checkpoint is gone (κ at initialisation only)."""
+    """What :func:`add_tuning_kappas` did: the files it changed, and the runs that lack values after
+    training and whose checkpoint is gone (changed or not: they have, or got, the values at
+    initialisation only)."""
 
     changed: list[Path] = field(default_factory=list)
     without_checkpoint: list[Path] = field(default_factory=list)
@@ -49,11 +50,11 @@ def _checked_trained_model(path: Path, payload: dict[str, Any], initial: torch.n
     run's end: its configuration, its epoch count and the validation accuracy its model gives."""
     state = read_checkpoint(checkpoint, torch.device("cpu"))
     if comparable_json(state["train_config"]) != comparable_json(payload["train_config"]):
-        raise MalformedResultError(f"{path}: the checkpoint {checkpoint} is another configuration's; no κ was added")
+        raise MalformedResultError(f"{path}: the checkpoint {checkpoint} is another configuration's; nothing was added")
     if int(state["epoch"]) != int(payload["epochs"]):
         raise MalformedResultError(
             f"{path}: the checkpoint {checkpoint} holds epoch {state['epoch']} of the run's {payload['epochs']}, "
-            "not its end; no κ was added"
+            "not its end; nothing was added"
         )
     trained = copy.deepcopy(initial)
     trained.load_state_dict(state["model"], strict=True)
@@ -62,7 +63,7 @@ def _checked_trained_model(path: Path, payload: dict[str, Any], initial: torch.n
     if not math.isfinite(recorded) or round(accuracy * len(data.y_val)) != round(recorded * len(data.y_val)):
         raise MalformedResultError(
             f"{path}: the model in {checkpoint} gives validation accuracy {accuracy:.4f}, the run recorded "
-            f"{recorded:.4f}; no κ was added"
+            f"{recorded:.4f}; nothing was added"
         )
     return trained.eval()
 
@@ -83,8 +84,8 @@ def add_tuning_kappas(results: str | Path, spec: Any, checkpoints: str | Path, *
     initialisation (``init``) and, where the run's checkpoint under ``checkpoints`` (the study's
     ``--checkpoints`` folder) is its end, after training (``trained``). A run that did not end ``ok``
     gets ``kappa_trained`` NaN, as the study records it; a run whose checkpoint is gone gets the rest,
-    is named in :attr:`TuningKappas.without_checkpoint`, and gets its trained κ on a later call where
-    the checkpoint is back.
+    is named in :attr:`TuningKappas.without_checkpoint`, and gets its trained values on a later call
+    where the checkpoint is back. A run with nothing to add is not rebuilt.
 
     ``spec`` is the study's :class:`~osa_lab.studies.depth_study.spec.StudySpec` (its data, validation
     split and number of κ inputs). Raises :class:`~osa_lab.errors.MalformedResultError` naming the run
@@ -95,25 +96,26 @@ def add_tuning_kappas(results: str | Path, spec: Any, checkpoints: str | Path, *
     from tqdm.auto import tqdm
 
     done = TuningKappas()
-    pending = [p for p in sorted(Path(results).glob("tune/*.json"))
-               if any(_missing(json.loads(p.read_text(encoding="utf-8")), when) for when in ("init", "trained"))]  # fmt: skip
+    pending: list[tuple[Path, Path | None]] = []  # (run, its checkpoint where trained values are missing)
+    for path in sorted(Path(results).glob("tune/*.json")):
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        checkpoint = None
+        if _missing(payload, "trained") and isinstance(payload.get("train_config"), dict):
+            checkpoint = run_checkpoint_dir(checkpoints, results, path, payload["train_config"]) / CHECKPOINT_NAME
+            if not checkpoint.exists():
+                done.without_checkpoint.append(path)
+                checkpoint = None
+        if _missing(payload, "init") or checkpoint is not None:
+            pending.append((path, checkpoint))
     if not pending:
         return done
     data = study_data(spec.data, spec.val_fraction)
     x_k = data.x_val[: int(spec.kappa_samples)]
-    for path in tqdm(pending, desc="κ of tuning runs", unit="run", disable=not progress):
+    for path, checkpoint in tqdm(pending, desc="κ of tuning runs", unit="run", disable=not progress):
         payload = json.loads(path.read_text(encoding="utf-8"))
         missing = {when: _missing(payload, when) for when in ("init", "trained")}
         models = run_models(path, data)
-        trained = None
-        if missing["trained"]:
-            checkpoint = run_checkpoint_dir(checkpoints, results, path, payload["train_config"]) / CHECKPOINT_NAME
-            if checkpoint.exists():
-                trained = _checked_trained_model(path, payload, models.initial, checkpoint, data)
-            else:
-                done.without_checkpoint.append(path)
-                if not missing["init"]:
-                    continue  # nothing this call can add
+        trained = None if checkpoint is None else _checked_trained_model(path, payload, models.initial, checkpoint, data)
         for when, model in (("init", models.initial), ("trained", trained)):
             if model is None:
                 continue

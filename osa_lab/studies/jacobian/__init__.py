@@ -15,7 +15,11 @@ The package's rooms:
 * :mod:`~osa_lab.studies.jacobian.solvers`: the Jacobian of a function at a point, exact or
   matrix-free (:func:`jacobian_spectrum`);
 * :mod:`~osa_lab.studies.jacobian.profile`: the study's tables (κ across depth, every σ, the OSA
-  layer against α, N and d).
+  layer against α, N and d);
+* :mod:`~osa_lab.studies.jacobian.sub_blocks`: κ of every sub-block (embedding, attention, MLP,
+  readout) per layer;
+* :mod:`~osa_lab.studies.jacobian.mixing_split`: an OSA layer's κ against the same layer with its
+  mixing held fixed, and κ of W_V and W_O.
 
 Three algorithms, one interface (:func:`jacobian_spectrum`, option ``algorithm``; not to be
 confused with the ``method`` of :func:`osa_lab.osa`, which the models choose):

@@ -1,16 +1,20 @@
-"""Which part of an OSA sub-block is ill-conditioned: the learned projections or the input-dependent mixing.
+"""Which part of an OSA sub-block is ill-conditioned: W_V and W_O, or the input-dependent mixing.
 
 An OSA layer maps tokens X (N × d) to ``concat_h(A_h X W_V^h) W_O`` with ``A_h = exp(S_h(X))``
 orthogonal (Zhang & Martens 2026, arXiv 2602.05996, the OSA definition). Its Jacobian has two
 terms: the map with the mixing held fixed, ``Z ↦ concat_h(A_h Z W_V^h) W_O`` at the point's A_h,
-and the change of A_h with X. With orthogonal W_V and W_O, the fixed-mixing map is orthogonal
-(κ = 1, the layer's initialisation, docs/design.md §3); with one head its κ is exactly
-κ(W_V W_O), since A ⊗ M has the singular values of M.
+and the change of A_h with X (through W_Q, W_K and α). With orthogonal W_V and W_O the fixed-mixing
+map is orthogonal for any number of heads (W_V, each head's orthogonal A_h on the left, then W_O:
+every step keeps the Frobenius norm), so κ = 1 at the layer's initialisation (docs/design.md §3);
+in general its κ is at most κ(W_V)·κ(W_O), and with one head it is exactly κ(W_V W_O), since
+A ⊗ M has the singular values of M.
 
 :func:`osa_mixing_split` puts side by side, for every OSA layer of a classifier, at the point its
 own forward pass reaches: κ of the layer's whole Jacobian, κ of the fixed-mixing map, and κ of the
-weights W_V and W_O, exact in float64. Where the fixed-mixing κ is near the whole one, the learned
-projections explain the layer's conditioning; where it is near 1, the mixing term does.
+weights W_V and W_O, exact in float64. Where the fixed-mixing κ is near the whole one, W_V and W_O
+explain the layer's conditioning; where it is far below, the input-dependent mixing adds the rest
+(κ of a sum does not split into shares, so this says where the conditioning is lost, not how much
+each term contributes).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def _mixing(attn, x: torch.Tensor) -> torch.Tensor:
     n = x.shape[0]
     q = attn.to_q(x).view(n, attn.heads, attn.head_dim).transpose(0, 1)
     k = attn.to_k(x).view(n, attn.heads, attn.head_dim).transpose(0, 1)
-    eye = torch.eye(n, dtype=x.dtype).expand(attn.heads, n, n)
+    eye = torch.eye(n, dtype=x.dtype, device=x.device).expand(attn.heads, n, n)
     return osa(q, k, eye, attn.alpha.reshape(-1), method="dense")
 
 
@@ -112,8 +116,9 @@ SPLIT_RECORD = {"fixed_mixing": "kappa_fixed_mixing", "value": "kappa_value", "o
 def osa_split_record(model: torch.nn.Module, inputs: torch.Tensor) -> dict[str, float]:
     """What a study run records at initialisation and after training: κ of the OSA layers' fixed-mixing
     map, of W_V and of W_O, summarised by :func:`mixing_split_summary` (``{"fixed_mixing", "value",
-    "output": κ}``); empty for a model without OSA layers (the whole layer's κ is the ``attention``
-    sub-block's, :mod:`~osa_lab.studies.jacobian.sub_blocks`)."""
+    "output": κ}``); empty for a model without OSA layers. The whole layer's κ is not recorded: in a
+    block without skip or norm (every OSA preset) it is the ``attention`` sub-block's
+    (:mod:`~osa_lab.studies.jacobian.sub_blocks`); with a skip or a norm the two differ."""
     from osa_lab.nn.attention import OrthogonalSelfAttention
     from osa_lab.nn.models import ViTClassifier
 
