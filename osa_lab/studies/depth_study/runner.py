@@ -68,7 +68,7 @@ class StudyRunner:
         """One task per seed group of each setting (:func:`study_group_run`), in seed order: groups of
         the study's ``group_size``, or by :func:`seed_groups`' default rule when it is 0 (the setting's
         seeds in one group from six seeds up, each seed alone below). Every run, tuning runs included,
-        records κ end to end and per sub-block at initialisation and after training."""
+        records κ end to end, per sub-block and the OSA split at initialisation and after training."""
         tasks = []
         for lr, mult, warmup in points:
             for group in seed_groups(seeds, self.spec.group_size or None):

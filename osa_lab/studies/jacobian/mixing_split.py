@@ -62,13 +62,14 @@ def _fixed_mixing_map(attn, mixing: torch.Tensor):
     return apply
 
 
-def osa_mixing_split(model: torch.nn.Module, inputs: torch.Tensor) -> pd.DataFrame:
+def osa_mixing_split(model: torch.nn.Module, inputs: torch.Tensor, *, whole: bool = True) -> pd.DataFrame:
     """For each OSA layer of ``model`` at each of ``inputs`` (a batch of the classifier's inputs): κ of the
     layer's whole Jacobian (``kappa_attention``, the attention module alone, after the block's norm
     where it has one), κ of its fixed-mixing map (``kappa_fixed_mixing``), and κ of W_V and W_O
     (``kappa_value``, ``kappa_output``). One row per input and layer (layers numbered from 1; blocks
     without OSA are skipped); columns :data:`MIXING_SPLIT_COLUMNS`. Exact float64 Jacobians of a copy
-    of the model in eval mode; the model is not changed.
+    of the model in eval mode; the model is not changed. ``whole=False`` skips the whole layer's
+    Jacobian (``kappa_attention`` NaN), for a caller that has it already.
 
     Raises ConfigurationError for a model that is not a token classifier or has no OSA layer.
     """
@@ -92,9 +93,9 @@ def osa_mixing_split(model: torch.nn.Module, inputs: torch.Tensor) -> pd.DataFra
                 if isinstance(attn, OrthogonalSelfAttention):
                     z = block.norm1(h)
                     with torch.enable_grad():
-                        whole = exact_jacobian(lambda t, a=attn: a(t[None])[0], z)
+                        layer_kappa = _kappa(exact_jacobian(lambda t, a=attn: a(t[None])[0], z)) if whole else math.nan
                         fixed = exact_jacobian(_fixed_mixing_map(attn, _mixing(attn, z)), z)
-                    rows.append({"input": index, "layer": layer, "kappa_attention": _kappa(whole),
+                    rows.append({"input": index, "layer": layer, "kappa_attention": layer_kappa,
                                  "kappa_fixed_mixing": _kappa(fixed), "kappa_value": _kappa(attn.to_v.weight),
                                  "kappa_output": _kappa(attn.to_out.weight)})  # fmt: skip
                 h = block(h[None])[0]
@@ -125,5 +126,6 @@ def osa_split_record(model: torch.nn.Module, inputs: torch.Tensor) -> dict[str, 
     if not isinstance(model, ViTClassifier) or not any(isinstance(b.attn, OrthogonalSelfAttention)
                                                        for b in model.encoder.blocks):  # fmt: skip
         return {}
-    summary = mixing_split_summary(osa_mixing_split(model, inputs))
+    # the whole layer's Jacobian is the attention sub-block's, which the run records already
+    summary = mixing_split_summary(osa_mixing_split(model, inputs, whole=False))
     return {name: summary[column] for name, column in SPLIT_RECORD.items()}
