@@ -38,6 +38,15 @@ def test_at_initialisation_the_fixed_mixing_map_is_orthogonal_and_the_whole_laye
     assert mixing_split_summary(table)["kappa_attention"] == pytest.approx(medians["attention"], rel=1e-8)
 
 
+def test_without_the_whole_layer_the_other_columns_are_unchanged():
+    """``whole=False`` (what a run records) skips only the whole layer's Jacobian."""
+    model = _classifier("skipless-osa", 2)
+    full, lean = osa_mixing_split(model, _inputs()), osa_mixing_split(model, _inputs(), whole=False)
+    assert list(lean.columns) == MIXING_SPLIT_COLUMNS and lean["kappa_attention"].isna().all()
+    others = [c for c in MIXING_SPLIT_COLUMNS if c != "kappa_attention"]
+    assert lean[others].equals(full[others])
+
+
 def test_with_one_head_the_fixed_mixing_kappa_is_that_of_the_value_output_product():
     """A ⊗ M has the singular values of M for orthogonal A, so κ is κ(W_V W_O) exactly; the whole
     Jacobian differs (the mixing moves with the input)."""
