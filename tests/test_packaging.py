@@ -158,12 +158,17 @@ def test_the_core_is_type_checked_in_the_readme_test_command():
     assert ".venv/bin/mypy" in recipe and recipe.index(".venv/bin/mypy") < recipe.index("pytest"), recipe
 
 
-def test_ci_checks_the_lean_core_after_the_tests():
+def test_ci_checks_the_lean_core_and_stops_when_it_fails():
+    """The lean-core check runs beside the set-up and the reports; CI waits for it before the tests
+    and stops there if it failed."""
     ci = (ROOT / ".ci" / "run").read_text()
     lines = [line.strip() for line in ci.splitlines()]
-    assert "bash scripts/check_lean_core.sh" in lines
+    started = next(i for i, line in enumerate(lines) if line.startswith("bash scripts/check_lean_core.sh "))
+    assert lines[started].endswith("&") and lines[started + 1] == "lean_core=$!"
     test_line = next(i for i, line in enumerate(lines) if line.endswith("make test"))
-    assert lines.index("bash scripts/check_lean_core.sh") > test_line
+    assert started < lines.index('finish "$lean_core" lean-core') < test_line
+    finish = ci.split("finish() {", 1)[1].split("\n}", 1)[0]
+    assert 'wait "$1" || status=$?' in finish and "exit 1" in finish, finish
     script = (ROOT / "scripts" / "check_lean_core.sh").read_text()
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     (pin,) = re.findall(r"TORCH_SPEC:-(torch==[\d.]+)", setup)
