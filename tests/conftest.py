@@ -35,6 +35,16 @@ def _one_thread():
         torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread_by_default():
+    """Every test starts on one intra-op thread: `make test` runs two pytest workers on a 2-core
+    machine, and two threads per worker over-subscribe it (the OpenMP pools spin against each
+    other; an exact 1,024 × 1,024 layer Jacobian took 13× longer on two threads beside other work
+    than on one). A test that wants more threads sets them with ``torch_threads_for_test``."""
+    with _one_thread():
+        yield
+
+
 @pytest.fixture
 def one_torch_thread():
     """torch on one intra-op thread for the test: the tests' matrices are small and extra threads

@@ -87,9 +87,11 @@ def calls(log: Path) -> list[int]:
 # ----------------------------------------------------------------------------- in-process
 
 
-def test_serial_grid_keeps_task_order_and_sets_threads(tmp_path):
+def test_serial_grid_keeps_task_order_and_sets_threads(tmp_path, torch_threads_for_test):
     tasks = [Task(square, {"i": i}, {"i": i}) for i in (3, 1, 2)]
+    torch_threads_for_test(2)  # not the tasks' 1, so restoring it is seen
     before = torch.get_num_threads()
+    assert before == 2
     result = run_grid(tasks, GridOptions(serial=True, threads_per_worker=1, progress=False))
     assert [v["square"] for v in result.values()] == [9, 1, 4]
     assert {v["threads"] for v in result.values()} == {1}
