@@ -8,7 +8,7 @@ report: setup
 	.venv/bin/osa-lab report
 
 report-quick: setup
-	.venv/bin/osa-lab report --quick
+	.venv/bin/osa-lab report --quick --jobs 2
 
 test: setup
 	@bash scripts/install_browser.sh

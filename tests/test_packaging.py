@@ -91,7 +91,7 @@ def test_ci_lets_the_tests_check_the_reports_it_made_first():
     fixture = (ROOT / "tests" / "reporting" / "test_report_pages.py").read_text()
     assert 'os.environ.get("OSA_LAB_REPORTS")' in fixture
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^report-quick: setup\n\t\.venv/bin/osa-lab report --quick$", makefile, flags=re.M)
+    assert re.search(r"^report-quick: setup\n\t\.venv/bin/osa-lab report --quick --jobs 2$", makefile, flags=re.M)
 
 
 def _readme_python_blocks() -> list[str]:

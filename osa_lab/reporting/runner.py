@@ -36,7 +36,8 @@ import contextlib
 import datetime as _dt
 import sys
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +79,18 @@ def run_reports(
     cwd: str | Path | None = None,
     progress: bool = True,
     label: str = "",
+    jobs: int = 1,
 ) -> list[NotebookResult]:
     """Execute ``names`` (stem → source) with their ``params`` into ``output``; write the index.
 
     All parameters (names and types) and the output folder are validated before anything runs
-    or is created. Returns one :class:`NotebookResult` per notebook, in order.
+    or is created. ``jobs`` notebooks execute at once, each in a process of its own (papermill
+    changes the process' working directory while it executes, so threads cannot share one).
+    Returns one :class:`NotebookResult` per notebook, in the order of ``names``.
 
     Raises:
-        ReportError: unknown notebook or parameter, a parameter of the wrong type, or a
-            ``cell_timeout`` that is not a positive number of seconds.
+        ReportError: unknown notebook or parameter, a parameter of the wrong type, a
+            ``cell_timeout`` that is not a positive number of seconds, or ``jobs`` < 1.
         OutputPathError: ``output`` is a file or cannot be written.
         RunLockedError: another live report run writes into ``output`` (its ``report.lock``).
     """
@@ -98,6 +102,8 @@ def run_reports(
         raise ReportError(
             f"cell_timeout={cell_timeout!r}: give a positive number of seconds (--cell-timeout)"
         )
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ReportError(f"jobs={jobs!r}: give the number of notebooks to execute at once, 1 or more (--jobs)")
     check_output_dir(output, "--output")
     # Absolute paths: papermill changes the working directory to ``cwd`` while it executes.
     output = Path(output).resolve()
@@ -117,29 +123,66 @@ def run_reports(
     # one report run at a time writes into ``output`` (a second one is refused, naming the first)
     lock = OutputLock.for_folder(output, f"--output {output}", name=REPORT_LOCK)
     with lock, kernel_ctx as kernel, tempfile.TemporaryDirectory(prefix="osa-lab-report-") as staging:
-        bar = tqdm(
-            list(names.items()), desc="reports", unit="notebook", disable=not progress, file=sys.stderr
-        )
-        for name, source in bar:
-            bar.set_postfix_str(name)
-            result = execute_one(
-                name,
-                source,
-                params.get(name, {}),
-                output,
-                Path(staging),
-                kernel_name=kernel,
-                cell_timeout=cell_timeout,
-                cwd=cwd,
-            )
-            results.append(result)
-            status = "ok" if result.ok else "FAILED"
-            bar.write(f"{name}: {status} in {result.seconds:.1f} s", file=sys.stderr)
-            for warning in result.warnings:
-                bar.write(f"{name}: warning: {warning}", file=sys.stderr)
+        bar = tqdm(total=len(names), desc="reports", unit="notebook", disable=not progress, file=sys.stderr)
+        calls = {
+            name: (name, source, params.get(name, {}), output, Path(staging))
+            for name, source in names.items()
+        }
+        options = {"kernel_name": kernel, "cell_timeout": cell_timeout, "cwd": cwd}
+        if jobs == 1:
+            for name, call in calls.items():
+                bar.set_postfix_str(name)
+                results.append(_reported(execute_one(*call, **options), bar))
+        else:
+            done = execute_in_processes(calls, options, jobs, report=lambda r: _reported(r, bar))
+            results = [done[name] for name in names]
         bar.close()
         write_index(results, output, started=started, label=label)
     return results
+
+
+def _reported(result: NotebookResult, bar: Any) -> NotebookResult:
+    """One notebook's outcome on the terminal (above the progress bar); returns ``result``."""
+    status = "ok" if result.ok else "FAILED"
+    bar.write(f"{result.name}: {status} in {result.seconds:.1f} s", file=sys.stderr)
+    for warning in result.warnings:
+        bar.write(f"{result.name}: warning: {warning}", file=sys.stderr)
+    bar.update(1)
+    return result
+
+
+def execute_in_processes(
+    calls: Mapping[str, tuple[Any, ...]],
+    options: Mapping[str, Any],
+    jobs: int,
+    *,
+    report: Callable[[NotebookResult], object] = lambda result: None,
+    run: Callable[..., NotebookResult] = execute_one,
+) -> dict[str, NotebookResult]:
+    """``run(*calls[name], **options)`` for every name, ``jobs`` at a time, each in a spawned
+    process; ``report`` sees each result as it arrives. A notebook whose process died is
+    recorded as failed, with the reason, and never raised: the others' results are kept."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    done: dict[str, NotebookResult] = {}
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=context) as pool:
+        futures = {pool.submit(run, *call, **options): name for name, call in calls.items()}
+        for future in as_completed(futures):
+            name = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - a dead worker: record it, keep the others
+                source = calls[name][1]
+                result = NotebookResult(name=name, source=str(source), params=dict(calls[name][2]))
+                result.error = (
+                    f"stopped: the process that executed it died ({type(exc).__name__}: {exc}); "
+                    "run it again with --jobs 1 to see where"
+                )
+            done[name] = result
+            report(result)
+    return done
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +216,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--list", action="store_true", help="list the notebooks and their parameters, run nothing"
+    )
+    parser.add_argument(
+        "--jobs",
+        metavar="N",
+        type=positive_int,
+        default=1,
+        help="notebooks to execute at once, each in its own process and kernel (default 1)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -215,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
         label = "quick" if args.quick else "default parameters"
         if args.params:
             label += f" + {args.params}"
+        began = time.perf_counter()
         results = run_reports(
             chosen,
             params,
@@ -223,14 +274,16 @@ def run(args: argparse.Namespace) -> int:
             cwd=Path(args.notebooks).resolve().parent,
             progress=not args.no_progress,
             label=label,
+            jobs=args.jobs,
         )
     except (ReportError, OutputPathError) as exc:
         print(f"osa-lab report: error: {one_line(exc)}", file=sys.stderr)
         return 2
     index = Path(args.output).resolve() / "index.html"
     failed = [r for r in results if not r.ok]
-    total = sum(r.seconds for r in results)
-    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {total:.1f} s; index: {index}")
+    wall = time.perf_counter() - began
+    at_once = f" ({sum(r.seconds for r in results):.1f} s of notebook time, {args.jobs} at once)" if args.jobs > 1 else ""
+    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {wall:.1f} s{at_once}; index: {index}")
     for r in failed:
         print(r.failure_line(), file=sys.stderr)
     return 1 if failed else 0
@@ -239,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
 __all__ = [
     "CELL_TIMEOUT", "KERNEL_NAME", "NOTEBOOK_DIR", "QUICK_CELL_TIMEOUT", "QUICK_PARAMS", "REPORT_LOCK",
     "NotebookResult", "ReportError", "add_arguments", "check_params", "declared_bounds", "declared_parameters",
-    "discover", "ensure_kernel", "execute_one", "expected_type", "export_html", "external_references",
+    "discover", "ensure_kernel", "execute_in_processes", "execute_one", "expected_type", "export_html", "external_references",
     "load_params", "merge_params", "read_finding", "run", "run_reports", "select", "to_ipynb",
     "with_code_toggle", "write_index",
 ]  # fmt: skip

@@ -97,9 +97,10 @@ def _outputs(ipynb: Path) -> str:
     return "\n".join(chunks)
 
 
-@pytest.fixture(scope="module")
-def run_three(tmp_path_factory):
-    """Run ok / failing / ok notebooks once through the CLI; share the outputs across tests."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-at-a-time", "two-at-once"])
+def run_three(request, tmp_path_factory):
+    """Run ok / failing / ok notebooks once through the CLI, one at a time and two at once
+    (``--jobs 2``: each in its own process); share the outputs across tests."""
     src = tmp_path_factory.mktemp("notebooks")
     out = tmp_path_factory.mktemp("reports")
     _write(src, "01_ok", OK_NOTEBOOK)
@@ -109,7 +110,8 @@ def run_three(tmp_path_factory):
     params.write_text(yaml.safe_dump({"01_ok": {"sizes": [4, 5, 6], "label": "from-yaml"}}))
     # A relative --output from a working directory other than the one the kernel runs in
     # (papermill changes directory to the notebooks' parent while it executes).
-    argv = ["report", "--notebooks", str(src), "--output", out.name, "--params", str(params), "--no-progress"]
+    argv = ["report", "--notebooks", str(src), "--output", out.name, "--params", str(params), "--no-progress",
+            "--jobs", str(request.param)]  # fmt: skip
     return out, argv
 
 
@@ -123,11 +125,45 @@ def three_result(run_three):
     std = io.StringIO()
     with contextlib.chdir(out.parent), contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
         rc = cli.main(argv)
+        assert Path.cwd() == out.parent  # papermill's change of directory is undone
     return out, rc, std.getvalue(), err.getvalue()
 
 
-def test_failure_is_named_and_others_still_run(three_result):
+def _dies_for_02(name: str, *args, **options) -> report.NotebookResult:
+    """A stand-in for ``execute_one`` whose process dies on notebook ``02``."""
+    import os
+
+    if name.startswith("02"):
+        os._exit(3)
+    return report.NotebookResult(name=name, source=str(args[0]), params={}, ok=True, seconds=0.1)
+
+
+def test_a_process_that_dies_fails_its_notebook_and_the_others_keep_their_results(tmp_path):
+    calls = {name: (name, tmp_path / f"{name}.py", {"n": 1}, tmp_path, tmp_path) for name in ("01_a", "02_b")}
+    seen = []
+    done = report.execute_in_processes(calls, {"cwd": tmp_path}, 1, report=seen.append, run=_dies_for_02)
+    assert done["01_a"].ok and [r.name for r in seen] == ["01_a", "02_b"]
+    dead = done["02_b"]
+    assert not dead.ok and dead.params == {"n": 1} and dead.source == str(tmp_path / "02_b.py")
+    assert "the process that executed it died" in dead.error and "--jobs 1" in dead.error, dead.error
+
+
+def test_jobs_below_one_is_refused_before_anything_runs(tmp_path, capsys):
+    src = tmp_path / "nb"
+    src.mkdir()
+    _write(src, "01_typed", LAST_NOTEBOOK)
+    with pytest.raises(report.ReportError, match="--jobs"):
+        report.run_reports({"01_typed": src / "01_typed.py"}, {}, tmp_path / "o", jobs=0)
+    assert not (tmp_path / "o").exists()
+    assert cli.main(["report", "--notebooks", str(src), "--output", str(tmp_path / "o"), "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_failure_is_named_and_others_still_run(run_three, three_result):
     out, rc, stdout, stderr = three_result
+    jobs = int(run_three[1][run_three[1].index("--jobs") + 1])
+    assert re.search(r"notebooks ran in \d+\.\d s", stdout), stdout  # the wall time
+    assert ("s of notebook time, 2 at once" in stdout) == (jobs == 2), stdout
     assert rc == 1
     assert "FAILED 02_fails" in stderr
     assert "deliberate failure 4" in stderr
