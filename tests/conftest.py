@@ -37,7 +37,7 @@ def _one_thread():
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread_by_default():
-    """Every test starts on one intra-op thread: `make test` runs two pytest workers on a 2-core
+    """The tests run on one intra-op thread: `make test` runs two pytest workers on a 2-core
     machine, and two threads per worker over-subscribe it (the OpenMP pools spin against each
     other; an exact 1,024 × 1,024 layer Jacobian took 13× longer on two threads beside other work
     than on one). A test that wants more threads sets them with ``torch_threads_for_test``."""

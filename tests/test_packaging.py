@@ -159,16 +159,18 @@ def test_the_core_is_type_checked_in_the_readme_test_command():
 
 
 def test_ci_checks_the_lean_core_and_stops_when_it_fails():
-    """The lean-core check runs beside the set-up and the reports; CI waits for it before the tests
-    and stops there if it failed."""
+    """The lean-core check runs beside the set-up and the reports; CI waits for it before the tests,
+    stops there if it failed, and stops every job still running when it exits."""
     ci = (ROOT / ".ci" / "run").read_text()
     lines = [line.strip() for line in ci.splitlines()]
-    started = next(i for i, line in enumerate(lines) if line.startswith("bash scripts/check_lean_core.sh "))
-    assert lines[started].endswith("&") and lines[started + 1] == "lean_core=$!"
+    started = lines.index("background lean-core bash scripts/check_lean_core.sh")
     test_line = next(i for i, line in enumerate(lines) if line.endswith("make test"))
-    assert started < lines.index('finish "$lean_core" lean-core') < test_line
+    assert started < lines.index("make report-quick") < lines.index("finish lean-core") < test_line
+    background = ci.split("background() {", 1)[1].split("\n}", 1)[0]
+    assert 'setsid --wait "$@"' in background and "pids[$name]=$!" in background, background
     finish = ci.split("finish() {", 1)[1].split("\n}", 1)[0]
-    assert 'wait "$1" || status=$?' in finish and "exit 1" in finish, finish
+    assert 'wait "${pids[$1]}" || status=$?' in finish and "exit 1" in finish, finish
+    assert "trap stop_jobs EXIT" in lines and 'kill -- "-$pid"' in ci
     script = (ROOT / "scripts" / "check_lean_core.sh").read_text()
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     (pin,) = re.findall(r"TORCH_SPEC:-(torch==[\d.]+)", setup)

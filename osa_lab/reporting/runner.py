@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import os
 import sys
 import tempfile
 import time
@@ -159,30 +160,85 @@ def execute_in_processes(
     report: Callable[[NotebookResult], object] = lambda result: None,
     run: Callable[..., NotebookResult] = execute_one,
 ) -> dict[str, NotebookResult]:
-    """``run(*calls[name], **options)`` for every name, ``jobs`` at a time, each in a spawned
-    process; ``report`` sees each result as it arrives. A notebook whose process died is
-    recorded as failed, with the reason, and never raised: the others' results are kept."""
+    """``run(*calls[name], **options)`` for every name, each in a spawned process of its own, at
+    most ``jobs`` at a time; ``report`` sees each result as it arrives. A notebook whose process
+    died, or whose ``run`` raised, is recorded as failed with the reason and never raised: the
+    other notebooks run and keep their results. With ``jobs`` > 1 and no ``OMP_NUM_THREADS`` set,
+    each process (and the kernel it starts) gets an equal share of the cores for torch's threads."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing.connection import wait
 
-    done: dict[str, NotebookResult] = {}
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=context) as pool:
-        futures = {pool.submit(run, *call, **options): name for name, call in calls.items()}
-        for future in as_completed(futures):
-            name = futures[future]
-            try:
-                result = future.result()
-            except Exception as exc:  # noqa: BLE001 - a dead worker: record it, keep the others
-                source = calls[name][1]
-                result = NotebookResult(name=name, source=str(source), params=dict(calls[name][2]))
-                result.error = (
-                    f"stopped: the process that executed it died ({type(exc).__name__}: {exc}); "
-                    "run it again with --jobs 1 to see where"
-                )
-            done[name] = result
-            report(result)
+    threads = None
+    if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+    waiting, running, done = list(calls), {}, {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name = waiting.pop(0)
+                receiver, sender = context.Pipe(duplex=False)
+                arguments = (sender, run, calls[name], options, threads)
+                process = context.Process(target=_run_and_send, args=arguments)
+                process.start()
+                sender.close()
+                running[name] = (process, receiver)
+            wait([r for _, r in running.values()] + [p.sentinel for p, _ in running.values()])
+            for name, (process, receiver) in list(running.items()):
+                result = _received(name, calls[name], process, receiver)
+                if result is not None:
+                    process.join()
+                    del running[name]
+                    done[name] = result
+                    report(result)
+    finally:
+        for process, _ in running.values():  # interrupted: stop the notebooks still executing
+            process.terminate()
+            process.join()
     return done
+
+
+def _run_and_send(
+    sender: Any,
+    run: Callable[..., NotebookResult],
+    call: tuple[Any, ...],
+    options: Mapping[str, Any],
+    threads: int | None,
+) -> None:
+    """In the spawned process: run one notebook and send ``("result", r)`` or ``("error", text)``."""
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch loads here or in the kernel
+    try:
+        sender.send(("result", run(*call, **options)))
+    except Exception as exc:  # noqa: BLE001 - the parent records it as the notebook's failure
+        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        sender.close()
+
+
+def _received(name: str, call: tuple[Any, ...], process: Any, receiver: Any) -> NotebookResult | None:
+    """The result a notebook's process sent, a failed result where it raised or died, or None
+    while it still runs."""
+    why = None
+    if receiver.poll():
+        try:
+            kind, value = receiver.recv()
+        except (EOFError, OSError):
+            kind, value = "died", None
+        if kind == "result":
+            return value
+        why = f"stopped: {value}" if kind == "error" else None
+    elif process.is_alive():
+        return None
+    if why is None:
+        process.join()
+        why = (
+            f"stopped: the process that executed it died (exit code {process.exitcode}); "
+            "run it again with --jobs 1"
+        )
+    result = NotebookResult(name=name, source=str(call[1]), params=dict(call[2]))
+    result.error = why
+    return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -282,8 +338,9 @@ def run(args: argparse.Namespace) -> int:
     index = Path(args.output).resolve() / "index.html"
     failed = [r for r in results if not r.ok]
     wall = time.perf_counter() - began
-    at_once = f" ({sum(r.seconds for r in results):.1f} s of notebook time, {args.jobs} at once)" if args.jobs > 1 else ""
-    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {wall:.1f} s{at_once}; index: {index}")
+    at_once = min(args.jobs, len(results))
+    summed = f" ({sum(r.seconds for r in results):.1f} s of notebook time, {at_once} at once)" if at_once > 1 else ""
+    print(f"{len(results) - len(failed)}/{len(results)} notebooks ran in {wall:.1f} s{summed}; index: {index}")
     for r in failed:
         print(r.failure_line(), file=sys.stderr)
     return 1 if failed else 0

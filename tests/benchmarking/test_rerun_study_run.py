@@ -8,10 +8,14 @@ from tests.helpers import run_benchmark
 from tests.studies.test_depth_study import TINY_EXPERIMENT
 
 
-def test_a_rerun_on_the_same_machine_and_threads_reproduces_the_run(tmp_path, monkeypatch):
+def test_a_rerun_on_the_same_machine_and_threads_reproduces_the_run(tmp_path, monkeypatch, torch_threads_for_test):
+    import torch
+
     from osa_lab.cli import main as cli_main
 
     monkeypatch.chdir(tmp_path)  # the study's checkpoints go under ./runs: none shared with another test
+    torch_threads_for_test(2)  # not the study's one thread, so that the study must set it
+    assert torch.get_num_threads() == 2
 
     exp = tmp_path / "tiny.yaml"
     exp.write_text(TINY_EXPERIMENT)

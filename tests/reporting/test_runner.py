@@ -9,6 +9,7 @@ and run time; the HTML exports render offline (no network resources, images embe
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import textwrap
@@ -129,23 +130,38 @@ def three_result(run_three):
     return out, rc, std.getvalue(), err.getvalue()
 
 
-def _dies_for_02(name: str, *args, **options) -> report.NotebookResult:
-    """A stand-in for ``execute_one`` whose process dies on notebook ``02``."""
+def _dies_for_01_raises_for_02(name: str, *args, **options) -> report.NotebookResult:
+    """A stand-in for ``execute_one``: its process dies on notebook ``01``, it raises on ``02``."""
     import os
 
-    if name.startswith("02"):
+    if name.startswith("01"):
         os._exit(3)
-    return report.NotebookResult(name=name, source=str(args[0]), params={}, ok=True, seconds=0.1)
+    if name.startswith("02"):
+        raise ValueError("no such cell")
+    threads = os.environ.get("OMP_NUM_THREADS")
+    return report.NotebookResult(name=name, source=str(args[0]), params={"threads": threads}, ok=True)
 
 
-def test_a_process_that_dies_fails_its_notebook_and_the_others_keep_their_results(tmp_path):
-    calls = {name: (name, tmp_path / f"{name}.py", {"n": 1}, tmp_path, tmp_path) for name in ("01_a", "02_b")}
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_process_that_dies_or_raises_fails_its_notebook_only(tmp_path, monkeypatch, jobs):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    names = ("01_a", "02_b", "03_c", "04_d")
+    calls = {name: (name, tmp_path / f"{name}.py", {"n": 1}, tmp_path, tmp_path) for name in names}
     seen = []
-    done = report.execute_in_processes(calls, {"cwd": tmp_path}, 1, report=seen.append, run=_dies_for_02)
-    assert done["01_a"].ok and [r.name for r in seen] == ["01_a", "02_b"]
-    dead = done["02_b"]
-    assert not dead.ok and dead.params == {"n": 1} and dead.source == str(tmp_path / "02_b.py")
-    assert "the process that executed it died" in dead.error and "--jobs 1" in dead.error, dead.error
+    done = report.execute_in_processes(calls, {"cwd": tmp_path}, jobs, report=seen.append, run=_dies_for_01_raises_for_02)
+    assert sorted(r.name for r in seen) == list(names) and set(done) == set(names)
+    dead, raised = done["01_a"], done["02_b"]
+    assert not dead.ok and dead.params == {"n": 1} and dead.source == str(tmp_path / "01_a.py")
+    assert "died (exit code 3)" in dead.error and "--jobs 1" in dead.error, dead.error
+    assert not raised.ok and raised.error == "stopped: ValueError: no such cell"
+    assert done["03_c"].ok and done["04_d"].ok  # queued behind the dead one, they still ran
+    # with two at once each process gets its share of the cores for torch's threads
+    expected = None if jobs == 1 else str(max(1, (os.cpu_count() or 1) // 2))
+    assert {done[n].params["threads"] for n in ("03_c", "04_d")} == {expected}
+
+
+def test_no_notebooks_in_processes_is_an_empty_result(tmp_path):
+    assert report.execute_in_processes({}, {}, 2) == {}
 
 
 def test_jobs_below_one_is_refused_before_anything_runs(tmp_path, capsys):
