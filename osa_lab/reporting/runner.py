@@ -85,8 +85,9 @@ def run_reports(
     """Execute ``names`` (stem → source) with their ``params`` into ``output``; write the index.
 
     All parameters (names and types) and the output folder are validated before anything runs
-    or is created. ``jobs`` notebooks execute at once, each in a process of its own (papermill
-    changes the process' working directory while it executes, so threads cannot share one).
+    or is created. With ``jobs`` > 1, that many notebooks execute at once, each in a process of its
+    own (papermill changes the process' working directory while it executes, so threads cannot
+    share one); with 1 they execute here, one after the other.
     Returns one :class:`NotebookResult` per notebook, in the order of ``names``.
 
     Raises:

@@ -132,8 +132,6 @@ def three_result(run_three):
 
 def _dies_for_01_raises_for_02(name: str, *args, **options) -> report.NotebookResult:
     """A stand-in for ``execute_one``: its process dies on notebook ``01``, it raises on ``02``."""
-    import os
-
     if name.startswith("01"):
         os._exit(3)
     if name.startswith("02"):
