@@ -143,7 +143,7 @@ def _dies_for_01_raises_for_02(name: str, *args, **options) -> report.NotebookRe
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_process_that_dies_or_raises_fails_its_notebook_only(tmp_path, monkeypatch, jobs):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    names = ("01_a", "02_b", "03_c", "04_d")
+    names = ("01_a", "02_b", "03_c")
     calls = {name: (name, tmp_path / f"{name}.py", {"n": 1}, tmp_path, tmp_path) for name in names}
     seen = []
     done = report.execute_in_processes(calls, {"cwd": tmp_path}, jobs, report=seen.append, run=_dies_for_01_raises_for_02)
@@ -152,10 +152,10 @@ def test_a_process_that_dies_or_raises_fails_its_notebook_only(tmp_path, monkeyp
     assert not dead.ok and dead.params == {"n": 1} and dead.source == str(tmp_path / "01_a.py")
     assert "died (exit code 3)" in dead.error and "--jobs 1" in dead.error, dead.error
     assert not raised.ok and raised.error == "stopped: ValueError: no such cell"
-    assert done["03_c"].ok and done["04_d"].ok  # queued behind the dead one, they still ran
+    assert done["03_c"].ok  # queued behind the dead one, it still ran
     # with two at once each process gets its share of the cores for torch's threads
     expected = None if jobs == 1 else str(max(1, (os.cpu_count() or 1) // 2))
-    assert {done[n].params["threads"] for n in ("03_c", "04_d")} == {expected}
+    assert done["03_c"].params["threads"] == expected
 
 
 def test_no_notebooks_in_processes_is_an_empty_result(tmp_path):
