@@ -152,7 +152,7 @@ def test_a_process_that_dies_or_raises_fails_its_notebook_only(tmp_path, monkeyp
     assert not dead.ok and dead.params == {"n": 1} and dead.source == str(tmp_path / "01_a.py")
     assert "died (exit code 3)" in dead.error and "--jobs 1" in dead.error, dead.error
     assert not raised.ok and raised.error == "stopped: ValueError: no such cell"
-    assert done["03_c"].ok  # queued behind the dead one, it still ran
+    assert done["03_c"].ok  # queued behind both, it still ran
     # with two at once each process gets its share of the cores for torch's threads
     expected = None if jobs == 1 else str(max(1, (os.cpu_count() or 1) // 2))
     assert done["03_c"].params["threads"] == expected
