@@ -17,13 +17,16 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] installing $TORCH_SPEC and osa_lab[all] into .venv"
   # torch through pip, which reads this machine's pip configuration (where the CPU build lies)
   "${pip[@]}" "$TORCH_SPEC"
-  # The rest through uv, which fetches and installs in parallel (pip-compatible; it picks the same
-  # versions): about a quarter of pip's CPU time here. pip does it where uv cannot be fetched.
-  if "${pip[@]}" "uv>=0.9,<1"; then
-    "${uv[@]}" -e ".[all]"
+  # The rest through uv, which fetches and installs in parallel: about a quarter of pip's CPU time
+  # here, and the same versions (the two environments' `pip list` agreed). uv reads neither pip's
+  # configuration nor its constraints, so the torch that pip installed is pinned for it. pip does
+  # it all where uv cannot be fetched or fails.
+  pin=.venv/.torch-constraint.txt
+  .venv/bin/python -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' >"$pin"
+  if "${pip[@]}" "uv==0.13.9" && "${uv[@]}" --constraint "$pin" -e ".[all]"; then
     installer=("${uv[@]}")
   else
-    echo "[setup] uv could not be installed; installing with pip"
+    echo "[setup] uv could not be installed or failed; installing with pip"
     "${pip[@]}" -e ".[all]"
     installer=("${pip[@]}")
   fi
@@ -34,8 +37,9 @@ if [ ! -f "$stamp" ]; then
   "${installer[@]}" --no-deps "timm>=1.0.21,<1.1"
   # Python caches a module's bytecode at its first import, so only what runs gets compiled. Where
   # PYTHONDONTWRITEBYTECODE forbids that, every process would compile its imports again: compile
-  # the whole environment once, now, as pip does by default. A file that does not compile (torch
-  # ships one written for Python 3.12) is one that this Python cannot import either: pip skips them.
+  # the whole environment once, now, as pip does for what it installs. A file that does not
+  # compile (torch ships one written for Python 3.12) is one that this Python cannot import either:
+  # pip skips them.
   if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     .venv/bin/python -m compileall -q -j 0 "$site" >/dev/null || true
