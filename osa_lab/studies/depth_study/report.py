@@ -23,6 +23,7 @@ import pandas as pd
 from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats, tuning_checks
 from osa_lab.studies.depth_study.claims import claims_table, difference_words, testable_claims
+from osa_lab.studies.depth_study.cost import block_step_seconds, remaining_lines
 from osa_lab.studies.depth_study.records import (
     FEWEST_FAILURES,
     TIE_RULE,
@@ -388,9 +389,11 @@ def _tie_words(spec: StudySpec) -> str:
 
 
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
-                 hours: dict[str, tuple[int, float]] | None = None, notices: Sequence[object] = ()) -> str:  # fmt: skip
-    """The verdict in Markdown, from the tables (and :func:`training_hours`, when given) only;
-    ``notices`` name the result files that were left out."""
+                 hours: dict[str, tuple[int, float]] | None = None, notices: Sequence[object] = (),
+                 pace: tuple[int, float] | None = None) -> str:  # fmt: skip
+    """The verdict in Markdown, from the tables (and :func:`training_hours` and
+    :func:`~osa_lab.studies.depth_study.cost.block_step_seconds`, when given) only; ``notices`` name the
+    result files that were left out."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
     complete = finished >= planned
     lines = [f"# Verdict: {spec.name} ({spec.profile} profile)", ""]
@@ -408,6 +411,8 @@ def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
         lines += [f"Compute: {h_final + h_tune:.1f} hours of training steps, {h_final:.1f} in {n_final} final runs and "
                   f"{h_tune:.1f} in {n_tune} tuning runs (each run's recorded time per epoch × the epochs it trained; "
                   f"evaluation and diagnostics, κ included, are not counted).", ""]  # fmt: skip
+    if pace and not complete:
+        lines += remaining_lines(summary, spec, pace)
     gate, gate_lines = gate_status(summary, spec)
     if spec.gate:
         lines += ["## Baselines on the published scale (gate)", ""] + [f"* {x}" for x in gate_lines] + [""]
@@ -545,7 +550,7 @@ def summarise(results: str | Path, spec: StudySpec, *, write: bool = True,
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
-    text = verdict_text(summary, claims, spec, training_hours(records), records.notices)
+    text = verdict_text(summary, claims, spec, training_hours(records), records.notices, block_step_seconds(records))
     tables = {"runs": runs, "curves": curve_table(records), "sub_block_layers": sub_block_layer_table(records),
               "tuning": tuning, "summary": summary, "claims": claims}  # fmt: skip
     if write:

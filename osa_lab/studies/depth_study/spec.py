@@ -251,16 +251,18 @@ class StudySpec:
                     seen.setdefault((preset, depth), 0 if preset in self.gate else 1 + c)
         return sorted(seen, key=lambda key: (key[1], seen[key], list(seen).index(key)))
 
-    def planned_runs(self) -> int:
-        """Training runs the study starts at least: each cell's final seeds and its first tuning round."""
+    def first_round_runs(self, preset: str) -> int:
+        """The tuning runs of a cell's first round: every start point of the grid on every tuning seed
+        (the α-lr multipliers only for a preset that learns α)."""
         from osa_lab.studies.training.config import learns_alpha
 
         t = self.tuning
-        total = 0
-        for preset, depth in self.run_order():
-            points = len(t.lr) * (len(t.alpha_lr_mult) if learns_alpha(preset) else 1) * len(t.warmup_fraction)
-            total += self.seeds[depth] + points * len(t.seeds)
-        return total
+        points = len(t.lr) * (len(t.alpha_lr_mult) if learns_alpha(preset) else 1) * len(t.warmup_fraction)
+        return points * len(t.seeds)
+
+    def planned_runs(self) -> int:
+        """Training runs the study starts at least: each cell's final seeds and its first tuning round."""
+        return sum(self.seeds[depth] + self.first_round_runs(preset) for preset, depth in self.run_order())
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain YAML-able data (what :func:`spec_from_dict` reads)."""
