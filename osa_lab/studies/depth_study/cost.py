@@ -1,14 +1,16 @@
-"""What a partial study still costs, at the speed its own runs trained.
+"""What a partial study still costs, at the pace its own runs trained.
 
-A run's training time is about proportional to depth × steps (every block runs once a step), so
-the recorded runs give one pace, seconds per block and step, that prices the runs still to come:
-the final seeds not yet trained and the first tuning round of every cell not yet tuned. Grid
-extensions are not priced (how many a cell needs is only known once its first round has run).
+A run's training time is about proportional to depth × steps (every block runs once a step), so the
+recorded runs give each preset a pace, seconds per block and step, that prices the runs still to
+come: the final seeds not yet trained and what is left of the first tuning round of every cell not
+yet tuned. Grid extensions are not priced (how many a cell needs is only known once its first
+round has run).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -17,66 +19,105 @@ from osa_lab.studies.depth_study.records import Records
 from osa_lab.studies.depth_study.spec import StudySpec
 
 
-def block_step_seconds(records: Records) -> tuple[int, float]:
-    """``(runs, median seconds of training per block and step)`` over the recorded runs that carry a
-    time: ``epoch_time_s × epochs ÷ (steps × depth)`` for each (the loop's epoch time, so evaluation and
-    diagnostics are left out, as in the verdict's compute line). ``(0, nan)`` when no run has one."""
-    paces = []
+@dataclass(frozen=True)
+class Pace:
+    """Seconds of training per block and step: each preset's median over its timed runs, and the
+    median over all timed runs for a preset without one; and the steps of an epoch (median), to round
+    a run up to whole epochs as the recorded runs were."""
+
+    by_preset: dict[str, float]
+    pooled: float
+    timed_runs: int
+    epoch_steps: float
+
+    def seconds(self, preset: str) -> float:
+        """Seconds per block and step for ``preset``: its own median, else the pooled one."""
+        return self.by_preset.get(preset, self.pooled)
+
+    def run_steps(self, steps: int) -> float:
+        """``steps`` rounded up to whole epochs."""
+        return math.ceil(steps / self.epoch_steps) * self.epoch_steps
+
+
+def training_pace(records: Records) -> Pace | None:
+    """The pace of the recorded runs that carry a time: ``epoch_time_s × epochs ÷ (steps × depth)`` for
+    each (the loop's epoch time, so evaluation and diagnostics are left out, as in the verdict's compute
+    line). ``None`` when no run has one."""
+    paces: dict[str, list[float]] = {}
+    epoch_steps = []
     for stage_runs in records.runs.values():
         for r in stage_runs:
             try:
-                pace = float(r["epoch_time_s"]) * float(r["epochs"]) / (float(r["steps"]) * float(r["depth"]))
+                steps, epochs = float(r["steps"]), float(r["epochs"])
+                pace = float(r["epoch_time_s"]) * epochs / (steps * float(r["depth"]))
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 continue
             if math.isfinite(pace) and pace > 0:
-                paces.append(pace)
-    return len(paces), float(np.median(paces)) if paces else math.nan
+                paces.setdefault(str(r["preset"]), []).append(pace)
+                epoch_steps.append(steps / epochs)
+    if not epoch_steps:
+        return None
+    pooled = [p for preset_paces in paces.values() for p in preset_paces]
+    return Pace(by_preset={preset: float(np.median(p)) for preset, p in paces.items()},
+                pooled=float(np.median(pooled)), timed_runs=len(pooled),
+                epoch_steps=float(np.median(epoch_steps)))  # fmt: skip
 
 
-def _listed(items: list[int], word: str) -> str:
-    """``1``, ``1 and 2``, ``1, 2 and 3`` (``word`` in place of "and")."""
-    text = [str(i) for i in items]
-    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} {word} {text[-1]}"
+def _listed(items: list[str], word: str) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (``word`` in place of "and")."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
 
 
-def remaining_lines(summary: pd.DataFrame, spec: StudySpec, pace: tuple[int, float]) -> list[str]:
-    """The verdict's lines on what the study still costs: the final runs left and the first tuning
-    rounds of the cells not yet tuned, in hours of training at ``pace`` (:func:`block_step_seconds`),
-    each run of ``spec.steps`` steps (``spec.tuning.steps`` in tuning). Empty when nothing is left or no
-    run has a recorded time."""
-    n_paced, seconds = pace
-    if not n_paced or not math.isfinite(seconds):
-        return []
-    final_runs = tune_runs = 0
+def _pace_words(pace: Pace, presets: list[str]) -> str:
+    """The paces the line uses: each timed preset's, then the pooled one for the untimed presets."""
+    timed = [p for p in presets if p in pace.by_preset]
+    untimed = [p for p in presets if p not in pace.by_preset]
+    words = [f"`{p}` {pace.by_preset[p] * 1000:.1f} ms" for p in timed]
+    if untimed:
+        words.append(f"{_listed([f'`{p}`' for p in untimed], 'and')}, with no timed run, at the median of all "
+                     f"{pace.timed_runs} timed runs, {pace.pooled * 1000:.1f} ms")  # fmt: skip
+    return "; ".join(words)
+
+
+def remaining_lines(summary: pd.DataFrame, spec: StudySpec, pace: Pace) -> list[str]:
+    """The verdict's lines on what the study still costs: the final runs left and what is left of the
+    first tuning rounds of the cells not yet tuned, in hours of training at each preset's ``pace``
+    (:func:`training_pace`), a run of ``spec.steps`` (``spec.tuning.steps`` in tuning) rounded up to whole
+    epochs. Empty when nothing is left."""
+    final_runs = tune_runs = untuned = 0
     final_h = tune_h = 0.0
-    untuned, beyond_first = 0, []
+    beyond_first = []
     for r in summary.itertuples():
+        preset, depth = str(r.preset), int(r.depth)
+        hours_per_step = depth * pace.seconds(preset) / 3600
         left = int(r.planned) - min(int(r.finished), int(r.planned))
         final_runs += left
-        final_h += left * spec.steps * int(r.depth) * seconds / 3600
-        first = spec.first_round_runs(str(r.preset))
+        final_h += left * pace.run_steps(spec.steps) * hours_per_step
+        first = spec.first_round_runs(preset)
         if math.isfinite(float(r.lr)):  # tuned: its search chose a setting
-            beyond_first.append(int(r.tuning_runs) - first)
+            if int(r.tuning_runs) >= first:
+                beyond_first.append(str(int(r.tuning_runs) - first))
             continue
         todo = max(0, first - int(r.tuning_runs))
         if todo:
             untuned += 1
             tune_runs += todo
-            tune_h += todo * spec.tuning.steps * int(r.depth) * seconds / 3600
+            tune_h += todo * pace.run_steps(spec.tuning.steps) * hours_per_step
     if not final_runs and not tune_runs:
         return []
+    presets = list(dict.fromkeys(str(p) for p in summary["preset"]))
     recorded = {int(r.depth) for r in summary.itertuples() if int(r.tuning_runs) or int(r.finished)}
     unpaced = sorted({int(d) for d in summary["depth"]} - recorded)
-    line = (f"Still to run, at the median recorded pace of {seconds * 1000:.1f} ms of training per block and step "
-            f"({n_paced} runs, one thread each)")
+    line = (f"Still to run, each preset at the median pace its timed runs trained per block and step "
+            f"({_pace_words(pace, presets)}), each run rounded up to whole epochs as the recorded ones were")
     if unpaced:
-        line += (f", taking a run's time as proportional to its depth (no run at depth "
-                 f"{_listed(unpaced, 'or')} has trained yet)")
-    line += (f": {final_runs} final runs, ≈ {final_h:.0f} hours, and the first tuning rounds of {untuned} cells "
-             f"({tune_runs} runs), ≈ {tune_h:.0f} hours; about {final_h + tune_h:.0f} hours in all before grid "
-             "extensions")
+        line += (", and a run's time taken as proportional to its depth (no run at depth "
+                 f"{_listed([str(d) for d in unpaced], 'or')} has trained yet)")
+    line += (f": {final_runs} final runs, ≈ {final_h:.0f} hours, and the first tuning rounds still to run in "
+             f"{untuned} cells ({tune_runs} runs), ≈ {tune_h:.0f} hours; about {final_h + tune_h:.0f} hours in all "
+             "before grid extensions")  # fmt: skip
     if beyond_first:
         cells = "the cell" if len(beyond_first) == 1 else f"the {len(beyond_first)} cells"
-        line += (f" ({cells} tuned so far ran {_listed([max(0, b) for b in beyond_first], 'and')} runs beyond "
-                 f"{'its' if len(beyond_first) == 1 else 'their'} first round)")
+        line += (f" ({cells} tuned so far ran {_listed(beyond_first, 'and')} runs beyond "
+                 f"{'its' if len(beyond_first) == 1 else 'their'} first round)")  # fmt: skip
     return [line + ".", ""]

@@ -23,7 +23,7 @@ import pandas as pd
 from osa_lab.fileio import atomic_to_csv, atomic_write_text
 from osa_lab.studies.depth_study import stats, tuning_checks
 from osa_lab.studies.depth_study.claims import claims_table, difference_words, testable_claims
-from osa_lab.studies.depth_study.cost import block_step_seconds, remaining_lines
+from osa_lab.studies.depth_study.cost import Pace, remaining_lines, training_pace
 from osa_lab.studies.depth_study.records import (
     FEWEST_FAILURES,
     TIE_RULE,
@@ -390,9 +390,9 @@ def _tie_words(spec: StudySpec) -> str:
 
 def verdict_text(summary: pd.DataFrame, claims: pd.DataFrame, spec: StudySpec,
                  hours: dict[str, tuple[int, float]] | None = None, notices: Sequence[object] = (),
-                 pace: tuple[int, float] | None = None) -> str:  # fmt: skip
+                 pace: Pace | None = None) -> str:  # fmt: skip
     """The verdict in Markdown, from the tables (and :func:`training_hours` and
-    :func:`~osa_lab.studies.depth_study.cost.block_step_seconds`, when given) only; ``notices`` name the
+    :func:`~osa_lab.studies.depth_study.cost.training_pace`, when given) only; ``notices`` name the
     result files that were left out."""
     planned, finished = int(summary["planned"].sum()), int(summary["finished"].clip(upper=summary["planned"]).sum())
     complete = finished >= planned
@@ -550,7 +550,7 @@ def summarise(results: str | Path, spec: StudySpec, *, write: bool = True,
     summary = summary_table(runs, tuning, spec)
     claims = claims_table(runs, spec)
     complete = bool(summary["complete"].all())
-    text = verdict_text(summary, claims, spec, training_hours(records), records.notices, block_step_seconds(records))
+    text = verdict_text(summary, claims, spec, training_hours(records), records.notices, training_pace(records))
     tables = {"runs": runs, "curves": curve_table(records), "sub_block_layers": sub_block_layer_table(records),
               "tuning": tuning, "summary": summary, "claims": claims}  # fmt: skip
     if write:
