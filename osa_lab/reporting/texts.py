@@ -16,6 +16,7 @@ import pandas as pd
 
 from osa_lab.reporting.tables import kappa_text as kappa
 from osa_lab.reporting.tables import number
+from osa_lab.studies.summaries import listing
 
 #: κ of a float64 matrix is resolved only up to 1/ε ≈ 4.5e15 (the smallest singular value is
 #: rounding noise beyond).
@@ -24,14 +25,6 @@ KAPPA_RESOLVED = 1.0 / float(np.finfo(np.float64).eps)
 #: Two curves closer than this fraction of the y axis' range (in decades on a log axis) at every
 #: layer are drawn on top of each other: the report says which one hides the other.
 COINCIDE = 0.02
-
-
-def listing(items: Iterable[object]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    items = [str(i) for i in items]
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def plural(count: int, word: str) -> str:

@@ -9,12 +9,21 @@ of :mod:`osa_lab.studies.depth` and :mod:`osa_lab.studies.jacobian` to the few n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
 from osa_lab.errors import OSAInputError
+
+
+def listing(items: Iterable[object], word: str = "and") -> str:
+    """``a``, ``a and b``, ``a, b and c`` (``word`` in place of "and"): the one list of the reports and
+    the study verdict."""
+    items = [str(i) for i in items]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + f" {word} " + items[-1]
 
 
 def number(x: float, digits: int = 3) -> str:

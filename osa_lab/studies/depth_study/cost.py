@@ -17,6 +17,7 @@ import pandas as pd
 
 from osa_lab.studies.depth_study.records import Records
 from osa_lab.studies.depth_study.spec import StudySpec
+from osa_lab.studies.summaries import listing
 
 
 @dataclass(frozen=True)
@@ -63,18 +64,13 @@ def training_pace(records: Records) -> Pace | None:
                 epoch_steps=float(np.median(epoch_steps)))  # fmt: skip
 
 
-def _listed(items: list[str], word: str) -> str:
-    """``a``, ``a and b``, ``a, b and c`` (``word`` in place of "and")."""
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
-
-
 def _pace_words(pace: Pace, presets: list[str]) -> str:
     """The paces the line uses: each timed preset's, then the pooled one for the untimed presets."""
     timed = [p for p in presets if p in pace.by_preset]
     untimed = [p for p in presets if p not in pace.by_preset]
     words = [f"`{p}` {pace.by_preset[p] * 1000:.1f} ms" for p in timed]
     if untimed:
-        words.append(f"{_listed([f'`{p}`' for p in untimed], 'and')}, with no timed run, at the median of all "
+        words.append(f"{listing(f'`{p}`' for p in untimed)}, with no timed run, at the median of all "
                      f"{pace.timed_runs} timed runs, {pace.pooled * 1000:.1f} ms")  # fmt: skip
     return "; ".join(words)
 
@@ -112,12 +108,12 @@ def remaining_lines(summary: pd.DataFrame, spec: StudySpec, pace: Pace) -> list[
             f"({_pace_words(pace, presets)}), each run rounded up to whole epochs as the recorded ones were")
     if unpaced:
         line += (", and a run's time taken as proportional to its depth (no run at depth "
-                 f"{_listed([str(d) for d in unpaced], 'or')} has trained yet)")
+                 f"{listing(unpaced, 'or')} has trained yet)")
     line += (f": {final_runs} final runs, ≈ {final_h:.0f} hours, and the first tuning rounds still to run in "
              f"{untuned} cells ({tune_runs} runs), ≈ {tune_h:.0f} hours; about {final_h + tune_h:.0f} hours in all "
              "before grid extensions")  # fmt: skip
     if beyond_first:
         cells = "the cell" if len(beyond_first) == 1 else f"the {len(beyond_first)} cells"
-        line += (f" ({cells} tuned so far ran {_listed(beyond_first, 'and')} runs beyond "
+        line += (f" ({cells} tuned so far ran {listing(beyond_first)} runs beyond "
                  f"{'its' if len(beyond_first) == 1 else 'their'} first round)")  # fmt: skip
     return [line + ".", ""]
